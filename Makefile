@@ -1,0 +1,45 @@
+# The two set-up commands (see README): `make dev` starts a local cluster with simulated GPU nodes,
+# `make test` runs every test tier. Both install what they need first; both are safe to re-run.
+PY ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: dev down status simulate test test-unit lint bench deps k8s-bins
+
+$(STAMP): pyproject.toml
+	@echo "[setup] python venv + gpupack[dev] (pip)"
+	@test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	@$(BIN)/pip install --quiet --upgrade pip
+	@$(BIN)/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+deps: $(STAMP)
+	@.ci/system-deps
+
+k8s-bins: deps
+	@tests/k8s/build.sh >/dev/null
+
+dev: k8s-bins
+	@$(BIN)/gpupack dev up
+
+down: $(STAMP)
+	@$(BIN)/gpupack dev down
+
+status: $(STAMP)
+	@$(BIN)/gpupack dev status
+
+simulate: $(STAMP)
+	@$(BIN)/gpupack simulate
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
+
+test-unit: $(STAMP)
+	$(BIN)/pytest -m "not integration" tests
+
+test: k8s-bins lint
+	$(BIN)/pytest tests

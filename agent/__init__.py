@@ -1,0 +1,1 @@
+"""Node agent: NVML inventory and live usage, MPS, container-start checks."""

@@ -1,0 +1,1 @@
+"""gpupack's shared library: request model, cluster model, placement, Kubernetes access, CLI."""

@@ -1,0 +1,59 @@
+"""URL paths of the API objects gpupack reads and writes (pure)."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from app import names
+
+
+def pods(namespace: str | None = None) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/pods" if namespace else "/api/v1/pods"
+
+
+def pod(namespace: str, name: str) -> str:
+    return f"{pods(namespace)}/{quote(name)}"
+
+
+def pod_binding(namespace: str, name: str) -> str:
+    return f"{pod(namespace, name)}/binding"
+
+
+def pod_eviction(namespace: str, name: str) -> str:
+    return f"{pod(namespace, name)}/eviction"
+
+
+def events(namespace: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/events"
+
+
+def nodes() -> str:
+    return "/api/v1/nodes"
+
+
+def node(name: str) -> str:
+    return f"/api/v1/nodes/{quote(name)}"
+
+
+def node_status(name: str) -> str:
+    return f"{node(name)}/status"
+
+
+def gpunodes() -> str:
+    return f"/apis/{names.GPUNODE_GROUP}/{names.GPUNODE_VERSION}/{names.GPUNODE_PLURAL}"
+
+
+def gpunode(name: str) -> str:
+    return f"{gpunodes()}/{quote(name)}"
+
+
+def gpunode_status(name: str) -> str:
+    return f"{gpunode(name)}/status"
+
+
+def lease(namespace: str, name: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases/{quote(name)}"
+
+
+def leases(namespace: str) -> str:
+    return f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"

@@ -1,0 +1,66 @@
+"""Every name gpupack shares with Kubernetes: annotation keys, labels, resources, env vars, the CRD."""
+
+from __future__ import annotations
+
+from typing import Final
+
+DOMAIN: Final = "gpupack.io"
+
+# --- what the user writes (pod annotations; KAI/Run:ai compatible names) ---
+GPU_FRACTION: Final = "gpu-fraction"
+GPU_MEMORY: Final = "gpu-memory"
+GPU_FRACTION_NUM_DEVICES: Final = "gpu-fraction-num-devices"
+GPU_FRACTION_CONTAINER_NAME: Final = "gpu-fraction-container-name"
+GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
+ISOLATION: Final = f"{DOMAIN}/isolation"
+USER_ANNOTATIONS: Final = (
+    GPU_FRACTION,
+    GPU_MEMORY,
+    GPU_FRACTION_NUM_DEVICES,
+    GPU_FRACTION_CONTAINER_NAME,
+    GPU_MODEL,
+    ISOLATION,
+)
+
+# --- the allocation, written by the extender at bind: the single source of truth ---
+ALLOC_NODE: Final = f"{DOMAIN}/node"
+ALLOC_GPU_UUIDS: Final = f"{DOMAIN}/gpu-uuids"
+ALLOC_GPU_INDEXES: Final = f"{DOMAIN}/gpu-indexes"
+ALLOC_GPU_MILLI: Final = f"{DOMAIN}/gpu-milli"
+ALLOC_MEMORY_LIMIT_MIB: Final = f"{DOMAIN}/memory-limit-mib"
+ALLOC_THREAD_PERCENTAGE: Final = f"{DOMAIN}/thread-percentage"
+ALLOC_MPS_MEMORY_LIMIT: Final = f"{DOMAIN}/mps-memory-limit"
+ALLOCATION_ANNOTATIONS: Final = (
+    ALLOC_NODE,
+    ALLOC_GPU_UUIDS,
+    ALLOC_GPU_INDEXES,
+    ALLOC_GPU_MILLI,
+    ALLOC_MEMORY_LIMIT_MIB,
+    ALLOC_THREAD_PERCENTAGE,
+    ALLOC_MPS_MEMORY_LIMIT,
+)
+
+# --- labels ---
+LABEL_MANAGED: Final = f"{DOMAIN}/managed"  # pod label set by the webhook; the extender watches only these
+NODE_LABEL_ENABLED: Final = f"{DOMAIN}/enabled"
+NODE_LABEL_GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
+NODE_LABEL_GPU_MEMORY_MAX_MIB: Final = f"{DOMAIN}/gpu-memory-max-mib"
+
+# --- extended resources (node status by the agent; container requests by the webhook) ---
+RESOURCE_GPU_MILLI: Final = f"{DOMAIN}/gpu-milli"
+RESOURCE_GPU_MEMORY_MIB: Final = f"{DOMAIN}/gpu-memory-mib"
+
+# --- env vars the webhook adds to the GPU container ---
+ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+ENV_CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
+ENV_MPS_THREAD_PERCENTAGE: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
+ENV_MPS_MEMORY_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
+ENV_MPS_PIPE_DIRECTORY: Final = "CUDA_MPS_PIPE_DIRECTORY"
+ENV_MEMORY_LIMIT_MIB: Final = "GPUPACK_MEMORY_LIMIT_MIB"
+MPS_PIPE_DIRECTORY: Final = "/tmp/nvidia-mps"  # path inside the container and default host dir
+
+# --- the GPUNode custom resource ---
+GPUNODE_GROUP: Final = DOMAIN
+GPUNODE_VERSION: Final = "v1alpha1"
+GPUNODE_PLURAL: Final = "gpunodes"
+GPUNODE_KIND: Final = "GPUNode"

@@ -1,0 +1,1 @@
+"""kube-scheduler extender: filter, prioritize and bind gpupack pods onto individual GPUs."""
