@@ -1,0 +1,158 @@
+"""A private CA and a TLS serving certificate for the webhook (what the apiserver's caBundle must trust)."""
+
+from __future__ import annotations
+
+import base64
+import datetime as dt
+import ipaddress
+import os
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+CA_CERT: Final = "ca.crt"
+CA_KEY: Final = "ca.key"
+TLS_CERT: Final = "tls.crt"  # the names a kubernetes.io/tls Secret uses, so a mounted Secret just works
+TLS_KEY: Final = "tls.key"
+# Backdate notBefore a little: a node whose clock runs behind would otherwise reject a brand-new cert.
+_CLOCK_SKEW: Final = dt.timedelta(minutes=5)
+
+
+@dataclass(frozen=True, slots=True)
+class Pem:
+    cert: bytes
+    key: bytes
+
+
+def service_dns_names(service: str, namespace: str) -> list[str]:
+    """The names a client inside the cluster may use for a Service; the apiserver uses `<svc>.<ns>.svc`."""
+    return [
+        service,
+        f"{service}.{namespace}",
+        f"{service}.{namespace}.svc",
+        f"{service}.{namespace}.svc.cluster.local",
+    ]
+
+
+def new_ca(common_name: str = "gpupack-webhook-ca", days: int = 3650) -> Pem:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(name)
+        .issuer_name(name)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _CLOCK_SKEW)
+        .not_valid_after(now + dt.timedelta(days=days))
+        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+        .add_extension(_key_usage(cert_sign=True), critical=True)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .sign(key, hashes.SHA256())
+    )
+    return Pem(_cert_pem(cert), _key_pem(key))
+
+
+def new_serving_cert(ca: Pem, dns: Sequence[str], ips: Sequence[str], days: int = 365) -> Pem:
+    """A serverAuth certificate signed by `ca`. Go's TLS ignores the CN, so every name must be a SAN."""
+    if not dns and not ips:
+        raise ValueError("a serving certificate needs at least one DNS name or IP address")
+    ca_cert = x509.load_pem_x509_certificate(ca.cert)
+    ca_key = serialization.load_pem_private_key(ca.key, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key must be an EC key (as `gpupack certs` makes it)")
+    key = ec.generate_private_key(ec.SECP256R1())
+    sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
+    sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (list(dns) or list(ips))[0])]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _CLOCK_SKEW)
+        .not_valid_after(min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(cert_sign=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(x509.SubjectAlternativeName(sans), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return Pem(_cert_pem(cert), _key_pem(key))
+
+
+def ca_bundle(ca_cert_pem: bytes) -> str:
+    """The MutatingWebhookConfiguration's clientConfig.caBundle: base64 of the PEM."""
+    return base64.b64encode(ca_cert_pem).decode()
+
+
+def write_bundle(
+    out: Path, dns: Sequence[str], ips: Sequence[str], days: int = 365, fresh_ca: bool = False
+) -> str:
+    """Write ca.crt/ca.key (kept if present, so the caBundle survives a rotation) and tls.crt/tls.key.
+
+    Returns the caBundle. Each file is replaced atomically, key before certificate, so a server that
+    reloads on change never reads half a file (and retries if it sees a new cert with the old key).
+    """
+    out.mkdir(parents=True, exist_ok=True)
+    ca_cert, ca_key = out / CA_CERT, out / CA_KEY
+    if fresh_ca or not (ca_cert.exists() and ca_key.exists()):
+        ca = new_ca()
+        _write(ca_key, ca.key, 0o600)
+        _write(ca_cert, ca.cert, 0o644)
+    else:
+        ca = Pem(ca_cert.read_bytes(), ca_key.read_bytes())
+    serving = new_serving_cert(ca, dns, ips, days)
+    _write(out / TLS_KEY, serving.key, 0o600)
+    _write(out / TLS_CERT, serving.cert, 0o644)
+    return ca_bundle(ca.cert)
+
+
+def _key_usage(cert_sign: bool) -> x509.KeyUsage:
+    return x509.KeyUsage(
+        digital_signature=not cert_sign,
+        content_commitment=False,
+        key_encipherment=False,  # EC keys sign; they never encipher
+        data_encipherment=False,
+        key_agreement=False,
+        key_cert_sign=cert_sign,
+        crl_sign=cert_sign,
+        encipher_only=False,
+        decipher_only=False,
+    )
+
+
+def _cert_pem(cert: x509.Certificate) -> bytes:
+    return cert.public_bytes(serialization.Encoding.PEM)
+
+
+def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def _write(path: Path, data: bytes, mode: int) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    try:
+        os.fchmod(fd, mode)
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -1,0 +1,285 @@
+"""The request model: pod annotations → GpuRequest, or every rule the annotations break (pure)."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any, Final
+
+from app import catalog, names, units
+from app.errors import RequestError
+from app.model import Demand
+
+MAX_DEVICES: Final = 16  # more GPUs than any node we know of carries; a typo guard, not a policy
+WHOLE_GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+# A Kubernetes label value (the node label gpupack.io/gpu-model is matched with `In`).
+_LABEL_VALUE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+
+
+class Isolation(StrEnum):
+    """How co-located pods are kept apart on a GPU."""
+
+    MPS = "mps"  # MPS client limits (thread share, pinned memory); inert where no MPS daemon runs
+    NONE = "none"  # co-location only
+
+
+@dataclass(frozen=True, slots=True)
+class Container:
+    """What the rules need to know about one container of the pod."""
+
+    name: str
+    init: bool = False
+    whole_gpus: str | None = None  # nvidia.com/gpu as written in limits (or requests), if any
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """A valid GPU request: `count` GPUs, each giving `milli` compute share or `memory_mib` memory."""
+
+    container: str  # the container that gets the GPU
+    count: int
+    milli: int | None  # set for a gpu-fraction request
+    memory_mib: int | None  # set for a gpu-memory request
+    models: tuple[str, ...] = ()  # acceptable GPU models (node label values); empty = any
+    isolation: Isolation = Isolation.MPS
+    warnings: tuple[str, ...] = ()  # accepted, but the user should know (e.g. rounding)
+
+    @property
+    def resource(self) -> tuple[str, int]:
+        """The extended resource and amount the GPU container requests (all devices together)."""
+        if self.milli is not None:
+            return names.RESOURCE_GPU_MILLI, self.milli * self.count
+        assert self.memory_mib is not None
+        return names.RESOURCE_GPU_MEMORY_MIB, self.memory_mib * self.count
+
+    def demand(self) -> Demand:
+        return Demand(
+            count=self.count, milli=self.milli, memory_mib=self.memory_mib, models=frozenset(self.models)
+        )
+
+
+def wants_gpu(annotations: Mapping[str, str]) -> bool:
+    """True when the pod asks gpupack for a GPU share (the webhook's matchConditions say the same)."""
+    return names.GPU_FRACTION in annotations or names.GPU_MEMORY in annotations
+
+
+def containers_of(spec: Mapping[str, Any]) -> tuple[Container, ...]:
+    """The regular containers (in order), then the init containers, of a pod spec dict."""
+    out: list[Container] = []
+    for key, init in (("containers", False), ("initContainers", True)):
+        for c in spec.get(key) or ():
+            res = c.get("resources") or {}
+            whole = (res.get("limits") or {}).get(
+                WHOLE_GPU_RESOURCE, (res.get("requests") or {}).get(WHOLE_GPU_RESOURCE)
+            )
+            out.append(
+                Container(
+                    name=str(c.get("name", "")), init=init, whole_gpus=None if whole is None else str(whole)
+                )
+            )
+    return tuple(out)
+
+
+def parse(
+    annotations: Mapping[str, str], containers: Sequence[Container]
+) -> GpuRequest | tuple[RequestError, ...]:
+    """Check every rule; return the request, or all errors in rule order."""
+    view = _View(annotations, tuple(containers))
+    errors = tuple(err for rule in RULES for err in rule(view))
+    if errors:
+        return errors
+    return _build(view)
+
+
+@dataclass(frozen=True, slots=True)
+class _View:
+    annotations: Mapping[str, str]
+    containers: tuple[Container, ...]
+
+    def get(self, key: str) -> str | None:
+        return self.annotations.get(key)
+
+    @property
+    def regular(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.containers if not c.init)
+
+
+# --- rules: one function per rule, each yields errors naming the annotation, raw value and rule ---
+
+
+def _one_of_fraction_or_memory(v: _View) -> Iterable[RequestError]:
+    fraction, memory = v.get(names.GPU_FRACTION), v.get(names.GPU_MEMORY)
+    if fraction is None and memory is None:
+        yield RequestError(
+            names.GPU_FRACTION, "", f"one of {names.GPU_FRACTION} or {names.GPU_MEMORY} is required"
+        )
+    elif fraction is not None and memory is not None:
+        yield RequestError(
+            names.GPU_MEMORY, memory, f"must not be set together with {names.GPU_FRACTION}; use one"
+        )
+
+
+def _no_whole_gpus(v: _View) -> Iterable[RequestError]:
+    key = names.GPU_FRACTION if names.GPU_FRACTION in v.annotations else names.GPU_MEMORY
+    raw = v.get(key)
+    # An explicit 0 asks for no whole GPU, so charts that template `nvidia.com/gpu: 0` still work.
+    offenders = [c.name for c in v.containers if c.whole_gpus not in (None, "0")]
+    if raw is not None and offenders:
+        which = ", ".join(repr(n) for n in offenders)
+        yield RequestError(
+            key, raw, f"must not be combined with {WHOLE_GPU_RESOURCE} (requested by container {which})"
+        )
+
+
+def _fraction_value(v: _View) -> Iterable[RequestError]:
+    yield from _unit_errors(v, names.GPU_FRACTION, units.fraction_milli)
+
+
+def _memory_value(v: _View) -> Iterable[RequestError]:
+    yield from _unit_errors(v, names.GPU_MEMORY, units.memory_mib)
+
+
+def _num_devices(v: _View) -> Iterable[RequestError]:
+    yield from _unit_errors(
+        v, names.GPU_FRACTION_NUM_DEVICES, lambda raw: units.positive_int(raw, MAX_DEVICES)
+    )
+
+
+def _container_name(v: _View) -> Iterable[RequestError]:
+    raw = v.get(names.GPU_FRACTION_CONTAINER_NAME)
+    if not v.regular:
+        yield RequestError(
+            names.GPU_FRACTION_CONTAINER_NAME, raw or "", "the pod has no container to give the GPU to"
+        )
+    elif raw is not None and raw not in v.regular:
+        known = ", ".join(repr(n) for n in v.regular) or "none"
+        yield RequestError(
+            names.GPU_FRACTION_CONTAINER_NAME, raw, f"must name one of the pod's containers ({known})"
+        )
+
+
+def _gpu_models(v: _View) -> Iterable[RequestError]:
+    raw = v.get(names.GPU_MODEL)
+    if raw is None:
+        return
+    models = raw.split("|")
+    if "" in models:
+        yield RequestError(
+            names.GPU_MODEL, raw, "must be a |-separated list of GPU model names with no empty entry"
+        )
+    for model in models:
+        if model and _canonical_model(model) is None:
+            yield RequestError(
+                names.GPU_MODEL,
+                raw,
+                f"model {model!r} must be a known GPU model or a node label value "
+                "(at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)",
+            )
+
+
+def _isolation(v: _View) -> Iterable[RequestError]:
+    raw = v.get(names.ISOLATION)
+    if raw is not None and raw not in {i.value for i in Isolation}:
+        yield RequestError(names.ISOLATION, raw, "must be one of 'mps', 'none'")
+
+
+def _memory_fits_a_gpu(v: _View) -> Iterable[RequestError]:
+    raw = v.get(names.GPU_MEMORY)
+    try:
+        mib = units.memory_mib(raw).mib if raw is not None else 0
+    except units.UnitError:
+        return  # already reported by _memory_value
+    largest, scope = _largest_gpu(v.get(names.GPU_MODEL))
+    if raw is not None and mib > largest.memory_mib:
+        yield RequestError(
+            names.GPU_MEMORY,
+            raw,
+            f"is {mib} MiB, more than any GPU{scope} ({largest.name} has {largest.memory_mib} MiB)",
+        )
+
+
+RULES: Final[tuple[Callable[[_View], Iterable[RequestError]], ...]] = (
+    _one_of_fraction_or_memory,
+    _no_whole_gpus,
+    _fraction_value,
+    _memory_value,
+    _num_devices,
+    _container_name,
+    _gpu_models,
+    _isolation,
+    _memory_fits_a_gpu,
+)
+
+
+# --- helpers ---
+
+
+def _unit_errors(v: _View, key: str, parser: Callable[[str], object]) -> Iterable[RequestError]:
+    raw = v.get(key)
+    if raw is None:
+        return
+    try:
+        parser(raw)
+    except units.UnitError as err:
+        yield RequestError(key, raw, err.rule)
+
+
+def _canonical_model(name: str) -> str | None:
+    """The catalogue name for a known model or NVML alias; else the name itself if it is a label value."""
+    try:
+        return catalog.lookup(name).name
+    except KeyError:
+        return name if _LABEL_VALUE.fullmatch(name) else None
+
+
+def _models(raw: str | None) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    out: dict[str, None] = {}  # ordered set: keep the user's order, drop repeats
+    for model in raw.split("|"):
+        canonical = _canonical_model(model)
+        if canonical is not None:
+            out[canonical] = None
+    return tuple(out)
+
+
+def _largest_gpu(raw_models: str | None) -> tuple[catalog.GpuModel, str]:
+    """The largest GPU a request may land on: among the listed models when all are known, else any."""
+    table = catalog.models()
+    listed = _models(raw_models)
+    if listed and all(m in table for m in listed):
+        return max((table[m] for m in listed), key=lambda g: g.memory_mib), f" allowed by {names.GPU_MODEL}"
+    return max(table.values(), key=lambda g: g.memory_mib), " gpupack knows"
+
+
+def _build(v: _View) -> GpuRequest:
+    """The request, from annotations that passed every rule."""
+    warnings: list[str] = []
+    milli = memory = None
+    if (raw := v.get(names.GPU_FRACTION)) is not None:
+        milli = units.fraction_milli(raw)
+    if (raw := v.get(names.GPU_MEMORY)) is not None:
+        parsed = units.memory_mib(raw)
+        memory = parsed.mib
+        if parsed.rounded_from is not None:
+            warnings.append(
+                f"{names.GPU_MEMORY}={raw!r} is {parsed.rounded_from} MiB; rounded up to {parsed.mib} MiB"
+            )
+    raw_count = v.get(names.GPU_FRACTION_NUM_DEVICES)
+    count = units.positive_int(raw_count, MAX_DEVICES) if raw_count is not None else 1
+    raw_models = v.get(names.GPU_MODEL)
+    for model in (raw_models or "").split("|") if raw_models else ():
+        if (canonical := _canonical_model(model)) != model:
+            warnings.append(f"{names.GPU_MODEL}: {model!r} is read as {canonical!r}")
+    return GpuRequest(
+        container=v.get(names.GPU_FRACTION_CONTAINER_NAME) or v.regular[0],
+        count=count,
+        milli=milli,
+        memory_mib=memory,
+        models=_models(raw_models),
+        isolation=Isolation(v.get(names.ISOLATION) or Isolation.MPS),
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,312 @@
+"""How fast is POST /mutate over HTTPS? p50/p99 latency and throughput at 1, 16 and 64 concurrent clients.
+
+Starts `gpupack webhook serve` as a subprocess on 127.0.0.1 with a fresh CA (as deployed: one uvicorn worker,
+JSON log line per review), then drives it with keep-alive HTTPS clients, one thread each (stdlib http.client,
+the lightest client available, so the client eats as little of the shared CPU as possible). Each level is
+bounded by a request count and a wall-clock limit. Two modes per level:
+- closed loop (saturation): each client sends its next request as soon as the last one returns;
+- paced (--rate, requests/s over all clients): sends are scheduled at a fixed total rate, and latency is
+  measured from the *scheduled* send time, so a stalled server is not hidden (no coordinated omission).
+  This is closer to an apiserver, which calls us once per pod create, not in a tight loop.
+Writes bench/results/webhook.json.
+
+    .venv/bin/python bench/webhook.py [--requests 3000] [--levels 1,16,64] [--seconds 30] [--rate 200]
+"""
+
+from __future__ import annotations
+
+import argparse
+import http.client
+import importlib.metadata
+import json
+import os
+import platform
+import socket
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from app import certs  # noqa: E402
+
+OUT = REPO / "bench" / "results" / "webhook.json"
+
+
+def review_body(uid: int) -> bytes:
+    """A typical GPU pod: fraction, 2 devices, two containers, one init container, user env and affinity."""
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "train-",
+            "namespace": "ml",
+            "labels": {"app": "train"},
+            "annotations": {
+                "gpu-fraction": "0.25",
+                "gpu-fraction-num-devices": "2",
+                "gpupack.io/gpu-model": "A100-40GB",
+            },
+        },
+        "spec": {
+            "containers": [
+                {
+                    "name": "trainer",
+                    "image": "nvcr.io/nvidia/pytorch:24.05-py3",
+                    "env": [{"name": "EPOCHS", "value": "10"}],
+                    "resources": {"requests": {"cpu": "4", "memory": "16Gi"}},
+                },
+                {"name": "sidecar", "image": "busybox"},
+            ],
+            "initContainers": [{"name": "fetch", "image": "busybox"}],
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+                        ]
+                    }
+                }
+            },
+        },
+    }
+    review = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "request": {
+            "uid": f"bench-{uid}",
+            "kind": {"group": "", "version": "v1", "kind": "Pod"},
+            "resource": {"group": "", "version": "v1", "resource": "pods"},
+            "operation": "CREATE",
+            "namespace": "ml",
+            "object": pod,
+        },
+    }
+    return json.dumps(review).encode()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def start_server(workdir: Path, port: int) -> subprocess.Popen[bytes]:
+    certs.write_bundle(workdir, ["localhost"], ["127.0.0.1"])
+    argv = [sys.executable, "-m", "app.cli", "webhook", "serve", "--cert", str(workdir / "tls.crt")]
+    argv += ["--key", str(workdir / "tls.key"), "--host", "127.0.0.1", "--port", str(port)]
+    log = (workdir / "server.log").open("wb")
+    return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
+
+
+def tls_context(workdir: Path) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=str(workdir / "ca.crt"))
+
+
+def wait_healthy(port: int, ctx: ssl.SSLContext, proc: subprocess.Popen[bytes], timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=2)
+            conn.request("GET", "/healthz")
+            if conn.getresponse().status == 200:
+                return
+        except OSError:
+            time.sleep(0.2)
+    raise RuntimeError("server not healthy in time")
+
+
+def server_seconds(port: int, ctx: ssl.SSLContext) -> tuple[float, float]:
+    """(sum, count) of the server's own review-duration histogram: time inside the handler."""
+    conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=5)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    values = {}
+    for line in text.splitlines():
+        for name in (
+            "gpupack_webhook_review_duration_seconds_sum",
+            "gpupack_webhook_review_duration_seconds_count",
+        ):
+            if line.startswith(name + " "):
+                values[name] = float(line.split()[1])
+    return values["gpupack_webhook_review_duration_seconds_sum"], values[
+        "gpupack_webhook_review_duration_seconds_count"
+    ]
+
+
+def run_level(
+    port: int, ctx: ssl.SSLContext, clients: int, total: int, seconds: float, *, rate: float | None = None
+) -> dict[str, Any]:
+    bodies = [review_body(i) for i in range(64)]
+    latencies: list[float] = []
+    errors: list[str] = []
+    lock = threading.Lock()
+    issued = [0]
+    start_gate = threading.Barrier(clients + 1)
+    deadline = [0.0]
+
+    def take() -> int | None:
+        with lock:
+            if issued[0] >= total or time.perf_counter() > deadline[0]:
+                return None
+            issued[0] += 1
+            return issued[0]
+
+    def scheduled(n: int) -> float:
+        """When request n is due: now (closed loop) or on the fixed-rate timeline (paced)."""
+        if rate is None:
+            return time.perf_counter()
+        due = t_start + (n - 1) / rate
+        if (wait := due - time.perf_counter()) > 0:
+            time.sleep(wait)
+        return due
+
+    def worker() -> None:
+        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+        conn.request(
+            "GET", "/healthz"
+        )  # handshake outside the measured window: the apiserver keeps connections
+        conn.getresponse().read()
+        mine: list[float] = []
+        start_gate.wait()
+        while (n := take()) is not None:
+            body = bodies[n % len(bodies)]
+            t0 = scheduled(n)
+            try:
+                conn.request("POST", "/mutate", body=body, headers={"Content-Type": "application/json"})
+                resp = conn.getresponse()
+                data = resp.read()
+                elapsed = time.perf_counter() - t0
+                if resp.status != 200 or b'"allowed":true' not in data:
+                    with lock:
+                        errors.append(f"{resp.status} {data[:120]!r}")
+                    continue
+                mine.append(elapsed)
+            except (OSError, http.client.HTTPException) as exc:
+                with lock:
+                    errors.append(repr(exc))
+                conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
+        with lock:
+            latencies.extend(mine)
+
+    threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    srv_sum0, srv_n0 = server_seconds(port, ctx)
+    t_start = time.perf_counter()
+    deadline[0] = t_start + seconds
+    start_gate.wait()
+    for t in threads:
+        t.join()
+    wall = time.perf_counter() - t_start
+    srv_sum1, srv_n1 = server_seconds(port, ctx)
+    ms = sorted(x * 1000 for x in latencies)
+
+    def pct(p: float) -> float:
+        return round(ms[min(len(ms) - 1, int(p / 100 * len(ms)))], 3) if ms else float("nan")
+
+    return {
+        "clients": clients,
+        "mode": "closed-loop" if rate is None else f"paced {rate:g} req/s total",
+        "requests_ok": len(ms),
+        "errors": len(errors),
+        "error_samples": errors[:3],
+        "wall_seconds": round(wall, 3),
+        "throughput_rps": round(len(ms) / wall, 1) if wall else 0.0,
+        "latency_ms": {
+            "p50": pct(50),
+            "p90": pct(90),
+            "p99": pct(99),
+            "max": round(ms[-1], 3) if ms else None,
+            "mean": round(statistics.fmean(ms), 3) if ms else None,
+        },
+        "server_handler_mean_ms": round((srv_sum1 - srv_sum0) / (srv_n1 - srv_n0) * 1000, 3)
+        if srv_n1 > srv_n0
+        else None,
+    }
+
+
+def versions() -> dict[str, str]:
+    out = {"python": platform.python_version(), "openssl": ssl.OPENSSL_VERSION}
+    for dist in ("gpupack", "fastapi", "starlette", "uvicorn", "pydantic", "h11", "prometheus-client"):
+        try:
+            out[dist] = importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            out[dist] = "unknown"
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument(
+        "--requests", type=int, default=3000, help="requests per concurrency level (upper bound)"
+    )
+    parser.add_argument("--seconds", type=float, default=30.0, help="wall-clock limit per level")
+    parser.add_argument("--levels", default="1,16,64", help="comma list of concurrent clients")
+    parser.add_argument("--warmup", type=int, default=300, help="unmeasured requests before the first level")
+    parser.add_argument(
+        "--rate", type=float, default=200.0, help="total req/s of the paced runs (0: skip them)"
+    )
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    levels = [int(x) for x in args.levels.split(",")]
+
+    with tempfile.TemporaryDirectory(prefix="gpupack-bench-") as tmp:
+        workdir = Path(tmp)
+        port = free_port()
+        proc = start_server(workdir, port)
+        try:
+            ctx = tls_context(workdir)
+            wait_healthy(port, ctx, proc)
+            run_level(port, ctx, 4, args.warmup, args.seconds)
+            results = []
+            modes: list[float | None] = [None, args.rate] if args.rate else [None]
+            for rate in modes:
+                for clients in levels:
+                    res = run_level(port, ctx, clients, args.requests, args.seconds, rate=rate)
+                    print(json.dumps(res), file=sys.stderr)
+                    results.append(res)
+        finally:
+            proc.terminate()
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+    report = {
+        "question": "latency and throughput of POST /mutate over HTTPS (one uvicorn worker)",
+        "inputs": {
+            "levels": levels,
+            "paced_rate_rps": args.rate or None,
+            "requests_per_level": args.requests,
+            "seconds_limit_per_level": args.seconds,
+            "warmup_requests": args.warmup,
+            "body_bytes": len(review_body(0)),
+            "review": "gpu-fraction 0.25 x 2 GPUs, gpu-model, 2 containers + 1 init, env, node affinity",
+            "client": "stdlib http.client, one keep-alive HTTPS connection per thread; no handshake measured",
+            "host": {
+                "cpus": os.cpu_count(),
+                "loadavg_at_end": os.getloadavg(),
+                "platform": platform.platform(),
+            },
+        },
+        "versions": versions(),
+        "results": results,
+    }
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

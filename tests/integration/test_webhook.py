@@ -1,0 +1,280 @@
+"""The webhook as a real HTTPS process, called by a real kube-apiserver via deploy/webhook's configuration."""
+
+from __future__ import annotations
+
+import ssl
+import subprocess
+import sys
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from cryptography import x509
+from kubernetes import client
+from kubernetes.client.rest import ApiException
+from kubernetes.utils import parse_quantity
+from prometheus_client.parser import text_string_to_metric_families
+
+from app import names
+from app.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
+from app.devcluster.ports import free_ports
+from webhook.registration import configuration
+
+REPO = Path(__file__).resolve().parents[2]
+TEMPLATE = REPO / "deploy" / "webhook" / "mutatingwebhookconfiguration.yaml"
+PROCESS = "gpupack-webhook"
+HOOK = "pods.webhook.gpupack.io"
+
+
+def serve_argv(cert: Path, key: Path, port: int, *extra: str) -> tuple[str, ...]:
+    return (
+        sys.executable, "-m", "app.cli", "webhook", "serve",
+        "--cert", str(cert), "--key", str(key), "--host", "127.0.0.1", "--port", str(port), *extra,
+    )  # fmt: skip
+
+
+def get(url: str, ca_file: Path) -> str:
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}),  # never proxy loopback
+        urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=str(ca_file))),
+    )
+    with opener.open(url, timeout=5) as resp:
+        text: str = resp.read().decode()
+        return text
+
+
+class Webhook:
+    """Our running webhook: where it listens and what its /metrics say."""
+
+    def __init__(self, cluster: Cluster) -> None:
+        self.cluster = cluster
+        self.url = f"https://127.0.0.1:{cluster.webhook_port}"
+
+    def reviews(self) -> dict[str, float]:
+        text = get(f"{self.url}/metrics", self.cluster.ca_file)
+        for family in text_string_to_metric_families(text):
+            if family.name == "gpupack_webhook_reviews":
+                return {s.labels["outcome"]: s.value for s in family.samples if s.name.endswith("_total")}
+        raise AssertionError("gpupack_webhook_reviews_total missing from /metrics")
+
+
+def pod(name: str, annotations: dict[str, str] | None = None, **spec: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {"name": name}
+    if annotations is not None:
+        meta["annotations"] = annotations
+    spec.setdefault("containers", [{"name": "main", "image": "cuda"}])
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+@pytest.fixture(scope="module")
+def webhook(cluster: Cluster, kube: Any, core: Any) -> Iterator[Webhook]:
+    port = cluster.webhook_port
+    cluster.start_process(
+        ComponentSpec(
+            PROCESS,
+            serve_argv(cluster.webhook_cert_file, cluster.webhook_key_file, port),
+            health=HealthCheck(f"https://127.0.0.1:{port}/readyz", ca_file=str(cluster.ca_file)),
+            ready_timeout_s=60,
+        )
+    )
+    admission = client.AdmissionregistrationV1Api(kube)
+    body = configuration(
+        yaml.safe_load(TEMPLATE.read_text()), cluster.ca_bundle, f"https://127.0.0.1:{port}/mutate"
+    )
+    admission.create_mutating_webhook_configuration(body)
+    probe_ns = "webhook-probe"
+    core.create_namespace({"metadata": {"name": probe_ns}})
+    try:
+
+        def in_effect() -> bool:  # the configuration reaches the admission chain asynchronously
+            created = core.create_namespaced_pod(
+                probe_ns, pod("probe", {names.GPU_FRACTION: "0.5"}), dry_run="All"
+            )
+            return (created.metadata.labels or {}).get(names.LABEL_MANAGED) == "true"
+
+        wait_for(in_effect, 60, "gpupack webhook mutating a dry-run pod create")
+        yield Webhook(cluster)
+    finally:
+        admission.delete_mutating_webhook_configuration(body["metadata"]["name"])
+        cluster.stop_process(PROCESS)
+
+
+def test_created_pod_comes_back_mutated(webhook: Webhook, core: Any, namespace: str) -> None:
+    annotations = {
+        names.GPU_FRACTION: "0.5",
+        names.GPU_FRACTION_NUM_DEVICES: "2",
+        names.GPU_FRACTION_CONTAINER_NAME: "trainer",
+        names.GPU_MODEL: "A100-40GB|A100-80GB",
+    }
+    user_term = {"matchExpressions": [{"key": "zone", "operator": "In", "values": ["a"]}]}
+    body = pod(
+        "frac",
+        annotations,
+        containers=[
+            {"name": "proxy", "image": "envoy", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]},
+            {"name": "trainer", "image": "cuda", "env": [{"name": "LR", "value": "0.1"}]},
+        ],
+        initContainers=[{"name": "fetch", "image": "busybox"}],
+        affinity={
+            "nodeAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [user_term]}
+            }
+        },
+    )
+    core.create_namespaced_pod(namespace, body)
+    got = core.read_namespaced_pod("frac", namespace)
+
+    assert got.metadata.labels == {names.LABEL_MANAGED: "true"}
+    proxy, trainer = got.spec.containers
+    fetch = got.spec.init_containers[0]
+    for other in (proxy, fetch):
+        assert [(e.name, e.value) for e in other.env] == [("NVIDIA_VISIBLE_DEVICES", "void")]
+    env = {e.name: e for e in trainer.env}
+    assert env["LR"].value == "0.1"
+    refs = {n: e.value_from.field_ref.field_path for n, e in env.items() if e.value_from}
+    assert refs == {
+        "NVIDIA_VISIBLE_DEVICES": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']",
+        "CUDA_VISIBLE_DEVICES": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']",
+        "GPUPACK_MEMORY_LIMIT_MIB": f"metadata.annotations['{names.ALLOC_MEMORY_LIMIT_MIB}']",
+        "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": f"metadata.annotations['{names.ALLOC_THREAD_PERCENTAGE}']",
+        "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": f"metadata.annotations['{names.ALLOC_MPS_MEMORY_LIMIT}']",
+    }
+    assert env["CUDA_MPS_PIPE_DIRECTORY"].value == names.MPS_PIPE_DIRECTORY
+    for part in (trainer.resources.requests, trainer.resources.limits):
+        assert parse_quantity(part[names.RESOURCE_GPU_MILLI]) == 1000  # 0.5 x 2 devices (stored as "1k")
+    assert proxy.resources.limits is None
+    assert [m.mount_path for m in trainer.volume_mounts if m.name == "gpupack-mps-pipe"] == [
+        names.MPS_PIPE_DIRECTORY
+    ]
+    [volume] = [v for v in got.spec.volumes if v.name == "gpupack-mps-pipe"]
+    assert volume.host_path.path == names.MPS_PIPE_DIRECTORY
+    required = got.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    terms = required.node_selector_terms
+    assert len(terms) == 1
+    assert [(e.key, e.operator, e.values) for e in terms[0].match_expressions] == [
+        ("zone", "In", ["a"]),  # the user's term is kept, ours are ANDed into it
+        (names.NODE_LABEL_ENABLED, "In", ["true"]),
+        (names.NODE_LABEL_GPU_MODEL, "In", ["A100-40GB", "A100-80GB"]),
+    ]
+    assert got.spec.scheduler_name == "default-scheduler"
+
+
+def test_memory_request_gets_memory_resource_and_gt(webhook: Webhook, core: Any, namespace: str) -> None:
+    created = core.create_namespaced_pod(namespace, pod("mem", {names.GPU_MEMORY: "8Gi"}), dry_run="All")
+    main = created.spec.containers[0]
+    assert parse_quantity(main.resources.limits[names.RESOURCE_GPU_MEMORY_MIB]) == 8192
+    assert parse_quantity(main.resources.requests[names.RESOURCE_GPU_MEMORY_MIB]) == 8192
+    terms = created.spec.affinity.node_affinity.required_during_scheduling_ignored_during_execution
+    exprs = [(e.key, e.operator, e.values) for e in terms.node_selector_terms[0].match_expressions]
+    assert (names.NODE_LABEL_GPU_MEMORY_MAX_MIB, "Gt", ["8191"]) in exprs
+
+
+@pytest.mark.parametrize(
+    ("annotations", "resources", "message"),
+    [
+        pytest.param(
+            {names.GPU_FRACTION: "1.5"},
+            None,
+            "gpu-fraction='1.5': must be a decimal in (0, 1] with at most 2 decimals",
+            id="fraction-above-one",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "NaN"},
+            None,
+            "gpu-fraction='NaN': must be a decimal in (0, 1] with at most 2 decimals",
+            id="fraction-nan",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.GPU_MEMORY: "4Gi"},
+            None,
+            "gpu-memory='4Gi': must not be set together with gpu-fraction; use one",
+            id="both",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY: "4Gi"},
+            {"limits": {"nvidia.com/gpu": "1"}},
+            "gpu-memory='4Gi': must not be combined with nvidia.com/gpu (requested by container 'main')",
+            id="with-nvidia-gpu",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY: "1Ti"},
+            None,
+            "gpu-memory='1Ti': is 1048576 MiB, more than any GPU gpupack knows (A100-80GB has 81920 MiB)",
+            id="memory-too-big",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_NUM_DEVICES: "0", names.ISOLATION: "full"},
+            None,
+            "gpu-fraction-num-devices='0': must be an integer from 1 to 16; "
+            "gpupack.io/isolation='full': must be one of 'mps', 'none'",
+            id="two-errors",
+        ),
+    ],
+)
+def test_invalid_annotations_are_refused_by_the_apiserver(
+    webhook: Webhook,
+    core: Any,
+    namespace: str,
+    *,
+    annotations: dict[str, str],
+    resources: dict[str, Any] | None,
+    message: str,
+) -> None:
+    container: dict[str, Any] = {"name": "main", "image": "cuda"}
+    if resources:
+        container["resources"] = resources
+    before = webhook.reviews()["denied"]
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(namespace, pod("bad", annotations, containers=[container]))
+    assert err.value.status == 422
+    assert f'admission webhook \\"{HOOK}\\" denied the request: {message}' in err.value.body
+    assert webhook.reviews()["denied"] == before + 1
+
+
+def test_pods_without_our_annotations_are_never_sent(webhook: Webhook, core: Any, namespace: str) -> None:
+    before = webhook.reviews()
+    core.create_namespaced_pod(namespace, pod("plain"))
+    core.create_namespaced_pod(namespace, pod("others", {names.GPU_FRACTION_NUM_DEVICES: "2", "team": "a"}))
+    # Excluded namespace: even a GPU pod there is not sent (dry run: nothing to clean up).
+    system = core.create_namespaced_pod("kube-system", pod("sys", {names.GPU_FRACTION: "0.5"}), dry_run="All")
+    assert not (system.metadata.labels or {}).get(names.LABEL_MANAGED)
+    for name in ("plain", "others"):
+        assert not (core.read_namespaced_pod(name, namespace).metadata.labels or {}).get(names.LABEL_MANAGED)
+    assert webhook.reviews() == before
+
+
+def test_serving_cert_rotation_without_restart(cluster: Cluster, tmp_path: Path) -> None:
+    """`gpupack certs` over the live files: new connections get the new cert, the process keeps running."""
+    gpupack = (sys.executable, "-m", "app.cli")
+    subprocess.run(
+        [*gpupack, "certs", "--out", str(tmp_path), "--ip", "127.0.0.1"], check=True, capture_output=True
+    )
+    port = free_ports(1)[0]
+    name = "webhook-rotation"
+    cluster.start_process(
+        ComponentSpec(
+            name,
+            serve_argv(tmp_path / "tls.crt", tmp_path / "tls.key", port, "--cert-check-interval", "0.2"),
+            health=HealthCheck(f"https://127.0.0.1:{port}/healthz", ca_file=str(tmp_path / "ca.crt")),
+        )
+    )
+    try:
+
+        def served_serial() -> int:
+            get(f"https://127.0.0.1:{port}/healthz", tmp_path / "ca.crt")  # what is served verifies
+            pem = ssl.get_server_certificate(("127.0.0.1", port), timeout=5)
+            return x509.load_pem_x509_certificate(pem.encode()).serial_number
+
+        first = served_serial()
+        subprocess.run(
+            [*gpupack, "certs", "--out", str(tmp_path), "--ip", "127.0.0.1"], check=True, capture_output=True
+        )
+        new = x509.load_pem_x509_certificate((tmp_path / "tls.crt").read_bytes()).serial_number
+        assert new != first
+        wait_for(lambda: served_serial() == new, 15, "the rotated certificate served on a new connection")
+        assert cluster.process(name).alive()
+    finally:
+        cluster.stop_process(name)

@@ -1,0 +1,300 @@
+"""The request model: one row per rule, the hostile-input list, and the exact messages users see."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+
+from app import names, request
+from app.errors import RequestError
+from app.model import Demand
+from app.request import Container, GpuRequest, Isolation
+
+FRACTION_RULE = "must be a decimal in (0, 1] with at most 2 decimals"
+MEMORY_RULE = (
+    "must be a whole number of MiB (e.g. 4096) or a Kubernetes quantity with a byte suffix "
+    "Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P or E (e.g. 4Gi)"
+)
+MAIN = (Container("main"),)
+
+
+def messages(annotations: dict[str, str], containers: Sequence[Container] = MAIN) -> list[str]:
+    result = request.parse(annotations, containers)
+    assert isinstance(result, tuple), f"expected errors, got {result}"
+    return [str(e) for e in result]
+
+
+def parsed(annotations: dict[str, str], containers: Sequence[Container] = MAIN) -> GpuRequest:
+    result = request.parse(annotations, containers)
+    assert isinstance(result, GpuRequest), f"expected a request, got {result}"
+    return result
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        pytest.param("1.5", f"gpu-fraction='1.5': {FRACTION_RULE}", id="above-one"),
+        pytest.param("0", f"gpu-fraction='0': {FRACTION_RULE}", id="zero"),
+        pytest.param("-0.5", f"gpu-fraction='-0.5': {FRACTION_RULE}", id="negative"),
+        pytest.param("0.125", f"gpu-fraction='0.125': {FRACTION_RULE}", id="three-decimals"),
+        pytest.param("NaN", f"gpu-fraction='NaN': {FRACTION_RULE}", id="nan"),
+        pytest.param("nan", f"gpu-fraction='nan': {FRACTION_RULE}", id="nan-lower"),
+        pytest.param("inf", f"gpu-fraction='inf': {FRACTION_RULE}", id="inf"),
+        pytest.param("Infinity", f"gpu-fraction='Infinity': {FRACTION_RULE}", id="infinity"),
+        pytest.param("1e-1", f"gpu-fraction='1e-1': {FRACTION_RULE}", id="exponent"),
+        pytest.param("0x1", f"gpu-fraction='0x1': {FRACTION_RULE}", id="hex"),
+        pytest.param("0x1p-1", f"gpu-fraction='0x1p-1': {FRACTION_RULE}", id="hex-float"),
+        pytest.param("0_5", f"gpu-fraction='0_5': {FRACTION_RULE}", id="underscore"),
+        pytest.param(" 0.5", f"gpu-fraction=' 0.5': {FRACTION_RULE}", id="leading-space"),
+        pytest.param("0.5 ", f"gpu-fraction='0.5 ': {FRACTION_RULE}", id="trailing-space"),
+        pytest.param("0.5\n", f"gpu-fraction='0.5\\n': {FRACTION_RULE}", id="trailing-newline"),
+        pytest.param("१.५", f"gpu-fraction='१.५': {FRACTION_RULE}", id="non-ascii-digits"),
+        pytest.param("", f"gpu-fraction='': {FRACTION_RULE}", id="empty"),
+        pytest.param("500m", f"gpu-fraction='500m': {FRACTION_RULE}", id="quantity"),
+        pytest.param("half", f"gpu-fraction='half': {FRACTION_RULE}", id="word"),
+    ],
+)
+def test_fraction_rule(raw: str, message: str) -> None:
+    assert messages({names.GPU_FRACTION: raw}) == [message]
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        pytest.param("0", "gpu-memory='0': must be more than 0", id="zero"),
+        pytest.param("0Gi", "gpu-memory='0Gi': must be more than 0", id="zero-gi"),
+        pytest.param("-4096", f"gpu-memory='-4096': {MEMORY_RULE}", id="negative"),
+        pytest.param("4096.5", f"gpu-memory='4096.5': {MEMORY_RULE}", id="fractional-mib"),
+        pytest.param("nan", f"gpu-memory='nan': {MEMORY_RULE}", id="nan"),
+        pytest.param("inf", f"gpu-memory='inf': {MEMORY_RULE}", id="inf"),
+        pytest.param("4e3", f"gpu-memory='4e3': {MEMORY_RULE}", id="exponent"),
+        pytest.param("0x1000", f"gpu-memory='0x1000': {MEMORY_RULE}", id="hex"),
+        pytest.param("4_096", f"gpu-memory='4_096': {MEMORY_RULE}", id="underscore"),
+        pytest.param(" 4096", f"gpu-memory=' 4096': {MEMORY_RULE}", id="leading-space"),
+        pytest.param("४०९६", f"gpu-memory='४०९६': {MEMORY_RULE}", id="non-ascii-digits"),
+        pytest.param("", f"gpu-memory='': {MEMORY_RULE}", id="empty"),
+        pytest.param("4GB", f"gpu-memory='4GB': {MEMORY_RULE}", id="gb-suffix"),
+        pytest.param("4gi", f"gpu-memory='4gi': {MEMORY_RULE}", id="lowercase-gi"),
+        pytest.param("4096000m", f"gpu-memory='4096000m': {MEMORY_RULE}", id="milli-suffix"),
+        pytest.param(
+            "100Gi",
+            "gpu-memory='100Gi': is 102400 MiB, more than any GPU gpupack knows (A100-80GB has 81920 MiB)",
+            id="bigger-than-any-gpu",
+        ),
+    ],
+)
+def test_memory_rule(raw: str, message: str) -> None:
+    assert messages({names.GPU_MEMORY: raw}) == [message]
+
+
+def test_memory_checked_against_the_listed_models() -> None:
+    assert messages({names.GPU_MEMORY: "20Gi", names.GPU_MODEL: "T4|V100M16"}) == [
+        "gpu-memory='20Gi': is 20480 MiB, more than any GPU allowed by gpupack.io/gpu-model "
+        "(V100M16 has 16160 MiB)"
+    ]
+    # An unknown model could be bigger, so the limit falls back to the whole catalogue.
+    assert parsed({names.GPU_MEMORY: "20Gi", names.GPU_MODEL: "T4|B200"}).memory_mib == 20480
+
+
+@pytest.mark.parametrize(
+    ("annotations", "containers", "expected"),
+    [
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.GPU_MEMORY: "4096"},
+            MAIN,
+            ["gpu-memory='4096': must not be set together with gpu-fraction; use one"],
+            id="both-given",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION_NUM_DEVICES: "2"},
+            MAIN,
+            ["gpu-fraction='': one of gpu-fraction or gpu-memory is required"],
+            id="neither-given",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5"},
+            (Container("main", whole_gpus="1"),),
+            ["gpu-fraction='0.5': must not be combined with nvidia.com/gpu (requested by container 'main')"],
+            id="with-nvidia-gpu",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY: "4Gi"},
+            (
+                Container("main"),
+                Container("side", whole_gpus="2"),
+                Container("setup", init=True, whole_gpus="1"),
+            ),
+            [
+                "gpu-memory='4Gi': must not be combined with nvidia.com/gpu "
+                "(requested by container 'side', 'setup')"
+            ],
+            id="with-nvidia-gpu-other-and-init-containers",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_NUM_DEVICES: "0"},
+            MAIN,
+            ["gpu-fraction-num-devices='0': must be an integer from 1 to 16"],
+            id="num-devices-zero",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_NUM_DEVICES: "17"},
+            MAIN,
+            ["gpu-fraction-num-devices='17': must be an integer from 1 to 16"],
+            id="num-devices-too-many",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_NUM_DEVICES: "1.5"},
+            MAIN,
+            ["gpu-fraction-num-devices='1.5': must be an integer from 1 to 16"],
+            id="num-devices-decimal",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_NUM_DEVICES: "٢"},
+            MAIN,
+            ["gpu-fraction-num-devices='٢': must be an integer from 1 to 16"],
+            id="num-devices-non-ascii",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_CONTAINER_NAME: "trainer"},
+            (Container("main"), Container("sidecar"), Container("trainer", init=True)),
+            [
+                "gpu-fraction-container-name='trainer': "
+                "must name one of the pod's containers ('main', 'sidecar')"
+            ],
+            id="container-name-unknown-or-init",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5"},
+            (),
+            ["gpu-fraction-container-name='': the pod has no container to give the GPU to"],
+            id="no-containers",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.GPU_MODEL: "T4||A10"},
+            MAIN,
+            [
+                "gpupack.io/gpu-model='T4||A10': "
+                "must be a |-separated list of GPU model names with no empty entry"
+            ],
+            id="model-empty-entry",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.GPU_MODEL: "A100 80GB"},
+            MAIN,
+            [
+                "gpupack.io/gpu-model='A100 80GB': model 'A100 80GB' must be a known GPU model "
+                "or a node label value "
+                "(at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)"
+            ],
+            id="model-not-a-label-value",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.ISOLATION: "MPS"},
+            MAIN,
+            ["gpupack.io/isolation='MPS': must be one of 'mps', 'none'"],
+            id="isolation-case",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.ISOLATION: ""},
+            MAIN,
+            ["gpupack.io/isolation='': must be one of 'mps', 'none'"],
+            id="isolation-empty",
+        ),
+    ],
+)
+def test_rules(annotations: dict[str, str], containers: Sequence[Container], expected: list[str]) -> None:
+    assert messages(annotations, containers) == expected
+
+
+def test_every_error_in_rule_order() -> None:
+    """Two (and more) mistakes are all reported at once, in the order the rules run."""
+    result = request.parse(
+        {
+            names.GPU_FRACTION: "1.5",
+            names.GPU_FRACTION_NUM_DEVICES: "0",
+            names.GPU_FRACTION_CONTAINER_NAME: "nope",
+            names.GPU_MODEL: "|T 4|",
+            names.ISOLATION: "full",
+        },
+        (Container("main", whole_gpus="1"),),
+    )
+    assert isinstance(result, tuple)
+    assert [e.field for e in result] == [
+        names.GPU_FRACTION,  # with nvidia.com/gpu
+        names.GPU_FRACTION,  # 1.5
+        names.GPU_FRACTION_NUM_DEVICES,
+        names.GPU_FRACTION_CONTAINER_NAME,
+        names.GPU_MODEL,  # empty entries, reported once
+        names.GPU_MODEL,  # not a label value
+        names.ISOLATION,
+    ]
+    assert result[1] == RequestError(names.GPU_FRACTION, "1.5", FRACTION_RULE)
+
+
+def test_fraction_request_defaults() -> None:
+    req = parsed({names.GPU_FRACTION: "0.25"}, (Container("main"), Container("sidecar")))
+    assert req == GpuRequest(container="main", count=1, milli=250, memory_mib=None)
+    assert req.isolation is Isolation.MPS
+    assert req.resource == (names.RESOURCE_GPU_MILLI, 250)
+    assert req.demand() == Demand(count=1, milli=250)
+
+
+def test_memory_request_with_everything() -> None:
+    req = parsed(
+        {
+            names.GPU_MEMORY: "8Gi",
+            names.GPU_FRACTION_NUM_DEVICES: "2",
+            names.GPU_FRACTION_CONTAINER_NAME: "trainer",
+            names.GPU_MODEL: "V100M32|A100-40GB|V100M32",
+            names.ISOLATION: "none",
+        },
+        (Container("sidecar"), Container("trainer"), Container("setup", init=True)),
+    )
+    assert req == GpuRequest(
+        container="trainer",
+        count=2,
+        milli=None,
+        memory_mib=8192,
+        models=("V100M32", "A100-40GB"),
+        isolation=Isolation.NONE,
+    )
+    assert req.resource == (names.RESOURCE_GPU_MEMORY_MIB, 16384)
+    assert req.demand() == Demand(count=2, memory_mib=8192, models=frozenset({"V100M32", "A100-40GB"}))
+
+
+def test_rounding_and_alias_are_warned() -> None:
+    req = parsed({names.GPU_MEMORY: "500M", names.GPU_MODEL: "Tesla T4|L4"})
+    assert req.memory_mib == 477
+    assert req.models == ("T4", "L4")
+    assert req.warnings == (
+        "gpu-memory='500M' is 476.837158203125 MiB; rounded up to 477 MiB",
+        "gpupack.io/gpu-model: 'Tesla T4' is read as 'T4'",
+    )
+
+
+def test_explicit_zero_whole_gpus_is_not_a_conflict() -> None:
+    assert parsed({names.GPU_FRACTION: "0.5"}, (Container("main", whole_gpus="0"),)).milli == 500
+
+
+def test_containers_of_reads_limits_and_requests() -> None:
+    spec = {
+        "containers": [
+            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
+            {"name": "b", "resources": {"requests": {"nvidia.com/gpu": 2}}},
+            {"name": "c"},
+        ],
+        "initContainers": [{"name": "i", "resources": {"limits": {"cpu": "1"}}}],
+    }
+    assert request.containers_of(spec) == (
+        Container("a", whole_gpus="1"),
+        Container("b", whole_gpus="2"),
+        Container("c"),
+        Container("i", init=True),
+    )
+
+
+def test_wants_gpu() -> None:
+    assert request.wants_gpu({names.GPU_FRACTION: "x"})
+    assert request.wants_gpu({names.GPU_MEMORY: ""})
+    assert not request.wants_gpu({names.GPU_FRACTION_NUM_DEVICES: "2", names.GPU_MODEL: "T4"})

@@ -1,0 +1,81 @@
+"""`gpupack webhook serve` (the HTTPS admission server) and `gpupack certs` (its CA and serving cert)."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from app import certs, log
+
+
+def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, hence Any
+    webhook = sub.add_parser("webhook", help="the mutating admission webhook")
+    webhook_sub = webhook.add_subparsers(dest="webhook_command", metavar="COMMAND", required=True)
+    serve = webhook_sub.add_parser("serve", help="serve /mutate, /healthz, /readyz, /metrics over HTTPS")
+    serve.add_argument("--cert", required=True, help="PEM serving certificate (reloaded when it changes)")
+    serve.add_argument("--key", required=True, help="PEM private key of the certificate")
+    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
+    serve.add_argument("--port", type=int, default=8443)
+    serve.add_argument("--scheduler-name", default=None, help="set spec.schedulerName on GPU pods")
+    serve.add_argument(
+        "--mps-pipe-host-dir", default=None, help="host dir of the MPS pipe (default /tmp/nvidia-mps)"
+    )
+    serve.add_argument(
+        "--cert-check-interval", type=float, default=1.0, help="seconds between cert file checks"
+    )
+    serve.add_argument("--log-level", default="info")
+    serve.set_defaults(func=_serve)
+
+    gen = sub.add_parser("certs", help="make a CA and a webhook serving certificate; print the caBundle")
+    gen.add_argument("--out", required=True, type=Path, help="directory for ca.crt, ca.key, tls.crt, tls.key")
+    gen.add_argument("--dns", action="append", default=[], help="extra DNS SAN (repeatable)")
+    gen.add_argument("--ip", action="append", default=[], help="IP SAN (repeatable), e.g. 127.0.0.1")
+    gen.add_argument("--days", type=int, default=365, help="serving certificate lifetime")
+    gen.add_argument("--service", default="gpupack-webhook", help="Service name, for the in-cluster DNS SANs")
+    gen.add_argument(
+        "--namespace", default="gpupack-system", help="Service namespace, for the in-cluster DNS SANs"
+    )
+    gen.add_argument(
+        "--new-ca", action="store_true", help="replace an existing CA in --out (changes the caBundle)"
+    )
+    gen.set_defaults(func=_certs)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from app import names
+    from webhook.main import create_app
+    from webhook.settings import Settings
+    from webhook.tls import ReloadingContext
+
+    log.setup(args.log_level)
+    tls = ReloadingContext(args.cert, args.key, check_interval=args.cert_check_interval)
+    settings = Settings(
+        scheduler_name=args.scheduler_name or None,
+        mps_pipe_host_dir=args.mps_pipe_host_dir or names.MPS_PIPE_DIRECTORY,
+    )
+    config = uvicorn.Config(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        ssl_context_factory=lambda _config, _default: tls.context,
+        access_log=False,  # one structured line per review is logged by the app itself
+        log_config=None,  # keep log.setup()'s JSON handler
+        lifespan="off",
+    )
+    uvicorn.Server(config).run()
+    return 0
+
+
+def _certs(args: argparse.Namespace) -> int:
+    dns = certs.service_dns_names(args.service, args.namespace) + list(args.dns)
+    bundle = certs.write_bundle(args.out, dns, list(args.ip), days=args.days, fresh_ca=args.new_ca)
+    print(
+        f"wrote {args.out}/{{ca.crt,ca.key,tls.crt,tls.key}}; SANs: {', '.join(dns + list(args.ip))}",
+        file=sys.stderr,
+    )
+    print(bundle)  # stdout carries only the caBundle, so `$(gpupack certs ...)` works
+    return 0

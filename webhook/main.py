@@ -1,0 +1,114 @@
+"""The webhook's FastAPI app: POST /mutate (AdmissionReview v1), /healthz, /readyz, /metrics."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from app import log
+from app.metrics import WEBHOOK_REVIEW_SECONDS, WEBHOOK_REVIEWS, WebhookOutcome
+from webhook import mutate
+from webhook.schemas import AdmissionReview
+from webhook.settings import Settings
+
+_log = log.get("gpupack.webhook")
+
+
+def create_app(settings: Settings, ready: Callable[[], bool] | None = None) -> FastAPI:
+    """The app; `ready` (default: always) decides /readyz."""
+    app = FastAPI(title="gpupack admission webhook", docs_url=None, redoc_url=None)
+
+    @app.post(
+        "/mutate",
+        summary="Mutate a pod that asks for a GPU share (AdmissionReview admission.k8s.io/v1)",
+        response_class=Response,
+        responses={200: {"content": {"application/json": {}}}},
+    )
+    async def mutate_route(review: AdmissionReview) -> Response:
+        # async: the work is a few hundred microseconds of pure CPU, cheaper on the loop than a thread hop.
+        start = time.perf_counter()
+        body = review.model_dump(by_alias=True)
+        try:
+            decision = mutate.decide(body, settings)
+        except Exception:  # a bug in our code: deny with a pointer to the log (failurePolicy is Fail anyway)
+            _log.exception("review failed", extra={"uid": review.request.uid})
+            decision = _internal_error(review.request.uid)
+        _record(review, decision, start)
+        return _json_response(decision.response)
+
+    @app.get("/healthz", summary="Liveness")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz", summary="Readiness")
+    async def readyz() -> Response:
+        ok = ready() if ready is not None else True
+        return _json_response({"status": "ok" if ok else "not ready"}, 200 if ok else 503)
+
+    @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_exception_handler(RequestValidationError, _malformed)  # type: ignore[arg-type]
+    return app
+
+
+async def _malformed(request: Request, exc: RequestValidationError) -> Response:
+    """A body that is not an AdmissionReview v1 (or not JSON): 422 with the problems, counted as an error."""
+    WEBHOOK_REVIEWS.labels(WebhookOutcome.ERROR.value).inc()
+    # Drop pydantic's "input" echo: it can be a whole pod, and the log is not the place for it.
+    problems = [
+        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
+        for e in exc.errors()
+    ]
+    _log.warning(
+        "malformed review", extra={"path": request.url.path, "outcome": "error", "problems": problems[:5]}
+    )
+    return _json_response({"detail": problems}, 422)
+
+
+def _internal_error(uid: str) -> mutate.Decision:
+    message = f"gpupack webhook internal error (see the webhook log for uid {uid})"
+    status = {"status": "Failure", "code": 500, "reason": "InternalError", "message": message}
+    response = {
+        "apiVersion": "admission.k8s.io/v1",
+        "kind": "AdmissionReview",
+        "response": {"uid": uid, "allowed": False, "status": status},
+    }
+    return mutate.Decision(WebhookOutcome.ERROR, response, (message,))
+
+
+def _record(review: AdmissionReview, decision: mutate.Decision, start: float) -> None:
+    elapsed = time.perf_counter() - start
+    WEBHOOK_REVIEWS.labels(decision.outcome.value).inc()
+    WEBHOOK_REVIEW_SECONDS.observe(elapsed)
+    req = review.request
+    meta = (req.object or {}).get("metadata")
+    if not isinstance(meta, dict):  # only a Pod's shape is validated; other kinds may carry anything
+        meta = {}
+    _log.info(
+        "review",
+        extra={
+            "uid": req.uid,
+            "namespace": req.namespace,
+            "pod": req.name or meta.get("name") or meta.get("generateName", ""),
+            "operation": req.operation,
+            "dry_run": bool(req.dry_run),
+            "outcome": decision.outcome.value,
+            "ops": decision.ops,
+            "messages": list(decision.messages),
+            "duration_ms": round(elapsed * 1000, 3),
+        },
+    )
+
+
+def _json_response(content: Any, status_code: int = 200) -> Response:
+    body = json.dumps(content, separators=(",", ":")).encode()
+    return Response(body, status_code=status_code, media_type="application/json")

@@ -1,0 +1,13 @@
+"""What the webhook's mutation depends on, set once at start-up from the command line or the chart."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app import names
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    scheduler_name: str | None = None  # set spec.schedulerName on GPU pods only when configured
+    mps_pipe_host_dir: str = names.MPS_PIPE_DIRECTORY  # host dir of the node's MPS control daemon
