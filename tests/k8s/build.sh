@@ -6,6 +6,7 @@
 set -euo pipefail
 KV=v1.34.10
 KWOKV=v0.7.0
+ETCDV=3.6.4   # = the go.etcd.io/etcd/server/v3 version in go.mod
 here=$(cd "$(dirname "$0")" && pwd)
 
 if [ -n "${GPUPACK_K8S_BIN:-}" ]; then
@@ -17,8 +18,10 @@ fi
 
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/gpupack/k8s/$KV-kwok-$KWOKV
 mkdir -p "$cache"
-ok() { # ok NAME EXPECTED-VERSION-SUBSTRING
-  [ -x "$cache/$1" ] && "$cache/$1" --version 2>/dev/null | grep -q -- "$2"
+ok() { # ok NAME EXPECTED-VERSION-LINE-REGEX (anchored, so v1.34.10 does not accept v1.34.100)
+  # Capture first: with pipefail, `grep -q` closing the pipe early could SIGPIPE the binary and fail the check.
+  local v
+  [ -x "$cache/$1" ] && v=$("$cache/$1" --version 2>/dev/null) && grep -qE -- "^$2\$" <<<"$v"
 }
 step=0; total=4
 progress() { step=$((step + 1)); echo "[k8s-bins $step/$total] $*" >&2; }
@@ -41,10 +44,11 @@ build() { # build NAME PKG VERSION-CHECK LDFLAGS
   echo "    $name built in $(( $(date +%s) - t0 ))s" >&2
 }
 
-build etcd go.etcd.io/etcd/server/v3 "3.6" ""
-build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "$KV" "$V"
-build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "$KV" "$V"
-if ok kwok "$KWOKV"; then progress "kwok: cached"; else
+# Version lines: "etcd Version: 3.6.4", "Kubernetes v1.34.10", "kwok version v0.7.0 go1.26.8 (linux/amd64)".
+build etcd go.etcd.io/etcd/server/v3 "etcd Version: $ETCDV" ""
+build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "Kubernetes $KV" "$V"
+build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "Kubernetes $KV" "$V"
+if ok kwok "kwok version $KWOKV .*"; then progress "kwok: cached"; else
   progress "kwok: go install sigs.k8s.io/kwok/cmd/kwok@$KWOKV"
   t0=$(date +%s)
   ( cd "$(mktemp -d)" && GOBIN="$cache" go install -ldflags "-s -w -X sigs.k8s.io/kwok/pkg/consts.Version=$KWOKV" "sigs.k8s.io/kwok/cmd/kwok@$KWOKV" ) >&2

@@ -1,0 +1,26 @@
+"""A real local control plane (etcd, kube-apiserver, kube-scheduler, kwok) for tests and `gpupack dev`."""
+
+from .binaries import BinariesError, ensure_binaries
+from .cluster import Cluster, ComponentStatus, default_dir
+from .identities import GPUPACK_NAMESPACE, IDENTITY_KEYS
+from .nodes import create_gpu_nodes, node_body
+from .poll import WaitTimeoutError, wait_for
+from .processes import ComponentError, ComponentSpec, HealthCheck, ManagedProcess
+
+__all__ = [
+    "GPUPACK_NAMESPACE",
+    "IDENTITY_KEYS",
+    "BinariesError",
+    "Cluster",
+    "ComponentError",
+    "ComponentSpec",
+    "ComponentStatus",
+    "HealthCheck",
+    "ManagedProcess",
+    "WaitTimeoutError",
+    "create_gpu_nodes",
+    "default_dir",
+    "ensure_binaries",
+    "node_body",
+    "wait_for",
+]

@@ -1,0 +1,441 @@
+"""gpupack's own components in `gpupack dev up`: CRD + RBAC, then the extender, the webhook, the agents.
+
+An addon is started after the control plane is healthy and the fake GPU nodes are Ready. It starts its
+processes with `cluster.start_process(ComponentSpec(...))` (or `start_processes` for several at once) - so
+they are health-checked, logged to DIR/logs/<name>.log, recorded in DIR/state.json and stopped by
+`gpupack dev down` - and may then create API objects as admin (`cluster.api_client()`). `app` must not
+import webhook/extender/agent (import-linter contract), so an addon runs them as commands
+(`sys.executable -m app.cli ...`), never as imports.
+
+The addons, in order:
+
+* Definitions: the GPUNode CRD from deploy/crds/ and the extender/webhook/agent RBAC objects of the
+  rendered chart deploy/manifests/gpupack.yaml - the objects a real install creates. The components
+  authenticate as the ServiceAccounts gpupack-system/gpupack-{extender,webhook,agent} (identities.py), so
+  the chart's bindings apply unchanged and a permission the chart lacks fails here as in a real cluster.
+* Components, launched together and each health-checked:
+  - extender on 127.0.0.1:`cluster.extender_port` (already the urlPrefix in the scheduler config),
+    kubeconfig gpupack-extender; healthy when /readyz says it leads and its informers synced.
+  - webhook over HTTPS on 127.0.0.1:`cluster.webhook_port` with the harness's serving cert; then the
+    MutatingWebhookConfiguration of deploy/webhook/ with url + caBundle, polled with a dry-run pod create
+    until the mutation shows (the apiserver picks configurations up asynchronously).
+  - one `agent run --sim` per node, kubeconfig gpupack-agent, with a simulated GPU set of the node's
+    model and count: a sample from agent/data/sim/ when one is exactly that idle shape, else generated
+    into DIR/sim/. The simulator derives GPU UUIDs from the node name, so one file serves every node of a
+    shape. Done once every node's GPUNode is published.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+
+import yaml
+
+from app import catalog, names
+
+from .binaries import repo_root
+from .identities import GPUPACK_NAMESPACE
+from .poll import WaitTimeoutError, wait_for
+from .ports import free_ports
+from .processes import ComponentSpec, HealthCheck
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
+
+Progress = Callable[[str], None]
+
+
+def _quiet(_: str) -> None:
+    pass
+
+
+CRD_RELPATH = Path("deploy/crds/gpunodes.gpupack.io.yaml")
+MANIFEST_RELPATH = Path("deploy/manifests/gpupack.yaml")
+WEBHOOK_CONFIG_RELPATH = Path("deploy/webhook/mutatingwebhookconfiguration.yaml")
+SIM_SAMPLES_RELPATH = Path("agent/data/sim")
+
+EXTENDER = "gpupack-extender"
+WEBHOOK = "gpupack-webhook"
+AGENT_PREFIX = "gpupack-agent-"
+# The chart labels every object with the component it belongs to; the dev cluster runs these three
+# (its kube-scheduler runs as system:kube-scheduler, so the chart's scheduler bindings are not needed).
+COMPONENTS = ("extender", "webhook", "agent")
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+COMPONENT_LABEL = "app.kubernetes.io/component"
+# Namespaces the webhook configuration excludes are no good for the probe; `default` always exists.
+PROBE_NAMESPACE = "default"
+
+
+def gpupack_cli(*args: str) -> tuple[str, ...]:
+    """argv running `gpupack ...` with this interpreter: the venv `dev up` runs from, no PATH lookup."""
+    return (sys.executable, "-m", "app.cli", *args)
+
+
+def source_file(relpath: Path) -> Path:
+    root = repo_root()
+    if root is None or not (root / relpath).is_file():
+        raise FileNotFoundError(f"{relpath} not found: gpupack dev up runs gpupack from a source checkout")
+    return root / relpath
+
+
+# ---- pure parts (unit-tested) ----
+
+
+def rbac_objects(docs: Iterable[Any], components: Sequence[str] = COMPONENTS) -> list[dict[str, Any]]:
+    """The RBAC objects of `components` among rendered manifests, in file order (roles before bindings)."""
+    out = []
+    for doc in docs:
+        if not isinstance(doc, dict) or doc.get("kind") not in RBAC_KINDS:
+            continue
+        labels = (doc.get("metadata") or {}).get("labels") or {}
+        if labels.get(COMPONENT_LABEL) in components:
+            out.append(doc)
+    # Creating a binding before its role is fine for RBAC, but roles first reads better in an audit log.
+    return sorted(out, key=lambda d: "Binding" in d["kind"])
+
+
+def webhook_configuration(template: Mapping[str, Any], url: str, ca_bundle: str) -> dict[str, Any]:
+    """deploy/webhook's template pointing at `url` (not a Service) and trusting `ca_bundle`.
+
+    The same fill as webhook.registration.configuration, repeated here because app may not import webhook.
+    """
+    out: dict[str, Any] = yaml.safe_load(yaml.safe_dump(dict(template)))  # a deep copy of plain data
+    for hook in out["webhooks"]:
+        client_config = hook["clientConfig"]
+        client_config.pop("service", None)
+        client_config["url"] = url
+        client_config["caBundle"] = ca_bundle
+    return out
+
+
+def sim_document(model: str, count: int) -> dict[str, Any]:
+    """A simulated GPU set of `count` idle GPUs of `model` (no uuid: the agent derives it from the node)."""
+    if count < 1:
+        raise ValueError(f"count={count}: must be >= 1")
+    name = catalog.lookup(model).name
+    return {"gpus": [{"model": name} for _ in range(count)]}
+
+
+def is_idle_set(doc: Any, model: str, count: int) -> bool:
+    """True for a sim file with exactly `count` GPUs of `model` (any alias), no processes, load or faults."""
+    if not isinstance(doc, dict) or not set(doc) <= {"gpus", "driver_version", "_comment"}:
+        return False
+    gpus = doc.get("gpus")
+    if not isinstance(gpus, list) or len(gpus) != count:
+        return False
+    want = catalog.lookup(model).name
+    for gpu in gpus:
+        if not isinstance(gpu, dict) or not set(gpu) <= {"model", "base_used_mib"}:
+            return False
+        if gpu.get("base_used_mib", 0) != 0:
+            return False
+        try:
+            if catalog.lookup(str(gpu.get("model", ""))).name != want:
+                return False
+        except KeyError:
+            return False
+    return True
+
+
+def sim_file_for(model: str, count: int, samples: Iterable[Path], out_dir: Path) -> Path:
+    """A sample file of exactly this idle shape, else one written to `out_dir` (rewritten each time)."""
+    for path in sorted(samples):
+        try:
+            doc = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            continue
+        if is_idle_set(doc, model, count):
+            return path
+    name = catalog.lookup(model).name
+    out_dir.mkdir(parents=True, exist_ok=True)
+    path = out_dir / f"{name}x{count}.yaml"
+    header = f"# Generated by `gpupack dev up`: {count} idle {name}; UUIDs derive from the node name.\n"
+    path.write_text(header + yaml.safe_dump(sim_document(name, count), sort_keys=False))
+    return path
+
+
+@dataclass(frozen=True)
+class NodeShape:
+    model: str
+    gpus: int
+
+
+def node_shape(node: Mapping[str, Any]) -> NodeShape:
+    """Model and GPU count of a (fake) node as created: its gpu-model label and gpu-milli capacity / 1000."""
+    labels = node["metadata"].get("labels") or {}
+    capacity = (node.get("status") or {}).get("capacity") or {}
+    model = labels.get(names.NODE_LABEL_GPU_MODEL)
+    milli = capacity.get(names.RESOURCE_GPU_MILLI)
+    if not model or milli is None:
+        raise ValueError(
+            f"node {node['metadata'].get('name')!r} has no {names.NODE_LABEL_GPU_MODEL} label or "
+            f"{names.RESOURCE_GPU_MILLI} capacity: not a gpupack dev node"
+        )
+    return NodeShape(catalog.lookup(model).name, _milli_to_gpus(str(milli)))
+
+
+def _milli_to_gpus(raw: str) -> int:
+    # The apiserver stores quantities canonically: 2000 comes back as "2k".
+    value = int(raw[:-1]) * 1000 if raw.endswith("k") else int(raw)
+    if value < 1000 or value % 1000:
+        raise ValueError(f"{names.RESOURCE_GPU_MILLI}={raw!r}: not a whole number of GPUs")
+    return value // 1000
+
+
+def agent_spec(
+    node: str, *, sim: Path, port: int, kubeconfig: Path, state_dir: Path, heartbeat: str = "30s"
+) -> ComponentSpec:
+    argv = gpupack_cli(
+        "agent", "run",
+        "--node", node,
+        "--kubeconfig", str(kubeconfig),
+        "--sim", str(sim),
+        "--heartbeat", heartbeat,
+        "--host", "127.0.0.1", "--port", str(port),
+        # Simulated GPUs have no MPS daemon to run; the default /tmp pipe dir would be shared by
+        # every agent (and by a real one on this host), so point them into the cluster dir anyway.
+        "--no-mps",
+        "--mps-pipe-dir", str(state_dir / "mps" / node),
+        "--mps-log-dir", str(state_dir / "mps-log" / node),
+    )  # fmt: skip
+    return ComponentSpec(
+        name=f"{AGENT_PREFIX}{node}",
+        argv=argv,
+        health=HealthCheck(f"http://127.0.0.1:{port}/healthz"),
+        env={"NODE_NAME": node},
+        ready_timeout_s=90,
+    )
+
+
+def extender_spec(port: int, kubeconfig: Path) -> ComponentSpec:
+    url = f"http://127.0.0.1:{port}"
+    argv = gpupack_cli(
+        "extender", "serve",
+        "--kubeconfig", str(kubeconfig),
+        "--host", "127.0.0.1", "--port", str(port),
+        "--lease-namespace", GPUPACK_NAMESPACE, "--lease-name", EXTENDER,
+        "--identity", "gpupack-dev",
+    )  # fmt: skip
+    return ComponentSpec(
+        name=EXTENDER,
+        argv=argv,
+        # /readyz, not /healthz: only the leader with synced informers serves the scheduler correctly,
+        # so that is what `dev up` waits for and what `dev status` reports.
+        health=HealthCheck(f"{url}/readyz"),
+        ready_timeout_s=90,
+    )
+
+
+def webhook_spec(port: int, cert: Path, key: Path, ca_file: Path) -> ComponentSpec:
+    argv = gpupack_cli(
+        "webhook", "serve",
+        "--cert", str(cert), "--key", str(key),
+        "--host", "127.0.0.1", "--port", str(port),
+    )  # fmt: skip
+    return ComponentSpec(
+        name=WEBHOOK,
+        argv=argv,
+        health=HealthCheck(f"https://127.0.0.1:{port}/readyz", ca_file=str(ca_file)),
+        ready_timeout_s=60,
+    )
+
+
+def probe_pod() -> dict[str, Any]:
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "gpupack-webhook-probe", "annotations": {names.GPU_FRACTION: "0.5"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    }
+
+
+# ---- API helpers ----
+
+
+def _create(call: Callable[[], object]) -> None:
+    """Create, tolerating AlreadyExists (an addon re-run against the same apiserver is harmless)."""
+    from kubernetes.client.rest import ApiException
+
+    try:
+        call()
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+
+
+def install_crd(api: Any, crd: Mapping[str, Any], timeout_s: float = 30) -> None:
+    from kubernetes import client
+
+    ext = client.ApiextensionsV1Api(api)
+    _create(lambda: ext.create_custom_resource_definition(crd))
+
+    def established() -> bool:
+        conditions = ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []
+        return any(c.type == "Established" and c.status == "True" for c in conditions)
+
+    wait_for(established, timeout_s, f"CRD {crd['metadata']['name']} Established", interval=0.1)
+
+
+def install_rbac(api: Any, objects: Iterable[Mapping[str, Any]]) -> None:
+    from kubernetes import client
+
+    rbac = client.RbacAuthorizationV1Api(api)
+    for obj in objects:
+        kind, ns = obj["kind"], obj["metadata"].get("namespace")
+        if kind == "ClusterRole":
+            _create(functools.partial(rbac.create_cluster_role, obj))
+        elif kind == "ClusterRoleBinding":
+            _create(functools.partial(rbac.create_cluster_role_binding, obj))
+        elif kind == "Role":
+            _create(functools.partial(rbac.create_namespaced_role, ns, obj))
+        elif kind == "RoleBinding":
+            _create(functools.partial(rbac.create_namespaced_role_binding, ns, obj))
+        else:
+            raise ValueError(f"not an RBAC kind: {kind}")
+
+
+# ---- the addons ----
+
+
+class DevAddon(Protocol):
+    name: str
+
+    def start(self, cluster: Cluster, nodes: Sequence[str], progress: Progress = _quiet) -> None:
+        """Start the addon's processes against `cluster`; raise to abort `dev up` (which then stops all)."""
+
+
+class Definitions:
+    """The GPUNode CRD and the components' RBAC, before any component starts (each needs them at once)."""
+
+    name = "crd+rbac"
+
+    def start(self, cluster: Cluster, nodes: Sequence[str], progress: Progress = _quiet) -> None:
+        crd = yaml.safe_load(source_file(CRD_RELPATH).read_text())
+        objects = rbac_objects(yaml.safe_load_all(source_file(MANIFEST_RELPATH).read_text()))
+        missing = {c for c in ("extender", "agent") if not any(_component(o) == c for o in objects)}
+        if missing:  # the chart moved its RBAC: fail here, not as a 403 deep in a component's log
+            raise RuntimeError(f"{MANIFEST_RELPATH} holds no RBAC for {', '.join(sorted(missing))}")
+        with cluster.api_client() as api:
+            install_crd(api, crd)
+            install_rbac(api, objects)
+
+
+def _component(obj: Mapping[str, Any]) -> str:
+    return str(((obj.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL, ""))
+
+
+class Components:
+    """The extender, the webhook and one agent per node, launched together, then wired in.
+
+    Together because each is a Python start-up of one to two seconds that does not depend on the others:
+    one overlapping wait instead of one after another. The webhook is registered only once it answers
+    (failurePolicy Fail would otherwise refuse GPU pods meanwhile); `dev up` returns once the webhook
+    mutates and every node's GPUNode is published, so the first pod a user creates is placed.
+    """
+
+    name = "extender+webhook+agents"
+
+    def __init__(self, *, agent_heartbeat: str = "30s", probe_timeout_s: float = 30) -> None:
+        self.agent_heartbeat = agent_heartbeat
+        self.probe_timeout_s = probe_timeout_s
+
+    def start(self, cluster: Cluster, nodes: Sequence[str], progress: Progress = _quiet) -> None:
+        specs = [
+            extender_spec(cluster.extender_port, cluster.kubeconfig_for(EXTENDER)),
+            webhook_spec(
+                cluster.webhook_port, cluster.webhook_cert_file, cluster.webhook_key_file, cluster.ca_file
+            ),
+            *self.agent_specs(cluster, nodes),
+        ]
+        cluster.start_processes(specs, progress)
+        progress("registering the webhook")
+        self.register_webhook(cluster)
+        with cluster.api_client() as api:
+            wait_for_gpunodes(api, nodes, timeout_s=30)
+
+    def agent_specs(self, cluster: Cluster, nodes: Sequence[str]) -> list[ComponentSpec]:
+        from kubernetes import client
+
+        if not nodes:
+            return []
+        root = repo_root()
+        samples = list((root / SIM_SAMPLES_RELPATH).glob("*.yaml")) if root is not None else []
+        with cluster.api_client() as api:
+            core = client.CoreV1Api(api)
+            shapes = {n: node_shape(api.sanitize_for_serialization(core.read_node(n))) for n in nodes}
+        sims = {s: sim_file_for(s.model, s.gpus, samples, cluster.dir / "sim") for s in set(shapes.values())}
+        kubeconfig = cluster.kubeconfig_for("gpupack-agent")
+        return [
+            agent_spec(
+                n,
+                sim=sims[shapes[n]],
+                port=port,
+                kubeconfig=kubeconfig,
+                state_dir=cluster.dir,
+                heartbeat=self.agent_heartbeat,
+            )
+            for n, port in zip(nodes, free_ports(len(nodes)), strict=True)
+        ]
+
+    def register_webhook(self, cluster: Cluster) -> None:
+        """Create the MutatingWebhookConfiguration; wait until a dry-run pod create comes back mutated."""
+        from kubernetes import client
+        from kubernetes.client.rest import ApiException
+
+        template = yaml.safe_load(source_file(WEBHOOK_CONFIG_RELPATH).read_text())
+        url = f"https://127.0.0.1:{cluster.webhook_port}/mutate"
+        body = webhook_configuration(template, url, cluster.ca_bundle)
+        last = ["no probe yet"]
+        with cluster.api_client() as api:
+            admission = client.AdmissionregistrationV1Api(api)
+            _create(lambda: admission.create_mutating_webhook_configuration(body))
+            core = client.CoreV1Api(api)
+
+            def in_effect() -> bool:
+                try:
+                    pod = core.create_namespaced_pod(PROBE_NAMESPACE, probe_pod(), dry_run="All")
+                except ApiException as exc:  # e.g. TLS trouble: keep trying, report it on timeout
+                    last[0] = f"{exc.status} {exc.reason}: {str(exc.body)[:200]}"
+                    return False
+                last[0] = "pod admitted without the mutation"
+                return (pod.metadata.labels or {}).get(names.LABEL_MANAGED) == "true"
+
+            try:
+                wait_for(in_effect, self.probe_timeout_s, "webhook mutating a dry-run pod", interval=0.1)
+            except WaitTimeoutError:
+                raise WaitTimeoutError(
+                    f"the apiserver did not apply the gpupack webhook within {self.probe_timeout_s:.0f}s "
+                    f"(last: {last[0]}); see {cluster.log_path(WEBHOOK)} and "
+                    f"{cluster.log_path('kube-apiserver')}"
+                ) from None
+
+
+def wait_for_gpunodes(api: Any, nodes: Sequence[str], timeout_s: float) -> None:
+    """Until every node's GPUNode has a status (the extender places nothing on a node without one)."""
+    from kubernetes import client
+
+    custom = client.CustomObjectsApi(api)
+    left: set[str] = set(nodes)
+
+    def done() -> bool:
+        listed = custom.list_cluster_custom_object(
+            names.GPUNODE_GROUP, names.GPUNODE_VERSION, names.GPUNODE_PLURAL
+        )["items"]
+        reported = {o["metadata"]["name"] for o in listed if o.get("status")}
+        left.clear()
+        left.update(set(nodes) - reported)
+        return not left
+
+    try:
+        wait_for(done, timeout_s, "GPUNodes reported")
+    except WaitTimeoutError:
+        raise WaitTimeoutError(f"no GPUNode status within {timeout_s:.0f}s for {sorted(left)}") from None
+
+
+# Started by `gpupack dev up` in this order (after the control plane and the nodes).
+DEV_ADDONS: tuple[DevAddon, ...] = (Definitions(), Components())

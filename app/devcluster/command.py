@@ -1,0 +1,210 @@
+"""`gpupack dev up|down|status`: a local cluster with simulated GPU nodes, kept running in the background."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from app import catalog
+
+from .addons import DEV_ADDONS
+from .binaries import BinariesError, ensure_binaries, repo_root
+from .cluster import Cluster, default_dir, locked
+from .components import CONTROL_PLANE
+from .processes import ComponentError
+
+DEFAULT_NODES = 4
+DEFAULT_GPUS_PER_NODE = 8
+DEFAULT_GPU_MODEL = "A100-40GB"
+EXAMPLES_RELPATH = Path("deploy/examples")
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not an integer") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"{value} must be >= 1")
+    return value
+
+
+def register(subparsers: Any) -> None:
+    dev = subparsers.add_parser("dev", help="a local Kubernetes cluster with simulated GPU nodes")
+    actions = dev.add_subparsers(dest="dev_action", metavar="ACTION", required=True)
+
+    def add(name: str, help_text: str) -> argparse.ArgumentParser:
+        parser: argparse.ArgumentParser = actions.add_parser(name, help=help_text)
+        parser.add_argument(
+            "--dir",
+            type=Path,
+            default=None,
+            help="cluster state directory (default: ${XDG_CACHE_HOME:-~/.cache}/gpupack/dev)",
+        )
+        return parser
+
+    up = add("up", "start the cluster (idempotent) and return once it is ready")
+    up.add_argument("--nodes", type=_positive, default=DEFAULT_NODES, help="fake GPU nodes (%(default)s)")
+    up.add_argument(
+        "--gpus-per-node", type=_positive, default=DEFAULT_GPUS_PER_NODE, help="GPUs per node (%(default)s)"
+    )
+    up.add_argument("--gpu-model", default=DEFAULT_GPU_MODEL, help="GPU model name (default %(default)s)")
+    up.add_argument(
+        "--no-components",
+        dest="components",
+        action="store_false",
+        help="start only the control plane and nodes, not gpupack's extender, webhook and agents",
+    )
+    up.set_defaults(func=cmd_up)
+    add("down", "stop every process of the cluster and verify none remains").set_defaults(func=cmd_down)
+    add("status", "show each component's pid and health (exit 1 unless all are healthy)").set_defaults(
+        func=cmd_status
+    )
+
+
+def _err(action: str, message: str) -> None:
+    print(f"gpupack dev {action}: {message}", file=sys.stderr)
+
+
+def _dir_flag(directory: Path) -> str:
+    return "" if directory == default_dir().resolve() else f" --dir {directory}"
+
+
+def _examples_dir() -> Path | None:
+    root = repo_root()
+    return root / EXAMPLES_RELPATH if root is not None and (root / EXAMPLES_RELPATH).is_dir() else None
+
+
+def _summary(cluster: Cluster) -> str:
+    meta = cluster.meta
+    kubeconfig = cluster.kubeconfig
+    kubectl = f"kubectl --kubeconfig {kubeconfig}"
+    lines = [
+        f"nodes: {meta.get('nodes')} x {meta.get('gpus_per_node')} {meta.get('gpu_model')} GPUs",
+        f"kubeconfig: {kubeconfig}",
+        f"  {kubectl} get nodes",
+    ]
+    components = [p for p in cluster.processes if p.name not in CONTROL_PLANE]
+    if components:
+        lines.append("gpupack: " + " ".join(f"{p.name}({p.pid})" for p in components))
+        examples = _examples_dir()
+        if examples is not None:
+            lines += [
+                "try it (the webhook turns the annotation into resources + env, the extender packs GPUs):",
+                f"  {kubectl} create -f {examples / 'fraction-pod.yaml'}   # 0.5 GPU; twice: one GPU",
+                f"  {kubectl} create -f {examples / 'memory-pod.yaml'}     # 4Gi of GPU memory",
+            ]
+        lines += [
+            f"  {kubectl} get pods -o wide",
+            f"  {kubectl} get gpunodes",
+            f"  gpupack top --kubeconfig {kubeconfig}",
+        ]
+    else:
+        lines.append("gpupack components not started (--no-components): GPU pods stay Pending")
+    lines += [
+        f"extender port (scheduler calls it): {cluster.extender_port}   "
+        f"webhook port: {cluster.webhook_port}   logs: {cluster.layout.logs}",
+        f"status: gpupack dev status{_dir_flag(cluster.dir)}",
+        f"stop: gpupack dev down{_dir_flag(cluster.dir)}",
+    ]
+    return "\n".join(lines)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    try:
+        model = catalog.lookup(args.gpu_model).name
+    except KeyError as exc:
+        _err("up", str(exc.args[0]))
+        return 2
+    directory: Path = (args.dir or default_dir()).resolve()
+    t0 = time.monotonic()
+
+    def progress(message: str) -> None:
+        print(f"[dev up {time.monotonic() - t0:5.1f}s] {message}", file=sys.stderr, flush=True)
+
+    with locked(directory):
+        existing = Cluster.load(directory)
+        if existing is not None and existing.running():
+            print(f"gpupack dev cluster already running in {directory} (nothing started)")
+            print(_summary(existing))
+            if args.components and existing.meta.get("components") is False:
+                print(
+                    "(started with --no-components; for gpupack's components: "
+                    f"gpupack dev down{_dir_flag(directory)}, then up)"
+                )
+            return 0
+        if existing is not None:
+            progress("found a stopped or partial cluster; stopping what is left and starting fresh")
+            existing.stop()
+        progress("Kubernetes binaries ($GPUPACK_K8S_BIN or tests/k8s/build.sh; a first build takes minutes)")
+        try:
+            bins = ensure_binaries(progress=sys.stderr)
+        except BinariesError as exc:
+            _err("up", str(exc))
+            return 2
+        cluster = Cluster.prepare(directory, bins)
+        cluster.meta = {
+            "nodes": args.nodes,
+            "gpus_per_node": args.gpus_per_node,
+            "gpu_model": model,
+            "components": args.components,
+        }
+        try:
+            cluster.start(progress)
+            progress(f"creating {args.nodes} nodes x {args.gpus_per_node} {model}")
+            nodes = cluster.create_gpu_nodes(args.nodes, args.gpus_per_node, model)
+            for addon in DEV_ADDONS if args.components else ():
+                progress(f"addon {addon.name}")
+                t_addon = time.monotonic()
+                addon.start(cluster, nodes, progress)
+                progress(f"addon {addon.name} ready in {time.monotonic() - t_addon:.1f}s")
+            cluster.save()
+        except BaseException as exc:  # Ctrl-C included: never leave half a cluster running
+            _err("up", f"{type(exc).__name__}: {exc}")
+            _err("up", f"stopping what was started; logs in {cluster.layout.logs}")
+            cluster.stop()
+            if not isinstance(exc, Exception):
+                raise
+            return 1
+    print(f"gpupack dev cluster ready in {directory} ({time.monotonic() - t0:.1f}s)")
+    print(_summary(cluster))
+    return 0
+
+
+def cmd_down(args: argparse.Namespace) -> int:
+    directory: Path = (args.dir or default_dir()).resolve()
+    with locked(directory):
+        cluster = Cluster.load(directory)
+        if cluster is None:
+            print(f"no gpupack dev cluster in {directory}; nothing to stop")
+            return 0
+        stopped = [f"{p.name}({p.pid})" for p in cluster.processes]
+        try:
+            cluster.stop()
+        except ComponentError as exc:
+            _err("down", str(exc))
+            return 1
+        cluster.layout.state.unlink()
+    print(f"stopped {len(stopped)} processes: {' '.join(reversed(stopped))}; none remains")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace) -> int:
+    directory: Path = (args.dir or default_dir()).resolve()
+    cluster = Cluster.load(directory)
+    if cluster is None:
+        print(f"no gpupack dev cluster in {directory}")
+        return 1
+    rows = cluster.status()
+    width = max([16, *(len(r.name) for r in rows)])  # agents are named after their (long) nodes
+    print(f"{'COMPONENT':<{width}} {'PID':>8}  {'ALIVE':<5}  {'HEALTH':<9}  DETAIL")
+    for row in rows:
+        health = "healthy" if row.healthy else "unhealthy"
+        alive = "yes" if row.alive else "no"
+        print(f"{row.name:<{width}} {row.pid:>8}  {alive:<5}  {health:<9}  {row.detail}")
+    ok = bool(rows) and all(r.healthy for r in rows)
+    print(f"kubeconfig: {cluster.kubeconfig}" if ok else "cluster is not healthy")
+    return 0 if ok else 1

@@ -1,0 +1,131 @@
+"""The control-plane components as data: argv and health check for etcd, apiserver, scheduler, kwok."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .layout import Layout, Ports
+from .processes import ComponentSpec, HealthCheck
+
+SERVICE_CIDR = "10.0.0.0/24"
+POD_CIDR = "10.244.0.0/16"
+KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
+
+
+def etcd(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
+    client = f"http://127.0.0.1:{ports.etcd}"
+    peer = f"http://127.0.0.1:{ports.etcd_peer}"
+    return ComponentSpec(
+        name="etcd",
+        argv=(
+            str(bins / "etcd"),
+            "--name=default",
+            f"--data-dir={layout.etcd_data}",
+            f"--listen-client-urls={client}",
+            f"--advertise-client-urls={client}",
+            f"--listen-peer-urls={peer}",
+            f"--initial-advertise-peer-urls={peer}",
+            f"--initial-cluster=default={peer}",
+            # A throw-away cluster: durability buys nothing and fsync dominates write latency.
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ),
+        health=HealthCheck(f"{client}/health", expect='"health":"true"'),
+        ready_timeout_s=60,
+    )
+
+
+def apiserver(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
+    pki = layout.pki
+    return ComponentSpec(
+        name="kube-apiserver",
+        argv=(
+            str(bins / "kube-apiserver"),
+            f"--etcd-servers=http://127.0.0.1:{ports.etcd}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports.apiserver}",
+            # Without it the apiserver derives an address from the default route and dies where none exists.
+            "--advertise-address=127.0.0.1",
+            # The `kubernetes` Service endpoint would be a loopback IP, which the endpoint reconciler rejects
+            # every few seconds; nothing here uses that Service.
+            "--endpoint-reconciler-type=none",
+            f"--tls-cert-file={pki.apiserver.cert}",
+            f"--tls-private-key-file={pki.apiserver.key}",
+            f"--client-ca-file={pki.ca.cert}",
+            f"--token-auth-file={layout.tokens_csv}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.sa_pub}",
+            f"--service-account-signing-key-file={pki.sa_key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            # No kube-controller-manager runs. So nobody creates `default` ServiceAccounts (with the
+            # ServiceAccount plugin every pod create would fail), and nobody lifts the not-ready taint that
+            # TaintNodesByCondition puts on every new Node (kwok marks nodes Ready, but not their taints).
+            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            "--allow-privileged=true",
+            f"--cert-dir={layout.apiserver_cert_dir}",
+            "--profiling=false",
+            "--v=1",
+        ),
+        # /readyz is readable anonymously (system:public-info-viewer), so no token lands in state.json.
+        health=HealthCheck(f"https://127.0.0.1:{ports.apiserver}/readyz", ca_file=str(pki.ca.cert)),
+        ready_timeout_s=180,  # first start on 2 busy cores: bootstrap RBAC + CRD/aggregator post-start hooks
+    )
+
+
+def scheduler(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
+    return ComponentSpec(
+        name="kube-scheduler",
+        argv=(
+            str(bins / "kube-scheduler"),
+            f"--config={layout.scheduler_config}",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports.scheduler}",
+            # A cert from our CA instead of a self-signed one, so the health check verifies TLS too.
+            f"--tls-cert-file={layout.pki.scheduler.cert}",
+            f"--tls-private-key-file={layout.pki.scheduler.key}",
+            # No --authentication/authorization-kubeconfig: delegated authn would need a front-proxy CA
+            # in the apiserver (else it logs errors forever), and /healthz, /readyz are always allowed.
+            "--v=2",
+        ),
+        health=HealthCheck(f"https://127.0.0.1:{ports.scheduler}/readyz", ca_file=str(layout.pki.ca.cert)),
+        ready_timeout_s=90,
+    )
+
+
+def kwok(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
+    key, value = KWOK_NODE_ANNOTATION
+    return ComponentSpec(
+        name="kwok",
+        argv=(
+            str(bins / "kwok"),
+            f"--kubeconfig={layout.kubeconfig_for('kwok')}",
+            # An explicit (empty) config, so a user's ~/.kwok/kwok.yaml cannot change how fake nodes behave.
+            f"--config={layout.kwok_config}",
+            "--manage-all-nodes=false",
+            f"--manage-nodes-with-annotation-selector={key}={value}",
+            f"--cidr={POD_CIDR}",
+            "--node-ip=10.244.0.1",
+            f"--server-address=127.0.0.1:{ports.kwok}",
+        ),
+        health=HealthCheck(f"http://127.0.0.1:{ports.kwok}/healthz"),
+        ready_timeout_s=60,
+    )
+
+
+def control_plane(bins: Path, layout: Layout, ports: Ports) -> list[ComponentSpec]:
+    """In start order. The scheduler before kwok: kwok only acts on pods the scheduler already bound."""
+    return [
+        etcd(bins, layout, ports),
+        apiserver(bins, layout, ports),
+        scheduler(bins, layout, ports),
+        kwok(bins, layout, ports),
+    ]
+
+
+KWOK_CONFIG = """\
+apiVersion: config.kwok.x-k8s.io/v1alpha1
+kind: KwokConfiguration
+options: {}
+"""

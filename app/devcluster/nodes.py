@@ -1,0 +1,128 @@
+"""Fake GPU nodes: the Node body (pure) and creating nodes that kwok keeps Ready."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from app import catalog, names
+
+from .components import KWOK_NODE_ANNOTATION
+from .poll import WaitTimeoutError, wait_for
+
+NODE_CPU = "32"
+NODE_MEMORY = "256Gi"
+NODE_PODS = "110"
+
+
+def node_body(
+    name: str,
+    gpus: int,
+    model: str,
+    *,
+    cpu: str = NODE_CPU,
+    memory: str = NODE_MEMORY,
+    labels: dict[str, str] | None = None,
+) -> dict[str, Any]:
+    """A kwok-managed Node advertising `gpus` GPUs of `model` the way the gpupack agent would (DESIGN.md).
+
+    Labels: gpupack.io/enabled, gpu-model, gpu-memory-max-mib. Capacity = allocatable, including
+    gpupack.io/gpu-milli (1000 per GPU) and gpupack.io/gpu-memory-mib (sum of GPU memory). `model` is a
+    catalogue name or alias; KeyError (listing the known models) otherwise.
+    """
+    if gpus < 1:
+        raise ValueError(f"gpus={gpus}: must be >= 1")
+    spec = catalog.lookup(model)
+    resources = {
+        "cpu": cpu,
+        "memory": memory,
+        "pods": NODE_PODS,
+        names.RESOURCE_GPU_MILLI: str(1000 * gpus),
+        names.RESOURCE_GPU_MEMORY_MIB: str(spec.memory_mib * gpus),
+    }
+    key, value = KWOK_NODE_ANNOTATION
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {
+            "name": name,
+            "annotations": {key: value, "node.alpha.kubernetes.io/ttl": "0"},
+            "labels": {
+                "kubernetes.io/hostname": name,
+                "kubernetes.io/os": "linux",
+                "kubernetes.io/arch": "amd64",
+                "type": "kwok",
+                names.NODE_LABEL_ENABLED: "true",
+                names.NODE_LABEL_GPU_MODEL: spec.name,
+                names.NODE_LABEL_GPU_MEMORY_MAX_MIB: str(spec.memory_mib),
+                **(labels or {}),
+            },
+        },
+        "spec": {"providerID": f"kwok://{name}"},
+        # The apiserver keeps status on Node create (a kubelet registers this way), and kwok's
+        # node-initialize stage keeps capacity/allocatable that are already set.
+        "status": {
+            "capacity": dict(resources),
+            "allocatable": dict(resources),
+            "nodeInfo": {
+                "architecture": "amd64",
+                "operatingSystem": "linux",
+                "kubeletVersion": "kwok",
+                "kubeProxyVersion": "kwok",
+                "bootID": "",
+                "containerRuntimeVersion": "",
+                "kernelVersion": "",
+                "machineID": "",
+                "osImage": "",
+                "systemUUID": "",
+            },
+        },
+    }
+
+
+def node_names(prefix: str, count: int) -> list[str]:
+    return [f"{prefix}{i}" for i in range(count)]
+
+
+def is_ready(node: Any) -> bool:
+    conditions = (node.status.conditions if node.status else None) or []
+    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+
+
+def create_gpu_nodes(
+    api_client: Any,
+    count: int,
+    gpus_per_node: int,
+    model: str,
+    *,
+    prefix: str = "gpu-node-",
+    labels: dict[str, str] | None = None,
+    ready_timeout_s: float = 60.0,
+) -> list[str]:
+    """Create `count` fake GPU nodes named <prefix>0.. and wait until kwok reports each Ready."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+    created = node_names(prefix, count)
+    for name in created:
+        core.create_node(node_body(name, gpus_per_node, model, labels=labels))
+    wait_for_ready_nodes(api_client, created, ready_timeout_s)
+    return created
+
+
+def wait_for_ready_nodes(api_client: Any, wanted: Sequence[str], timeout_s: float) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(api_client)
+
+    missing = list(wanted)
+
+    def all_ready() -> bool:
+        ready = {n.metadata.name for n in core.list_node().items if is_ready(n)}
+        missing[:] = [n for n in wanted if n not in ready]
+        return not missing
+
+    try:
+        wait_for(all_ready, timeout_s, "nodes Ready")
+    except WaitTimeoutError:
+        raise WaitTimeoutError(f"kwok did not report Ready within {timeout_s:.0f}s: {missing}") from None

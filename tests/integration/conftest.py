@@ -1,0 +1,117 @@
+"""Integration tier: one real control plane per test session, shared by every tests/integration/test_*.py.
+
+Every test collected under tests/integration/ is marked `integration` automatically.
+
+Fixtures
+  cluster    (session)  app.devcluster.Cluster running etcd, kube-apiserver (own CA, RBAC, static tokens),
+                        kube-scheduler (deploy/scheduler/kube-scheduler-config.yaml, extender at
+                        cluster.extender_url - nothing listens there until a test starts one) and kwok.
+    To start gpupack components against it:
+      cluster.kubeconfig, kubeconfig_for(identity), token(identity), api_client(identity) - identities:
+        admin, scheduler, kwok, gpupack-extender, gpupack-webhook, gpupack-agent (the gpupack ones
+        authenticate as ServiceAccounts gpupack-system/<name>; they have no RBAC until a test grants it)
+      cluster.api_url, ca_file, ca_bundle (base64, for a webhook's caBundle)
+      cluster.extender_port, webhook_port, webhook_cert_file, webhook_key_file (SAN IP:127.0.0.1)
+      cluster.start_process(ComponentSpec(name, argv, health=HealthCheck(url, ca_file=...), env=...))
+        -> ManagedProcess, healthy on return, output in cluster.log_path(name); cluster.stop_process(name).
+        Whatever is still running is stopped at session end.
+  kube       (session)  kubernetes ApiClient as admin.
+  core       (session)  CoreV1Api as admin.
+  namespace  (function) a fresh namespace name; its pods are force-deleted afterwards (the namespace itself
+                        stays Terminating: no kube-controller-manager runs, so nothing finalizes it).
+  gpu_nodes  (function) factory gpu_nodes(count, gpus_per_node=8, model="A100-40GB", labels=None) -> names;
+                        creates kwok GPU nodes (unique names), waits until Ready, deletes them afterwards.
+Helpers: `from app.devcluster import wait_for, node_body, ComponentSpec, HealthCheck` (wait_for polls with a
+deadline and names what it waited for). Binaries: $GPUPACK_K8S_BIN or tests/k8s/build.sh; if neither works
+the session FAILS (never skips). A failed test's report carries the tail of every component log.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable, Generator, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client
+
+from app.devcluster import BinariesError, Cluster, ensure_binaries
+
+HERE = Path(__file__).parent
+_active: list[Cluster] = []
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if HERE in item.path.parents:
+            item.add_marker(pytest.mark.integration)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
+    report = yield
+    if report.failed and _active and HERE in item.path.parents:
+        tails = _active[0].log_tails(lines=25)
+        report.sections.append(
+            ("control-plane logs (tail)", "\n".join(f"---- {name}\n{text}" for name, text in tails.items()))
+        )
+    return report
+
+
+@pytest.fixture(scope="session")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    try:
+        bins = ensure_binaries()
+    except BinariesError as exc:
+        pytest.fail(
+            f"integration tier needs Kubernetes binaries and they cannot be built:\n{exc}", pytrace=False
+        )
+    c = Cluster.prepare(tmp_path_factory.mktemp("devcluster"), bins)
+    c.start()
+    _active.append(c)
+    try:
+        yield c
+    finally:
+        _active.remove(c)
+        c.stop()  # raises if any process survives SIGKILL
+
+
+@pytest.fixture(scope="session")
+def kube(cluster: Cluster) -> Iterator[Any]:
+    with cluster.api_client() as api:
+        yield api
+
+
+@pytest.fixture(scope="session")
+def core(kube: Any) -> Any:
+    return client.CoreV1Api(kube)
+
+
+@pytest.fixture
+def namespace(core: Any) -> Iterator[str]:
+    name = f"t-{uuid.uuid4().hex[:8]}"
+    core.create_namespace({"metadata": {"name": name}})
+    yield name
+    core.delete_collection_namespaced_pod(name, grace_period_seconds=0)
+    core.delete_namespace(name)
+
+
+@pytest.fixture
+def gpu_nodes(cluster: Cluster, core: Any) -> Iterator[Callable[..., list[str]]]:
+    created: list[str] = []
+
+    def make(
+        count: int, gpus_per_node: int = 8, model: str = "A100-40GB", labels: dict[str, str] | None = None
+    ) -> list[str]:
+        names = cluster.create_gpu_nodes(
+            count, gpus_per_node, model, prefix=f"gpu-{uuid.uuid4().hex[:6]}-", labels=labels
+        )
+        created.extend(names)
+        return names
+
+    yield make
+    for name in created:
+        core.delete_node(name)

@@ -1,0 +1,56 @@
+"""`gpupack dev`: argument handling that needs no cluster (unknown model, empty directory)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from app import catalog, cli
+from app.devcluster.__main__ import main
+
+
+def test_dev_is_registered_in_the_cli() -> None:
+    assert "app.devcluster.command" in cli.COMMAND_MODULES
+
+
+def test_unknown_model_is_one_line_listing_known_models_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["up", "--dir", str(tmp_path), "--gpu-model", "H200-999GB"]) == 2
+    out, err = capsys.readouterr()
+    assert out == ""
+    assert err.count("\n") == 1
+    assert err.startswith("gpupack dev up: unknown GPU model 'H200-999GB'; known: ")
+    assert all(name in err for name in catalog.models())
+    assert list(tmp_path.iterdir()) == []  # nothing was started or written
+
+
+@pytest.mark.parametrize("flag", ["--nodes", "--gpus-per-node"])
+@pytest.mark.parametrize("value", ["0", "-2", "two"])
+def test_counts_must_be_positive_integers(flag: str, value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["up", flag, value])
+    assert exc.value.code == 2
+    assert f"argument {flag}: " in capsys.readouterr().err
+
+
+def test_status_without_a_cluster_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["status", "--dir", str(tmp_path)]) == 1
+    assert capsys.readouterr().out == f"no gpupack dev cluster in {tmp_path}\n"
+
+
+def test_down_without_a_cluster_is_fine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["down", "--dir", str(tmp_path)]) == 0
+    assert "nothing to stop" in capsys.readouterr().out
+
+
+def test_bad_binaries_dir_is_named_exit_2(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("GPUPACK_K8S_BIN", str(tmp_path / "nope"))
+    assert main(["up", "--dir", str(tmp_path / "dev")]) == 2
+    assert capsys.readouterr().err.splitlines()[-1] == (
+        f"gpupack dev up: GPUPACK_K8S_BIN={tmp_path / 'nope'}: missing executables: "
+        "etcd, kube-apiserver, kube-scheduler, kwok"
+    )

@@ -1,0 +1,116 @@
+"""Dev cluster: the CA and serving certs (SANs, chain, key usage) and a real TLS handshake against them."""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import ssl
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+from cryptography import x509
+from cryptography.exceptions import InvalidSignature
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from app.devcluster import pki
+
+
+def _sans(cert: x509.Certificate) -> tuple[list[str], list[str]]:
+    ext = cert.extensions.get_extension_for_class(x509.SubjectAlternativeName).value
+    return [str(ip) for ip in ext.get_values_for_type(x509.IPAddress)], ext.get_values_for_type(x509.DNSName)
+
+
+def test_ip_names_become_ip_sans_not_dns() -> None:
+    entries = pki.san_entries(("127.0.0.1", "localhost", "::1"))
+    assert entries == [
+        x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+        x509.DNSName("localhost"),
+        x509.IPAddress(ipaddress.ip_address("::1")),
+    ]
+
+
+def test_server_cert_is_signed_by_the_ca_for_server_auth() -> None:
+    ca, ca_key = pki.make_ca()
+    cert, _ = pki.issue_server_cert(ca, ca_key, "gpupack-webhook", pki.LOOPBACK_SANS)
+    cert.verify_directly_issued_by(ca)
+    assert _sans(cert) == (["127.0.0.1"], ["localhost"])
+    assert cert.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is False
+    eku = cert.extensions.get_extension_for_class(x509.ExtendedKeyUsage).value
+    assert list(eku) == [ExtendedKeyUsageOID.SERVER_AUTH]
+    assert ca.extensions.get_extension_for_class(x509.BasicConstraints).value.ca is True
+
+
+def test_other_ca_does_not_verify() -> None:
+    ca, ca_key = pki.make_ca()
+    other, _ = pki.make_ca()
+    cert, _ = pki.issue_server_cert(ca, ca_key, "x", pki.LOOPBACK_SANS)
+    with pytest.raises(InvalidSignature):  # same subject name, different key
+        cert.verify_directly_issued_by(other)
+
+
+@pytest.fixture(scope="module")
+def written(tmp_path_factory: pytest.TempPathFactory) -> pki.Pki:
+    out = pki.Pki(tmp_path_factory.mktemp("pki"))
+    out.write()
+    return out
+
+
+def test_apiserver_cert_answers_to_the_service_names(written: pki.Pki) -> None:
+    cert = x509.load_pem_x509_certificate(written.apiserver.cert.read_bytes())
+    ips, dns = _sans(cert)
+    assert ips == ["127.0.0.1", "10.0.0.1"]
+    assert {"localhost", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"} <= set(dns)
+
+
+def test_private_keys_are_owner_only(written: pki.Pki) -> None:
+    for key in (
+        written.ca.key,
+        written.apiserver.key,
+        written.webhook.key,
+        written.scheduler.key,
+        written.sa_key,
+    ):
+        assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
+    assert written.sa_pub.read_text().startswith("-----BEGIN PUBLIC KEY-----")
+
+
+def _handshake(written: pki.Pki, server_hostname: str) -> str:
+    """TLS over a socketpair: the webhook cert, checked against our CA by a client of `server_hostname`."""
+    server_ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    server_ctx.load_cert_chain(written.webhook.cert, written.webhook.key)
+    client_ctx = ssl.create_default_context(cafile=str(written.ca.cert))
+    a, b = socket.socketpair()
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            with server_ctx.wrap_socket(a, server_side=True) as conn:
+                conn.sendall(b"ok")
+        except (ssl.SSLError, OSError) as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        with client_ctx.wrap_socket(b, server_hostname=server_hostname) as conn:
+            return conn.recv(2).decode()
+    finally:
+        thread.join(5)
+
+
+def test_webhook_cert_verifies_for_127_0_0_1(written: pki.Pki) -> None:
+    assert _handshake(written, "127.0.0.1") == "ok"
+
+
+def test_webhook_cert_is_refused_for_another_host(written: pki.Pki) -> None:
+    with pytest.raises(ssl.SSLCertVerificationError, match=r"127\.0\.0\.2"):
+        _handshake(written, "127.0.0.2")
+
+
+def test_write_creates_every_path(written: pki.Pki) -> None:
+    paths: list[Path] = [written.sa_key, written.sa_pub]
+    for pair in (written.ca, written.apiserver, written.scheduler, written.webhook):
+        paths += [pair.cert, pair.key]
+    assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
