@@ -1,0 +1,59 @@
+"""Process → pod: parse /proc/<pid>/cgroup (v1 and v2, systemd and cgroupfs drivers) for the pod UID."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+# cgroupfs driver: .../kubepods[/burstable|/besteffort]/pod<uid>/<container id>
+_CGROUPFS = re.compile(r"/kubepods(?:/[a-z]+)?/pod(?P<uid>[0-9a-fA-F-]{36})(?:/(?P<cid>[0-9a-f]{64}))?")
+# systemd driver: kubepods[-<qos>]-pod<uid with _ for ->.slice[/<runtime>-<container id>.scope]
+_SYSTEMD = re.compile(
+    r"kubepods(?:-[a-z]+)?-pod(?P<uid>[0-9a-fA-F_]{36})\.slice"
+    r"(?:/(?:[a-z-]+-)?(?P<cid>[0-9a-f]{64})\.scope)?"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class PodRef:
+    pod_uid: str
+    container_id: str  # the runtime's container ID, "" when the path stops at the pod (e.g. the sandbox)
+
+
+def parse_line(line: str) -> PodRef | None:
+    """The pod a /proc/<pid>/cgroup line points into, or None (host process, or not a kubepods path)."""
+    parts = line.strip().split(":", 2)
+    if len(parts) != 3:
+        return None
+    path = parts[2]
+    m = _SYSTEMD.search(path)
+    if m:
+        return PodRef(m["uid"].replace("_", "-").lower(), m["cid"] or "")
+    m = _CGROUPFS.search(path)
+    if m:
+        return PodRef(m["uid"].lower(), m["cid"] or "")
+    return None
+
+
+def parse(text: str) -> PodRef | None:
+    """The pod of a whole /proc/<pid>/cgroup file: v2's single "0::" line, or any v1 hierarchy line."""
+    best: PodRef | None = None
+    for line in text.splitlines():
+        ref = parse_line(line)
+        if ref is not None and (best is None or (ref.container_id and not best.container_id)):
+            best = ref
+    return best
+
+
+class ProcResolver:
+    """Reads /proc/<pid>/cgroup under a (host) proc root; the agent mounts the host's /proc there."""
+
+    def __init__(self, proc_root: Path = Path("/proc")) -> None:
+        self.proc_root = proc_root
+
+    def pod_of(self, pid: int) -> PodRef | None:
+        try:
+            return parse((self.proc_root / str(pid) / "cgroup").read_text())
+        except OSError:  # the process exited, or /proc is not the host's
+            return None

@@ -1,0 +1,201 @@
+"""One agent cycle: read NVML, supervise MPS, attribute and verify processes, publish, update metrics."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from agent import reporter as rep
+from agent import verify
+from agent.cgroup import PodRef
+from agent.mps import Device, MpsState, MpsSupervisor
+from agent.nvml.base import Nvml, NvmlCode, NvmlError
+from agent.sample import NodeSample, Sampler
+from app import log
+from app import metrics as m
+from app.errors import KubeError
+from app.kube.client import Request
+from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus
+
+_log = log.get("gpupack.agent")
+
+
+class Resolver(Protocol):
+    def pod_of(self, pid: int) -> PodRef | None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class AgentConfig:
+    node: str
+    reporter: rep.ReporterConfig = field(default_factory=rep.ReporterConfig)
+    evict_on_violation: bool = False
+    env_device_selection: str = "unknown"
+
+
+class Agent:
+    """Call `step()` every sampling interval; dependencies are injected so tests pin the clock."""
+
+    def __init__(
+        self,
+        config: AgentConfig,
+        *,
+        nvml: Nvml,
+        resolver: Resolver,
+        mps: MpsSupervisor,
+        send: Callable[[Request], dict[str, Any]],
+        clock: Callable[[], float],
+    ) -> None:
+        self.config = config
+        self.nvml = nvml
+        self.resolver = resolver
+        self.mps = mps
+        self.send = send
+        self.clock = clock
+        self.sampler = Sampler(nvml, on_error=lambda code: m.AGENT_NVML_ERRORS.labels(code.value).inc())
+        self.reporter = rep.Reporter(config.node, send, config.reporter, on_write=self._count_write)
+        self.nvml_ready = False
+        self._nvml_error = ""
+        self._init_at = float("-inf")
+        self._spec: GPUNodeSpec | None = None
+        self._pods: dict[str, verify.PodInfo] = {}
+        self._pods_at = float("-inf")
+        self._refs: dict[int, PodRef | None] = {}
+        self._reported: set[tuple[str, verify.Kind, str]] = set()
+        self._series: dict[Any, set[tuple[str, ...]]] = {}
+        self.last_step: float | None = None
+
+    @staticmethod
+    def _count_write(kind: str, result: str) -> None:
+        if kind in {w.value for w in m.AgentWrite}:  # only the pre-created series
+            m.AGENT_WRITES.labels(kind, result).inc()
+
+    def _ensure_nvml(self, now: float) -> None:
+        # NVML may come up after the agent (driver install); retry init once per heartbeat.
+        if self.nvml_ready or now - self._init_at < self.config.reporter.heartbeat_s:
+            return
+        self._init_at = now
+        try:
+            self.nvml.init()
+        except NvmlError as exc:
+            m.AGENT_NVML_ERRORS.labels(exc.code.value).inc()
+            if str(exc) != self._nvml_error:
+                _log.error("NVML init failed", extra={"code": exc.code.value, "error": str(exc)})
+            self._nvml_error = str(exc)
+            return
+        self.nvml_ready, self._nvml_error = True, ""
+        _log.info("NVML initialised", extra={"gpus": self.nvml.device_count()})
+
+    def step(self) -> GPUNodeStatus:
+        now = self.clock()
+        self._ensure_nvml(now)
+        sample = self.sampler.sample() if self.nvml_ready else NodeSample(error=self._nvml_error)
+        if sample.error and any(
+            c in sample.error for c in (NvmlCode.UNINITIALIZED, NvmlCode.DRIVER_NOT_LOADED)
+        ):
+            self.nvml_ready = False  # e.g. driver reloaded under us: init again at the next heartbeat
+        spec = rep.build_spec(self.config.node, sample, self.mps.available(), self._spec)
+        self._spec = spec
+        mps = self.mps.tick([Device(g.uuid, g.memory_mib) for g in spec.shared_gpus], now)
+        refs = self._resolve(sample)
+        self._refresh_pods(sample, now)
+        verdict = verify.verify(sample, refs, self._pods)
+        self._handle_violations(verdict, now)
+        status = rep.build_status(
+            spec=spec,
+            sample=sample,
+            owners=verdict.owners,
+            mps=mps,
+            allocated=rep.allocated_mib(self._pods),
+            now=now,
+            config=self.config.reporter,
+            env_device_selection=self.config.env_device_selection,
+        )
+        self.reporter.tick(spec, status, now)
+        self._update_metrics(sample, verdict)
+        self.last_step = now
+        return status
+
+    def _resolve(self, sample: NodeSample) -> dict[int, PodRef | None]:
+        # A pid's cgroup never changes, so each pid is read once while it lives.
+        pids = {p.pid for g in sample.gpus for p in g.processes}
+        self._refs = {
+            pid: self._refs[pid] if pid in self._refs else self.resolver.pod_of(pid) for pid in pids
+        }
+        return self._refs
+
+    def _refresh_pods(self, sample: NodeSample, now: float) -> None:
+        cfg = self.config.reporter
+        unknown = any(
+            ref is not None and ref.pod_uid not in self._pods for ref in self._refs.values()
+        )  # a process of a pod we have not seen yet: a new container started
+        due = now - self._pods_at >= cfg.heartbeat_s or (
+            unknown and now - self._pods_at >= cfg.min_interval_s
+        )
+        if not due:
+            return
+        self._pods_at = now
+        try:
+            out = self.send(verify.list_pods(self.config.node))
+        except KubeError as exc:
+            _log.warning("listing pods failed", extra={"code": exc.code, "error": exc.message})
+            return
+        self._pods = {p.uid: p for p in (verify.pod_info(i) for i in out.get("items", [])) if p.uid}
+        self._reported = {k for k in self._reported if k[0] in self._pods}
+
+    def _handle_violations(self, verdict: verify.Verdict, now: float) -> None:
+        for v in verdict.violations:
+            if v.key in self._reported:
+                continue
+            self._reported.add(v.key)
+            m.AGENT_VIOLATIONS.labels(v.kind.value).inc()
+            _log.warning(
+                "allocation violated",
+                extra={"kind": v.kind.value, "pod": f"{v.pod.namespace}/{v.pod.name}", "gpu": v.gpu_index,
+                       "error": v.message},
+            )  # fmt: skip
+            self._try("event", verify.event(v, self.config.node, now))
+            if self.config.evict_on_violation and v.kind in (verify.Kind.WRONG_GPU, verify.Kind.OVER_MEMORY):
+                self._try("eviction", verify.eviction(v))
+
+    def _try(self, kind: str, req: Request) -> None:
+        try:
+            self.send(req)
+        except KubeError as exc:
+            self._count_write(kind, "error")
+            _log.warning("write failed", extra={"kind": kind, "code": exc.code, "error": exc.message})
+        else:
+            self._count_write(kind, "ok")
+
+    def _update_metrics(self, sample: NodeSample, verdict: verify.Verdict) -> None:
+        # Set this cycle's series first, then drop those that vanished, so a scrape never sees a gap.
+        seen: dict[Any, set[tuple[str, ...]]] = {}
+
+        def put(gauge: Any, labels: tuple[str, ...], value: float | None) -> None:
+            if value is not None:
+                gauge.labels(*labels).set(value)
+                seen.setdefault(gauge, set()).add(labels)
+
+        for g in sample.gpus:
+            lab = (str(g.index), g.uuid)
+            util = None if g.utilization_percent is None else g.utilization_percent / 100
+            foreign = sum(1 for p in g.processes if not verdict.owners.get(p.pid))
+            put(m.AGENT_GPU_HEALTHY, lab, 1 if g.healthy else 0)
+            put(m.AGENT_GPU_MEMORY_TOTAL_MIB, lab, g.memory_total_mib)
+            put(m.AGENT_GPU_MEMORY_USED_MIB, lab, g.memory_used_mib)
+            put(m.AGENT_GPU_UTILIZATION_RATIO, lab, util)
+            put(m.AGENT_GPU_PROCESSES, (*lab, "pod"), len(g.processes) - foreign)
+            put(m.AGENT_GPU_PROCESSES, (*lab, "foreign"), foreign)
+        for u in verdict.usage:
+            pod_lab = (u.pod.namespace, u.pod.name, str(u.gpu_index))
+            put(m.AGENT_POD_MEMORY_USED_MIB, pod_lab, u.used_mib)
+            put(m.AGENT_POD_MEMORY_LIMIT_MIB, pod_lab, u.limit_mib)
+        for gauge, before in self._series.items():
+            for labels in before - seen.get(gauge, set()):
+                gauge.remove(*labels)
+        self._series = seen
+        m.AGENT_MPS_UP.set(1 if self.mps.state is MpsState.RUNNING else 0)
+
+    def heartbeat_age(self) -> float:
+        last = self.reporter.last_heartbeat
+        return float("nan") if last is None else self.clock() - last

@@ -1,0 +1,120 @@
+"""The narrow NVML interface the agent uses, its value types and its NVML-shaped error."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+
+class NvmlCode(StrEnum):
+    """NVML return codes the agent tells apart, spelled as in nvml.h."""
+
+    UNINITIALIZED = "NVML_ERROR_UNINITIALIZED"
+    INVALID_ARGUMENT = "NVML_ERROR_INVALID_ARGUMENT"
+    NOT_SUPPORTED = "NVML_ERROR_NOT_SUPPORTED"
+    NO_PERMISSION = "NVML_ERROR_NO_PERMISSION"
+    NOT_FOUND = "NVML_ERROR_NOT_FOUND"
+    DRIVER_NOT_LOADED = "NVML_ERROR_DRIVER_NOT_LOADED"
+    TIMEOUT = "NVML_ERROR_TIMEOUT"
+    LIBRARY_NOT_FOUND = "NVML_ERROR_LIBRARY_NOT_FOUND"
+    FUNCTION_NOT_FOUND = "NVML_ERROR_FUNCTION_NOT_FOUND"
+    CORRUPTED_INFOROM = "NVML_ERROR_CORRUPTED_INFOROM"
+    GPU_IS_LOST = "NVML_ERROR_GPU_IS_LOST"
+    RESET_REQUIRED = "NVML_ERROR_RESET_REQUIRED"
+    LIB_RM_VERSION_MISMATCH = "NVML_ERROR_LIB_RM_VERSION_MISMATCH"
+    NO_DATA = "NVML_ERROR_NO_DATA"
+    UNKNOWN = "NVML_ERROR_UNKNOWN"
+    OTHER = "NVML_ERROR_OTHER"  # any code not listed above (the message keeps NVML's own text)
+
+
+# Codes meaning "this GPU is broken", as opposed to "this query does not apply to it".
+FATAL_CODES = frozenset(
+    {NvmlCode.GPU_IS_LOST, NvmlCode.RESET_REQUIRED, NvmlCode.CORRUPTED_INFOROM, NvmlCode.UNKNOWN}
+)
+
+
+class NvmlError(Exception):
+    """A failed NVML call: the NVML return code name plus NVML's (or our) message."""
+
+    def __init__(self, code: NvmlCode, message: str = "") -> None:
+        super().__init__(f"{code.value}: {message}" if message else code.value)
+        self.code = code
+        self.message = message
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryInfo:
+    total_mib: int
+    used_mib: int
+    free_mib: int
+
+
+@dataclass(frozen=True, slots=True)
+class Utilization:
+    gpu_percent: int  # share of time a kernel ran over NVML's last sample period
+    memory_percent: int  # share of time device memory was read or written
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo:
+    pid: int
+    used_mib: int | None  # None where NVML cannot attribute memory (it reports "not available")
+
+
+@dataclass(frozen=True, slots=True)
+class MigDeviceInfo:
+    mig_index: int
+    uuid: str  # "MIG-..."
+    memory_total_mib: int
+    memory_used_mib: int
+
+
+class Nvml(Protocol):
+    """Everything the agent asks of NVML: GPUs addressed by NVML index; any method may raise NvmlError."""
+
+    def init(self) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+    def driver_version(self) -> str: ...
+
+    def device_count(self) -> int: ...
+
+    def uuid(self, index: int) -> str: ...
+
+    def name(self, index: int) -> str:
+        """NVML product name, e.g. "NVIDIA A100-SXM4-40GB" (app.catalog maps it to a model)."""
+        ...
+
+    def memory(self, index: int) -> MemoryInfo: ...
+
+    def utilization(self, index: int) -> Utilization: ...
+
+    def temperature_c(self, index: int) -> int: ...
+
+    def power_mw(self, index: int) -> int: ...
+
+    def ecc_uncorrected(self, index: int) -> int:
+        """Volatile (since last driver load) uncorrected ECC error count."""
+        ...
+
+    def xid_errors(self, index: int) -> tuple[int, ...]:
+        """Critical XID errors seen on this GPU since the previous call (drained)."""
+        ...
+
+    def mig_enabled(self, index: int) -> bool:
+        """Current MIG mode; NOT_SUPPORTED on GPUs without MIG."""
+        ...
+
+    def mig_device_count(self, index: int) -> int:
+        """Maximum MIG device slots; NOT_SUPPORTED on GPUs without MIG."""
+        ...
+
+    def mig_device(self, index: int, mig_index: int) -> MigDeviceInfo:
+        """One MIG device; NOT_FOUND for an empty slot or MIG disabled, NOT_SUPPORTED without MIG."""
+        ...
+
+    def processes(self, index: int, mig_index: int | None = None) -> tuple[ProcessInfo, ...]:
+        """Compute processes on a GPU (or one of its MIG devices); NO_PERMISSION on a MIG-enabled parent."""
+        ...

@@ -1,0 +1,157 @@
+"""The real NVML backend, through pynvml (package nvidia-ml-py); every NVMLError becomes an NvmlError."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import pynvml
+
+from agent.nvml.base import MemoryInfo, MigDeviceInfo, NvmlCode, NvmlError, ProcessInfo, Utilization
+
+T = TypeVar("T")
+MIB = 1 << 20
+
+# pynvml's numeric return codes → our names, built from pynvml's own NVML_ERROR_* constants.
+_CODES: dict[int, NvmlCode] = {int(getattr(pynvml, c.value)): c for c in NvmlCode if hasattr(pynvml, c.value)}
+
+
+def translate(exc: Exception) -> NvmlError:
+    """An NVMLError (or anything raised while loading the library) as an NvmlError."""
+    value = getattr(exc, "value", None)
+    code = _CODES.get(value, NvmlCode.OTHER) if isinstance(value, int) else NvmlCode.OTHER
+    return NvmlError(code, str(exc))
+
+
+def _call(fn: Callable[..., T], *args: Any) -> T:
+    try:
+        return fn(*args)
+    except pynvml.NVMLError as exc:
+        raise translate(exc) from None
+
+
+class PynvmlBackend:
+    """NVML on a real GPU node. Handles are looked up per call, so a GPU that vanished fails alone."""
+
+    def __init__(self) -> None:
+        self._events: Any = None
+        self._xids: dict[str, list[int]] = {}
+
+    def init(self) -> None:
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            err = translate(exc)
+            raise NvmlError(err.code, f"NVML not available: {exc}") from None
+        except OSError as exc:  # a broken libnvidia-ml.so can fail in the loader, not in NVML
+            raise NvmlError(NvmlCode.LIBRARY_NOT_FOUND, f"NVML not available: {exc}") from None
+        self._register_xid_events()
+
+    def shutdown(self) -> None:
+        if self._events is not None:
+            _call(pynvml.nvmlEventSetFree, self._events)
+            self._events = None
+        _call(pynvml.nvmlShutdown)
+
+    def driver_version(self) -> str:
+        return str(_call(pynvml.nvmlSystemGetDriverVersion))
+
+    def device_count(self) -> int:
+        return int(_call(pynvml.nvmlDeviceGetCount))
+
+    def _handle(self, index: int) -> Any:
+        return _call(pynvml.nvmlDeviceGetHandleByIndex, index)
+
+    def uuid(self, index: int) -> str:
+        return str(_call(pynvml.nvmlDeviceGetUUID, self._handle(index)))
+
+    def name(self, index: int) -> str:
+        return str(_call(pynvml.nvmlDeviceGetName, self._handle(index)))
+
+    def memory(self, index: int) -> MemoryInfo:
+        m = _call(pynvml.nvmlDeviceGetMemoryInfo, self._handle(index))
+        return MemoryInfo(
+            total_mib=int(m.total) // MIB, used_mib=int(m.used) // MIB, free_mib=int(m.free) // MIB
+        )
+
+    def utilization(self, index: int) -> Utilization:
+        u = _call(pynvml.nvmlDeviceGetUtilizationRates, self._handle(index))
+        return Utilization(gpu_percent=int(u.gpu), memory_percent=int(u.memory))
+
+    def temperature_c(self, index: int) -> int:
+        return int(_call(pynvml.nvmlDeviceGetTemperature, self._handle(index), pynvml.NVML_TEMPERATURE_GPU))
+
+    def power_mw(self, index: int) -> int:
+        return int(_call(pynvml.nvmlDeviceGetPowerUsage, self._handle(index)))
+
+    def ecc_uncorrected(self, index: int) -> int:
+        return int(
+            _call(
+                pynvml.nvmlDeviceGetTotalEccErrors,
+                self._handle(index),
+                pynvml.NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                pynvml.NVML_VOLATILE_ECC,
+            )
+        )
+
+    def xid_errors(self, index: int) -> tuple[int, ...]:
+        self._drain_events()
+        return tuple(self._xids.pop(self.uuid(index), []))
+
+    def mig_enabled(self, index: int) -> bool:
+        current, _pending = _call(pynvml.nvmlDeviceGetMigMode, self._handle(index))
+        return bool(current == pynvml.NVML_DEVICE_MIG_ENABLE)
+
+    def mig_device_count(self, index: int) -> int:
+        return int(_call(pynvml.nvmlDeviceGetMaxMigDeviceCount, self._handle(index)))
+
+    def _mig_handle(self, index: int, mig_index: int) -> Any:
+        return _call(pynvml.nvmlDeviceGetMigDeviceHandleByIndex, self._handle(index), mig_index)
+
+    def mig_device(self, index: int, mig_index: int) -> MigDeviceInfo:
+        h = self._mig_handle(index, mig_index)
+        m = _call(pynvml.nvmlDeviceGetMemoryInfo, h)
+        return MigDeviceInfo(
+            mig_index=mig_index,
+            uuid=str(_call(pynvml.nvmlDeviceGetUUID, h)),
+            memory_total_mib=int(m.total) // MIB,
+            memory_used_mib=int(m.used) // MIB,
+        )
+
+    def processes(self, index: int, mig_index: int | None = None) -> tuple[ProcessInfo, ...]:
+        h = self._handle(index) if mig_index is None else self._mig_handle(index, mig_index)
+        procs = _call(pynvml.nvmlDeviceGetComputeRunningProcesses, h)
+        return tuple(
+            ProcessInfo(
+                pid=int(p.pid), used_mib=None if p.usedGpuMemory is None else int(p.usedGpuMemory) // MIB
+            )
+            for p in procs
+        )
+
+    def _register_xid_events(self) -> None:
+        # XIDs only arrive as events; a GPU that cannot register (NOT_SUPPORTED) simply reports none.
+        try:
+            self._events = pynvml.nvmlEventSetCreate()
+        except pynvml.NVMLError:
+            return
+        for i in range(self.device_count()):
+            try:
+                pynvml.nvmlDeviceRegisterEvents(
+                    self._handle(i), pynvml.nvmlEventTypeXidCriticalError, self._events
+                )
+            except (pynvml.NVMLError, NvmlError):
+                continue
+
+    def _drain_events(self) -> None:
+        if self._events is None:
+            return
+        while True:
+            try:
+                ev = pynvml.nvmlEventSetWait(self._events, 0)
+            except pynvml.NVMLError:  # TIMEOUT: nothing pending
+                return
+            try:
+                uuid = str(pynvml.nvmlDeviceGetUUID(ev.device))
+            except pynvml.NVMLError:
+                continue
+            self._xids.setdefault(uuid, []).append(int(ev.eventData))

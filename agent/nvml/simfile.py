@@ -1,0 +1,337 @@
+"""Simulated GPU set files (YAML or JSON): parse and validate, reporting every bad field by path."""
+
+from __future__ import annotations
+
+import json
+import uuid as uuidlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from agent.nvml.base import NvmlCode
+from app import catalog
+from app.errors import RequestError
+
+QUERIES = ("power", "temperature", "ecc", "utilization")
+_UUID_NS = uuidlib.UUID("6f1d3c52-2b7e-4d0a-9a51-1f0c7d6b9e10")  # fixed, so simulated UUIDs are stable
+
+
+class SimFileError(ValueError):
+    """A simulated GPU set file that breaks one or more rules; lists every broken field."""
+
+    def __init__(self, source: str, errors: list[RequestError]) -> None:
+        super().__init__(f"{source}: " + "; ".join(str(e) for e in errors))
+        self.errors = errors
+
+
+@dataclass(frozen=True, slots=True)
+class SimProcess:
+    pid: int
+    used_mib: int
+    pod_uid: str  # "" for a process outside any pod (a "foreign" process)
+    container: str
+
+
+@dataclass(frozen=True, slots=True)
+class SimMig:
+    slot: int
+    uuid: str
+    profile: str
+    memory_mib: int
+    processes: tuple[SimProcess, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class SimGpu:
+    model: str  # catalogue name
+    product_name: str  # what NVML's name query returns
+    uuid: str
+    memory_mib: int
+    base_used_mib: int  # driver/context overhead reported as used even with no processes
+    utilization_percent: int
+    memory_utilization_percent: int
+    temperature_c: int
+    power_mw: int
+    ecc_uncorrected: int
+    xids: tuple[int, ...]
+    lost: bool
+    not_supported: frozenset[str]
+    mig_slots: int  # 0: the model has no MIG
+    mig_enabled: bool
+    mig_devices: tuple[SimMig, ...]
+    processes: tuple[SimProcess, ...]
+
+    @property
+    def used_mib(self) -> int:
+        own = sum(p.used_mib for p in self.processes)
+        return self.base_used_mib + own + sum(p.used_mib for m in self.mig_devices for p in m.processes)
+
+
+@dataclass(frozen=True, slots=True)
+class SimSet:
+    driver_version: str
+    init_error: NvmlCode | None  # make init() fail as on a node whose driver is missing or broken
+    gpus: tuple[SimGpu, ...]
+
+    def owners(self) -> dict[int, SimProcess]:
+        """Every simulated process by pid (what /proc would tell about them)."""
+        out: dict[int, SimProcess] = {}
+        for g in self.gpus:
+            for p in g.processes:
+                out[p.pid] = p
+            for m in g.mig_devices:
+                for p in m.processes:
+                    out[p.pid] = p
+        return out
+
+
+@cache
+def model_behaviour() -> Mapping[str, Mapping[str, Any]]:
+    raw = json.loads(resources.files("agent.data").joinpath("sim_models.json").read_text())
+    models: Mapping[str, Mapping[str, Any]] = raw["models"]
+    return models
+
+
+def sample(name: str) -> Path:
+    """Path of a sample simulated GPU set shipped in agent/data/sim/ (e.g. "a100x4")."""
+    return Path(str(resources.files("agent.data").joinpath("sim", f"{name}.yaml")))
+
+
+def load(path: Path, node: str = "") -> SimSet:
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise SimFileError(
+            str(path), [RequestError("(file)", "", f"is not valid YAML/JSON: {exc}")]
+        ) from None
+    return parse(raw, str(path), node)
+
+
+def parse(raw: Any, source: str, node: str = "") -> SimSet:
+    """A SimSet from decoded YAML; `node` seeds default UUIDs so each node's GPUs differ."""
+    errors: list[RequestError] = []
+    if not isinstance(raw, dict):
+        raise SimFileError(
+            source, [RequestError("(file)", repr(raw)[:40], "must be a mapping with a `gpus` list")]
+        )
+    init_error: NvmlCode | None = None
+    raw_init = raw.get("init_error")
+    if raw_init is not None:
+        try:
+            init_error = NvmlCode(raw_init)
+        except ValueError:
+            errors.append(RequestError("init_error", str(raw_init), "must be an NVML_ERROR_* code name"))
+    gpus_raw = raw.get("gpus")
+    gpus: list[SimGpu] = []
+    if not isinstance(gpus_raw, list):
+        errors.append(RequestError("gpus", repr(gpus_raw), "must be a list"))
+    else:
+        for i, g in enumerate(gpus_raw):
+            gpu = _gpu(g, f"gpus[{i}]", node, i, errors)
+            if gpu is not None:
+                gpus.append(gpu)
+    uuids = [g.uuid for g in gpus]
+    if len(set(uuids)) != len(uuids):
+        errors.append(RequestError("gpus[].uuid", ",".join(uuids), "must be unique"))
+    pids = [p for g in gpus for p in _pids(g)]
+    if len(set(pids)) != len(pids):
+        errors.append(RequestError("gpus[].processes[].pid", ",".join(map(str, pids)), "must be unique"))
+    extra = set(raw) - {"gpus", "driver_version", "init_error", "_comment"}
+    for key in sorted(extra):
+        errors.append(RequestError(key, "", "is not a known field"))
+    if errors:
+        raise SimFileError(source, errors)
+    return SimSet(
+        driver_version=str(raw.get("driver_version", "550.54.15")), init_error=init_error, gpus=tuple(gpus)
+    )
+
+
+def _pids(g: SimGpu) -> Iterator[int]:
+    yield from (p.pid for p in g.processes)
+    for m in g.mig_devices:
+        yield from (p.pid for p in m.processes)
+
+
+_GPU_FIELDS = {
+    "model",
+    "uuid",
+    "memory_mib",
+    "base_used_mib",
+    "utilization_percent",
+    "memory_utilization_percent",
+    "temperature_c",
+    "power_mw",
+    "ecc_uncorrected",
+    "xids",
+    "lost",
+    "not_supported",
+    "mig",
+    "processes",
+}
+
+
+def _int(
+    d: Mapping[str, Any],
+    key: str,
+    path: str,
+    default: int,
+    bounds: tuple[int, int],
+    *,
+    errors: list[RequestError],
+) -> int:
+    lo, hi = bounds
+    v: object = d.get(key, default)
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        errors.append(RequestError(f"{path}.{key}", repr(v), f"must be an integer in [{lo}, {hi}]"))
+        return default
+    return v
+
+
+def _gpu(g: Any, path: str, node: str, index: int, errors: list[RequestError]) -> SimGpu | None:
+    if not isinstance(g, dict):
+        errors.append(RequestError(path, repr(g), "must be a mapping"))
+        return None
+    for key in sorted(set(g) - _GPU_FIELDS):
+        errors.append(RequestError(f"{path}.{key}", "", "is not a known field"))
+    try:
+        model = catalog.lookup(str(g.get("model", "")))
+    except KeyError as exc:
+        errors.append(RequestError(f"{path}.model", str(g.get("model", "")), str(exc.args[0])))
+        return None
+    behaviour = model_behaviour().get(model.name, {})
+    uuid = str(g.get("uuid") or f"GPU-{uuidlib.uuid5(_UUID_NS, f'{node}/{index}')}")
+    if not uuid.startswith("GPU-"):
+        errors.append(RequestError(f"{path}.uuid", uuid, "must start with 'GPU-' as NVML UUIDs do"))
+    memory = _int(g, "memory_mib", path, model.memory_mib, (1, 1 << 22), errors=errors)
+    ns_raw = g.get("not_supported", [])
+    if not isinstance(ns_raw, list) or any(q not in QUERIES for q in ns_raw):
+        errors.append(
+            RequestError(f"{path}.not_supported", repr(ns_raw), f"must be a list of {', '.join(QUERIES)}")
+        )
+        ns_raw = []
+    xids = g.get("xids", [])
+    if not isinstance(xids, list) or not all(
+        isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in xids
+    ):
+        errors.append(RequestError(f"{path}.xids", repr(xids), "must be a list of positive XID numbers"))
+        xids = []
+    lost = g.get("lost", False)
+    if not isinstance(lost, bool):
+        errors.append(RequestError(f"{path}.lost", repr(lost), "must be true or false"))
+        lost = False
+    mig_slots = int(behaviour.get("mig_slots", 0))
+    mig_enabled, migs = _mig(
+        g.get("mig"), f"{path}.mig", model=model.name, gpu_uuid=uuid, slots=mig_slots, errors=errors
+    )
+    processes = _processes(g.get("processes", []), f"{path}.processes", errors)
+    if mig_enabled and processes:
+        errors.append(
+            RequestError(
+                f"{path}.processes",
+                f"{len(processes)} processes",
+                "must be empty with MIG enabled: "
+                "processes run on MIG devices (list them under mig.devices[].processes)",
+            )
+        )
+    gpu = SimGpu(
+        model=model.name,
+        product_name=model.aliases[0] if model.aliases else model.name,
+        uuid=uuid,
+        memory_mib=memory,
+        base_used_mib=_int(g, "base_used_mib", path, 0, (0, memory), errors=errors),
+        utilization_percent=_int(g, "utilization_percent", path, 0, (0, 100), errors=errors),
+        memory_utilization_percent=_int(g, "memory_utilization_percent", path, 0, (0, 100), errors=errors),
+        temperature_c=_int(g, "temperature_c", path, 40, (0, 150), errors=errors),
+        power_mw=_int(g, "power_mw", path, 60000, (0, 2_000_000), errors=errors),
+        ecc_uncorrected=_int(g, "ecc_uncorrected", path, 0, (0, 1 << 31), errors=errors),
+        xids=tuple(xids),
+        lost=lost,
+        not_supported=frozenset(ns_raw) | frozenset(behaviour.get("not_supported", ())),
+        mig_slots=mig_slots,
+        mig_enabled=mig_enabled,
+        mig_devices=migs,
+        processes=processes,
+    )
+    if gpu.used_mib > gpu.memory_mib:
+        errors.append(RequestError(path, f"{gpu.used_mib} MiB used", f"must not exceed memory_mib={memory}"))
+    for m in migs:
+        used = sum(p.used_mib for p in m.processes)
+        if used > m.memory_mib:
+            errors.append(
+                RequestError(
+                    f"{path}.mig.devices[{m.slot}]", f"{used} MiB used", "must not exceed memory_mib"
+                )
+            )
+    return gpu
+
+
+def _mig(
+    raw: Any, path: str, *, model: str, gpu_uuid: str, slots: int, errors: list[RequestError]
+) -> tuple[bool, tuple[SimMig, ...]]:
+    if raw is None:
+        return False, ()
+    if not isinstance(raw, dict):
+        errors.append(RequestError(path, repr(raw), "must be a mapping with `enabled` and `devices`"))
+        return False, ()
+    enabled = raw.get("enabled", False)
+    if not isinstance(enabled, bool):
+        errors.append(RequestError(f"{path}.enabled", repr(enabled), "must be true or false"))
+        return False, ()
+    if enabled and slots == 0:
+        errors.append(RequestError(f"{path}.enabled", "true", f"model {model} has no MIG support"))
+        return False, ()
+    devices_raw = raw.get("devices", [])
+    if not isinstance(devices_raw, list) or len(devices_raw) > slots:
+        errors.append(
+            RequestError(f"{path}.devices", repr(devices_raw)[:40], f"must be a list of at most {slots}")
+        )
+        return enabled, ()
+    if devices_raw and not enabled:
+        errors.append(
+            RequestError(f"{path}.devices", f"{len(devices_raw)} devices", "must be empty with MIG disabled")
+        )
+        return enabled, ()
+    out: list[SimMig] = []
+    for slot, d in enumerate(devices_raw):
+        dpath = f"{path}.devices[{slot}]"
+        if not isinstance(d, dict):
+            errors.append(RequestError(dpath, repr(d), "must be a mapping"))
+            continue
+        out.append(
+            SimMig(
+                slot=slot,
+                uuid=f"MIG-{uuidlib.uuid5(_UUID_NS, f'{gpu_uuid}/{slot}')}",
+                profile=str(d.get("profile", "")),
+                memory_mib=_int(d, "memory_mib", dpath, 0, (1, 1 << 22), errors=errors),
+                processes=_processes(d.get("processes", []), f"{dpath}.processes", errors),
+            )
+        )
+    return enabled, tuple(out)
+
+
+def _processes(raw: Any, path: str, errors: list[RequestError]) -> tuple[SimProcess, ...]:
+    if not isinstance(raw, list):
+        errors.append(RequestError(path, repr(raw)[:40], "must be a list"))
+        return ()
+    out: list[SimProcess] = []
+    for i, p in enumerate(raw):
+        ppath = f"{path}[{i}]"
+        if not isinstance(p, dict):
+            errors.append(RequestError(ppath, repr(p), "must be a mapping with pid and used_mib"))
+            continue
+        for key in sorted(set(p) - {"pid", "used_mib", "pod_uid", "container"}):
+            errors.append(RequestError(f"{ppath}.{key}", "", "is not a known field"))
+        out.append(
+            SimProcess(
+                pid=_int(p, "pid", ppath, 0, (1, 1 << 22), errors=errors),
+                used_mib=_int(p, "used_mib", ppath, 0, (0, 1 << 22), errors=errors),
+                pod_uid=str(p.get("pod_uid", "")),
+                container=str(p.get("container", "")),
+            )
+        )
+    return tuple(out)

@@ -1,0 +1,183 @@
+"""A simulated GPU set that answers like NVML, driven by a file the agent re-reads when it changes."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from agent.cgroup import PodRef
+from agent.nvml import simfile
+from agent.nvml.base import MemoryInfo, MigDeviceInfo, NvmlCode, NvmlError, ProcessInfo, Utilization
+from agent.nvml.simfile import SimFileError, SimGpu, SimProcess, SimSet
+from app import log
+
+_log = log.get("gpupack.agent.nvml.sim")
+
+
+class SimulatedNvml:
+    """NVML over a SimSet. Raises the codes real NVML raises in the same situations.
+
+    The file is re-read (if its mtime or size changed) on every `device_count()` call, which is how
+    each agent sample starts; an invalid edit is logged and the previous set is kept.
+    """
+
+    def __init__(self, path: Path, node: str = "") -> None:
+        self.path = path
+        self.node = node
+        self._set: SimSet | None = None
+        self._stamp: tuple[int, int] | None = None
+        self._initialized = False
+        self._xids_delivered: dict[str, int] = {}  # uuid → how many of its listed XIDs were already drained
+        self.last_reload_error: str = ""
+
+    # --- lifecycle ---
+
+    def init(self) -> None:
+        self._reload(strict=True)
+        assert self._set is not None
+        if self._set.init_error is not None:
+            raise NvmlError(
+                self._set.init_error, f"NVML not available: simulated {self._set.init_error.value}"
+            )
+        self._initialized = True
+
+    def shutdown(self) -> None:
+        self._require()
+        self._initialized = False
+
+    def owners(self) -> dict[int, SimProcess]:
+        """pid → simulated process (carries its pod UID), standing in for /proc/<pid>/cgroup."""
+        return self._set.owners() if self._set else {}
+
+    def _reload(self, strict: bool) -> None:
+        st = os.stat(self.path)
+        stamp = (st.st_mtime_ns, st.st_size)
+        if stamp == self._stamp:
+            return
+        try:
+            new = simfile.load(self.path, self.node)
+        except SimFileError as exc:
+            if strict or self._set is None:
+                raise
+            self.last_reload_error = str(exc)
+            _log.warning("simulated GPU file rejected; keeping the previous one", extra={"error": str(exc)})
+            self._stamp = stamp
+            return
+        self._set, self._stamp, self.last_reload_error = new, stamp, ""
+        self._xids_delivered = {g.uuid: 0 for g in new.gpus} | {
+            u: n for u, n in self._xids_delivered.items() if u in {g.uuid for g in new.gpus}
+        }
+
+    def _require(self) -> SimSet:
+        if not self._initialized or self._set is None:
+            raise NvmlError(NvmlCode.UNINITIALIZED, "nvmlInit was not called")
+        return self._set
+
+    def _gpu(self, index: int) -> SimGpu:
+        s = self._require()
+        if not 0 <= index < len(s.gpus):
+            raise NvmlError(NvmlCode.INVALID_ARGUMENT, f"no GPU at index {index}")
+        gpu = s.gpus[index]
+        if gpu.lost:
+            raise NvmlError(NvmlCode.GPU_IS_LOST, "GPU is lost")
+        return gpu
+
+    def _supported(self, gpu: SimGpu, query: str) -> None:
+        if query in gpu.not_supported:
+            raise NvmlError(NvmlCode.NOT_SUPPORTED, f"{query} query not supported on {gpu.product_name}")
+
+    # --- queries ---
+
+    def driver_version(self) -> str:
+        return self._require().driver_version
+
+    def device_count(self) -> int:
+        self._require()
+        self._reload(strict=False)
+        return len(self._require().gpus)
+
+    def uuid(self, index: int) -> str:
+        return self._gpu(index).uuid
+
+    def name(self, index: int) -> str:
+        return self._gpu(index).product_name
+
+    def memory(self, index: int) -> MemoryInfo:
+        g = self._gpu(index)
+        return MemoryInfo(total_mib=g.memory_mib, used_mib=g.used_mib, free_mib=g.memory_mib - g.used_mib)
+
+    def utilization(self, index: int) -> Utilization:
+        g = self._gpu(index)
+        self._supported(g, "utilization")
+        if g.mig_enabled:  # NVML has no whole-GPU utilization in MIG mode
+            raise NvmlError(NvmlCode.NOT_SUPPORTED, "utilization not supported in MIG mode")
+        return Utilization(gpu_percent=g.utilization_percent, memory_percent=g.memory_utilization_percent)
+
+    def temperature_c(self, index: int) -> int:
+        g = self._gpu(index)
+        self._supported(g, "temperature")
+        return g.temperature_c
+
+    def power_mw(self, index: int) -> int:
+        g = self._gpu(index)
+        self._supported(g, "power")
+        return g.power_mw
+
+    def ecc_uncorrected(self, index: int) -> int:
+        g = self._gpu(index)
+        self._supported(g, "ecc")
+        return g.ecc_uncorrected
+
+    def xid_errors(self, index: int) -> tuple[int, ...]:
+        # Each XID listed in the file is delivered once, as NVML's event queue would.
+        g = self._gpu(index)
+        seen = self._xids_delivered.get(g.uuid, 0)
+        self._xids_delivered[g.uuid] = len(g.xids)
+        return g.xids[seen:]
+
+    def mig_enabled(self, index: int) -> bool:
+        g = self._gpu(index)
+        if not g.mig_slots:
+            raise NvmlError(NvmlCode.NOT_SUPPORTED, f"{g.product_name} has no MIG")
+        return g.mig_enabled
+
+    def mig_device_count(self, index: int) -> int:
+        g = self._gpu(index)
+        if not g.mig_slots:
+            raise NvmlError(NvmlCode.NOT_SUPPORTED, f"{g.product_name} has no MIG")
+        return g.mig_slots
+
+    def _mig(self, index: int, mig_index: int) -> tuple[SimGpu, int]:
+        g = self._gpu(index)
+        if not g.mig_slots:
+            raise NvmlError(NvmlCode.NOT_SUPPORTED, f"{g.product_name} has no MIG")
+        if not 0 <= mig_index < g.mig_slots:
+            raise NvmlError(NvmlCode.INVALID_ARGUMENT, f"MIG index {mig_index} out of range")
+        if not g.mig_enabled or mig_index >= len(g.mig_devices):
+            raise NvmlError(NvmlCode.NOT_FOUND, f"no MIG device at index {mig_index}")
+        return g, mig_index
+
+    def mig_device(self, index: int, mig_index: int) -> MigDeviceInfo:
+        g, i = self._mig(index, mig_index)
+        m = g.mig_devices[i]
+        return MigDeviceInfo(
+            mig_index=i,
+            uuid=m.uuid,
+            memory_total_mib=m.memory_mib,
+            memory_used_mib=sum(p.used_mib for p in m.processes),
+        )
+
+    def processes(self, index: int, mig_index: int | None = None) -> tuple[ProcessInfo, ...]:
+        if mig_index is not None:
+            g, i = self._mig(index, mig_index)
+            return tuple(ProcessInfo(p.pid, p.used_mib) for p in g.mig_devices[i].processes)
+        g = self._gpu(index)
+        # Per-instance data needs MIG device handles; the parent refuses unprivileged callers.
+        if g.mig_enabled:
+            raise NvmlError(NvmlCode.NO_PERMISSION, "process query on a MIG-enabled GPU")
+        return tuple(ProcessInfo(p.pid, p.used_mib) for p in g.processes)
+
+    def pod_of(self, pid: int) -> PodRef | None:
+        """The pod of a simulated process, as its /proc/<pid>/cgroup would name it."""
+        p = self.owners().get(pid)
+        return PodRef(p.pod_uid, p.container) if p and p.pod_uid else None

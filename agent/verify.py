@@ -1,0 +1,243 @@
+"""Check that each gpupack container runs on the GPUs of its allocation and within its memory (pure)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from agent.cgroup import PodRef
+from agent.sample import NodeSample
+from app import names
+from app.kube import paths
+from app.kube.client import Request
+from app.kube.gpunode import format_time
+from app.model import Allocation
+
+COMPONENT = "gpupack-agent"
+
+
+class Kind(StrEnum):
+    WRONG_GPU = "wrong_gpu"  # a process of the pod runs on a GPU outside its allocation
+    OVER_MEMORY = "over_memory"  # the pod's processes on one GPU use more than memory-limit-mib
+    WRONG_CONTAINER = "wrong_container"  # a container other than the GPU container uses a GPU
+    NO_ALLOCATION = "no_allocation"  # a gpupack pod uses a GPU but has no (valid) allocation
+
+
+REASONS: Mapping[Kind, str] = {
+    Kind.WRONG_GPU: "GpupackWrongGPU",
+    Kind.OVER_MEMORY: "GpupackMemoryOverLimit",
+    Kind.WRONG_CONTAINER: "GpupackWrongContainer",
+    Kind.NO_ALLOCATION: "GpupackNoAllocation",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    uid: str
+    namespace: str
+    name: str
+    allocation: Allocation | None
+    allocation_error: str = ""
+    gpu_container: str = ""
+    containers: Mapping[str, str] = field(default_factory=dict)  # runtime container ID → container name
+
+
+def pod_info(pod: Mapping[str, Any]) -> PodInfo:
+    """The parts of a Pod object verification needs."""
+    meta = pod.get("metadata", {})
+    annotations = meta.get("annotations") or {}
+    alloc: Allocation | None = None
+    error = ""
+    try:
+        alloc = Allocation.from_annotations(annotations)
+    except ValueError as exc:
+        error = str(exc)
+    spec_containers = [c.get("name", "") for c in pod.get("spec", {}).get("containers", [])]
+    gpu_container = annotations.get(names.GPU_FRACTION_CONTAINER_NAME) or (
+        spec_containers[0] if spec_containers else ""
+    )
+    ids: dict[str, str] = {}
+    for st in pod.get("status", {}).get("containerStatuses") or []:
+        cid = str(st.get("containerID", ""))
+        if cid:
+            ids[cid.split("://", 1)[-1]] = st.get("name", "")
+    return PodInfo(
+        uid=meta.get("uid", ""),
+        namespace=meta.get("namespace", ""),
+        name=meta.get("name", ""),
+        allocation=alloc,
+        allocation_error=error,
+        gpu_container=gpu_container,
+        containers=ids,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class PodUsage:
+    pod: PodInfo
+    gpu_uuid: str
+    gpu_index: int
+    used_mib: int
+    limit_mib: int | None  # None: the pod has no allocation on this GPU
+    pids: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    kind: Kind
+    pod: PodInfo
+    gpu_uuid: str
+    gpu_index: int
+    pids: tuple[int, ...]
+    message: str
+
+    @property
+    def key(self) -> tuple[str, Kind, str]:
+        """Identity for de-duplication: one Event per pod, kind and GPU."""
+        return (self.pod.uid, self.kind, self.gpu_uuid)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    owners: Mapping[int, str]  # pid → pod UID ("" when not in any pod)
+    usage: tuple[PodUsage, ...]
+    violations: tuple[Violation, ...]
+    foreign_pids: tuple[int, ...]  # on a GPU but in no pod we could identify
+
+
+def verify(sample: NodeSample, refs: Mapping[int, PodRef | None], pods: Mapping[str, PodInfo]) -> Verdict:
+    """Attribute every GPU process to a pod and check each gpupack pod against its allocation.
+
+    `refs` maps pid → the pod its cgroup points into; `pods` are this node's gpupack pods by UID.
+    MIG devices are not shared by gpupack, so processes on them are attributed but not checked.
+    """
+    owners: dict[int, str] = {}
+    foreign: list[int] = []
+    per: dict[tuple[str, str], list[tuple[int, int, str]]] = defaultdict(list)  # (uid, gpu) → pid, MiB, cid
+    index_of: dict[str, int] = {}
+    for gpu in sample.gpus:
+        index_of[gpu.uuid] = gpu.index
+        for p in gpu.processes:
+            ref = refs.get(p.pid)
+            owners[p.pid] = ref.pod_uid if ref else ""
+            if ref is None:
+                foreign.append(p.pid)
+            elif ref.pod_uid in pods and not p.mig_uuid:
+                per[(ref.pod_uid, gpu.uuid)].append((p.pid, p.used_mib or 0, ref.container_id))
+    usage: list[PodUsage] = []
+    violations: list[Violation] = []
+    for (uid, gpu_uuid), procs in sorted(per.items()):
+        pod, idx = pods[uid], index_of[gpu_uuid]
+        alloc = pod.allocation
+        on_gpu = alloc is not None and (
+            gpu_uuid in alloc.gpu_uuids if alloc.gpu_uuids else idx in alloc.gpu_indexes
+        )
+        pids = tuple(p for p, _, _ in procs)
+        used = sum(m for _, m, _ in procs)
+        usage.append(PodUsage(pod, gpu_uuid, idx, used, alloc.memory_mib if alloc and on_gpu else None, pids))
+        for kind, message, bad_pids in _check(pod, gpu_uuid, idx, procs, on_gpu):
+            violations.append(Violation(kind, pod, gpu_uuid, idx, bad_pids, message))
+    return Verdict(
+        owners=owners, usage=tuple(usage), violations=tuple(violations), foreign_pids=tuple(foreign)
+    )
+
+
+def _check(
+    pod: PodInfo, gpu_uuid: str, idx: int, procs: list[tuple[int, int, str]], on_gpu: bool
+) -> list[tuple[Kind, str, tuple[int, ...]]]:
+    """One pod's processes on one GPU against its allocation: (kind, message, pids) per broken rule."""
+    pids = tuple(p for p, _, _ in procs)
+    used = sum(m for _, m, _ in procs)
+    where = f"GPU {idx} ({gpu_uuid})"
+    alloc = pod.allocation
+    if alloc is None:
+        why = pod.allocation_error or "it has no allocation annotations"
+        return [(Kind.NO_ALLOCATION, f"processes {_pids(pids)} use {where} but {why}", pids)]
+    out: list[tuple[Kind, str, tuple[int, ...]]] = []
+    strangers = {
+        p: pod.containers[c]
+        for p, _, c in procs
+        if pod.containers.get(c, pod.gpu_container) != pod.gpu_container
+    }
+    if strangers:
+        out.append(
+            (
+                Kind.WRONG_CONTAINER,
+                f"container(s) {', '.join(sorted(set(strangers.values())))} use {where}; only container "
+                f"{pod.gpu_container} was given a GPU (is NVIDIA_VISIBLE_DEVICES=void honoured?)",
+                tuple(strangers),
+            )
+        )
+    if not on_gpu:
+        want = ",".join(alloc.gpu_uuids) or ",".join(map(str, alloc.gpu_indexes))
+        out.append(
+            (
+                Kind.WRONG_GPU,
+                f"processes {_pids(pids)} run on {where} but the allocation is {want} "
+                "(is NVIDIA_VISIBLE_DEVICES honoured by the container runtime?)",
+                pids,
+            )
+        )
+    elif used > alloc.memory_mib:
+        out.append(
+            (
+                Kind.OVER_MEMORY,
+                f"processes {_pids(pids)} use {used} MiB on {where}, over the {alloc.memory_mib} MiB limit",
+                pids,
+            )
+        )
+    return out
+
+
+def _pids(pids: tuple[int, ...]) -> str:
+    return ",".join(map(str, pids))
+
+
+def event(v: Violation, node: str, now: float) -> Request:
+    """A Warning Event on the pod (core/v1 Event, so `kubectl describe pod` shows it)."""
+    t = format_time(now)
+    body = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{v.pod.name}.", "namespace": v.pod.namespace},
+        "involvedObject": {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": v.pod.name,
+            "namespace": v.pod.namespace,
+            "uid": v.pod.uid,
+        },
+        "reason": REASONS[v.kind],
+        "message": v.message,
+        "type": "Warning",
+        "source": {"component": COMPONENT, "host": node},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": node,
+        "firstTimestamp": t,
+        "lastTimestamp": t,
+        "count": 1,
+    }
+    return Request("POST", paths.events(v.pod.namespace), body)
+
+
+def eviction(v: Violation) -> Request:
+    """Evict the pod through the Eviction API, so PodDisruptionBudgets are respected."""
+    body = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": v.pod.name, "namespace": v.pod.namespace},
+    }
+    return Request("POST", paths.pod_eviction(v.pod.namespace, v.pod.name), body)
+
+
+def list_pods(node: str) -> Request:
+    """This node's gpupack pods (served from the apiserver's watch cache via resourceVersion=0)."""
+    query: dict[str, str | int | bool] = {
+        "fieldSelector": f"spec.nodeName={node}",
+        "labelSelector": f"{names.LABEL_MANAGED}=true",
+        "resourceVersion": "0",
+    }
+    return Request("GET", paths.pods(), query=query)

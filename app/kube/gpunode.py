@@ -1,0 +1,429 @@
+"""The GPUNode custom resource: typed spec/status, dict round-trips, and pure request builders.
+
+Written by the agent (one object per node, name = node name), read by the extender. The extender
+should use `GPUNode.from_dict(obj)`, then `.is_stale(now)` and `.to_model_node(now)`.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from app import names
+from app.kube import paths
+from app.kube.client import MERGE_PATCH, Request
+from app.kube.requests import parse_time
+from app.model import MILLI_PER_GPU, Gpu, Node
+
+API_VERSION = f"{names.GPUNODE_GROUP}/{names.GPUNODE_VERSION}"
+DEFAULT_HEARTBEAT_S = 30
+STALE_FACTOR = 3  # a heartbeat older than this many intervals means "the agent is gone: do not place"
+
+ISOLATION_MPS = "mps"
+ISOLATION_NONE = "none"
+
+
+def format_time(ts: float) -> str:
+    """A Unix time as a Kubernetes Time (RFC 3339, seconds, Z)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def label_value(raw: str) -> str:
+    """Any string as a valid label value (alphanumerics, '-', '_', '.', at most 63, alnum at both ends)."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)[:63].strip("-_.")
+
+
+def _get(d: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
+    v = d.get(key, default)
+    return v if isinstance(v, kind) and not (kind is int and isinstance(v, bool)) else default
+
+
+# --- spec ---
+
+
+@dataclass(frozen=True, slots=True)
+class MigDeviceSpec:
+    uuid: str
+    index: int
+    memory_mib: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"uuid": self.uuid, "index": self.index, "memoryMiB": self.memory_mib}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MigDeviceSpec:
+        return cls(_get(d, "uuid", str, ""), _get(d, "index", int, 0), _get(d, "memoryMiB", int, 0))
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSpec:
+    """One GPU's inventory (changes only when hardware, MIG mode or MPS availability change)."""
+
+    uuid: str
+    index: int
+    model: str  # catalogue name (app.catalog), else NVML's product name
+    product_name: str
+    memory_mib: int
+    mig_enabled: bool = False
+    mig_devices: tuple[MigDeviceSpec, ...] = ()
+    mps_capable: bool = False  # an MPS control daemon serves this GPU
+
+    @property
+    def shared(self) -> bool:
+        """Offered for fractional sharing; MIG-enabled GPUs are not (no fractions on MIG slices)."""
+        return not self.mig_enabled
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "uuid": self.uuid,
+            "index": self.index,
+            "model": self.model,
+            "productName": self.product_name,
+            "memoryMiB": self.memory_mib,
+            "migEnabled": self.mig_enabled,
+            "migDevices": [m.to_dict() for m in self.mig_devices],
+            "mpsCapable": self.mps_capable,
+            "shared": self.shared,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GpuSpec:
+        return cls(
+            uuid=_get(d, "uuid", str, ""),
+            index=_get(d, "index", int, 0),
+            model=_get(d, "model", str, ""),
+            product_name=_get(d, "productName", str, ""),
+            memory_mib=_get(d, "memoryMiB", int, 0),
+            mig_enabled=_get(d, "migEnabled", bool, False),
+            mig_devices=tuple(MigDeviceSpec.from_dict(m) for m in _get(d, "migDevices", list, [])),
+            mps_capable=_get(d, "mpsCapable", bool, False),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GPUNodeSpec:
+    node_name: str
+    driver_version: str = ""
+    gpus: tuple[GpuSpec, ...] = ()
+
+    @property
+    def shared_gpus(self) -> tuple[GpuSpec, ...]:
+        return tuple(g for g in self.gpus if g.shared)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "nodeName": self.node_name,
+            "driverVersion": self.driver_version,
+            "gpus": [g.to_dict() for g in self.gpus],
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GPUNodeSpec:
+        return cls(
+            node_name=_get(d, "nodeName", str, ""),
+            driver_version=_get(d, "driverVersion", str, ""),
+            gpus=tuple(GpuSpec.from_dict(g) for g in _get(d, "gpus", list, []) if isinstance(g, dict)),
+        )
+
+
+# --- status ---
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessStatus:
+    pid: int
+    pod_uid: str  # "" when the process belongs to no pod we could identify (a "foreign" process)
+    used_mib: int | None = None
+    mig_uuid: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pid": self.pid, "podUID": self.pod_uid}
+        if self.used_mib is not None:
+            out["usedMiB"] = self.used_mib
+        if self.mig_uuid:
+            out["migUUID"] = self.mig_uuid
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> ProcessStatus:
+        used = d.get("usedMiB")
+        return cls(
+            pid=_get(d, "pid", int, 0),
+            pod_uid=_get(d, "podUID", str, ""),
+            used_mib=used if isinstance(used, int) else None,
+            mig_uuid=_get(d, "migUUID", str, ""),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GpuStatus:
+    """One GPU's live reading. Memory fields are None when NVML could not be read this time."""
+
+    uuid: str
+    index: int
+    healthy: bool = True
+    reason: str = ""
+    memory_used_mib: int | None = None
+    memory_free_mib: int | None = None
+    utilization_percent: int | None = None
+    temperature_c: int | None = None
+    power_mw: int | None = None
+    processes: tuple[ProcessStatus, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"uuid": self.uuid, "index": self.index, "healthy": self.healthy}
+        if self.reason:
+            out["reason"] = self.reason
+        for key, v in (
+            ("memoryUsedMiB", self.memory_used_mib),
+            ("memoryFreeMiB", self.memory_free_mib),
+            ("utilizationPercent", self.utilization_percent),
+            ("temperatureC", self.temperature_c),
+            ("powerMilliWatts", self.power_mw),
+        ):
+            if v is not None:
+                out[key] = v
+        out["processes"] = [p.to_dict() for p in self.processes]
+        return out
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GpuStatus:
+        def opt(key: str) -> int | None:
+            v = d.get(key)
+            return v if isinstance(v, int) and not isinstance(v, bool) else None
+
+        return cls(
+            uuid=_get(d, "uuid", str, ""),
+            index=_get(d, "index", int, 0),
+            healthy=_get(d, "healthy", bool, False),
+            reason=_get(d, "reason", str, ""),
+            memory_used_mib=opt("memoryUsedMiB"),
+            memory_free_mib=opt("memoryFreeMiB"),
+            utilization_percent=opt("utilizationPercent"),
+            temperature_c=opt("temperatureC"),
+            power_mw=opt("powerMilliWatts"),
+            processes=tuple(
+                ProcessStatus.from_dict(p) for p in _get(d, "processes", list, []) if isinstance(p, dict)
+            ),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MpsStatus:
+    state: str = "disabled"  # running | starting | backoff | unavailable | disabled
+    isolation: str = ISOLATION_NONE  # what MPS pods on this node actually get: "mps" or "none"
+    message: str = ""
+    restarts: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "state": self.state,
+            "isolation": self.isolation,
+            "message": self.message,
+            "restarts": self.restarts,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MpsStatus:
+        return cls(
+            state=_get(d, "state", str, "disabled"),
+            isolation=_get(d, "isolation", str, ISOLATION_NONE),
+            message=_get(d, "message", str, ""),
+            restarts=_get(d, "restarts", int, 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """Node totals, so `kubectl get gpunodes` printer columns have plain fields to point at."""
+
+    gpus: int = 0
+    healthy_gpus: int = 0
+    model: str = ""
+    memory_total_mib: int = 0
+    memory_allocated_mib: int = 0  # reserved by gpupack allocations on this node (from pod annotations)
+    memory_used_mib: int = 0  # NVML's reading, whoever uses it
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "gpus": self.gpus,
+            "healthyGpus": self.healthy_gpus,
+            "model": self.model,
+            "memoryTotalMiB": self.memory_total_mib,
+            "memoryAllocatedMiB": self.memory_allocated_mib,
+            "memoryUsedMiB": self.memory_used_mib,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Summary:
+        return cls(
+            gpus=_get(d, "gpus", int, 0),
+            healthy_gpus=_get(d, "healthyGpus", int, 0),
+            model=_get(d, "model", str, ""),
+            memory_total_mib=_get(d, "memoryTotalMiB", int, 0),
+            memory_allocated_mib=_get(d, "memoryAllocatedMiB", int, 0),
+            memory_used_mib=_get(d, "memoryUsedMiB", int, 0),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class GPUNodeStatus:
+    heartbeat_time: float  # Unix time of the agent's last write; see `stale_after_seconds`
+    heartbeat_interval_seconds: int = DEFAULT_HEARTBEAT_S
+    # Readers treat a heartbeat older than this as "the agent is gone: do not place here".
+    stale_after_seconds: int = DEFAULT_HEARTBEAT_S * STALE_FACTOR
+    gpus: tuple[GpuStatus, ...] = ()
+    mps: MpsStatus = field(default_factory=MpsStatus)
+    summary: Summary = field(default_factory=Summary)
+    env_device_selection: str = "unknown"  # allowed | disabled | unknown: NVIDIA_VISIBLE_DEVICES honoured?
+    nvml_error: str = ""  # NVML failed for the whole node
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "heartbeatTime": format_time(self.heartbeat_time),
+            "heartbeatIntervalSeconds": self.heartbeat_interval_seconds,
+            "staleAfterSeconds": self.stale_after_seconds,
+            "gpus": [g.to_dict() for g in self.gpus],
+            "mps": self.mps.to_dict(),
+            "summary": self.summary.to_dict(),
+            "envDeviceSelection": self.env_device_selection,
+            "nvmlError": self.nvml_error,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> GPUNodeStatus:
+        return cls(
+            heartbeat_time=parse_time(_get(d, "heartbeatTime", str, "")) or 0.0,
+            heartbeat_interval_seconds=_get(d, "heartbeatIntervalSeconds", int, DEFAULT_HEARTBEAT_S),
+            stale_after_seconds=_get(d, "staleAfterSeconds", int, DEFAULT_HEARTBEAT_S * STALE_FACTOR),
+            gpus=tuple(GpuStatus.from_dict(g) for g in _get(d, "gpus", list, []) if isinstance(g, dict)),
+            mps=MpsStatus.from_dict(_get(d, "mps", dict, {})),
+            summary=Summary.from_dict(_get(d, "summary", dict, {})),
+            env_device_selection=_get(d, "envDeviceSelection", str, "unknown"),
+            nvml_error=_get(d, "nvmlError", str, ""),
+        )
+
+    def is_stale(self, now: float) -> bool:
+        """True when the agent has not written within `stale_after_seconds` (or never wrote)."""
+        return not self.heartbeat_time or now - self.heartbeat_time > self.stale_after_seconds
+
+
+# --- the whole object ---
+
+
+@dataclass(frozen=True, slots=True)
+class GPUNode:
+    name: str
+    spec: GPUNodeSpec
+    status: GPUNodeStatus | None = None  # None until the agent's first status write
+    resource_version: str = ""
+
+    @classmethod
+    def from_dict(cls, obj: Mapping[str, Any]) -> GPUNode:
+        meta = _get(obj, "metadata", dict, {})
+        raw_status = obj.get("status")
+        return cls(
+            name=_get(meta, "name", str, ""),
+            spec=GPUNodeSpec.from_dict(_get(obj, "spec", dict, {})),
+            status=GPUNodeStatus.from_dict(raw_status)
+            if isinstance(raw_status, dict) and raw_status
+            else None,
+            resource_version=_get(meta, "resourceVersion", str, ""),
+        )
+
+    def is_stale(self, now: float) -> bool:
+        return self.status is None or self.status.is_stale(now)
+
+    def to_model_node(self, now: float) -> Node:
+        """The placement view: shared GPUs with live free memory and health; unschedulable when stale."""
+        live = {g.uuid: g for g in self.status.gpus} if self.status else {}
+        gpus = tuple(
+            Gpu(
+                index=g.index,
+                model=g.model,
+                memory_mib=g.memory_mib,
+                uuid=g.uuid,
+                live_free_mib=live[g.uuid].memory_free_mib if g.uuid in live else None,
+                healthy=g.uuid in live and live[g.uuid].healthy,
+            )
+            for g in self.spec.shared_gpus
+        )
+        reason = ""
+        if self.status is None:
+            reason = "agent has not reported yet"
+        elif self.status.is_stale(now):
+            age, limit = int(now - self.status.heartbeat_time), self.status.stale_after_seconds
+            reason = f"agent heartbeat is {age}s old (stale after {limit}s)"
+        return Node(name=self.name, gpus=gpus, schedulable=not reason, unschedulable_reason=reason)
+
+
+# --- what the node advertises ---
+
+
+def node_model(spec: GPUNodeSpec) -> str:
+    """The node's model label: the most common model among its shared GPUs (first seen wins a tie)."""
+    shared = spec.shared_gpus
+    if not shared:
+        return ""
+    return Counter(g.model for g in shared).most_common(1)[0][0]
+
+
+def node_labels(spec: GPUNodeSpec) -> dict[str, str]:
+    shared = spec.shared_gpus
+    return {
+        names.NODE_LABEL_ENABLED: "true" if shared else "false",
+        names.NODE_LABEL_GPU_MODEL: label_value(node_model(spec)),
+        names.NODE_LABEL_GPU_MEMORY_MAX_MIB: str(max((g.memory_mib for g in shared), default=0)),
+    }
+
+
+def extended_resources(spec: GPUNodeSpec, healthy_uuids: frozenset[str]) -> dict[str, str]:
+    """Node-status quantities: 1000 milli and its memory for each healthy shared GPU."""
+    gpus = [g for g in spec.shared_gpus if g.uuid in healthy_uuids]
+    return {
+        names.RESOURCE_GPU_MILLI: str(MILLI_PER_GPU * len(gpus)),
+        names.RESOURCE_GPU_MEMORY_MIB: str(sum(g.memory_mib for g in gpus)),
+    }
+
+
+# --- request builders ---
+
+
+def get(name: str) -> Request:
+    return Request("GET", paths.gpunode(name))
+
+
+def create(name: str, spec: GPUNodeSpec, node_uid: str = "") -> Request:
+    """POST a new GPUNode; owned by its Node (when the node's UID is known) so it goes when the node goes."""
+    meta: dict[str, Any] = {"name": name}
+    if node_uid:
+        meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}]
+    body = {"apiVersion": API_VERSION, "kind": names.GPUNODE_KIND, "metadata": meta, "spec": spec.to_dict()}
+    return Request("POST", paths.gpunodes(), body)
+
+
+def patch_spec(name: str, spec: GPUNodeSpec) -> Request:
+    return Request("PATCH", paths.gpunode(name), {"spec": spec.to_dict()}, content_type=MERGE_PATCH)
+
+
+def patch_status(name: str, status: GPUNodeStatus) -> Request:
+    """Merge-patch the whole status (every key is always present, lists are replaced whole)."""
+    return Request(
+        "PATCH", paths.gpunode_status(name), {"status": status.to_dict()}, content_type=MERGE_PATCH
+    )
+
+
+def patch_node_labels(name: str, labels: Mapping[str, str]) -> Request:
+    return Request(
+        "PATCH", paths.node(name), {"metadata": {"labels": dict(labels)}}, content_type=MERGE_PATCH
+    )
+
+
+def patch_node_resources(name: str, resources: Mapping[str, str]) -> Request:
+    """Set capacity and allocatable for our extended resources (the kubelet drops them on re-register)."""
+    body = {"status": {"capacity": dict(resources), "allocatable": dict(resources)}}
+    return Request("PATCH", paths.node_status(name), body, content_type=MERGE_PATCH)

@@ -1,0 +1,204 @@
+"""The agent cycle end to end over the simulator and a fake API: status, verification events, metrics."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from prometheus_client import REGISTRY
+
+from agent.loop import Agent, AgentConfig
+from agent.main import duration, serve
+from agent.mps import MpsConfig, MpsSupervisor
+from agent.nvml.simulated import SimulatedNvml
+from agent.reporter import ReporterConfig
+from app.kube.client import Request
+from app.model import Allocation
+
+T0 = 1_700_000_000.0
+POD_UID = "5a3e8d5c-8f0e-4d7e-9a52-3c1f1d2b7a10"
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = T0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class FakeKube:
+    def __init__(self, pods: list[dict[str, Any]]) -> None:
+        self.pods = pods
+        self.requests: list[Request] = []
+
+    def send(self, req: Request) -> dict[str, Any]:
+        self.requests.append(req)
+        if req.method == "GET" and req.path == "/api/v1/pods":
+            return {"items": self.pods}
+        if req.path.startswith("/api/v1/nodes/"):
+            return {"metadata": {"uid": "node-uid", "labels": {}}}
+        return {}
+
+    def status_bodies(self) -> list[dict[str, Any]]:
+        return [r.body["status"] for r in self.requests if r.path.endswith("/gpunodes/n1/status")]
+
+
+def write(path: Path, doc: object) -> None:
+    path.write_text(yaml.safe_dump(doc))
+    st = path.stat()
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+
+
+def managed_pod(sim: SimulatedNvml, gpu: int) -> dict[str, Any]:
+    alloc = Allocation("n1", (gpu,), (sim.uuid(gpu),), 250, 2000)
+    return {
+        "metadata": {
+            "uid": POD_UID,
+            "namespace": "ml",
+            "name": "train",
+            "annotations": alloc.to_annotations(),
+        },
+        "spec": {"containers": [{"name": "main"}]},
+    }
+
+
+@pytest.fixture
+def setup(tmp_path: Path) -> tuple[Agent, FakeKube, Clock, Path]:
+    path = tmp_path / "sim.yaml"
+    write(
+        path,
+        {
+            "gpus": [
+                {
+                    "model": "T4",
+                    "processes": [{"pid": 4101, "used_mib": 3000, "pod_uid": POD_UID, "container": "main"}],
+                },
+                {"model": "T4"},
+            ]
+        },
+    )
+    sim = SimulatedNvml(path, "n1")
+    probe = SimulatedNvml(path, "n1")
+    probe.init()
+    kube = FakeKube([managed_pod(probe, gpu=1)])  # allocated GPU 1, but runs on GPU 0
+    clock = Clock()
+    mps = MpsSupervisor(
+        MpsConfig(binary=str(tmp_path / "none"), pipe_dir=tmp_path / "p", log_dir=tmp_path / "l")
+    )
+    agent = Agent(
+        AgentConfig("n1", ReporterConfig(heartbeat_s=30, min_interval_s=5)),
+        nvml=sim,
+        resolver=sim,
+        mps=mps,
+        send=kube.send,
+        clock=clock,
+    )
+    return agent, kube, clock, path
+
+
+def metric(name: str, **labels: str) -> float | None:
+    return REGISTRY.get_sample_value(name, labels)
+
+
+def test_cycle_reports_attributes_and_verifies(setup: tuple[Agent, FakeKube, Clock, Path]) -> None:
+    agent, kube, clock, path = setup
+    events_before = metric("gpupack_agent_violations_total", kind="wrong_gpu") or 0.0
+    status = agent.step()
+    assert [p.pod_uid for p in status.gpus[0].processes] == [POD_UID]
+    assert status.mps.isolation == "none" and status.mps.state == "unavailable"
+    assert status.summary.memory_allocated_mib == 2000
+    events = [r for r in kube.requests if r.path == "/api/v1/namespaces/ml/events"]
+    assert len(events) == 1 and events[0].body["reason"] == "GpupackWrongGPU"
+    assert metric("gpupack_agent_violations_total", kind="wrong_gpu") == events_before + 1
+    uuid0 = status.gpus[0].uuid
+    assert metric("gpupack_agent_gpu_memory_used_mib", gpu="0", uuid=uuid0) == 3000
+    assert metric("gpupack_agent_pod_memory_used_mib", namespace="ml", pod="train", gpu="0") == 3000
+
+    # The same violation is not reported twice.
+    clock.now += 5
+    agent.step()
+    assert len([r for r in kube.requests if r.path.endswith("/events")]) == 1
+
+    # A foreign process appears on GPU 1: the next write shows it (a process change is significant).
+    write(
+        path,
+        {
+            "gpus": [
+                {
+                    "model": "T4",
+                    "processes": [{"pid": 4101, "used_mib": 3000, "pod_uid": POD_UID, "container": "main"}],
+                },
+                {"model": "T4", "processes": [{"pid": 999, "used_mib": 5000}]},
+            ]
+        },
+    )
+    clock.now += 5
+    agent.step()
+    last = kube.status_bodies()[-1]
+    assert last["gpus"][1]["memoryUsedMiB"] == 5000
+    assert last["gpus"][1]["processes"] == [{"pid": 999, "podUID": "", "usedMiB": 5000}]
+    assert metric("gpupack_agent_gpu_processes", gpu="1", uuid=last["gpus"][1]["uuid"], owner="foreign") == 1
+
+    # The pod's processes go: its per-pod series is removed, not left at its last value.
+    write(path, {"gpus": [{"model": "T4"}, {"model": "T4"}]})
+    clock.now += 5
+    agent.step()
+    assert metric("gpupack_agent_pod_memory_used_mib", namespace="ml", pod="train", gpu="0") is None
+
+
+def test_nvml_failure_is_reported_and_init_retried(tmp_path: Path) -> None:
+    path = tmp_path / "sim.yaml"
+    write(path, {"init_error": "NVML_ERROR_DRIVER_NOT_LOADED", "gpus": [{"model": "T4"}]})
+    sim = SimulatedNvml(path, "n1")
+    kube, clock = FakeKube([]), Clock()
+    mps = MpsSupervisor(MpsConfig(enabled=False))
+    agent = Agent(AgentConfig("n1"), nvml=sim, resolver=sim, mps=mps, send=kube.send, clock=clock)
+    status = agent.step()
+    assert "DRIVER_NOT_LOADED" in status.nvml_error and status.gpus == ()
+    write(path, {"gpus": [{"model": "T4"}]})
+    clock.now += 10
+    assert agent.step().nvml_error != ""  # init retried only once per heartbeat
+    clock.now += 30
+    status = agent.step()
+    assert status.nvml_error == "" and len(status.gpus) == 1
+
+
+def test_metrics_and_healthz_endpoints(setup: tuple[Agent, FakeKube, Clock, Path]) -> None:
+    agent, _, _, _ = setup
+    server = serve("127.0.0.1", 0, agent, max_step_age_s=1e12)
+    port = server.server_address[1]
+    try:
+        with pytest.raises(urllib.error.HTTPError) as exc:
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
+        assert exc.value.code == 503  # no cycle has run yet
+        agent.step()  # at the pinned T0; the generous max_step_age_s keeps that "recent"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
+            assert json.loads(resp.read())["ok"] is True
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
+            text = resp.read().decode()
+        assert "gpupack_agent_gpu_memory_used_mib{" in text
+        assert 'gpupack_agent_nvml_errors_total{code="NVML_ERROR_GPU_IS_LOST"}' in text
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize(
+    ("raw", "seconds"), [("30s", 30.0), ("500ms", 0.5), ("2m", 120.0), ("1h", 3600.0), ("7", 7.0)]
+)
+def test_duration(raw: str, seconds: float) -> None:
+    assert duration(raw) == seconds
+
+
+@pytest.mark.parametrize("raw", ["", "0s", "-1s", "5d", "1e3", "s"])
+def test_bad_duration(raw: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError):
+        duration(raw)

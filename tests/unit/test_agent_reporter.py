@@ -1,0 +1,197 @@
+"""Reporter: what it writes and when (change threshold, rate limit, heartbeat), with a pinned clock."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import pytest
+
+from agent.reporter import Reporter, ReporterConfig, significant_change
+from app.errors import KubeError
+from app.kube.client import Request
+from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus, MpsStatus, ProcessStatus
+
+T0 = 1_700_000_000.0
+SPEC = GPUNodeSpec(
+    "n1", "550", (GpuSpec("GPU-a", 0, "T4", "Tesla T4", 15109), GpuSpec("GPU-b", 1, "T4", "Tesla T4", 15109))
+)
+
+
+def status(now: float, used: int = 0, healthy: bool = True, pids: tuple[int, ...] = ()) -> GPUNodeStatus:
+    a = GpuStatus(
+        "GPU-a",
+        0,
+        memory_used_mib=used,
+        memory_free_mib=15109 - used,
+        processes=tuple(ProcessStatus(p, "") for p in pids),
+    )
+    b = GpuStatus("GPU-b", 1, healthy=healthy, memory_used_mib=0, memory_free_mib=15109)
+    return GPUNodeStatus(heartbeat_time=now, gpus=(a, b))
+
+
+class FakeKube:
+    """Records requests; answers like the API server for the few calls the reporter makes."""
+
+    def __init__(self) -> None:
+        self.requests: list[Request] = []
+        self.labels: dict[str, str] = {}
+        self.fail: dict[tuple[str, str], KubeError] = {}  # (method, path) → error, raised until removed
+
+    def send(self, req: Request) -> dict[str, Any]:
+        self.requests.append(req)
+        err = self.fail.get((req.method, req.path))
+        if err is not None:
+            raise err
+        if req.path == "/api/v1/nodes/n1" and req.method == "PATCH":
+            self.labels.update(req.body["metadata"]["labels"])
+        if req.path.startswith("/api/v1/nodes/n1"):
+            return {"metadata": {"name": "n1", "uid": "node-uid", "labels": dict(self.labels)}}
+        return {}
+
+    def kinds(self) -> list[str]:
+        out = [f"{r.method} {r.path}" for r in self.requests]
+        self.requests.clear()
+        return out
+
+
+@pytest.fixture
+def kube() -> FakeKube:
+    return FakeKube()
+
+
+def reporter(kube: FakeKube, **cfg: Any) -> Reporter:
+    return Reporter("n1", kube.send, ReporterConfig(**cfg))
+
+
+NODE_STATUS = "PATCH /api/v1/nodes/n1/status"
+GPUNODE_STATUS = "PATCH /apis/gpupack.io/v1alpha1/gpunodes/n1/status"
+NODE_LABELS = "PATCH /api/v1/nodes/n1"
+CREATE = "POST /apis/gpupack.io/v1alpha1/gpunodes"
+SPEC_PATCH = "PATCH /apis/gpupack.io/v1alpha1/gpunodes/n1"
+
+
+def test_first_tick_writes_everything_in_order(kube: FakeKube) -> None:
+    r = reporter(kube)
+    assert r.tick(SPEC, status(T0), T0) == ["node", "spec", "status"]
+    assert kube.requests[2].body["metadata"]["ownerReferences"][0]["uid"] == "node-uid"
+    assert kube.kinds() == [NODE_STATUS, NODE_LABELS, CREATE, GPUNODE_STATUS]
+
+
+def test_steady_state_is_two_writes_per_heartbeat(kube: FakeKube) -> None:
+    r = reporter(kube, heartbeat_s=30, min_interval_s=5)
+    r.tick(SPEC, status(T0), T0)
+    kube.kinds()
+    writes = 0
+    for t in range(1, 121):  # two minutes, ticking every second, nothing changing
+        r.tick(SPEC, status(T0 + t), T0 + t)
+        writes += len(kube.kinds())
+    assert writes == 8  # 4 heartbeats x (node status + GPUNode status); labels already right
+    assert r.last_heartbeat == T0 + 120
+
+
+def test_small_memory_drift_waits_for_the_heartbeat(kube: FakeKube) -> None:
+    r = reporter(kube, memory_threshold_mib=256)
+    r.tick(SPEC, status(T0), T0)
+    kube.kinds()
+    assert r.tick(SPEC, status(T0 + 10, used=255), T0 + 10) == []
+    assert r.tick(SPEC, status(T0 + 11, used=256), T0 + 11) == ["status"]
+
+
+def test_changes_are_rate_limited_then_written(kube: FakeKube) -> None:
+    r = reporter(kube, min_interval_s=5)
+    r.tick(SPEC, status(T0), T0)
+    kube.kinds()
+    assert r.tick(SPEC, status(T0 + 1, pids=(7,)), T0 + 1) == []  # too soon after the last write
+    assert r.tick(SPEC, status(T0 + 4.9, pids=(7, 8)), T0 + 4.9) == []
+    assert r.tick(SPEC, status(T0 + 5, pids=(7, 8)), T0 + 5) == ["status"]
+    body = kube.requests[-1].body["status"]
+    assert [p["pid"] for p in body["gpus"][0]["processes"]] == [7, 8]
+
+
+def test_health_change_rewrites_resources_and_status(kube: FakeKube) -> None:
+    r = reporter(kube)
+    r.tick(SPEC, status(T0), T0)
+    kube.kinds()
+    assert r.tick(SPEC, status(T0 + 6, healthy=False), T0 + 6) == ["node", "status"]
+    node_patch = kube.requests[0]
+    assert node_patch.body["status"]["capacity"] == {
+        "gpupack.io/gpu-milli": "1000",
+        "gpupack.io/gpu-memory-mib": "15109",
+    }
+
+
+def test_labels_are_rewritten_when_the_node_lost_them(kube: FakeKube) -> None:
+    r = reporter(kube)
+    r.tick(SPEC, status(T0), T0)
+    kube.labels.clear()  # node object re-created
+    kube.kinds()
+    r.tick(SPEC, status(T0 + 30), T0 + 30)
+    assert NODE_LABELS in kube.kinds()
+
+
+def test_spec_change_is_patched(kube: FakeKube) -> None:
+    r = reporter(kube)
+    r.tick(SPEC, status(T0), T0)
+    kube.kinds()
+    mig = replace(SPEC, gpus=(replace(SPEC.gpus[0], mps_capable=True), SPEC.gpus[1]))
+    assert r.tick(mig, status(T0 + 1), T0 + 1) == ["spec"]
+    assert kube.requests[-1].body == {"spec": mig.to_dict()}
+
+
+def test_existing_gpunode_after_restart_is_patched_not_recreated(kube: FakeKube) -> None:
+    kube.fail[("POST", "/apis/gpupack.io/v1alpha1/gpunodes")] = KubeError(409, "AlreadyExists", "exists")
+    r = reporter(kube)
+    assert r.tick(SPEC, status(T0), T0) == ["node", "spec", "status"]
+    assert [k for k in kube.kinds() if "gpunodes" in k] == [CREATE, SPEC_PATCH, GPUNODE_STATUS]
+
+
+def test_missing_crd_is_retried_after_min_interval_not_every_tick(kube: FakeKube) -> None:
+    kube.fail[("POST", "/apis/gpupack.io/v1alpha1/gpunodes")] = KubeError(
+        404, "NotFound", "the server could not find"
+    )
+    r = reporter(kube, min_interval_s=5)
+    assert r.tick(SPEC, status(T0), T0) == ["node"]
+    kube.kinds()
+    for t in (1, 2, 3, 4):
+        assert r.tick(SPEC, status(T0 + t), T0 + t) == []
+    assert kube.kinds() == []
+    del kube.fail[("POST", "/apis/gpupack.io/v1alpha1/gpunodes")]
+    assert r.tick(SPEC, status(T0 + 5), T0 + 5) == ["spec", "status"]
+
+
+def test_deleted_gpunode_is_recreated_with_status(kube: FakeKube) -> None:
+    r = reporter(kube)
+    r.tick(SPEC, status(T0), T0)
+    path = "/apis/gpupack.io/v1alpha1/gpunodes/n1/status"
+    kube.fail[("PATCH", path)] = KubeError(404, "NotFound", "gone")
+    assert "status" not in r.tick(SPEC, status(T0 + 30), T0 + 30)
+    del kube.fail[("PATCH", path)]
+    assert r.tick(SPEC, status(T0 + 35), T0 + 35) == ["spec", "status"]
+
+
+def test_status_write_failure_keeps_the_old_heartbeat(kube: FakeKube) -> None:
+    r = reporter(kube)
+    r.tick(SPEC, status(T0), T0)
+    kube.fail[("PATCH", "/apis/gpupack.io/v1alpha1/gpunodes/n1/status")] = KubeError(
+        0, "Unreachable", "refused"
+    )
+    r.tick(SPEC, status(T0 + 30), T0 + 30)
+    assert r.last_heartbeat == T0
+
+
+@pytest.mark.parametrize(
+    ("new", "why"),
+    [
+        (status(T0, used=300), "GPU 0 memory"),
+        (status(T0, healthy=False), "GPU 1 health"),
+        (status(T0, pids=(5,)), "GPU 0 processes"),
+        (replace(status(T0), mps=MpsStatus("running", "mps")), "MPS"),
+        (replace(status(T0), env_device_selection="disabled"), "node"),
+        (replace(status(T0), gpus=status(T0).gpus[:1]), "GPU count"),
+        (status(T0 + 999, used=100), ""),
+    ],
+)
+def test_significant_change(new: GPUNodeStatus, why: str) -> None:
+    assert significant_change(status(T0), new, 256) == why
+    assert significant_change(None, new, 256) == "first status"
