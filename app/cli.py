@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
 from collections.abc import Callable, Sequence
 
@@ -11,6 +12,11 @@ from collections.abc import Callable, Sequence
 # parsers carry `func=<callable(args) -> int>` via set_defaults.
 COMMAND_MODULES: tuple[str, ...] = (
     "app.sim.command",
+    "app.devcluster.command",
+    "app.top",
+    "extender.command",
+    "webhook.command",
+    "agent.main",
 )
 
 Handler = Callable[[argparse.Namespace], int]
@@ -27,7 +33,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     func: Handler = args.func
-    return func(args)
+    try:
+        return func(args)
+    except BrokenPipeError:
+        # `gpupack top | head`: the reader left; exit quietly like other Unix tools.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

@@ -1,1 +1,1 @@
-"""Kubernetes access: pure request builders (requests.py) apart from the one module that does I/O (client.py)."""
+"""Kubernetes access: pure request builders kept apart from client.py, the one module that does I/O."""

@@ -82,7 +82,7 @@ class Kube:
         finally:
             resp.release_conn()
 
-    def _call(
+    def _call(  # noqa: PLR0917 (private; the two callers pass every part of a request)
         self,
         method: str,
         path: str,

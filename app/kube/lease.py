@@ -1,0 +1,165 @@
+"""Leader election on a coordination.k8s.io/v1 Lease: acquire, renew, expire, optimistic concurrency."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from app import log
+from app.errors import KubeError
+from app.kube import requests
+from app.kube.informers import KubeApi
+
+LOG = log.get("gpupack.lease")
+
+
+@dataclass(frozen=True, slots=True)
+class LeaseConfig:
+    namespace: str
+    name: str = "gpupack-extender"
+    identity: str = ""
+    lease_duration_s: int = 15  # how long others wait after the last renewal they saw
+    renew_deadline_s: float = 10.0  # a leader that could not renew for this long steps down
+    retry_period_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError("renew_deadline_s must be shorter than lease_duration_s")
+
+
+class LeaderElector:
+    """One candidate. Call `tick()` every retry period (or `run`); `is_leader` says whether to serve.
+
+    Expiry is judged by when *we* last saw the lease record change (our clock), never by comparing the
+    holder's timestamps with our clock, so clock skew between replicas cannot cause two leaders.
+    """
+
+    def __init__(
+        self,
+        kube: KubeApi,
+        config: LeaseConfig,
+        *,
+        wall: Callable[[], float] = time.time,
+        clock: Callable[[], float] = time.monotonic,
+        on_started: Callable[[], None] = lambda: None,
+        on_stopped: Callable[[], None] = lambda: None,
+    ) -> None:
+        self.kube = kube
+        self.config = config
+        self._wall = wall
+        self._clock = clock
+        self._on_started = on_started
+        self._on_stopped = on_stopped
+        self._observed: tuple[Any, ...] | None = None  # (holder, renewTime, transitions) last seen
+        self._observed_at = 0.0
+        self._renewed_at: float | None = None  # clock() of our last successful acquire/renew
+        self._acquired_wall = 0.0
+        self._leading = False
+        self._stop = threading.Event()
+
+    @property
+    def is_leader(self) -> bool:
+        return (
+            self._leading
+            and self._renewed_at is not None
+            and (self._clock() - self._renewed_at < self.config.renew_deadline_s)
+        )
+
+    def tick(self) -> bool:
+        """Try to acquire or renew once; returns whether we lead afterwards."""
+        try:
+            ok = self._try_acquire_or_renew()
+        except KubeError as exc:
+            LOG.warning(
+                "lease call failed", extra={"code": exc.code, "reason": exc.reason, "error": exc.message}
+            )
+            ok = False
+        if ok:
+            self._renewed_at = self._clock()
+        self._set_leading(self.is_leader if not ok else True)
+        return self._leading
+
+    def _set_leading(self, leading: bool) -> None:
+        if leading == self._leading:
+            return
+        self._leading = leading
+        LOG.info("leadership changed", extra={"leader": leading, "identity": self.config.identity})
+        (self._on_started if leading else self._on_stopped)()
+
+    def _try_acquire_or_renew(self) -> bool:
+        c = self.config
+        now_wall = self._wall()
+        try:
+            lease = self.kube.send(requests.get_lease(c.namespace, c.name))
+        except KubeError as exc:
+            if not exc.is_not_found:
+                raise
+            spec = requests.lease_spec(c.identity, c.lease_duration_s, now_wall, now_wall, 0)
+            try:
+                self.kube.send(requests.create_lease(c.namespace, c.name, spec))
+            except KubeError as create_exc:
+                if create_exc.is_conflict:  # someone else created it first
+                    return False
+                raise
+            self._acquired_wall = now_wall
+            return True
+        spec = lease.get("spec") or {}
+        holder = spec.get("holderIdentity") or ""
+        record = (holder, spec.get("renewTime"), spec.get("leaseTransitions"))
+        if record != self._observed:
+            self._observed, self._observed_at = record, self._clock()
+        duration = int(spec.get("leaseDurationSeconds") or c.lease_duration_s)
+        mine = holder == c.identity
+        expired = self._clock() - self._observed_at >= duration
+        if holder and not mine and not expired:
+            self._renewed_at = None  # someone else leads: step down now, not at the renew deadline
+            return False
+        transitions = int(spec.get("leaseTransitions") or 0)
+        if not mine:
+            transitions += 1
+            self._acquired_wall = now_wall
+        acquired = self._acquired_wall if mine and self._acquired_wall else now_wall
+        new_spec = requests.lease_spec(c.identity, c.lease_duration_s, acquired, now_wall, transitions)
+        rv = str((lease.get("metadata") or {}).get("resourceVersion", ""))
+        try:
+            updated = self.kube.send(requests.update_lease(c.namespace, c.name, rv, new_spec))
+        except KubeError as exc:
+            if exc.is_conflict:  # another candidate wrote first: re-read next tick
+                return False
+            raise
+        new = updated.get("spec") or new_spec
+        self._observed = (new.get("holderIdentity"), new.get("renewTime"), new.get("leaseTransitions"))
+        self._observed_at = self._clock()
+        return True
+
+    def release(self) -> None:
+        """Give the lease up on shutdown so a standby takes over without waiting for expiry."""
+        if not self._leading:
+            return
+        c = self.config
+        try:
+            lease = self.kube.send(requests.get_lease(c.namespace, c.name))
+            spec = dict(lease.get("spec") or {})
+            if spec.get("holderIdentity") == c.identity:
+                spec.update({"holderIdentity": "", "leaseDurationSeconds": 1})
+                rv = str((lease.get("metadata") or {}).get("resourceVersion", ""))
+                self.kube.send(requests.update_lease(c.namespace, c.name, rv, spec))
+        except KubeError as exc:
+            LOG.warning("lease release failed", extra={"code": exc.code, "error": exc.message})
+        self._set_leading(False)
+
+    def run(self) -> None:
+        while not self._stop.is_set():
+            self.tick()
+            self._stop.wait(self.config.retry_period_s)
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self.run, name="lease", daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()

@@ -1,0 +1,151 @@
+"""Pure builders for every API call the extender makes: bodies, paths and queries, no I/O."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime
+from typing import Any
+
+from app import names
+from app.kube import paths
+from app.kube.client import JSON_PATCH, MERGE_PATCH, Request
+from app.model import Allocation
+
+MANAGED_SELECTOR = f"{names.LABEL_MANAGED}=true"
+
+
+def micro_time(ts: float) -> str:
+    """A Unix time as Kubernetes MicroTime (RFC 3339, microseconds, Z)."""
+    return datetime.fromtimestamp(ts, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def parse_time(raw: str | None) -> float | None:
+    """A Kubernetes Time/MicroTime string as a Unix time; None when absent or malformed."""
+    if not raw:
+        return None
+    try:
+        return datetime.fromisoformat(raw.replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def get_pod(namespace: str, name: str) -> Request:
+    return Request("GET", paths.pod(namespace, name))
+
+
+def allocation_patch(namespace: str, name: str, resource_version: str, alloc: Allocation) -> Request:
+    """Write the allocation annotations only if the pod is still at `resource_version`.
+
+    A merge patch that carries metadata.resourceVersion makes the apiserver compare it with the stored
+    object and answer 409 Conflict when the pod changed since we read it.
+    """
+    body = {"metadata": {"resourceVersion": resource_version, "annotations": alloc.to_annotations()}}
+    return Request("PATCH", paths.pod(namespace, name), body, content_type=MERGE_PATCH)
+
+
+def clear_allocation_patch(namespace: str, name: str, resource_version: str) -> Request:
+    """Remove the allocation annotations (after a failed Binding), again guarded by resourceVersion."""
+    body = {
+        "metadata": {
+            "resourceVersion": resource_version,
+            "annotations": dict.fromkeys(names.ALLOCATION_ANNOTATIONS),
+        }
+    }
+    return Request("PATCH", paths.pod(namespace, name), body, content_type=MERGE_PATCH)
+
+
+def allocation_json_patch(namespace: str, name: str, resource_version: str, alloc: Allocation) -> Request:
+    """The same write as a JSON patch whose `test` op is the resourceVersion precondition."""
+    ops: list[dict[str, Any]] = [
+        {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}
+    ]
+    ops += [
+        {"op": "add", "path": f"/metadata/annotations/{_pointer(key)}", "value": value}
+        for key, value in alloc.to_annotations().items()
+    ]
+    return Request("PATCH", paths.pod(namespace, name), ops, content_type=JSON_PATCH)
+
+
+def _pointer(key: str) -> str:
+    """Escape one JSON-pointer segment (RFC 6901)."""
+    return key.replace("~", "~0").replace("/", "~1")
+
+
+def binding(namespace: str, name: str, uid: str, node: str) -> Request:
+    """Bind the pod to `node`; metadata.uid makes the apiserver refuse a re-created pod of the same name."""
+    metadata: dict[str, str] = {"name": name, "namespace": namespace}
+    if uid:
+        metadata["uid"] = uid
+    body = {
+        "apiVersion": "v1",
+        "kind": "Binding",
+        "metadata": metadata,
+        "target": {"apiVersion": "v1", "kind": "Node", "name": node},
+    }
+    return Request("POST", paths.pod_binding(namespace, name), body)
+
+
+def list_query(
+    label_selector: str = "", limit: int = 0, continue_token: str = ""
+) -> dict[str, str | int | bool]:
+    """Query for one page of a list call."""
+    q: dict[str, str | int | bool] = {}
+    if label_selector:
+        q["labelSelector"] = label_selector
+    if limit:
+        q["limit"] = limit
+    if continue_token:
+        q["continue"] = continue_token
+    return q
+
+
+def watch_query(label_selector: str, resource_version: str) -> dict[str, str | int | bool]:
+    """Query for a watch resuming after `resource_version` (the client adds watch/bookmark flags)."""
+    q: dict[str, str | int | bool] = {"resourceVersion": resource_version}
+    if label_selector:
+        q["labelSelector"] = label_selector
+    return q
+
+
+def list_request(path: str, label_selector: str = "", limit: int = 0, continue_token: str = "") -> Request:
+    return Request("GET", path, query=list_query(label_selector, limit, continue_token))
+
+
+# --- coordination.k8s.io/v1 Lease ---
+
+
+def get_lease(namespace: str, name: str) -> Request:
+    return Request("GET", paths.lease(namespace, name))
+
+
+def lease_spec(
+    holder: str, duration_s: int, acquired: float, renewed: float, transitions: int
+) -> dict[str, Any]:
+    return {
+        "holderIdentity": holder,
+        "leaseDurationSeconds": duration_s,
+        "acquireTime": micro_time(acquired),
+        "renewTime": micro_time(renewed),
+        "leaseTransitions": transitions,
+    }
+
+
+def create_lease(namespace: str, name: str, spec: Mapping[str, Any]) -> Request:
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": dict(spec),
+    }
+    return Request("POST", paths.leases(namespace), body)
+
+
+def update_lease(namespace: str, name: str, resource_version: str, spec: Mapping[str, Any]) -> Request:
+    """Replace the lease; the resourceVersion makes it fail with 409 if anyone wrote it since we read it."""
+    body = {
+        "apiVersion": "coordination.k8s.io/v1",
+        "kind": "Lease",
+        "metadata": {"name": name, "namespace": namespace, "resourceVersion": resource_version},
+        "spec": dict(spec),
+    }
+    return Request("PUT", paths.lease(namespace, name), body)

@@ -1,0 +1,427 @@
+"""The extender's cluster cache: GPUNode inventory + pod-annotation allocations + assume holds -> Nodes."""
+
+from __future__ import annotations
+
+import re
+import threading
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from app import log, names, request
+from app.kube import gpunode
+from app.kube.assume import AssumeCache
+from app.kube.client import JsonDict
+from app.model import Allocation, ClusterState, Demand, Node
+
+LOG = log.get("gpupack.state")
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+def node_order_key(name: str) -> tuple[Any, ...]:
+    """Natural order (gpu-node-2 before gpu-node-10): the tie-break order the extender gives placement."""
+    return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """What the cache keeps of one managed pod."""
+
+    uid: str
+    namespace: str
+    name: str
+    node_name: str  # spec.nodeName, "" while pending
+    phase: str
+    alloc: Allocation | None  # counted allocation, None when it has none (or it no longer counts)
+    demand: Demand | str = ""  # what it asks for, or why that cannot be read
+    deleting: bool = False
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def pending(self) -> bool:
+        return not self.node_name and self.phase not in TERMINAL_PHASES and not self.deleting
+
+
+def pod_info(pod: Mapping[str, Any]) -> PodInfo:
+    """Reduce a pod to what placement needs; an allocation counts only while the pod may hold its GPU."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    phase = str((pod.get("status") or {}).get("phase") or "Pending")
+    node_name = str(spec.get("nodeName") or "")
+    alloc: Allocation | None = None
+    try:
+        alloc = Allocation.from_annotations(meta.get("annotations") or {})
+    except ValueError as exc:
+        LOG.warning("corrupt allocation annotations ignored", extra={"pod": _key(meta), "error": str(exc)})
+    if alloc is not None and (phase in TERMINAL_PHASES or (node_name and node_name != alloc.node)):
+        # Finished pods free their share; an annotation naming another node than the binding is stale.
+        alloc = None
+    # An annotated pod that is not bound yet still counts: its bind may be in flight in a replica that
+    # just lost leadership, or its extender died between the patch and the Binding. Counting it can only
+    # delay a placement, never hand a GPU out twice; its own next bind overwrites it.
+    return PodInfo(
+        uid=str(meta.get("uid") or ""),
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        node_name=node_name,
+        phase=phase,
+        alloc=alloc,
+        demand=demand_of(pod),
+        deleting=bool(meta.get("deletionTimestamp")),
+    )
+
+
+def _key(meta: Mapping[str, Any]) -> str:
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def _adjust(node: Node, alloc: Allocation, sign: int) -> Node:
+    gpus = tuple(
+        g.reserve(sign * alloc.milli, sign * alloc.memory_mib) if g.index in alloc.gpu_indexes else g
+        for g in node.gpus
+    )
+    return replace(node, gpus=gpus)
+
+
+class ClusterCache:
+    """Thread-safe cluster view fed by the GPUNode and pod informers, read by the scheduling verbs."""
+
+    def __init__(
+        self,
+        assume: AssumeCache | None = None,
+        heartbeat_timeout_s: float | None = None,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        self.assume = assume if assume is not None else AssumeCache()
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self._wall = wall
+        self._lock = threading.RLock()
+        self._base: dict[str, Node] = {}  # from GPUNode objects, nothing reserved
+        self._heartbeat: dict[str, float | None] = {}
+        self._stale_after: dict[str, int | None] = {}  # each agent's own limit, used when ours is None
+        self._pods: dict[str, PodInfo] = {}  # by uid
+        self._by_node: dict[str, dict[str, Allocation]] = {}  # node -> uid -> counted pod allocation
+        self._view: dict[str, Node] = {}  # base + pod allocations, rebuilt lazily per node
+        self._order: list[str] = []
+        self._rank: dict[str, int] = {}  # name -> position in _order, so sorting a request is cheap
+        self.pending_reason: dict[str, str] = {}  # uid -> reason class of the last refusal
+
+    # --- fed by the informers ---
+
+    @property
+    def gpunode_handler(self) -> _GpuNodeHandler:
+        return _GpuNodeHandler(self)
+
+    @property
+    def pod_handler(self) -> _PodHandler:
+        return _PodHandler(self)
+
+    def set_gpunodes(self, objs: Iterable[JsonDict]) -> None:
+        with self._lock:
+            self._base.clear()
+            self._heartbeat.clear()
+            self._stale_after.clear()
+            for obj in objs:
+                self._put_gpunode(obj)
+            self._view.clear()
+            self._reorder()
+
+    def upsert_gpunode(self, obj: JsonDict) -> None:
+        with self._lock:
+            name = self._put_gpunode(obj)
+            self._view.pop(name, None)
+            if name not in self._order:
+                self._reorder()
+
+    def delete_gpunode(self, obj: JsonDict) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        with self._lock:
+            self._base.pop(name, None)
+            self._heartbeat.pop(name, None)
+            self._stale_after.pop(name, None)
+            self._view.pop(name, None)
+            self._reorder()
+
+    def _put_gpunode(self, obj: JsonDict) -> str:
+        node, heartbeat, stale_after = gpunode_to_node(obj)
+        self._base[node.name] = node
+        self._heartbeat[node.name] = heartbeat
+        self._stale_after[node.name] = stale_after
+        return node.name
+
+    def _reorder(self) -> None:
+        self._order = sorted(self._base, key=node_order_key)
+        self._rank = {name: i for i, name in enumerate(self._order)}
+
+    def set_pods(self, objs: Iterable[JsonDict]) -> None:
+        with self._lock:
+            self._pods.clear()
+            self._by_node.clear()
+            for obj in objs:
+                self._put_pod(pod_info(obj))
+            self._view.clear()
+            live = set(self._pods)
+            for uid in list(self.pending_reason):
+                if uid not in live:
+                    del self.pending_reason[uid]
+
+    def upsert_pod(self, obj: JsonDict) -> None:
+        info = pod_info(obj)
+        with self._lock:
+            self._drop_pod(info.uid)
+            self._put_pod(info)
+        held = self.assume.get(info.uid)
+        if held is not None and info.alloc == held and info.node_name:
+            self.assume.release(info.uid)  # the watch echo shows the bound allocation: the hold is done
+
+    def delete_pod(self, obj: JsonDict) -> None:
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        with self._lock:
+            self._drop_pod(uid)
+            self.pending_reason.pop(uid, None)
+        self.assume.release(uid)
+
+    def _put_pod(self, info: PodInfo) -> None:
+        self._pods[info.uid] = info
+        if info.alloc is not None:
+            self._by_node.setdefault(info.alloc.node, {})[info.uid] = info.alloc
+            self._view.pop(info.alloc.node, None)
+        if not info.pending:
+            self.pending_reason.pop(info.uid, None)
+
+    def _drop_pod(self, uid: str) -> None:
+        old = self._pods.pop(uid, None)
+        if old is not None and old.alloc is not None:
+            self._by_node.get(old.alloc.node, {}).pop(uid, None)
+            self._view.pop(old.alloc.node, None)
+
+    # --- read by the verbs ---
+
+    def pod(self, uid: str) -> PodInfo | None:
+        with self._lock:
+            return self._pods.get(uid)
+
+    def pod_by_key(self, key: str) -> PodInfo | None:
+        with self._lock:
+            return next((p for p in self._pods.values() if p.key == key), None)
+
+    def pods(self) -> list[PodInfo]:
+        with self._lock:
+            return list(self._pods.values())
+
+    def node_names(self) -> list[str]:
+        with self._lock:
+            return list(self._order)
+
+    def nodes(self, names_: Iterable[str] | None = None, exclude_uid: str = "") -> dict[str, Node | None]:
+        """Current Node per name (None: no GPUNode), with holds applied and `exclude_uid`'s own share removed.
+
+        Nodes come back in natural name order, the order placement breaks ties in.
+        """
+        now = self._wall()
+        holds = self.assume.items()
+        with self._lock:
+            rank = self._rank
+            last = len(rank)
+            wanted = (
+                self._order
+                if names_ is None
+                else sorted(
+                    set(names_), key=lambda n: (rank.get(n, last), node_order_key(n) if n not in rank else ())
+                )
+            )
+            # Per node: allocations to add (+1) or take away (-1) on top of the pod-annotation view.
+            delta: dict[str, list[tuple[Allocation, int]]] = {}
+            for uid, held in holds.items():
+                counted = self._pods[uid].alloc if uid in self._pods else None
+                if counted == held:
+                    continue
+                if counted is not None:
+                    delta.setdefault(counted.node, []).append((counted, -1))
+                if uid != exclude_uid:
+                    delta.setdefault(held.node, []).append((held, +1))
+            own = self._pods.get(exclude_uid)
+            if exclude_uid and exclude_uid not in holds and own is not None and own.alloc is not None:
+                delta.setdefault(own.alloc.node, []).append((own.alloc, -1))
+            out: dict[str, Node | None] = {}
+            for name in wanted:
+                node = self._materialize(name)
+                if node is not None:
+                    for alloc, sign in delta.get(name, ()):
+                        node = _adjust(node, alloc, sign)
+                    node = self._with_heartbeat(node, now)
+                out[name] = node
+            return out
+
+    def node(self, name: str, exclude_uid: str = "") -> Node | None:
+        return self.nodes([name], exclude_uid)[name]
+
+    def _materialize(self, name: str) -> Node | None:
+        cached = self._view.get(name)
+        if cached is not None:
+            return cached
+        base = self._base.get(name)
+        if base is None:
+            return None
+        milli: dict[int, int] = {}
+        mem: dict[int, int] = {}
+        for alloc in self._by_node.get(name, {}).values():
+            for i in alloc.gpu_indexes:
+                milli[i] = milli.get(i, 0) + alloc.milli
+                mem[i] = mem.get(i, 0) + alloc.memory_mib
+        gpus = tuple(g.reserve(milli[g.index], mem[g.index]) if g.index in milli else g for g in base.gpus)
+        node = replace(base, gpus=gpus)
+        self._view[name] = node
+        return node
+
+    def _with_heartbeat(self, node: Node, now: float) -> Node:
+        if not node.schedulable:
+            return node
+        beat = self._heartbeat.get(node.name)
+        if beat is None:
+            return replace(
+                node, schedulable=False, unschedulable_reason="gpupack agent has not reported a heartbeat"
+            )
+        age = now - beat
+        limit = (
+            self.heartbeat_timeout_s or self._stale_after.get(node.name) or gpunode.DEFAULT_HEARTBEAT_S * 3
+        )
+        if age > limit:
+            reason = f"gpupack agent heartbeat is {age:.0f}s old (limit {limit:.0f}s)"
+            return replace(node, schedulable=False, unschedulable_reason=reason)
+        return node
+
+    def snapshot(self) -> ClusterState:
+        """Every node as the verbs see it (for /state and metrics)."""
+        return ClusterState({n: node for n, node in self.nodes().items() if node is not None})
+
+    def allocations(self) -> dict[str, Allocation]:
+        """Counted allocations by pod UID: pod annotations overlaid with holds."""
+        with self._lock:
+            out = {uid: p.alloc for uid, p in self._pods.items() if p.alloc is not None}
+        out.update(self.assume.items())
+        return out
+
+    def pods_by_gpu(self) -> dict[tuple[str, int], list[str]]:
+        """Pod keys (namespace/name, or the UID of a hold whose pod is gone) per (node, GPU index)."""
+        allocs = self.allocations()
+        with self._lock:
+            keys = {uid: p.key for uid, p in self._pods.items()}
+        out: dict[tuple[str, int], list[str]] = {}
+        for uid, alloc in allocs.items():
+            for idx in alloc.gpu_indexes:
+                out.setdefault((alloc.node, idx), []).append(keys.get(uid, uid))
+        return out
+
+    def note_refusal(self, uid: str, reason_class: str) -> None:
+        """Remember why the last filter refused a pending pod everywhere (for the pending-pods metric)."""
+        with self._lock:
+            info = self._pods.get(uid)
+            if info is None or info.pending:
+                self.pending_reason[uid] = reason_class
+
+    def clear_refusal(self, uid: str) -> None:
+        with self._lock:
+            self.pending_reason.pop(uid, None)
+
+
+class _GpuNodeHandler:
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def replace(self, objs: list[JsonDict]) -> None:
+        self.cache.set_gpunodes(objs)
+
+    def upsert(self, obj: JsonDict) -> None:
+        self.cache.upsert_gpunode(obj)
+
+    def delete(self, obj: JsonDict) -> None:
+        self.cache.delete_gpunode(obj)
+
+
+class _PodHandler:
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def replace(self, objs: list[JsonDict]) -> None:
+        self.cache.set_pods(objs)
+
+    def upsert(self, obj: JsonDict) -> None:
+        self.cache.upsert_pod(obj)
+
+    def delete(self, obj: JsonDict) -> None:
+        self.cache.delete_pod(obj)
+
+
+def demand_of(pod: Mapping[str, Any]) -> Demand | str:
+    """The pod's GPU demand: its annotations (app.request), else the extended resources it requests."""
+    meta = pod.get("metadata") or {}
+    ann: Mapping[str, str] = meta.get("annotations") or {}
+    if request.wants_gpu(ann):
+        parsed = request.parse(ann, request.containers_of(pod.get("spec") or {}))
+        if isinstance(parsed, request.GpuRequest):
+            return parsed.demand()
+        return "; ".join(str(e) for e in parsed)
+    return _demand_from_resources(pod, ann)
+
+
+def _demand_from_resources(pod: Mapping[str, Any], ann: Mapping[str, str]) -> Demand | str:
+    raw_count = ann.get(names.GPU_FRACTION_NUM_DEVICES, "1")
+    if not (raw_count.isascii() and raw_count.isdigit() and int(raw_count) >= 1):
+        return f"{names.GPU_FRACTION_NUM_DEVICES}={raw_count!r}: must be an integer >= 1"
+    count = int(raw_count)
+    milli = _resource_total(pod, names.RESOURCE_GPU_MILLI)
+    memory = _resource_total(pod, names.RESOURCE_GPU_MEMORY_MIB)
+    models = frozenset(m for m in ann.get(names.GPU_MODEL, "").split("|") if m)
+    if isinstance(milli, str):
+        return milli
+    if isinstance(memory, str):
+        return memory
+    if milli and memory:
+        return f"requests both {names.RESOURCE_GPU_MILLI} and {names.RESOURCE_GPU_MEMORY_MIB}: pick one"
+    total = milli or memory
+    if not total:
+        return f"requests neither {names.RESOURCE_GPU_MILLI} nor {names.RESOURCE_GPU_MEMORY_MIB}"
+    if total % count:
+        resource = names.RESOURCE_GPU_MILLI if milli else names.RESOURCE_GPU_MEMORY_MIB
+        return f"{resource}={total} does not split evenly over {count} devices"
+    if milli:
+        if total // count > 1000:
+            return f"{names.RESOURCE_GPU_MILLI}={total} is more than 1000 per device over {count} devices"
+        return Demand(count=count, milli=total // count, models=models)
+    return Demand(count=count, memory_mib=total // count, models=models)
+
+
+def _resource_total(pod: Mapping[str, Any], resource: str) -> int | str:
+    """Sum of a container resource over containers (limits = requests for extended resources)."""
+    total = 0
+    for c in (pod.get("spec") or {}).get("containers") or []:
+        res = c.get("resources") or {}
+        raw = (res.get("limits") or {}).get(resource, (res.get("requests") or {}).get(resource))
+        if raw is None:
+            continue
+        text = str(raw)
+        if not (text.isascii() and text.isdigit()):
+            return f"{resource}={text!r} in container {c.get('name', '')!r}: must be a plain integer"
+        total += int(text)
+    return total
+
+
+# --- GPUNode objects (gpupack.io/v1alpha1) ---
+
+
+def gpunode_to_node(obj: Mapping[str, Any]) -> tuple[Node, float | None, int | None]:
+    """A GPUNode as a Node with nothing reserved, its heartbeat (Unix time) and its own staleness limit.
+
+    Staleness is left to the reader (`ClusterCache`), which judges it against the time of each request.
+    """
+    gn = gpunode.GPUNode.from_dict(obj)
+    if gn.status is None:
+        return gn.to_model_node(0.0), None, None
+    node = gn.to_model_node(gn.status.heartbeat_time)
+    return node, gn.status.heartbeat_time or None, gn.status.stale_after_seconds

@@ -1,0 +1,318 @@
+"""How fast is the extender: filter+prioritize latency at scale; kube-scheduler throughput with vs without it.
+
+Part 1 (in-process): the FastAPI app through TestClient (JSON in and out, routing, validation) over an
+in-memory cache of N nodes x 8 GPUs holding 10 pods per GPU; one filter + one prioritize call per pod,
+with every node name in the request (nodeCacheCapable), as kube-scheduler sends them.
+Part 2 (real control plane, app.devcluster): the same kwok cluster and kube-scheduler; a burst of plain
+pods (the extender is not called), then a burst of gpupack pods (filter, prioritize and bind through our
+extender process), alternating rounds; pods/s = pods / (create of the first .. last one bound).
+
+Usage: .venv/bin/python bench/extender.py [--nodes 1000,5000] [--calls 200] [--pods 300] [--rounds 2]
+Writes bench/results/extender.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from app import catalog, names  # noqa: E402
+from app.kube import gpunode  # noqa: E402
+from app.kube.assume import AssumeCache  # noqa: E402
+from app.kube.state import ClusterCache  # noqa: E402
+from app.model import Allocation  # noqa: E402
+from app.placement import registry  # noqa: E402
+
+MODEL = "A100-40GB"
+GPUS = 8
+PODS_PER_GPU = 10
+SMALL_SHARES = (20, 50, 80, 100)  # milli of the resident pods: ~62 % of each GPU on average
+
+
+def gpunode_obj(name: str, beat: float) -> dict[str, Any]:
+    mem = catalog.lookup(MODEL).memory_mib
+    uuids = [f"GPU-{name}-{i}" for i in range(GPUS)]
+    spec = gpunode.GPUNodeSpec(
+        node_name=name, gpus=tuple(gpunode.GpuSpec(u, i, MODEL, MODEL, mem) for i, u in enumerate(uuids))
+    )
+    status = gpunode.GPUNodeStatus(
+        heartbeat_time=beat,
+        gpus=tuple(gpunode.GpuStatus(u, i, True, memory_free_mib=mem) for i, u in enumerate(uuids)),
+    )
+    return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
+
+
+def pod_obj(name: str, milli: int, node: str = "", alloc: Allocation | None = None) -> dict[str, Any]:
+    ann = {names.GPU_FRACTION: f"{milli / 1000:.2f}"}
+    if alloc is not None:
+        ann.update(alloc.to_annotations())
+    res = {names.RESOURCE_GPU_MILLI: str(milli)}
+    return {
+        "metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}", "annotations": ann},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "resources": {"requests": res, "limits": res}}],
+        },
+        "status": {"phase": "Running" if node else "Pending"},
+    }
+
+
+def build_cache(n_nodes: int, rng: random.Random) -> tuple[ClusterCache, list[str]]:
+    now = time.time()
+    cache = ClusterCache(AssumeCache(), heartbeat_timeout_s=1e9)
+    node_names = [f"node-{i}" for i in range(n_nodes)]
+    cache.set_gpunodes([gpunode_obj(n, now) for n in node_names])
+    mem = catalog.lookup(MODEL).memory_mib
+
+    def pods() -> Iterator[dict[str, Any]]:  # a generator: 400 000 pod dicts need not exist at once
+        for n in node_names:
+            for g in range(GPUS):
+                for k in range(PODS_PER_GPU):
+                    milli = rng.choice(SMALL_SHARES)
+                    alloc = Allocation(n, (g,), (f"GPU-{n}-{g}",), milli, milli * mem // 1000)
+                    yield pod_obj(f"{n}-{g}-{k}", milli, n, alloc)
+
+    cache.set_pods(pods())
+    return cache, node_names
+
+
+def latency(n_nodes: int, calls: int, policy_name: str) -> dict[str, Any]:
+    from fastapi.testclient import TestClient
+
+    from extender.binder import Binder
+    from extender.config import Settings
+    from extender.main import create_app
+    from extender.memo import MemoPolicy
+    from extender.runtime import StaticRuntime
+
+    rng = random.Random(7)
+    t0 = time.perf_counter()
+    cache, node_names = build_cache(n_nodes, rng)
+    build_s = time.perf_counter() - t0
+    policy = MemoPolicy(registry.create(policy_name))  # as KubeRuntime wires it
+    rt = StaticRuntime(cache, policy, Binder(_NoKube(), cache, policy))
+    http = TestClient(create_app(Settings(policy=policy_name), runtime=rt))
+    filter_ms: list[float] = []
+    prio_ms: list[float] = []
+    both_ms: list[float] = []
+    passed = []
+    for i in range(calls):
+        pod = pod_obj(f"new-{i}", (100, 250, 500)[i % 3])
+        args = {"Pod": pod, "Nodes": None, "NodeNames": node_names}
+        t1 = time.perf_counter()
+        r = http.post("/filter", json=args)
+        t2 = time.perf_counter()
+        ok = r.json()["NodeNames"]
+        p = http.post("/prioritize", json={**args, "NodeNames": ok})
+        t3 = time.perf_counter()
+        assert r.status_code == 200 and p.status_code == 200
+        _assume_bound(cache, policy, pod, ok[0])  # the chosen node changes, as after a real bind
+        passed.append(len(ok))
+        filter_ms.append((t2 - t1) * 1e3)
+        prio_ms.append((t3 - t2) * 1e3)
+        both_ms.append((t3 - t1) * 1e3)
+    # The same filter with every fitting node returned (decide_in_filter off): prioritize then scores all.
+    rt.decide_in_filter = False
+    open_ms: list[float] = []
+    fitting = []
+    for i in range(min(calls, 50)):
+        pod = pod_obj(f"open-{i}", rng.choice((100, 250, 500)))
+        args = {"Pod": pod, "Nodes": None, "NodeNames": node_names}
+        t1 = time.perf_counter()
+        ok = http.post("/filter", json=args).json()["NodeNames"]
+        http.post("/prioritize", json={**args, "NodeNames": ok})
+        open_ms.append((time.perf_counter() - t1) * 1e3)
+        fitting.append(len(ok))
+    return {
+        "nodes": n_nodes,
+        "gpus": n_nodes * GPUS,
+        "resident_pods": n_nodes * GPUS * PODS_PER_GPU,
+        "policy": policy_name,
+        "calls": calls,
+        "state_build_s": round(build_s, 2),
+        "filter_ms": _pct(filter_ms),
+        "prioritize_ms": _pct(prio_ms),
+        "filter_plus_prioritize_ms": _pct(both_ms),
+        # The first call for each of the 3 pod shapes scores every node cold (nothing memoized yet).
+        "first_call_per_shape_ms": [round(x, 1) for x in both_ms[:3]],
+        "warm_filter_plus_prioritize_ms": _pct(both_ms[3:]),
+        "nodes_passing_filter_median": statistics.median(passed),
+        "without_decide_in_filter": {
+            "filter_plus_prioritize_ms": _pct(open_ms),
+            "nodes_passing_filter_median": statistics.median(fitting),
+        },
+    }
+
+
+def _assume_bound(cache: ClusterCache, policy: Any, pod: dict[str, Any], node_name: str) -> None:
+    """What the watch delivers after a bind: the pod bound, with its allocation annotations."""
+    from app.kube.state import demand_of
+    from app.placement import to_allocation
+
+    node = cache.node(node_name)
+    demand = demand_of(pod)
+    assert node is not None and not isinstance(demand, str)
+    alloc = to_allocation(node, demand, policy.choose_gpus(node, demand))
+    milli = int(pod["spec"]["containers"][0]["resources"]["limits"][names.RESOURCE_GPU_MILLI])
+    cache.upsert_pod(pod_obj(pod["metadata"]["name"], milli, node_name, alloc))
+
+
+class _NoKube:
+    def send(self, req: Any) -> Any:
+        raise AssertionError("latency bench never binds")
+
+    def watch(self, *a: Any, **k: Any) -> Any:
+        raise AssertionError("latency bench never watches")
+
+
+def _pct(xs: list[float]) -> dict[str, float]:
+    s = sorted(xs)
+    return {
+        "p50": round(s[len(s) // 2], 2),
+        "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 2),
+        "max": round(s[-1], 2),
+        "mean": round(statistics.fmean(s), 2),
+    }
+
+
+def throughput(n_pods: int, rounds: int, n_nodes: int) -> dict[str, Any]:
+    """Real kube-scheduler on one kwok cluster: plain pods vs gpupack pods, alternating rounds."""
+    import yaml
+    from kubernetes import client
+
+    from app.devcluster import Cluster, ComponentSpec, HealthCheck, ensure_binaries, wait_for
+    from app.kube.client import Kube
+
+    bins = ensure_binaries()
+    with tempfile.TemporaryDirectory(prefix="gpupack-bench-") as tmp:
+        cluster = Cluster.prepare(Path(tmp), bins)
+        cluster.start()
+        try:
+            api = cluster.api_client()
+            core = client.CoreV1Api(api)
+            ext = client.ApiextensionsV1Api(api)
+            crd = yaml.safe_load((REPO / "deploy/crds/gpunodes.gpupack.io.yaml").read_text())
+            ext.create_custom_resource_definition(crd)
+            wait_for(
+                lambda: any(
+                    c.type == "Established" and c.status == "True"
+                    for c in ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions
+                    or []
+                ),
+                30,
+                "CRD established",
+            )
+            if not any(ns.metadata.name == "gpupack-system" for ns in core.list_namespace().items):
+                core.create_namespace({"metadata": {"name": "gpupack-system"}})
+            nodes = cluster.create_gpu_nodes(n_nodes, GPUS, MODEL, prefix="bench-")
+            kube = Kube.connect(str(cluster.kubeconfig))
+            now = time.time()
+            for n in nodes:
+                gn = gpunode.GPUNode.from_dict(gpunode_obj(n, now))
+                assert gn.status is not None
+                kube.send(gpunode.create(n, gn.spec))
+                kube.send(gpunode.patch_status(n, gn.status))
+            conf = yaml.safe_load(cluster.layout.scheduler_config.read_text())
+            url = str(conf["extenders"][0]["urlPrefix"]).rstrip("/")
+            argv = (
+                sys.executable, "-m", "app.cli", "extender", "serve", "--kubeconfig", str(cluster.kubeconfig),
+                "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], "--policy", "fragaware",
+                "--lease-namespace", "gpupack-system", "--lease-duration", "3",
+                "--heartbeat-timeout", "86400", "--log-level", "warning",
+            )  # fmt: skip
+            cluster.start_process(ComponentSpec("extender", argv, health=HealthCheck(f"{url}/readyz")))
+            results: dict[str, list[float]] = {"plain": [], "gpupack": []}
+            for r in range(rounds):
+                for kind in ("plain", "gpupack"):
+                    ns = f"{kind}-{r}"
+                    core.create_namespace({"metadata": {"name": ns}})
+                    results[kind].append(_burst(core, ns, n_pods, kind == "gpupack"))
+            return {
+                "nodes": n_nodes,
+                "gpus_per_node": GPUS,
+                "pods_per_burst": n_pods,
+                "rounds": rounds,
+                "plain_pods_per_s": [round(x, 1) for x in results["plain"]],
+                "gpupack_pods_per_s": [round(x, 1) for x in results["gpupack"]],
+                "plain_median": round(statistics.median(results["plain"]), 1),
+                "gpupack_median": round(statistics.median(results["gpupack"]), 1),
+            }
+        finally:
+            cluster.stop()
+
+
+def _burst(core: Any, ns: str, n: int, gpu: bool) -> float:
+    """Create `n` pods as fast as possible; pods/s from the first create to the last one bound."""
+    from app.devcluster import wait_for
+
+    t0 = time.perf_counter()
+    for i in range(n):
+        meta: dict[str, Any] = {"name": f"p{i}", "namespace": ns}
+        res: dict[str, str] = {"cpu": "10m"}
+        if gpu:
+            meta["annotations"] = {names.GPU_FRACTION: "0.25"}
+            meta["labels"] = {names.LABEL_MANAGED: "true"}
+            res = {**res, names.RESOURCE_GPU_MILLI: "250"}
+        body = {
+            "metadata": meta,
+            "spec": {
+                "containers": [{"name": "c", "image": "x", "resources": {"requests": res, "limits": res}}]
+            },
+        }
+        core.create_namespaced_pod(ns, body)
+
+    def all_bound() -> bool:
+        return all(p.spec.node_name for p in core.list_namespaced_pod(ns).items)
+
+    wait_for(all_bound, 300, f"{n} pods bound in {ns}", interval=0.1)
+    return n / (time.perf_counter() - t0)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--nodes", default="1000,5000", help="node counts for the latency part")
+    ap.add_argument("--calls", type=int, default=200, help="filter+prioritize calls per node count")
+    ap.add_argument("--policy", default="fragaware")
+    ap.add_argument("--pods", type=int, default=300, help="pods per throughput burst (0 skips part 2)")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--cluster-nodes", type=int, default=20)
+    ap.add_argument("--out", default=str(REPO / "bench/results/extender.json"))
+    args = ap.parse_args()
+    out: dict[str, Any] = {
+        "inputs": vars(args),
+        "python": platform.python_version(),
+        "machine": platform.machine(),
+        "cpus": os.cpu_count(),
+        # The build machine is shared: a load average above the CPU count means these are contended numbers.
+        "loadavg_at_start": [round(x, 1) for x in os.getloadavg()],
+        "latency": [],
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    for n in (int(x) for x in args.nodes.split(",") if x):
+        res = latency(n, args.calls, args.policy)
+        print(json.dumps(res), flush=True)
+        out["latency"].append(res)
+        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")  # keep what is done if part 2 fails
+    if args.pods:
+        out["throughput"] = throughput(args.pods, args.rounds, args.cluster_nodes)
+        print(json.dumps(out["throughput"]), flush=True)
+    out["loadavg_at_end"] = [round(x, 1) for x in os.getloadavg()]
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

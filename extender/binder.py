@@ -1,0 +1,118 @@
+"""Bind: choose GPUs, hold them, write the allocation (resourceVersion precondition), create the Binding."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+from app import log
+from app.errors import KubeError
+from app.kube import requests
+from app.kube.informers import KubeApi
+from app.kube.state import ClusterCache, demand_of
+from app.metrics import BindOutcome
+from app.model import Allocation
+from app.placement import Policy, to_allocation
+from extender.scheduling import NO_GPUNODE, reason_text
+
+LOG = log.get("gpupack.extender.bind")
+
+
+@dataclass(frozen=True, slots=True)
+class BindResult:
+    outcome: BindOutcome
+    error: str = ""
+    allocation: Allocation | None = None
+
+
+class Binder:
+    """Serialises placement decisions; does the API calls outside the lock so binds overlap on the wire."""
+
+    def __init__(self, kube: KubeApi, cache: ClusterCache, policy: Policy) -> None:
+        self.kube = kube
+        self.cache = cache
+        self.policy = policy
+        # Held from reading the node view to recording the hold: the next bind sees this one's share.
+        self.lock = threading.Lock()
+
+    def bind(self, namespace: str, name: str, uid: str, node_name: str) -> BindResult:
+        where = {"pod": f"{namespace}/{name}", "node": node_name}
+        try:
+            pod = self.kube.send(requests.get_pod(namespace, name))
+        except KubeError as exc:
+            return self._fail(BindOutcome.ERROR, f"reading pod: {exc}", where)
+        meta = pod.get("metadata") or {}
+        if uid and meta.get("uid") != uid:
+            return self._fail(
+                BindOutcome.CONFLICT, f"pod was re-created (uid {meta.get('uid')}, want {uid})", where
+            )
+        uid = str(meta.get("uid") or uid)
+        bound_to = (pod.get("spec") or {}).get("nodeName")
+        if bound_to:
+            return self._fail(BindOutcome.CONFLICT, f"pod is already bound to {bound_to}", where)
+        decided = self._decide(uid, pod, node_name)
+        if isinstance(decided, BindResult):
+            return self._fail(decided.outcome, decided.error, where)
+        alloc = decided
+        rv = str(meta.get("resourceVersion", ""))
+        try:
+            patched = self.kube.send(requests.allocation_patch(namespace, name, rv, alloc))
+        except KubeError as exc:
+            # Nothing was written: the hold is ours alone to drop.
+            self.cache.assume.release(uid)
+            outcome = BindOutcome.CONFLICT if exc.is_conflict else BindOutcome.ERROR
+            return self._fail(outcome, f"writing allocation: {exc}", where)
+        try:
+            self.kube.send(requests.binding(namespace, name, uid, node_name))
+        except KubeError as exc:
+            self._undo(namespace, name, uid, patched)
+            outcome = BindOutcome.CONFLICT if exc.is_conflict else BindOutcome.ERROR
+            return self._fail(outcome, f"creating binding: {exc}", where)
+        self.cache.clear_refusal(uid)
+        LOG.info(
+            "bound",
+            extra={
+                **where,
+                "gpus": list(alloc.gpu_indexes),
+                "milli": alloc.milli,
+                "memory_mib": alloc.memory_mib,
+            },
+        )
+        return BindResult(BindOutcome.BOUND, allocation=alloc)
+
+    def _decide(self, uid: str, pod: dict[str, Any], node_name: str) -> Allocation | BindResult:
+        """Under the lock: the GPUs on `node_name` for this pod, held in the assume cache."""
+        demand = demand_of(pod)
+        if isinstance(demand, str):
+            return BindResult(BindOutcome.ERROR, f"invalid GPU request: {demand}")
+        with self.lock:
+            node = self.cache.node(node_name, exclude_uid=uid)
+            if node is None:
+                return BindResult(BindOutcome.NO_FIT, NO_GPUNODE)
+            reason = self.policy.filter(node, demand)
+            if reason is not None:
+                return BindResult(BindOutcome.NO_FIT, f"{node_name}: {reason_text(reason)}")
+            alloc = to_allocation(node, demand, self.policy.choose_gpus(node, demand))
+            self.cache.assume.hold(uid, alloc)
+        return alloc
+
+    def _undo(self, namespace: str, name: str, uid: str, patched: dict[str, Any]) -> None:
+        """After a failed Binding: remove the allocation, then the hold.
+
+        The removal carries the resourceVersion our patch produced, so if the Binding did go through
+        (a lost reply), the pod has changed, the removal fails with 409 and the allocation stays. Only a
+        successful removal lets the hold go; otherwise it stays until the watch shows what happened.
+        """
+        rv = str((patched.get("metadata") or {}).get("resourceVersion", ""))
+        try:
+            self.kube.send(requests.clear_allocation_patch(namespace, name, rv))
+        except KubeError as exc:
+            LOG.warning("allocation left in place", extra={"pod": f"{namespace}/{name}", "error": str(exc)})
+            return
+        self.cache.assume.release(uid)
+
+    @staticmethod
+    def _fail(outcome: BindOutcome, error: str, where: dict[str, str]) -> BindResult:
+        LOG.warning("bind failed", extra={**where, "outcome": outcome.value, "error": error})
+        return BindResult(outcome, error)

@@ -1,0 +1,76 @@
+"""`gpupack extender serve`: run the scheduler extender."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from app.placement import DEFAULT_POLICY, registry
+from extender.config import Settings
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser("extender", help="the kube-scheduler extender")
+    verbs = p.add_subparsers(dest="extender_command", metavar="VERB", required=True)
+    s = verbs.add_parser("serve", help="serve filter/prioritize/bind for kube-scheduler (HTTP)")
+    s.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    s.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
+    s.add_argument("--port", type=int, default=8888, help="listen port (default 8888)")
+    s.add_argument(
+        "--policy",
+        default=DEFAULT_POLICY,
+        help=f"placement policy: {', '.join(registry.names())} (default {DEFAULT_POLICY})",
+    )
+    s.add_argument(
+        "--lease-namespace", default="gpupack-system", help="namespace of the leader-election Lease"
+    )
+    s.add_argument("--lease-name", default="gpupack-extender", help="name of the leader-election Lease")
+    s.add_argument("--identity", help="leader-election identity (default: $POD_NAME, else host-pid)")
+    s.add_argument("--lease-duration", type=int, default=15, help="lease duration, seconds (default 15)")
+    s.add_argument(
+        "--heartbeat-timeout",
+        type=float,
+        help="treat a GPUNode whose heartbeat is older than this many seconds as unschedulable "
+        "(default: the agent's own status.staleAfterSeconds)",
+    )
+    s.add_argument(
+        "--no-decide-in-filter",
+        dest="decide_in_filter",
+        action="store_false",
+        help="let every fitting node pass filter and only rank them in prioritize",
+    )
+    s.add_argument("--log-level", default="info")
+    s.set_defaults(func=serve)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    extra = {"identity": args.identity} if args.identity else {}
+    duration = args.lease_duration
+    return Settings(
+        kubeconfig=args.kubeconfig,
+        host=args.host,
+        port=args.port,
+        policy=args.policy,
+        decide_in_filter=args.decide_in_filter,
+        lease_namespace=args.lease_namespace,
+        lease_name=args.lease_name,
+        lease_duration_s=duration,
+        renew_deadline_s=duration * 2 / 3,
+        retry_period_s=max(0.2, duration / 7.5),
+        heartbeat_timeout_s=args.heartbeat_timeout,
+        log_level=args.log_level,
+        **extra,
+    )
+
+
+def serve(args: argparse.Namespace) -> int:
+    from extender.main import serve as run
+
+    settings = settings_from(args)
+    errors = settings.validate()
+    if errors:
+        for e in errors:
+            print(f"gpupack extender serve: {e}", file=sys.stderr)
+        return 2
+    run(settings)
+    return 0

@@ -1,0 +1,1 @@
+"""The extender's HTTP routes: scheduling verbs, ops endpoints, read-only state."""

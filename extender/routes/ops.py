@@ -1,0 +1,32 @@
+"""GET /healthz, /readyz, /metrics."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Request, Response
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+
+from extender.deps import ReadyDep
+
+router = APIRouter(tags=["ops"])
+
+
+@router.get("/healthz")
+def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/readyz")
+def readyz(ready: ReadyDep, response: Response) -> dict[str, str]:
+    """200 only on the leader with synced informers, so a Service sends the scheduler to the leader."""
+    ok, reason = ready
+    if not ok:
+        response.status_code = 503
+    return {"status": "ready" if ok else "not ready", "reason": reason}
+
+
+@router.get("/metrics")
+def metrics(request: Request) -> Response:
+    # Process-wide metrics plus this app's scrape-time collector (kept in its own registry so that
+    # several apps in one process, as in tests, do not collide).
+    body = generate_latest(REGISTRY) + generate_latest(request.app.state.metrics_registry)
+    return Response(body, media_type=CONTENT_TYPE_LATEST)

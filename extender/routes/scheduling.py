@@ -1,0 +1,81 @@
+"""POST /filter, /prioritize, /bind: translate the wire format to the pure core and back."""
+
+from __future__ import annotations
+
+import time
+
+from fastapi import APIRouter, HTTPException
+
+from app.kube.state import demand_of
+from app.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
+from extender import scheduling
+from extender.deps import BinderDep, PolicyDep, ReadyDep, RuntimeDep, StateDep
+from extender.schemas import (
+    ExtenderArgs,
+    ExtenderBindingArgs,
+    ExtenderBindingResult,
+    ExtenderFilterResult,
+    HostPriority,
+    HostPriorityList,
+)
+
+router = APIRouter(tags=["scheduling"])
+
+
+def _uid(args: ExtenderArgs) -> str:
+    return str((args.Pod.get("metadata") or {}).get("uid") or "")
+
+
+@router.post("/filter")
+def filter_(
+    args: ExtenderArgs, rt: RuntimeDep, cache: StateDep, policy: PolicyDep, ready: ReadyDep
+) -> ExtenderFilterResult:
+    t0 = time.perf_counter()
+    try:
+        if not ready[0]:
+            return ExtenderFilterResult(Error=f"gpupack extender not ready: {ready[1]}")
+        names = args.node_names()
+        uid = _uid(args)
+        demand = demand_of(args.Pod)
+        out = scheduling.filter_nodes(
+            names, cache.nodes(names, exclude_uid=uid), demand, policy, rt.decide_in_filter
+        )
+        if out.refusal is not None:
+            cache.note_refusal(uid, out.refusal)
+        else:
+            cache.clear_refusal(uid)
+        return ExtenderFilterResult(
+            NodeNames=out.passed, FailedNodes=out.failed, FailedAndUnresolvableNodes=out.unresolvable
+        )
+    finally:
+        EXTENDER_REQUEST_SECONDS.labels(ExtenderVerb.FILTER.value).observe(time.perf_counter() - t0)
+
+
+@router.post("/prioritize")
+def prioritize(args: ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: ReadyDep) -> HostPriorityList:
+    t0 = time.perf_counter()
+    try:
+        if not ready[0]:
+            # The scheduler ignores prioritize errors, so a non-200 just means "no opinion".
+            raise HTTPException(503, f"gpupack extender not ready: {ready[1]}")
+        names = args.node_names()
+        uid = _uid(args)
+        demand = demand_of(args.Pod)
+        scores = scheduling.prioritize(names, cache.nodes(names, exclude_uid=uid), demand, policy)
+        return HostPriorityList([HostPriority(Host=n, Score=s) for n, s in scores])
+    finally:
+        EXTENDER_REQUEST_SECONDS.labels(ExtenderVerb.PRIORITIZE.value).observe(time.perf_counter() - t0)
+
+
+@router.post("/bind")
+def bind(args: ExtenderBindingArgs, binder: BinderDep, ready: ReadyDep) -> ExtenderBindingResult:
+    t0 = time.perf_counter()
+    try:
+        if not ready[0]:
+            EXTENDER_BINDS.labels(BindOutcome.ERROR.value).inc()
+            return ExtenderBindingResult(Error=f"gpupack extender not ready: {ready[1]}")
+        result = binder.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
+        EXTENDER_BINDS.labels(result.outcome.value).inc()
+        return ExtenderBindingResult(Error=result.error)
+    finally:
+        EXTENDER_REQUEST_SECONDS.labels(ExtenderVerb.BIND.value).observe(time.perf_counter() - t0)

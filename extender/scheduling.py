@@ -1,0 +1,141 @@
+"""Filter, prioritize and explain as pure functions over Nodes, a Demand and a placement Policy."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.errors import PlacementReason
+from app.metrics import PendingReason
+from app.model import Demand, Node
+from app.placement import Placement, Policy, normalize_scores, place, score_nodes
+
+NO_GPUNODE = "no GPUNode object for this node: the gpupack agent does not run here"
+
+
+def reason_text(reason: PlacementReason) -> str:
+    """The rule, prefixed with the GPU when it is about one GPU (the node is the map key already)."""
+    return reason.rule if reason.gpu is None else f"gpu{reason.gpu}: {reason.rule}"
+
+
+def classify(rule: str) -> PendingReason:
+    """Reason class of a refusal for the pending-pods metric: capacity, model, or node state."""
+    text = rule.lower()
+    if " free" in text or "needs" in text:
+        return PendingReason.NO_FIT
+    if "model" in text:
+        return PendingReason.MODEL
+    return PendingReason.UNSCHEDULABLE
+
+
+@dataclass(frozen=True, slots=True)
+class FilterOutcome:
+    passed: list[str]
+    failed: dict[str, str] = field(default_factory=dict)  # preemption could help (capacity)
+    unresolvable: dict[str, str] = field(default_factory=dict)  # it could not (model, agent, request)
+    refusal: PendingReason | None = None  # set when no node passed
+
+
+def filter_nodes(
+    names: Sequence[str],
+    nodes: Mapping[str, Node | None],
+    demand: Demand | str,
+    policy: Policy,
+    decide: bool,
+) -> FilterOutcome:
+    """Which of `names` can take `demand`; with `decide`, only the node `place` picks passes.
+
+    `nodes` must be in the order placement breaks ties in (ClusterCache.nodes: natural name order).
+    """
+    if isinstance(demand, str):
+        msg = f"invalid GPU request: {demand}"
+        return FilterOutcome([], unresolvable=dict.fromkeys(names, msg), refusal=PendingReason.INVALID)
+    passed: list[Node] = []
+    failed: dict[str, str] = {}
+    unresolvable: dict[str, str] = {}
+    classes: set[PendingReason] = set()
+    # Walk `nodes` (natural name order, as ClusterCache gives them) so `passed` is already in the
+    # order place() breaks ties in; names the mapping lacks have no GPUNode.
+    wanted = set(names)
+    for name in [n for n in names if n not in nodes]:
+        unresolvable[name] = NO_GPUNODE
+        classes.add(PendingReason.UNSCHEDULABLE)
+    for name, node in nodes.items():
+        if name not in wanted:
+            continue
+        if node is None:
+            unresolvable[name] = NO_GPUNODE
+            classes.add(PendingReason.UNSCHEDULABLE)
+            continue
+        reason = policy.filter(node, demand)
+        if reason is None:
+            passed.append(node)
+            continue
+        cls = classify(reason.rule)
+        classes.add(cls)
+        (failed if cls is PendingReason.NO_FIT else unresolvable)[name] = reason_text(reason)
+    if not passed:
+        # The most actionable class wins: capacity first, then model, then node state.
+        precedence = (PendingReason.NO_FIT, PendingReason.MODEL, PendingReason.UNSCHEDULABLE)
+        refusal = next((c for c in precedence if c in classes), PendingReason.UNSCHEDULABLE)
+        return FilterOutcome([], failed, unresolvable, refusal)
+    if decide and len(passed) > 1:
+        chosen = place(passed, demand, policy)
+        assert isinstance(chosen, Placement)  # every node in `passed` passed filter
+        best = chosen.node.name
+        # No per-node score here: it would double the cost of filter on big clusters; /explain has them.
+        for node in passed:
+            if node.name != best:
+                failed[node.name] = f"fits, but policy {policy.name} places it on {best} (see /explain)"
+        return FilterOutcome([best], failed, unresolvable)
+    return FilterOutcome([n.name for n in passed], failed, unresolvable)
+
+
+def ordered(nodes: Mapping[str, Node | None]) -> list[Node]:
+    """The nodes that exist, in the mapping's order (ClusterCache.nodes gives natural name order)."""
+    return [n for n in nodes.values() if n is not None]
+
+
+def prioritize(
+    names: Sequence[str], nodes: Mapping[str, Node | None], demand: Demand | str, policy: Policy
+) -> list[tuple[str, int]]:
+    """0..10 per node in `names` order: the policy's raw score, min-max normalised; unfit nodes get 0."""
+    if isinstance(demand, str):
+        return [(n, 0) for n in names]
+    raw: dict[str, float | None] = dict.fromkeys(names)
+    raw.update(score_nodes(ordered({n: nodes.get(n) for n in names}), demand, policy))
+    scaled = normalize_scores(raw)
+    return [(n, scaled[n]) for n in names]
+
+
+def explain(nodes: Mapping[str, Node | None], demand: Demand | str, policy: Policy) -> dict[str, Any]:
+    """Why each node would or would not get the pod, and where it would go now."""
+    if isinstance(demand, str):
+        return {"demand": None, "error": demand, "choice": None, "nodes": []}
+    present = ordered(nodes)
+    raw = score_nodes(present, demand, policy)
+    scaled = normalize_scores(raw)
+    rows: list[dict[str, Any]] = []
+    for name, node in nodes.items():
+        if node is None:
+            rows.append({"node": name, "fits": False, "reason": NO_GPUNODE})
+            continue
+        reason = policy.filter(node, demand)
+        if reason is not None:
+            rows.append({"node": name, "fits": False, "reason": reason_text(reason)})
+        else:
+            rows.append({"node": name, "fits": True, "score": raw[name], "priority": scaled[name]})
+    chosen = place(present, demand, policy)
+    choice = {"node": chosen.node.name, "gpus": list(chosen.gpus)} if isinstance(chosen, Placement) else None
+    return {
+        "demand": {
+            "count": demand.count,
+            "milli": demand.milli,
+            "memoryMiB": demand.memory_mib,
+            "models": sorted(demand.models),
+        },
+        "policy": policy.name,
+        "choice": choice,
+        "nodes": rows,
+    }

@@ -1,0 +1,359 @@
+"""The extender's HTTP surface through TestClient with in-memory state and a fake app.kube layer."""
+
+from __future__ import annotations
+
+import copy
+import threading
+import time
+from collections.abc import Iterator, Mapping
+
+import pytest
+from fastapi.testclient import TestClient
+
+from app import names
+from app.errors import KubeError
+from app.kube.assume import AssumeCache
+from app.kube.client import JsonDict, Request
+from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
+from app.kube.state import ClusterCache
+from app.model import Allocation
+from app.placement import registry
+from extender.binder import Binder
+from extender.config import Settings
+from extender.main import create_app
+from extender.runtime import StaticRuntime
+
+NOW = 1_700_000_000.0
+
+
+def gpunode(name: str, gpus: int = 2, mem: int = 16_384, model: str = "V100M16") -> JsonDict:
+    spec = GPUNodeSpec(
+        node_name=name, gpus=tuple(GpuSpec(f"GPU-{name}-{i}", i, model, "Tesla", mem) for i in range(gpus))
+    )
+    status = GPUNodeStatus(
+        heartbeat_time=NOW, gpus=tuple(GpuStatus(f"GPU-{name}-{i}", i, True) for i in range(gpus))
+    )
+    return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
+
+
+def pod(
+    name: str, milli: int = 500, count: int = 1, node: str = "", alloc: Allocation | None = None
+) -> JsonDict:
+    ann = {names.GPU_FRACTION: f"{milli / 1000:.2f}", names.GPU_FRACTION_NUM_DEVICES: str(count)}
+    if alloc is not None:
+        ann.update(alloc.to_annotations())
+    res = {names.RESOURCE_GPU_MILLI: str(milli * count)}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "ns",
+            "uid": f"uid-{name}",
+            "annotations": ann,
+            "labels": {names.LABEL_MANAGED: "true"},
+            "resourceVersion": "1",
+        },
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "resources": {"requests": res, "limits": res}}],
+        },
+        "status": {"phase": "Running" if node else "Pending"},
+    }
+
+
+class FakeKube:
+    """Pods in memory with resourceVersion preconditions on merge patches and bind-once Bindings."""
+
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+        self.pods: dict[str, JsonDict] = {}
+        self.rv = 100
+        self.sent: list[Request] = []
+        self.fail: dict[str, KubeError] = {}  # "PATCH" / "POST" -> error to raise once
+        self.patch_delay = 0.0
+        self.lock = threading.Lock()
+
+    def add(self, p: JsonDict) -> None:
+        self.pods[p["metadata"]["name"]] = copy.deepcopy(p)
+        self.cache.upsert_pod(p)
+
+    def send(self, req: Request) -> JsonDict:
+        self.sent.append(req)
+        name = req.path.split("/")[6]
+        err = self.fail.pop(req.method, None)
+        if err is not None:
+            raise err
+        if req.method == "GET":
+            return copy.deepcopy(self.pods[name])
+        if req.method == "PATCH":
+            time.sleep(self.patch_delay)
+            with self.lock:
+                p = self.pods[name]
+                if req.body["metadata"]["resourceVersion"] != p["metadata"]["resourceVersion"]:
+                    raise KubeError(409, "Conflict", "the object has been modified")
+                for k, v in req.body["metadata"]["annotations"].items():
+                    if v is None:
+                        p["metadata"]["annotations"].pop(k, None)
+                    else:
+                        p["metadata"]["annotations"][k] = v
+                return self._bump(p)
+        assert req.method == "POST" and req.path.endswith("/binding")
+        with self.lock:
+            p = self.pods[name]
+            if p["spec"]["nodeName"]:
+                raise KubeError(409, "Conflict", "pod is already assigned to a node")
+            p["spec"]["nodeName"] = req.body["target"]["name"]
+            self._bump(p)
+            return {"kind": "Status", "status": "Success"}
+
+    def _bump(self, p: JsonDict) -> JsonDict:
+        self.rv += 1
+        p["metadata"]["resourceVersion"] = str(self.rv)
+        return copy.deepcopy(p)
+
+    def echo(self) -> None:
+        """Deliver the current pods to the cache, as the watch would."""
+        for p in self.pods.values():
+            self.cache.upsert_pod(copy.deepcopy(p))
+
+    def watch(
+        self, path: str, query: Mapping[str, str | int | bool], timeout_s: int = 300
+    ) -> Iterator[JsonDict]:
+        raise AssertionError("not used")
+
+
+class Env:
+    def __init__(
+        self, policy: str = "binpack", decide: bool = True, nodes: tuple[JsonDict, ...] = ()
+    ) -> None:
+        self.ttl_now = [0.0]
+        self.cache = ClusterCache(AssumeCache(ttl_s=60, timer=lambda: self.ttl_now[0]), wall=lambda: NOW)
+        self.cache.set_gpunodes(list(nodes) or [gpunode("n1"), gpunode("n2")])
+        self.kube = FakeKube(self.cache)
+        self.policy = registry.create(policy)
+        self.binder = Binder(self.kube, self.cache, self.policy)
+        self.runtime = StaticRuntime(self.cache, self.policy, self.binder, decide_in_filter=decide)
+        self.app = create_app(Settings(policy=policy), runtime=self.runtime)
+        self.client = TestClient(self.app)
+
+    def filter(self, p: JsonDict, nodes: list[str]) -> JsonDict:
+        r = self.client.post("/filter", json={"Pod": p, "Nodes": None, "NodeNames": nodes})
+        assert r.status_code == 200
+        out: JsonDict = r.json()
+        return out
+
+    def bind(self, p: JsonDict, node: str) -> str:
+        m = p["metadata"]
+        body = {"PodName": m["name"], "PodNamespace": m["namespace"], "PodUID": m["uid"], "Node": node}
+        r = self.client.post("/bind", json=body)
+        assert r.status_code == 200
+        return str(r.json()["Error"])
+
+
+def test_filter_reports_human_reasons_and_decides_one_node() -> None:
+    env = Env()
+    env.kube.add(pod("big", 750, node="n1", alloc=Allocation("n1", (0,), (), 750, 12288)))
+    env.kube.add(pod("big2", 750, node="n1", alloc=Allocation("n1", (1,), (), 750, 12288)))
+    out = env.filter(pod("p", 500), ["n1", "n2", "ghost"])
+    assert out["NodeNames"] == ["n2"]
+    assert out["FailedNodes"] == {"n1": "no GPU with 0.50 free: best has 0.25"}
+    assert out["FailedAndUnresolvableNodes"] == {
+        "ghost": "no GPUNode object for this node: the gpupack agent does not run here"
+    }
+    assert out["Error"] == ""
+    assert set(out) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+
+
+def test_filter_decide_keeps_only_the_policy_choice_and_explains_the_rest() -> None:
+    env = Env(policy="binpack")
+    env.kube.add(pod("a", 250, node="n2", alloc=Allocation("n2", (0,), (), 250, 4096)))
+    out = env.filter(pod("p", 500), ["n1", "n2"])
+    assert out["NodeNames"] == ["n2"]  # best fit: the node already in use
+    assert out["FailedNodes"]["n1"].startswith("fits, but policy binpack places it on n2")
+    env2 = Env(policy="binpack", decide=False)
+    assert env2.filter(pod("p", 500), ["n1", "n2"])["NodeNames"] == ["n1", "n2"]
+
+
+def test_filter_invalid_request_is_unresolvable_everywhere() -> None:
+    env = Env()
+    bad = pod("p")
+    bad["metadata"]["annotations"][names.GPU_FRACTION] = "nan"
+    out = env.filter(bad, ["n1", "n2"])
+    assert out["NodeNames"] == []
+    assert set(out["FailedAndUnresolvableNodes"]) == {"n1", "n2"}
+    assert out["FailedAndUnresolvableNodes"]["n1"].startswith("invalid GPU request: gpu-fraction='nan'")
+
+
+def test_filter_accepts_full_node_objects_when_not_cache_capable() -> None:
+    env = Env(decide=False)
+    args = {"Pod": pod("p"), "Nodes": {"items": [{"metadata": {"name": "n2"}}]}, "NodeNames": None}
+    assert env.client.post("/filter", json=args).json()["NodeNames"] == ["n2"]
+
+
+def test_prioritize_normalizes_raw_scores_to_0_10() -> None:
+    env = Env(policy="binpack")
+    env.kube.add(pod("a", 500, node="n2", alloc=Allocation("n2", (0,), (), 500, 8192)))
+    r = env.client.post("/prioritize", json={"Pod": pod("p", 250), "Nodes": None, "NodeNames": ["n1", "n2"]})
+    assert r.status_code == 200
+    assert r.json() == [{"Host": "n1", "Score": 0}, {"Host": "n2", "Score": 10}]
+
+
+def test_bind_writes_allocation_with_precondition_then_binding() -> None:
+    env = Env()
+    p = pod("p", 500)
+    env.kube.add(p)
+    assert env.bind(p, "n1") == ""
+    kinds = [(r.method, r.path.rsplit("/", 1)[-1]) for r in env.kube.sent]
+    assert kinds == [("GET", "p"), ("PATCH", "p"), ("POST", "binding")]
+    assert env.kube.sent[1].body["metadata"]["resourceVersion"] == "1"
+    stored = env.kube.pods["p"]
+    assert Allocation.from_annotations(stored["metadata"]["annotations"]) == Allocation(
+        "n1", (0,), ("GPU-n1-0",), 500, 8192
+    )
+    assert stored["spec"]["nodeName"] == "n1"
+    assert env.cache.assume.get("uid-p") is not None  # held until the watch echo
+    env.kube.echo()
+    assert env.cache.assume.get("uid-p") is None
+
+
+def test_bind_conflict_releases_the_hold() -> None:
+    env = Env()
+    p = pod("p")
+    env.kube.add(p)
+    env.kube.fail["PATCH"] = KubeError(409, "Conflict", "the object has been modified")
+    assert env.bind(p, "n1").startswith("writing allocation: 409 Conflict")
+    assert len(env.cache.assume) == 0
+
+
+def test_failed_binding_removes_the_allocation_and_the_hold() -> None:
+    env = Env()
+    p = pod("p")
+    env.kube.add(p)
+    env.kube.fail["POST"] = KubeError(403, "Forbidden", "nope")
+    assert env.bind(p, "n1") == "creating binding: 403 Forbidden: nope"
+    assert names.ALLOC_NODE not in env.kube.pods["p"]["metadata"]["annotations"]
+    assert len(env.cache.assume) == 0
+
+
+def test_binding_with_lost_reply_keeps_the_allocation() -> None:
+    env = Env()
+    p = pod("p")
+    env.kube.add(p)
+    real = env.kube.send
+
+    def bind_then_drop(req: Request) -> JsonDict:
+        out = real(req)
+        if req.path.endswith("/binding"):
+            raise KubeError(0, "Unreachable", "read timed out")
+        return out
+
+    env.kube.send = bind_then_drop  # type: ignore[method-assign]
+    assert env.bind(p, "n1").startswith("creating binding")
+    assert env.kube.pods["p"]["metadata"]["annotations"][names.ALLOC_NODE] == "n1"  # removal hit 409
+    assert env.cache.assume.get("uid-p") is not None  # still held: the share stays taken
+
+
+def test_bind_no_fit_and_already_bound() -> None:
+    env = Env(nodes=(gpunode("n1", gpus=1),))
+    env.kube.add(pod("a", 800, node="n1", alloc=Allocation("n1", (0,), (), 800, 1000)))
+    p = pod("p", 500)
+    env.kube.add(p)
+    assert env.bind(p, "n1") == "n1: no GPU with 0.50 free: best has 0.20"
+    q = pod("q", 100, node="n1")
+    env.kube.add(q)
+    assert env.bind(q, "n1") == "pod is already bound to n1"
+
+
+def test_two_racing_binds_for_the_last_share_exactly_one_wins() -> None:
+    env = Env(nodes=(gpunode("n1", gpus=1),))
+    env.kube.add(pod("a", 500, node="n1", alloc=Allocation("n1", (0,), (), 500, 8192)))
+    p, q = pod("p", 500), pod("q", 500)
+    env.kube.add(p)
+    env.kube.add(q)
+    env.kube.patch_delay = 0.05  # both are on the wire at once, after their decisions
+    errors: dict[str, str] = {}
+    start = threading.Barrier(2)
+
+    def run(x: JsonDict) -> None:
+        start.wait()
+        errors[x["metadata"]["name"]] = env.bind(x, "n1")
+
+    threads = [threading.Thread(target=run, args=(x,)) for x in (p, q)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(e == "" for e in errors.values()) == [False, True]
+    loser = next(e for e in errors.values() if e)
+    assert loser == "n1: no GPU with 0.50 free: best has 0.00"
+    bound = [x for x in env.kube.pods.values() if x["spec"]["nodeName"]]
+    assert len(bound) == 2  # the earlier pod and exactly one of the racers
+
+
+def test_not_ready_refuses_scheduling_verbs() -> None:
+    env = Env()
+    env.runtime.ready = lambda: (False, "not the leader")  # type: ignore[method-assign]
+    assert env.filter(pod("p"), ["n1"])["Error"] == "gpupack extender not ready: not the leader"
+    assert env.client.post("/prioritize", json={"Pod": pod("p"), "NodeNames": ["n1"]}).status_code == 503
+    assert env.bind(pod("p"), "n1") == "gpupack extender not ready: not the leader"
+    r = env.client.get("/readyz")
+    assert r.status_code == 503 and r.json()["reason"] == "not the leader"
+    assert env.client.get("/healthz").status_code == 200
+
+
+def test_state_and_explain() -> None:
+    env = Env(policy="binpack")
+    env.kube.add(pod("a", 250, node="n1", alloc=Allocation("n1", (1,), ("GPU-n1-1",), 250, 4096)))
+    env.kube.add(pod("p", 500))
+    st = env.client.get("/state").json()
+    gpu1 = st["nodes"][0]["gpus"][1]
+    assert (st["nodes"][0]["name"], gpu1["milliAllocated"], gpu1["pods"]) == ("n1", 250, ["ns/a"])
+    assert st["pending"] == ["ns/p"]
+    ex = env.client.get("/explain", params={"pod": "ns/p"}).json()
+    assert ex["choice"] == {"node": "n1", "gpus": [1]}
+    assert [row["fits"] for row in ex["nodes"]] == [True, True]
+    assert ex["boundTo"] is None and ex["allocation"] is None
+    assert env.client.get("/explain", params={"pod": "ns/none"}).status_code == 404
+
+
+def test_metrics_expose_cluster_gauges_and_pre_created_outcomes() -> None:
+    env = Env()
+    env.kube.add(pod("a", 250, node="n1", alloc=Allocation("n1", (0,), (), 250, 4096)))
+    p = pod("p", 1000)
+    env.kube.add(p)
+    env.filter(p, ["n1"])  # n1 has 0.75 + 1.0 free: whole GPU fits on gpu1
+    text = env.client.get("/metrics").text
+    for outcome in ("bound", "conflict", "no_fit", "error"):
+        assert f'gpupack_extender_binds_total{{outcome="{outcome}"}}' in text
+    assert 'gpupack_extender_gpu_allocated_milli{gpu="0",model="V100M16",node="n1"} 250.0' in text
+    assert "gpupack_extender_packing_efficiency_ratio 0.25" in text
+    assert 'gpupack_extender_pending_pods{reason="waiting"} 1.0' in text
+    assert 'gpupack_extender_request_duration_seconds_bucket{le="0.0005",verb="bind"}' in text
+
+
+def test_pending_reason_follows_the_last_refusal() -> None:
+    env = Env(nodes=(gpunode("n1", gpus=1),))
+    env.kube.add(pod("a", 800, node="n1", alloc=Allocation("n1", (0,), (), 800, 1000)))
+    p = pod("p", 500)
+    env.kube.add(p)
+    env.filter(p, ["n1"])
+    assert 'gpupack_extender_pending_pods{reason="no_fit"} 1.0' in env.client.get("/metrics").text
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        (Settings(port=0), "port=0: must be in 1..65535"),
+        (Settings(policy="best"), "policy='best': must be one of"),
+        (Settings(renew_deadline_s=20), "renew_deadline_s=20: must be in (0, lease_duration_s=15)"),
+    ],
+    ids=["port", "policy", "deadline"],
+)
+def test_settings_validation(settings: Settings, message: str) -> None:
+    errors = settings.validate()
+    assert any(e.startswith(message) for e in errors), errors
+    with pytest.raises(ValueError, match="invalid extender settings"):
+        create_app(settings, runtime=Env().runtime)
+
+
+def test_settings_report_every_error_at_once() -> None:
+    assert len(Settings(port=0, policy="x", assume_ttl_s=0).validate()) == 3

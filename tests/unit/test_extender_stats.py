@@ -1,0 +1,93 @@
+"""Cluster-state gauge math and the `gpupack top` rendering (pure)."""
+
+from __future__ import annotations
+
+from app.metrics import PendingReason
+from app.model import Allocation, ClusterState, Gpu, Node
+from app.top import bar, render
+from extender.stats import gauges, typical_milli
+
+
+def state(*used: tuple[int, ...]) -> ClusterState:
+    nodes = {}
+    for n, milli in enumerate(used):
+        name = f"n{n}"
+        gpus = tuple(
+            Gpu(i, "A100", 40_000, milli_used=m, memory_used_mib=m * 40) for i, m in enumerate(milli)
+        )
+        nodes[name] = Node(name, gpus)
+    return ClusterState(nodes)
+
+
+def a(node: str, gpu: int, milli: int) -> Allocation:
+    return Allocation(node, (gpu,), (), milli, milli * 40)
+
+
+def test_packing_efficiency_fragmentation_and_free_gpus() -> None:
+    st = state((1000, 500, 0), (300, 0, 0))
+    allocs = {"1": a("n0", 0, 500), "2": a("n0", 0, 500), "3": a("n0", 1, 500), "4": a("n1", 0, 300)}
+    g = gauges(st, allocs, [PendingReason.NO_FIT, PendingReason.NO_FIT, PendingReason.WAITING], leader=True)
+    assert g.packing_efficiency == (1000 + 500 + 300) / 3000
+    assert g.typical_milli == 500
+    assert g.fragmented_milli == 0  # 500 free on gpu1 fits a typical 500; 700 free on n1/gpu0 too
+    assert g.gpus_free == 3
+    assert g.pending == {"no_fit": 2, "waiting": 1}
+    assert [(x.node, x.gpu, x.pods) for x in g.gpus if x.pods] == [("n0", 0, 2), ("n0", 1, 1), ("n1", 0, 1)]
+
+
+def test_fragmentation_counts_free_share_too_small_for_the_typical_request() -> None:
+    st = state((800, 900, 1000))
+    allocs = {str(i): a("n0", 0, 800) for i in range(3)}
+    g = gauges(st, allocs, [], leader=False)
+    assert g.typical_milli == 800
+    assert g.fragmented_milli == 200 + 100
+
+
+def test_typical_is_the_mode_smallest_on_ties() -> None:
+    assert typical_milli([]) == 0
+    assert typical_milli([a("n", 0, 300), a("n", 0, 500)]) == 300
+
+
+def test_top_renders_bars_and_totals() -> None:
+    out = render(state((500, 0)), {("n0", 0): ["ns/a", "ns/b"]})
+    lines = out.splitlines()
+    assert lines[1].startswith("n0")
+    assert "[##########----------]" in lines[1] and lines[1].endswith(" 2")
+    assert "2 GPUs: 0.50 allocated, 1 in use, 1 free; packing efficiency 50.0%" in out
+    assert bar(1200) == "[####################]!"
+
+
+def test_memo_policy_answers_like_the_policy_and_never_reuses_a_changed_node() -> None:
+    from dataclasses import replace
+
+    from app.model import Demand
+    from app.placement import registry
+    from extender.memo import MemoPolicy
+
+    calls: list[str] = []
+    inner = registry.create("binpack")
+
+    class Counting:
+        name = inner.name
+
+        def filter(self, node: Node, demand: Demand) -> object:
+            calls.append("filter")
+            return inner.filter(node, demand)
+
+        def score(self, node: Node, demand: Demand) -> float:
+            calls.append("score")
+            return inner.score(node, demand)
+
+        def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+            return inner.choose_gpus(node, demand)
+
+    memo = MemoPolicy(Counting())  # type: ignore[arg-type]
+    node = state((600, 0)).nodes["n0"]
+    d = Demand(count=1, milli=500)
+    assert memo.filter(node, d) is None and memo.score(node, d) == inner.score(node, d)
+    assert memo.filter(node, d) is None and memo.score(node, d) == inner.score(node, d)
+    assert calls == ["filter", "score"]
+    full = replace(node, gpus=tuple(replace(g, milli_used=1000) for g in node.gpus))
+    reason = memo.filter(full, d)
+    assert reason is not None and reason.rule == "no GPU with 0.50 free: best has 0.00"
+    assert calls == ["filter", "score", "filter"]

@@ -1,0 +1,170 @@
+"""The list + watch informer against a scripted fake of app.kube (no client library, no sleeps)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import pytest
+
+from app.errors import KubeError
+from app.kube.client import JsonDict, Request
+from app.kube.informers import Informer, InformerConfig, object_key
+
+
+def obj(name: str, rv: str, ns: str = "default") -> JsonDict:
+    return {"metadata": {"name": name, "namespace": ns, "resourceVersion": rv}}
+
+
+class FakeKube:
+    """Answers list calls from `pages` and watch calls from `streams` (an item may be an exception)."""
+
+    def __init__(self) -> None:
+        self.pages: list[JsonDict | KubeError] = []
+        self.streams: list[list[JsonDict] | KubeError] = []
+        self.sent: list[Request] = []
+        self.watched: list[tuple[str, dict[str, Any], int]] = []
+
+    def send(self, req: Request) -> JsonDict:
+        self.sent.append(req)
+        page = self.pages.pop(0)
+        if isinstance(page, KubeError):
+            raise page
+        return page
+
+    def watch(
+        self, path: str, query: Mapping[str, str | int | bool], timeout_s: int = 300
+    ) -> Iterator[JsonDict]:
+        self.watched.append((path, dict(query), timeout_s))
+        stream = self.streams.pop(0)
+        if isinstance(stream, KubeError):
+            raise stream
+        yield from stream
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.store: dict[str, JsonDict] = {}
+        self.replaced = 0
+
+    def replace(self, objs: list[JsonDict]) -> None:
+        self.replaced += 1
+        self.store = {object_key(o): o for o in objs}
+
+    def upsert(self, o: JsonDict) -> None:
+        self.store[object_key(o)] = o
+
+    def delete(self, o: JsonDict) -> None:
+        self.store.pop(object_key(o), None)
+
+
+def make(kube: FakeKube, now: list[float], sleeps: list[float], **cfg: Any) -> tuple[Informer, Recorder]:
+    rec = Recorder()
+    inf = Informer(
+        kube,
+        "/api/v1/pods",
+        rec,
+        name="pods",
+        label_selector="gpupack.io/managed=true",
+        config=InformerConfig(page_limit=2, **cfg),
+        sleep=sleeps.append,
+        clock=lambda: now[0],
+    )
+    return inf, rec
+
+
+def test_paginated_list_then_watch_resumes_from_last_version() -> None:
+    kube = FakeKube()
+    kube.pages = [
+        {"items": [obj("a", "1"), obj("b", "2")], "metadata": {"continue": "c1", "resourceVersion": "10"}},
+        {"items": [obj("c", "3")], "metadata": {"resourceVersion": "10"}},
+    ]
+    kube.streams = [
+        [
+            {"type": "ADDED", "object": obj("d", "11")},
+            {"type": "MODIFIED", "object": obj("a", "12")},
+            {"type": "DELETED", "object": obj("b", "13")},
+            {"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "20"}}},
+        ],
+        [],
+    ]
+    now: list[float] = [0.0]
+    sleeps: list[float] = []
+    inf, rec = make(kube, now, sleeps)
+    inf.step()
+    assert inf.synced.is_set() and rec.replaced == 1
+    assert [r.query for r in kube.sent] == [
+        {"labelSelector": "gpupack.io/managed=true", "limit": 2},
+        {"labelSelector": "gpupack.io/managed=true", "limit": 2, "continue": "c1"},
+    ]
+    assert set(rec.store) == {"default/a", "default/b", "default/c"}
+    inf.step()
+    assert kube.watched[0][1] == {"resourceVersion": "10", "labelSelector": "gpupack.io/managed=true"}
+    assert set(rec.store) == {"default/a", "default/c", "default/d"}
+    assert rec.store["default/a"]["metadata"]["resourceVersion"] == "12"
+    assert inf.resource_version == "20"  # the bookmark moved it on
+    inf.step()
+    assert kube.watched[1][1]["resourceVersion"] == "20"
+    assert sleeps == []
+
+
+def test_gone_relists_without_backoff() -> None:
+    kube = FakeKube()
+    kube.pages = [
+        {"items": [], "metadata": {"resourceVersion": "5"}},
+        {"items": [obj("x", "9")], "metadata": {"resourceVersion": "9"}},
+    ]
+    kube.streams = [KubeError(410, "Expired", "too old resource version")]
+    now: list[float] = [0.0]
+    sleeps: list[float] = []
+    inf, rec = make(kube, now, sleeps)
+    inf.step()
+    inf.step()  # watch -> 410
+    inf.step()  # relist
+    assert rec.replaced == 2 and set(rec.store) == {"default/x"}
+    assert inf.resource_version == "9"
+    assert sleeps == []
+
+
+def test_errors_back_off_exponentially_with_a_cap_and_keep_the_version() -> None:
+    kube = FakeKube()
+    kube.pages = [{"items": [], "metadata": {"resourceVersion": "5"}}]
+    down = KubeError(0, "Unreachable", "connection refused")
+    kube.streams = [down, down, down, down, []]
+    now: list[float] = [0.0]
+    sleeps: list[float] = []
+    inf, _ = make(kube, now, sleeps, backoff_initial_s=1.0, backoff_max_s=3.0)
+    inf.step()
+    for _ in range(5):
+        inf.step()
+    assert sleeps == [1.0, 2.0, 3.0, 3.0]
+    assert all(w[1]["resourceVersion"] == "5" for w in kube.watched)
+    assert inf.healthy
+
+
+def test_periodic_resync_relists_and_watch_timeout_stops_at_resync() -> None:
+    kube = FakeKube()
+    kube.pages = [
+        {"items": [], "metadata": {"resourceVersion": "1"}},
+        {"items": [], "metadata": {"resourceVersion": "2"}},
+    ]
+    kube.streams = [[]]
+    now: list[float] = [0.0]
+    sleeps: list[float] = []
+    inf, rec = make(kube, now, sleeps, resync_s=100.0, watch_timeout_s=300)
+    inf.step()
+    now[0] = 40.0
+    inf.step()
+    assert kube.watched[0][2] == 60  # the watch ends when the resync is due
+    now[0] = 100.0
+    inf.step()
+    assert rec.replaced == 2
+
+
+@pytest.mark.parametrize("code", [403, 500])
+def test_list_failure_is_not_synced(code: int) -> None:
+    kube = FakeKube()
+    kube.pages = [KubeError(code, "x", "y")]
+    inf, _ = make(kube, [0.0], [])
+    inf.step()
+    assert not inf.synced.is_set() and not inf.healthy

@@ -1,0 +1,194 @@
+"""ClusterCache: GPUNodes + pod annotations + assume holds -> Nodes; pod demand; staleness."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from app import names
+from app.kube.assume import AssumeCache
+from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
+from app.kube.state import ClusterCache, demand_of, node_order_key, pod_info
+from app.model import Allocation, Demand
+
+NOW = 1_700_000_000.0
+
+
+def gpunode(
+    name: str, gpus: int = 2, mem: int = 16_384, beat: float = NOW, model: str = "V100M16"
+) -> dict[str, Any]:
+    spec = GPUNodeSpec(
+        node_name=name,
+        gpus=tuple(GpuSpec(f"GPU-{name}-{i}", i, model, "Tesla", mem) for i in range(gpus)),
+    )
+    status = GPUNodeStatus(
+        heartbeat_time=beat,
+        gpus=tuple(GpuStatus(f"GPU-{name}-{i}", i, True, memory_free_mib=mem) for i in range(gpus)),
+    )
+    return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
+
+
+def alloc(node: str, *gpus: int, milli: int = 500, mem: int = 8192) -> Allocation:
+    return Allocation(node, tuple(gpus), tuple(f"GPU-{node}-{g}" for g in gpus), milli, mem)
+
+
+def pod(
+    name: str,
+    uid: str,
+    *,
+    milli: int = 500,
+    count: int = 1,
+    node: str = "",
+    allocation: Allocation | None = None,
+    phase: str = "Pending",
+) -> dict[str, Any]:
+    ann = {names.GPU_FRACTION: f"{milli / 1000:.2f}", names.GPU_FRACTION_NUM_DEVICES: str(count)}
+    if allocation is not None:
+        ann.update(allocation.to_annotations())
+    res = {names.RESOURCE_GPU_MILLI: str(milli * count)}
+    return {
+        "metadata": {"name": name, "namespace": "ns", "uid": uid, "annotations": ann, "resourceVersion": "1"},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "resources": {"requests": res, "limits": res}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+def cache(now: list[float] | None = None, ttl_now: list[float] | None = None) -> ClusterCache:
+    clock = now or [NOW]
+    tclock = ttl_now or [0.0]
+    return ClusterCache(
+        AssumeCache(ttl_s=60, timer=lambda: tclock[0]), heartbeat_timeout_s=90, wall=lambda: clock[0]
+    )
+
+
+def used(c: ClusterCache, node: str, exclude: str = "") -> list[int]:
+    n = c.node(node, exclude_uid=exclude)
+    assert n is not None
+    return [g.milli_used for g in n.gpus]
+
+
+def test_bound_and_unbound_annotated_pods_count_finished_and_mismatched_do_not() -> None:
+    c = cache()
+    c.set_gpunodes([gpunode("n1")])
+    c.set_pods(
+        [
+            pod("bound", "u1", node="n1", allocation=alloc("n1", 0), phase="Running"),
+            pod("inflight", "u2", allocation=alloc("n1", 1, milli=250)),
+            pod("done", "u3", node="n1", allocation=alloc("n1", 0), phase="Succeeded"),
+            pod("moved", "u4", node="n2", allocation=alloc("n1", 1)),
+        ]
+    )
+    assert used(c, "n1") == [500, 250]
+    c.delete_pod(pod("bound", "u1"))
+    assert used(c, "n1") == [0, 250]
+    c.upsert_pod(pod("inflight", "u2", allocation=alloc("n1", 1, milli=250), phase="Failed"))
+    assert used(c, "n1") == [0, 0]
+
+
+def test_hold_counts_until_echo_and_replaces_a_stale_annotation() -> None:
+    c = cache()
+    c.set_gpunodes([gpunode("n1")])
+    c.set_pods([pod("p", "u1", allocation=alloc("n1", 0))])  # stale annotation from an earlier attempt
+    c.assume.hold("u1", alloc("n1", 1))
+    assert used(c, "n1") == [0, 500]  # the hold wins over the stale annotation, never both
+    c.upsert_pod(pod("p", "u1", allocation=alloc("n1", 1)))  # patch echo, not bound yet
+    assert c.assume.get("u1") is not None and used(c, "n1") == [0, 500]
+    c.upsert_pod(pod("p", "u1", node="n1", allocation=alloc("n1", 1)))  # binding echo
+    assert c.assume.get("u1") is None and used(c, "n1") == [0, 500]
+
+
+def test_exclude_uid_removes_the_pods_own_share() -> None:
+    c = cache()
+    c.set_gpunodes([gpunode("n1")])
+    c.set_pods(
+        [pod("p", "u1", allocation=alloc("n1", 0)), pod("q", "u2", node="n1", allocation=alloc("n1", 0))]
+    )
+    assert used(c, "n1") == [1000, 0]
+    assert used(c, "n1", exclude="u1") == [500, 0]
+    c.assume.hold("u1", alloc("n1", 1))
+    assert used(c, "n1", exclude="u1") == [500, 0]
+
+
+def test_expired_hold_stops_counting() -> None:
+    tclock = [0.0]
+    c = cache(ttl_now=tclock)
+    c.set_gpunodes([gpunode("n1")])
+    c.assume.hold("u9", alloc("n1", 0))
+    assert used(c, "n1") == [500, 0]
+    tclock[0] = 60.0
+    assert used(c, "n1") == [0, 0]
+
+
+def test_stale_heartbeat_makes_node_unschedulable() -> None:
+    now = [NOW]
+    c = cache(now)
+    c.set_gpunodes([gpunode("n1", beat=NOW - 90), gpunode("n2", beat=NOW - 91)])
+    n1, n2 = c.node("n1"), c.node("n2")
+    assert n1 is not None and n1.schedulable
+    assert n2 is not None and not n2.schedulable
+    assert n2.unschedulable_reason == "gpupack agent heartbeat is 91s old (limit 90s)"
+
+
+def test_gpunode_without_status_is_unschedulable_and_unknown_node_is_none() -> None:
+    c = cache()
+    obj = gpunode("n1")
+    del obj["status"]
+    c.upsert_gpunode(obj)
+    n = c.node("n1")
+    assert n is not None and not n.schedulable
+    assert c.node("nope") is None
+
+
+def test_natural_node_order() -> None:
+    c = cache()
+    c.set_gpunodes([gpunode(n) for n in ("gpu-node-10", "gpu-node-2", "gpu-node-1")])
+    assert list(c.nodes()) == ["gpu-node-1", "gpu-node-2", "gpu-node-10"]
+    assert sorted(["b10", "b9", "a"], key=node_order_key) == ["a", "b9", "b10"]
+
+
+def test_demand_from_annotations_and_from_resources() -> None:
+    assert demand_of(pod("p", "u", milli=250, count=2)) == Demand(count=2, milli=250)
+    bare = pod("p", "u", milli=100, count=3)
+    bare["metadata"]["annotations"] = {names.GPU_FRACTION_NUM_DEVICES: "3"}
+    assert demand_of(bare) == Demand(count=3, milli=100)
+    mem = pod("p", "u")
+    mem["metadata"]["annotations"] = {}
+    mem["spec"]["containers"][0]["resources"] = {"limits": {names.RESOURCE_GPU_MEMORY_MIB: "4096"}}
+    assert demand_of(mem) == Demand(count=1, memory_mib=4096)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "resources", "expected"),
+    [
+        ({}, {}, "requests neither gpupack.io/gpu-milli nor gpupack.io/gpu-memory-mib"),
+        (
+            {},
+            {names.RESOURCE_GPU_MILLI: "1.5"},
+            "gpupack.io/gpu-milli='1.5' in container 'c': must be a plain integer",
+        ),
+        (
+            {names.GPU_FRACTION_NUM_DEVICES: "2"},
+            {names.RESOURCE_GPU_MILLI: "301"},
+            "gpupack.io/gpu-milli=301 does not split evenly over 2 devices",
+        ),
+        ({names.GPU_FRACTION: "2"}, {}, "gpu-fraction='2': "),
+    ],
+    ids=["none", "not-integer", "uneven", "bad-annotation"],
+)
+def test_demand_errors(annotations: dict[str, str], resources: dict[str, str], expected: str) -> None:
+    p = pod("p", "u")
+    p["metadata"]["annotations"] = annotations
+    p["spec"]["containers"][0]["resources"] = {"limits": resources}
+    got = demand_of(p)
+    assert isinstance(got, str) and got.startswith(expected)
+
+
+def test_pod_info_pending_and_corrupt_allocation() -> None:
+    p = pod("p", "u", allocation=alloc("n1", 0))
+    p["metadata"]["annotations"][names.ALLOC_GPU_MILLI] = "lots"
+    info = pod_info(p)
+    assert info.alloc is None and info.pending and info.key == "ns/p"
