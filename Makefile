@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dev down status simulate test test-unit lint bench deps k8s-bins
+.PHONY: dev down status simulate test test-unit test-integration lint deps k8s-bins helm-bin
 
 $(STAMP): pyproject.toml
 	@echo "[setup] python venv + gpupack[dev] (pip)"
@@ -19,6 +19,9 @@ deps: $(STAMP)
 
 k8s-bins: deps
 	@tests/k8s/build.sh >/dev/null
+
+helm-bin: deps
+	@tests/helm/build.sh >/dev/null
 
 dev: k8s-bins
 	@$(BIN)/gpupack dev up
@@ -41,5 +44,8 @@ lint: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/pytest -m "not integration" tests
 
-test: k8s-bins lint
+test-integration: k8s-bins helm-bin
+	$(BIN)/pytest -m integration tests
+
+test: k8s-bins helm-bin lint
 	$(BIN)/pytest tests

@@ -1,0 +1,215 @@
+"""The chart's copies and its rendered manifests agree with the files the other parts of gpupack own.
+
+deploy/manifests/gpupack.yaml is the chart rendered with default values (tests/helm/render.py; the
+integration tier checks it equals a fresh render), so these checks cover the chart without a helm binary.
+"""
+
+from __future__ import annotations
+
+import copy
+import shlex
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.cli import build_parser
+from app.devcluster import schedconfig
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy/helm/gpupack"
+MANIFEST = REPO / "deploy/manifests/gpupack.yaml"
+NS = "gpupack-system"
+GPUPACK_IMAGE = "ghcr.io/gpupack/gpupack:"
+
+
+def load(path: Path) -> Any:
+    return yaml.safe_load(path.read_text())
+
+
+@pytest.fixture(scope="module")
+def objects() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(MANIFEST.read_text()) if d]
+
+
+def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
+    hits = [o for o in objects if o["kind"] == kind and o["metadata"]["name"] == name]
+    assert len(hits) == 1, f"{kind}/{name}: {len(hits)} in the manifest"
+    return hits[0]
+
+
+def containers(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
+    """(workload name, pod spec, container) for every container of every workload."""
+    for o in objects:
+        if o["kind"] in ("Deployment", "DaemonSet"):
+            spec = o["spec"]["template"]["spec"]
+            for c in spec["containers"]:
+                yield o["metadata"]["name"], spec, c
+
+
+@pytest.mark.parametrize(
+    ("source", "copy_"),
+    [
+        ("deploy/crds/gpunodes.gpupack.io.yaml", "deploy/helm/gpupack/crds/gpunodes.gpupack.io.yaml"),
+        (
+            "deploy/scheduler/kube-scheduler-config.yaml",
+            "deploy/helm/gpupack/files/kube-scheduler-config.yaml",
+        ),
+        (
+            "deploy/webhook/mutatingwebhookconfiguration.yaml",
+            "deploy/helm/gpupack/files/mutatingwebhookconfiguration.yaml",
+        ),
+    ],
+    ids=["crd", "scheduler-config", "webhook-config"],
+)
+def test_chart_copies_are_identical_to_their_sources(source: str, copy_: str) -> None:
+    assert (REPO / copy_).read_bytes() == (REPO / source).read_bytes(), (
+        f"{copy_} differs from {source}: run python tests/helm/render.py"
+    )
+
+
+def test_manifest_crd_is_the_agents_crd(objects: list[dict[str, Any]]) -> None:
+    crd = find(objects, "CustomResourceDefinition", "gpunodes.gpupack.io")
+    assert crd == load(REPO / "deploy/crds/gpunodes.gpupack.io.yaml")
+
+
+def test_scheduler_config_is_the_integration_tests_config(objects: list[dict[str, Any]]) -> None:
+    """Same template, same renderer as the harness; only the deployment's own settings differ."""
+    cm = find(objects, "ConfigMap", "gpupack-scheduler-config")
+    got = yaml.safe_load(cm["data"]["kube-scheduler-config.yaml"])
+    want = schedconfig.render(
+        schedconfig.template_path(REPO).read_text(),
+        kubeconfig="",  # in-cluster
+        extender_url=f"http://gpupack-extender.{NS}.svc:8888",
+        overrides={"leaderElection": {"resourceName": "gpupack-scheduler", "resourceNamespace": NS}},
+    )
+    for profile in want["profiles"]:
+        profile["schedulerName"] = "gpupack-scheduler"
+    assert got == want
+
+
+def test_second_scheduler_never_shares_the_default_schedulers_lease(objects: list[dict[str, Any]]) -> None:
+    cm = find(objects, "ConfigMap", "gpupack-scheduler-config")
+    conf = yaml.safe_load(cm["data"]["kube-scheduler-config.yaml"])
+    assert conf["leaderElection"]["resourceName"] != "kube-scheduler"
+    assert [p["schedulerName"] for p in conf["profiles"]] == ["gpupack-scheduler"]
+    deploy = find(objects, "Deployment", "gpupack-scheduler")
+    args = deploy["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert "--config=/etc/gpupack-scheduler/kube-scheduler-config.yaml" in args
+    webhook = find(objects, "Deployment", "gpupack-webhook")["spec"]["template"]["spec"]["containers"][0]
+    assert "--scheduler-name=gpupack-scheduler" in webhook["args"]
+
+
+def test_webhook_configuration_is_the_webhook_contract(objects: list[dict[str, Any]]) -> None:
+    got = find(objects, "MutatingWebhookConfiguration", "gpupack-webhook")
+    want = copy.deepcopy(load(REPO / "deploy/webhook/mutatingwebhookconfiguration.yaml"))
+    # the manifest is rendered with certs.mode=certManager: cert-manager injects the caBundle
+    assert got["metadata"]["annotations"] == {"cert-manager.io/inject-ca-from": f"{NS}/gpupack-webhook"}
+    for hook in want["webhooks"]:
+        del hook["clientConfig"]["caBundle"]
+    assert got["webhooks"] == want["webhooks"]
+    svc = find(objects, "Service", "gpupack-webhook")
+    hook_svc = got["webhooks"][0]["clientConfig"]["service"]
+    assert (hook_svc["name"], hook_svc["namespace"]) == (
+        svc["metadata"]["name"],
+        svc["metadata"]["namespace"],
+    )
+    assert hook_svc["port"] in [p["port"] for p in svc["spec"]["ports"]]
+
+
+def test_agent_daemonset_matches_the_agents_own(objects: list[dict[str, Any]]) -> None:
+    ref = load(REPO / "deploy/agent/daemonset.yaml")["spec"]["template"]["spec"]
+    got = find(objects, "DaemonSet", "gpupack-agent")["spec"]["template"]["spec"]
+    for key in ("hostIPC", "nodeSelector", "tolerations", "priorityClassName"):
+        assert got[key] == ref[key], key
+    rc, gc = ref["containers"][0], got["containers"][0]
+    assert set(rc["args"]) <= set(gc["args"]), sorted(set(rc["args"]) - set(gc["args"]))
+    assert gc["env"] == rc["env"]
+    assert gc["volumeMounts"] == rc["volumeMounts"]
+    assert {v["name"]: v["hostPath"] for v in got["volumes"]} == {
+        v["name"]: v["hostPath"] for v in ref["volumes"]
+    }
+    for key in ("runAsUser", "capabilities"):
+        assert gc["securityContext"][key] == rc["securityContext"][key], key
+    assert gc["resources"] == rc["resources"]
+
+
+def test_agent_rbac_matches_the_agents_own(objects: list[dict[str, Any]]) -> None:
+    ref = [d for d in yaml.safe_load_all((REPO / "deploy/agent/rbac.yaml").read_text()) if d]
+    ref_rules = next(d for d in ref if d["kind"] == "ClusterRole")["rules"]
+    got_rules = find(objects, "ClusterRole", "gpupack-agent")["rules"]
+    eviction = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
+    # pods/eviction only with agent.evictOnViolation=true (off by default, as is --evict-on-violation)
+    assert got_rules == [r for r in ref_rules if r != eviction]
+    assert eviction in ref_rules
+
+
+def test_component_command_lines_parse_with_the_real_cli(objects: list[dict[str, Any]]) -> None:
+    parser = build_parser()
+    seen = set()
+    for _, _, c in containers(objects):
+        if not c["image"].startswith(GPUPACK_IMAGE):
+            continue
+        args = parser.parse_args(c["args"])
+        seen.add((args.command, c["args"][1]))
+        assert args.func, shlex.join(c["args"])
+    assert seen == {("webhook", "serve"), ("extender", "serve"), ("agent", "run")}
+
+
+def test_extender_lease_matches_its_rbac(objects: list[dict[str, Any]]) -> None:
+    c = find(objects, "Deployment", "gpupack-extender")["spec"]["template"]["spec"]["containers"][0]
+    args = build_parser().parse_args(c["args"])
+    role = find(objects, "Role", "gpupack-extender-leader-election")
+    assert role["metadata"]["namespace"] == args.lease_namespace
+    named = [r for r in role["rules"] if r.get("resourceNames")]
+    assert named == [
+        {
+            "apiGroups": ["coordination.k8s.io"],
+            "resources": ["leases"],
+            "resourceNames": [args.lease_name],
+            "verbs": ["get", "update"],
+        }
+    ]
+
+
+def test_every_container_is_locked_down_and_sized(objects: list[dict[str, Any]]) -> None:
+    for name, pod, c in containers(objects):
+        sc = c["securityContext"]
+        res = c["resources"]
+        assert res["requests"]["cpu"] and res["requests"]["memory"] and res["limits"]["memory"], name
+        assert sc["readOnlyRootFilesystem"] is True, name
+        assert sc["capabilities"]["drop"] == ["ALL"], name
+        if name == "gpupack-agent":
+            assert sc["capabilities"].get("add") == ["SYS_ADMIN"]  # NVML/MPS: see values.yaml
+            continue
+        assert pod["securityContext"]["runAsNonRoot"] is True, name
+        assert sc["allowPrivilegeEscalation"] is False, name
+        assert "add" not in sc["capabilities"], name
+
+
+def test_every_service_account_exists_and_webhook_has_no_token(objects: list[dict[str, Any]]) -> None:
+    sas = {
+        (o["metadata"]["namespace"], o["metadata"]["name"]) for o in objects if o["kind"] == "ServiceAccount"
+    }
+    for o in objects:
+        if o["kind"] in ("Deployment", "DaemonSet"):
+            spec = o["spec"]["template"]["spec"]
+            assert (o["metadata"]["namespace"], spec["serviceAccountName"]) in sas
+        if o["kind"] in ("ClusterRoleBinding", "RoleBinding"):
+            for s in o["subjects"]:
+                assert (s["namespace"], s["name"]) in sas, o["metadata"]["name"]
+    webhook = find(objects, "Deployment", "gpupack-webhook")["spec"]["template"]["spec"]
+    assert webhook["automountServiceAccountToken"] is False
+    bound = {s["name"] for o in objects if o["kind"].endswith("Binding") for s in o["subjects"]}
+    assert "gpupack-webhook" not in bound
+
+
+def test_disruption_budgets_select_their_workloads(objects: list[dict[str, Any]]) -> None:
+    budgets = [o for o in objects if o["kind"] == "PodDisruptionBudget"]
+    assert {b["metadata"]["name"] for b in budgets} == {"gpupack-webhook", "gpupack-scheduler"}
+    for b in budgets:
+        workload = find(objects, "Deployment", b["metadata"]["name"])
+        assert b["spec"]["selector"] == workload["spec"]["selector"]
+        assert workload["spec"]["replicas"] > b["spec"]["minAvailable"]
