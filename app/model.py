@@ -1,0 +1,202 @@
+"""The cluster as placement sees it: what a pod asks for, GPUs, nodes and allocations (pure values)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+from app import names
+from app.errors import RequestError
+
+MILLI_PER_GPU = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """What one pod asks of a node, in placement units.
+
+    Exactly one of `milli` (a fraction request) and `memory_mib` (a memory request) is set when
+    `count > 0`. A fraction also reserves the same share of the GPU's memory (rounded down); a memory
+    request also reserves the same share of compute (rounded up), so both dimensions are accounted.
+    """
+
+    count: int  # GPUs wanted; 0 only for CPU-only pods in the simulator
+    milli: int | None = None  # share of each GPU, 1..1000
+    memory_mib: int | None = None  # memory on each GPU
+    models: frozenset[str] = frozenset()  # acceptable GPU models; empty = any
+    cpu_milli: int = 0  # host resources: tracked by the simulator, by kube-scheduler in a cluster
+    host_memory_mib: int = 0
+
+    def on(self, gpu_memory_mib: int) -> tuple[int, int]:
+        """(milli, MiB) this demand takes on one GPU that has `gpu_memory_mib` in total."""
+        if self.milli is not None:
+            # Floor, so shares that sum to at most 1000 milli also fit the GPU's memory together.
+            return self.milli, self.milli * gpu_memory_mib // MILLI_PER_GPU
+        if self.memory_mib is not None:
+            # More memory than the GPU has yields milli > 1000, which no GPU fits. Integer ceiling:
+            # float division can push a share that just fits past it.
+            if not gpu_memory_mib:
+                return MILLI_PER_GPU + 1, self.memory_mib
+            return -(-self.memory_mib * MILLI_PER_GPU // gpu_memory_mib), self.memory_mib
+        return 0, 0
+
+    def accepts(self, model: str) -> bool:
+        return not self.models or model in self.models
+
+    @property
+    def is_whole(self) -> bool:
+        return self.milli == MILLI_PER_GPU
+
+
+@dataclass(frozen=True, slots=True)
+class Gpu:
+    """One physical GPU: its inventory, what gpupack has reserved on it, and what NVML last saw."""
+
+    index: int
+    model: str
+    memory_mib: int
+    uuid: str = ""
+    milli_used: int = 0  # reserved by gpupack allocations
+    memory_used_mib: int = 0  # reserved by gpupack allocations
+    live_free_mib: int | None = None  # NVML free memory, None when unknown (simulator, no agent data)
+    healthy: bool = True
+
+    @property
+    def milli_free(self) -> int:
+        return MILLI_PER_GPU - self.milli_used
+
+    @property
+    def memory_free_mib(self) -> int:
+        return self.memory_mib - self.memory_used_mib
+
+    def reserve(self, milli: int, memory_mib: int) -> Gpu:
+        return replace(
+            self, milli_used=self.milli_used + milli, memory_used_mib=self.memory_used_mib + memory_mib
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Node:
+    """A node's GPUs plus the host resources placement may check."""
+
+    name: str
+    gpus: tuple[Gpu, ...]
+    cpu_milli_free: int | None = None  # None: not tracked here (kube-scheduler accounts it)
+    memory_mib_free: int | None = None
+    schedulable: bool = True  # False when the agent's heartbeat is stale or the node is cordoned for us
+    unschedulable_reason: str = ""
+
+    @property
+    def model(self) -> str:
+        return self.gpus[0].model if self.gpus else ""
+
+    @property
+    def milli_free_total(self) -> int:
+        """Unreserved compute over the node's healthy GPUs."""
+        return sum(g.milli_free for g in self.gpus if g.healthy)
+
+    def gpu(self, index: int) -> Gpu:
+        for g in self.gpus:
+            if g.index == index:
+                return g
+        raise KeyError(f"{self.name} has no GPU with index {index}")
+
+
+@dataclass(frozen=True, slots=True)
+class Allocation:
+    """Where one pod's GPU share went. Stored as pod annotations; everything else is derived from it."""
+
+    node: str
+    gpu_indexes: tuple[int, ...]
+    gpu_uuids: tuple[str, ...]
+    milli: int  # per device
+    memory_mib: int  # per device
+
+    @property
+    def thread_percentage(self) -> int:
+        """MPS active-thread share, in percent, never below 1."""
+        return max(1, math.ceil(self.milli / 10))
+
+    def to_annotations(self) -> dict[str, str]:
+        return {
+            names.ALLOC_NODE: self.node,
+            names.ALLOC_GPU_UUIDS: ",".join(self.gpu_uuids),
+            names.ALLOC_GPU_INDEXES: ",".join(str(i) for i in self.gpu_indexes),
+            names.ALLOC_GPU_MILLI: str(self.milli),
+            names.ALLOC_MEMORY_LIMIT_MIB: str(self.memory_mib),
+            names.ALLOC_THREAD_PERCENTAGE: str(self.thread_percentage),
+            names.ALLOC_MPS_MEMORY_LIMIT: ",".join(
+                f"{i}={self.memory_mib}M" for i in range(len(self.gpu_indexes))
+            ),
+        }
+
+    @classmethod
+    def from_annotations(cls, annotations: Mapping[str, str]) -> Allocation | None:
+        """The allocation recorded on a pod, or None if it has none. Raises ValueError on a corrupt one."""
+        node = annotations.get(names.ALLOC_NODE)
+        if not node:
+            return None
+        errors = list(_allocation_errors(annotations))
+        if errors:
+            raise ValueError("; ".join(str(e) for e in errors))
+        indexes = tuple(int(i) for i in annotations[names.ALLOC_GPU_INDEXES].split(","))
+        uuids = tuple(u for u in annotations.get(names.ALLOC_GPU_UUIDS, "").split(",") if u)
+        return cls(
+            node=node,
+            gpu_indexes=indexes,
+            gpu_uuids=uuids,
+            milli=int(annotations[names.ALLOC_GPU_MILLI]),
+            memory_mib=int(annotations[names.ALLOC_MEMORY_LIMIT_MIB]),
+        )
+
+
+def _allocation_errors(annotations: Mapping[str, str]) -> Iterable[RequestError]:
+    raw_idx = annotations.get(names.ALLOC_GPU_INDEXES, "")
+    parts = raw_idx.split(",")
+    if not raw_idx or not all(p.isascii() and p.isdigit() for p in parts):
+        yield RequestError(names.ALLOC_GPU_INDEXES, raw_idx, "must be a comma list of GPU indexes")
+    if len(set(parts)) != len(parts):
+        yield RequestError(names.ALLOC_GPU_INDEXES, raw_idx, "must not repeat a GPU index")
+    uuids = [u for u in annotations.get(names.ALLOC_GPU_UUIDS, "").split(",") if u]
+    if uuids and len(uuids) != len(parts):
+        yield RequestError(
+            names.ALLOC_GPU_UUIDS, annotations[names.ALLOC_GPU_UUIDS], "must list one UUID per index"
+        )
+    for key, lo, hi in (
+        (names.ALLOC_GPU_MILLI, 1, MILLI_PER_GPU),
+        (names.ALLOC_MEMORY_LIMIT_MIB, 0, 1 << 40),
+    ):
+        raw = annotations.get(key, "")
+        if not (raw.isascii() and raw.isdigit() and lo <= int(raw) <= hi):
+            yield RequestError(key, raw, f"must be an integer in [{lo}, {hi}]")
+
+
+@dataclass(slots=True)
+class ClusterState:
+    """Nodes with their reservations applied. Rebuilt from GPUNode objects plus pod annotations."""
+
+    nodes: dict[str, Node] = field(default_factory=dict)
+
+    def apply(self, alloc: Allocation) -> None:
+        """Reserve an allocation's share on its GPUs (no fit check: the allocation already happened)."""
+        node = self.nodes.get(alloc.node)
+        if node is None:
+            return
+        gpus = list(node.gpus)
+        by_index = {g.index: pos for pos, g in enumerate(gpus)}
+        for idx in alloc.gpu_indexes:
+            pos = by_index.get(idx)
+            if pos is not None:
+                gpus[pos] = gpus[pos].reserve(alloc.milli, alloc.memory_mib)
+        self.nodes[alloc.node] = replace(node, gpus=tuple(gpus))
+
+    def release(self, alloc: Allocation) -> None:
+        node = self.nodes.get(alloc.node)
+        if node is None:
+            return
+        gpus = tuple(
+            g.reserve(-alloc.milli, -alloc.memory_mib) if g.index in alloc.gpu_indexes else g
+            for g in node.gpus
+        )
+        self.nodes[alloc.node] = replace(node, gpus=gpus)

@@ -1,0 +1,27 @@
+"""Placement policies behind one interface, and `place`, the call the extender and simulator share."""
+
+from app.placement import binpack, fragaware, spread
+from app.placement.base import DEFAULT_POLICY, Policy, Registry, registry
+from app.placement.fit import LIVE_MARGIN_MIB, node_misfit
+from app.placement.place import Placement, normalize_scores, place, score_nodes, to_allocation
+from app.placement.workload import PodShape, TargetWorkload, default_workload
+
+__all__ = [
+    "DEFAULT_POLICY",
+    "LIVE_MARGIN_MIB",
+    "Placement",
+    "PodShape",
+    "Policy",
+    "Registry",
+    "TargetWorkload",
+    "binpack",
+    "default_workload",
+    "fragaware",
+    "node_misfit",
+    "normalize_scores",
+    "place",
+    "registry",
+    "score_nodes",
+    "spread",
+    "to_allocation",
+]

@@ -1,0 +1,119 @@
+"""Whether a node and its GPUs can take a demand, and the human-readable reason when they cannot."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+from app.errors import PlacementReason
+from app.model import MILLI_PER_GPU, Demand, Gpu, Node
+
+# NVML's free memory moves while kernels run; keep some head-room so a pod that fits on paper does not OOM.
+LIVE_MARGIN_MIB = 256
+
+
+def share(milli: int) -> str:
+    """Milli as a GPU share for messages: 500 -> "0.50", 805 -> "0.805"."""
+    return f"{milli / MILLI_PER_GPU:.2f}" if milli % 10 == 0 else f"{milli / MILLI_PER_GPU:.3f}"
+
+
+def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = LIVE_MARGIN_MIB) -> bool:
+    """One GPU can take one device's worth of `demand` (model, health, milli, reserved and live memory)."""
+    if not gpu.healthy or not demand.accepts(gpu.model):
+        return False
+    milli, mib = demand.on(gpu.memory_mib)
+    if milli > gpu.milli_free or mib > gpu.memory_free_mib:
+        return False
+    return gpu.live_free_mib is None or mib <= gpu.live_free_mib - margin_mib
+
+
+def fitting_gpus(node: Node, demand: Demand, margin_mib: int = LIVE_MARGIN_MIB) -> list[Gpu]:
+    """The node's GPUs that can each take one device of `demand`, in index order."""
+    return sorted((g for g in node.gpus if gpu_fits(g, demand, margin_mib)), key=lambda g: g.index)
+
+
+def best_fit(gpus: Sequence[Gpu], count: int) -> tuple[int, ...]:
+    """`count` GPU indexes with the least free compute (first index on ties)."""
+    return tuple(sorted(g.index for g in sorted(gpus, key=lambda g: (g.milli_free, g.index))[:count]))
+
+
+def node_misfit(node: Node, demand: Demand, margin_mib: int = LIVE_MARGIN_MIB) -> PlacementReason | None:
+    """None when `node` can take `demand`; otherwise the first rule it breaks."""
+
+    def why(rule: str) -> PlacementReason:
+        return PlacementReason(node.name, None, rule)
+
+    if not node.schedulable:
+        return why(node.unschedulable_reason or "node is not schedulable")
+    if node.cpu_milli_free is not None and demand.cpu_milli > node.cpu_milli_free:
+        return why(f"needs {demand.cpu_milli} CPU milli: {node.cpu_milli_free} free")
+    if node.memory_mib_free is not None and demand.host_memory_mib > node.memory_mib_free:
+        return why(f"needs {demand.host_memory_mib} MiB host memory: {node.memory_mib_free} MiB free")
+    if demand.count == 0:
+        return None
+    if len(fitting_gpus(node, demand, margin_mib)) >= demand.count:
+        return None
+    return _gpu_shortfall(node, demand, margin_mib)
+
+
+# Checks in the order a GPU must pass them: (passes, what the demand needs, what a GPU offers, unit).
+_Check = Callable[[Gpu, Demand, int], tuple[bool, int, int]]
+
+
+def _milli_check(g: Gpu, d: Demand, _: int) -> tuple[bool, int, int]:
+    need = d.on(g.memory_mib)[0]
+    return need <= g.milli_free, need, g.milli_free
+
+
+def _memory_check(g: Gpu, d: Demand, _: int) -> tuple[bool, int, int]:
+    need = d.on(g.memory_mib)[1]
+    return need <= g.memory_free_mib, need, g.memory_free_mib
+
+
+def _live_check(g: Gpu, d: Demand, margin: int) -> tuple[bool, int, int]:
+    need = d.on(g.memory_mib)[1]
+    offer = need if g.live_free_mib is None else g.live_free_mib - margin
+    return need <= offer, need, offer
+
+
+def _gpu_shortfall(node: Node, demand: Demand, margin_mib: int) -> PlacementReason:
+    if not node.gpus:
+        return PlacementReason(node.name, None, "node has no GPUs")
+    gpus = [g for g in node.gpus if g.healthy]
+    if not gpus:
+        return PlacementReason(node.name, None, "no healthy GPU")
+    gpus = [g for g in gpus if demand.accepts(g.model)]
+    if not gpus:
+        wanted = "|".join(sorted(demand.models))
+        return PlacementReason(node.name, None, f"GPU model {node.model} is not one of {wanted}")
+    checks: tuple[tuple[_Check, Callable[[int], str]], ...] = (
+        (_milli_check, share),
+        (_memory_check, lambda v: f"{v} MiB"),
+        (_live_check, lambda v: f"{v} MiB (NVML free minus a {margin_mib} MiB margin)"),
+    )
+    for check, fmt in checks:
+        results = [check(g, demand, margin_mib) for g in gpus]
+        passing = [g for g, r in zip(gpus, results, strict=True) if r[0]]
+        if len(passing) < demand.count:
+            need = max(r[1] for r in results)
+            best = max(r[2] for r in results)
+            if demand.count == 1:
+                rule = f"no GPU with {fmt(need)} free: best has {fmt(max(best, 0))}"
+            else:
+                rule = f"needs {demand.count} GPUs with {fmt(need)} free: {len(passing)} have it"
+            return PlacementReason(node.name, None, rule)
+        gpus = passing
+    return PlacementReason(node.name, None, "no fitting GPU")  # unreachable while checks mirror gpu_fits
+
+
+class FitFilter:
+    """The filter every built-in policy shares: node state, host resources, then per-GPU fit."""
+
+    margin_mib: int = LIVE_MARGIN_MIB
+
+    def filter(self, node: Node, demand: Demand) -> PlacementReason | None:
+        return node_misfit(node, demand, self.margin_mib)
+
+
+def demand_milli(node: Node, demand: Demand) -> int:
+    """Milli per device the demand takes on this node's GPU model."""
+    return demand.on(node.gpus[0].memory_mib)[0] if node.gpus and demand.count else 0

@@ -1,0 +1,105 @@
+"""Fragmentation-aware placement: FGD (ATC'23) and gpupack's refinement of it (the default policy)."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from app.model import MILLI_PER_GPU, Demand, Node
+from app.placement.base import Policy, registry
+from app.placement.fit import FitFilter, best_fit, fitting_gpus
+from app.placement.workload import TargetWorkload
+
+
+@dataclass(frozen=True, slots=True)
+class FragOptions:
+    """What separates gpupack's policy from FGD; the defaults are FGD exactly."""
+
+    # Weight of the settled-hole term for sharing pods: FGD's frag growth is one step ahead (can the
+    # next pod use this hole?); the term adds whether the workload will ever fill the hole left behind.
+    settle_weight: float = 0.0
+
+
+class FragAware(FitFilter):
+    """Prefer the node and GPU whose fragmentation (against the target workload) grows least.
+
+    Score = int(100 * sigmoid(delta / 1000)) with delta = frag before - frag after, as FGD. The
+    integer truncation is deliberate: near-equal nodes tie and the caller's node order decides, which
+    consolidates pods (float scores measured worse in the FGD reproduction).
+    """
+
+    def __init__(self, workload: TargetWorkload, name: str = "fragaware", options: FragOptions | None = None):
+        self.workload = workload
+        self.name = name
+        self.options = options or FragOptions()
+
+    def score(self, node: Node, demand: Demand) -> float:
+        return self._evaluate(node, demand)[0]
+
+    def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+        return self._evaluate(node, demand)[1]
+
+    def _evaluate(self, node: Node, demand: Demand) -> tuple[float, tuple[int, ...]]:
+        frag = self.workload.node_frag
+        model = node.model
+        lefts = tuple(sorted(g.milli_free for g in node.gpus if g.healthy))
+        cpu = node.cpu_milli_free
+        cpu_after = None if cpu is None else cpu - demand.cpu_milli
+        before = frag(cpu, lefts, model)
+        if demand.count == 0:
+            return _score(before - frag(cpu_after, lefts, model)), ()
+        fits = fitting_gpus(node, demand, self.margin_mib)
+        if demand.count == 1 and not demand.is_whole:
+            weight = self.options.settle_weight
+            settled = self.workload.settled_waste() if weight else ()
+            best: tuple[float, tuple[int, ...]] = (-1.0, ())
+            tried: set[int] = set()
+            for g in fits:
+                if g.milli_free in tried:
+                    continue  # same free share, same outcome; the lower index already holds it
+                tried.add(g.milli_free)
+                milli = demand.on(g.memory_mib)[0]
+                delta = before - frag(cpu_after, _take(lefts, g.milli_free, milli), model)
+                if weight:
+                    delta += weight * (settled[g.milli_free] - settled[g.milli_free - milli])
+                s = _score(delta)
+                if s > best[0]:
+                    best = (s, (g.index,))
+            return best
+        chosen = best_fit(fits, demand.count)
+        after = lefts
+        for i in chosen:
+            g = node.gpu(i)
+            after = _take(after, g.milli_free, demand.on(g.memory_mib)[0])
+        return _score(before - frag(cpu_after, after, model)), chosen
+
+
+def _score(delta: float) -> float:
+    return float(int(100.0 / (1.0 + math.exp(-delta / MILLI_PER_GPU))))
+
+
+def _take(lefts: tuple[int, ...], free: int, milli: int) -> tuple[int, ...]:
+    """Sorted `lefts` with one GPU of `free` milli reduced by `milli`."""
+    out = list(lefts)
+    out[out.index(free)] = free - milli
+    out.sort()
+    return tuple(out)
+
+
+# Chosen with bench/packing.py (openb default + gpushare20..100, seeds 42-51). Every weight from 0.5
+# to 1.0 lowered gpushare80/100 by 0.1-0.25 points against our FGD; the other traces moved by up to
+# +-0.2 between neighbouring weights (the runs are chaotic), and 0.5 gave the lowest default. Measured
+# and dropped as neutral or worse somewhere: coarser/finer sigmoid scales, GPU choice by exact delta,
+# best-fit or worst-fit tie-breaks, a one-step recursive hole lookahead, full-coverage or GPU-weighted
+# target workloads, steering CPU-only pods to busy nodes.
+GPUPACK_OPTIONS = FragOptions(settle_weight=0.5)
+
+
+@registry.register("fgd")
+def _create_fgd(workload: TargetWorkload) -> Policy:
+    return FragAware(workload, name="fgd")
+
+
+@registry.register("fragaware")
+def _create(workload: TargetWorkload) -> Policy:
+    return FragAware(workload, name="fragaware", options=GPUPACK_OPTIONS)

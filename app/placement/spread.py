@@ -1,0 +1,28 @@
+"""Spread: the node with the largest free GPU share after placement, and its emptiest GPUs."""
+
+from __future__ import annotations
+
+from app.model import MILLI_PER_GPU, Demand, Node
+from app.placement.base import Policy, registry
+from app.placement.fit import FitFilter, demand_milli, fitting_gpus
+from app.placement.workload import TargetWorkload
+
+
+class Spread(FitFilter):
+    name = "spread"
+
+    def score(self, node: Node, demand: Demand) -> float:
+        healthy = sum(1 for g in node.gpus if g.healthy)
+        if healthy == 0:
+            return 0.0
+        after = node.milli_free_total - demand_milli(node, demand) * demand.count
+        return after / (healthy * MILLI_PER_GPU)
+
+    def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+        gpus = sorted(fitting_gpus(node, demand, self.margin_mib), key=lambda g: (-g.milli_free, g.index))
+        return tuple(sorted(g.index for g in gpus[: demand.count]))
+
+
+@registry.register("spread")
+def _create(_: TargetWorkload) -> Policy:
+    return Spread()

@@ -1,0 +1,213 @@
+"""The target workload (FGD's "typical pods") and a node's expected fragmentation against it."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from functools import cache
+from importlib import resources
+from typing import Any
+
+from app.model import MILLI_PER_GPU, Demand
+
+DEFAULT_FILE = "typical_pods.json"
+# Frag memo entries kept per workload; a live cluster sees few distinct node states, so this rarely clears.
+_MEMO_LIMIT = 500_000
+SETTLE_POOL_GPUS = 8000  # large enough that V barely moves between pool seeds; ~0.1 s to build
+
+
+@dataclass(frozen=True, slots=True)
+class PodShape:
+    """One kind of pod the cluster expects, with its share of all pods."""
+
+    cpu_milli: int
+    milli: int  # per GPU; 0 for CPU-only pods
+    count: int  # GPUs; 0 for CPU-only pods
+    models: frozenset[str]
+    weight: float
+
+
+ShapeKey = tuple[int, int, int, frozenset[str]]
+
+
+@dataclass(frozen=True, eq=False)
+class TargetWorkload:
+    """A probability distribution over pod shapes (weights sum to 1)."""
+
+    shapes: tuple[PodShape, ...]
+    _memo: dict[tuple[int, tuple[int, ...], str], float] = field(default_factory=dict, repr=False)
+    _settled: dict[int, tuple[float, ...]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        errors = [f"shapes[{i}]: {e}" for i, s in enumerate(self.shapes) for e in _shape_errors(s)]
+        if not self.shapes:
+            errors.append("shapes: must not be empty")
+        elif abs(sum(s.weight for s in self.shapes) - 1.0) > 1e-6:
+            errors.append("shapes: weights must sum to 1")
+        if errors:
+            raise ValueError("; ".join(errors))
+
+    @classmethod
+    def from_counts(cls, counts: Mapping[ShapeKey, int], coverage: float = 0.95) -> TargetWorkload:
+        """The most common shapes covering `coverage` of all pods, renormalised (FGD's construction)."""
+        total = sum(counts.values())
+        if total <= 0:
+            raise ValueError("target workload: no pods to learn shapes from")
+        ranked = sorted(counts.items(), key=lambda kv: (kv[1], _sortable(kv[0])), reverse=True)
+        kept: list[tuple[ShapeKey, int]] = []
+        covered = 0
+        for key, n in ranked:
+            if covered >= coverage * total:
+                break
+            kept.append((key, n))
+            covered += n
+        return cls(tuple(PodShape(k[0], k[1], k[2], k[3], n / covered) for k, n in kept))
+
+    @classmethod
+    def from_demands(cls, demands: Iterable[Demand], coverage: float = 0.95) -> TargetWorkload:
+        """Learn the distribution from fraction/whole/CPU-only demands (memory requests are skipped)."""
+        counts: Counter[ShapeKey] = Counter()
+        for d in demands:
+            if d.count == 0:
+                counts[(d.cpu_milli, 0, 0, d.models)] += 1
+            elif d.milli is not None:
+                counts[(d.cpu_milli, d.milli, d.count, d.models)] += 1
+        return cls.from_counts(counts, coverage)
+
+    @classmethod
+    def from_json(cls, raw: Any, source: str = "target workload") -> TargetWorkload:
+        """Parse {"shapes": [{"cpu_milli", "gpu_milli", "num_gpu", "gpu_spec", "weight"}, ...]}."""
+        items = raw.get("shapes") if isinstance(raw, dict) else None
+        if not isinstance(items, list):
+            raise ValueError(f"{source}: shapes: must be a list")
+        counts: list[tuple[ShapeKey, float]] = []
+        for i, item in enumerate(items):
+            where = f"{source}: shapes[{i}]"
+            if not isinstance(item, dict):
+                raise ValueError(f"{where}: must be an object")
+            ints = {}
+            for key in ("cpu_milli", "gpu_milli", "num_gpu"):
+                v = item.get(key)
+                if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+                    raise ValueError(f"{where}.{key}={v!r}: must be a non-negative integer")
+                ints[key] = v
+            w = item.get("weight")
+            if not isinstance(w, int | float) or isinstance(w, bool) or not w > 0:
+                raise ValueError(f"{where}.weight={w!r}: must be a positive number")
+            spec = item.get("gpu_spec", "")
+            if not isinstance(spec, str):
+                raise ValueError(f"{where}.gpu_spec={spec!r}: must be a '|'-separated string")
+            models = frozenset(m for m in spec.split("|") if m)
+            counts.append(((ints["cpu_milli"], ints["gpu_milli"], ints["num_gpu"], models), float(w)))
+        total = sum(w for _, w in counts)
+        try:
+            return cls(tuple(PodShape(k[0], k[1], k[2], k[3], w / total) for k, w in counts))
+        except (ValueError, ZeroDivisionError) as e:
+            raise ValueError(f"{source}: {e}") from None
+
+    def settled_waste(self, pool_gpus: int = SETTLE_POOL_GPUS) -> tuple[float, ...]:
+        """V[x]: expected milli still free at saturation on a GPU that once had x free (x = 0..1000).
+
+        FGD asks whether the *next* pod can use a hole; this asks whether the workload will ever fill
+        it. A pool of `pool_gpus` single GPUs is fed pods drawn from this workload (sharing pods go to
+        the hole FGD's per-GPU rule likes best, whole pods take empty GPUs) until 130 % of its capacity
+        has arrived. A hole the workload keeps filling (530 after a 470, when 470s are common) gets a
+        small V; one it over-produces (the 190 an 810 leaves) gets V close to its size. Deterministic.
+        """
+        cached = self._settled.get(pool_gpus)
+        if cached is not None:
+            return cached
+        rng = random.Random(0)
+        gpu_shapes = [s for s in self.shapes if s.count]
+        weights = [s.weight for s in gpu_shapes]
+        # FGD's per-GPU fragment: x counts for every shape that cannot use x free milli.
+        frag = [x * sum(s.weight for s in self.shapes if s.count == 0 or s.milli > x) for x in range(1001)]
+        by_free: dict[int, list[int]] = {MILLI_PER_GPU: list(range(pool_gpus))}
+        free = [MILLI_PER_GPU] * pool_gpus
+        visited: list[set[int]] = [{MILLI_PER_GPU} for _ in range(pool_gpus)]
+        arrived, target = 0, 1.3 * pool_gpus * MILLI_PER_GPU
+        while gpu_shapes and arrived < target:
+            shape = rng.choices(gpu_shapes, weights)[0]
+            arrived += shape.milli * shape.count
+            if shape.milli == MILLI_PER_GPU:
+                empty = by_free[MILLI_PER_GPU]
+                if len(empty) < shape.count:
+                    continue
+                chosen = [empty.pop() for _ in range(shape.count)]
+            else:
+                best: tuple[tuple[int, int], int] | None = None
+                for x, gpus in by_free.items():
+                    if gpus and x >= shape.milli:
+                        score = int(100 / (1 + math.exp(-(frag[x] - frag[x - shape.milli]) / MILLI_PER_GPU)))
+                        if best is None or (score, -x) > best[0]:
+                            best = ((score, -x), x)
+                if best is None:
+                    continue
+                chosen = [by_free[best[1]].pop()]
+            for g in chosen:
+                free[g] -= shape.milli
+                by_free.setdefault(free[g], []).append(g)
+                visited[g].add(free[g])
+        total = [0.0] * (MILLI_PER_GPU + 1)
+        seen = [0] * (MILLI_PER_GPU + 1)
+        for g in range(pool_gpus):
+            for x in visited[g]:
+                total[x] += free[g]
+                seen[x] += 1
+        out = tuple(total[x] / seen[x] if seen[x] else float(x) for x in range(MILLI_PER_GPU + 1))
+        self._settled[pool_gpus] = out
+        return out
+
+    def node_frag(self, cpu_left: int | None, lefts: tuple[int, ...], model: str) -> float:
+        """Expected milli on a node that a random pod of this workload could not use.
+
+        `lefts` are the free milli of the node's usable GPUs, in any order. A shape the node cannot
+        host at all (CPU-only, wrong model, not enough room) makes every free milli a fragment; a shape
+        it can host makes only the GPUs too small for it fragments.
+        """
+        key = (-1 if cpu_left is None else cpu_left, lefts, model)
+        hit = self._memo.get(key)
+        if hit is not None:
+            return hit
+        total = sum(lefts)
+        frag = 0.0
+        for s in self.shapes:
+            if s.count == 0 or (s.models and model not in s.models):
+                frag += s.weight * total
+                continue
+            if (cpu_left is None or cpu_left >= s.cpu_milli) and sum(
+                1 for x in lefts if x >= s.milli
+            ) >= s.count:
+                frag += s.weight * sum(x for x in lefts if x < s.milli)
+            else:
+                frag += s.weight * total
+        if len(self._memo) >= _MEMO_LIMIT:
+            self._memo.clear()
+        self._memo[key] = frag
+        return frag
+
+
+def _sortable(key: ShapeKey) -> tuple[int, int, int, str]:
+    return key[0], key[1], key[2], "|".join(sorted(key[3]))
+
+
+def _shape_errors(s: PodShape) -> Iterable[str]:
+    if not 0 <= s.milli <= MILLI_PER_GPU:
+        yield f"milli={s.milli}: must be in [0, {MILLI_PER_GPU}]"
+    if s.count < 0 or (s.count == 0) != (s.milli == 0):
+        yield f"count={s.count}, milli={s.milli}: CPU-only shapes have both 0, GPU shapes both positive"
+    if s.cpu_milli < 0:
+        yield f"cpu_milli={s.cpu_milli}: must be non-negative"
+    if not s.weight > 0:
+        yield f"weight={s.weight}: must be positive"
+
+
+@cache
+def default_workload() -> TargetWorkload:
+    """The built-in distribution (app/data/typical_pods.json), used when nothing better is known."""
+    text = resources.files("app.data").joinpath(DEFAULT_FILE).read_text()
+    return TargetWorkload.from_json(json.loads(text), source=DEFAULT_FILE)

@@ -1,0 +1,1 @@
+"""Trace-driven simulation of gpupack placement (the FGD/openb methodology)."""

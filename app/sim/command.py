@@ -1,0 +1,185 @@
+"""`gpupack simulate`: replay a trace (or the built-in synthetic one) with each placement policy."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import TextIO
+
+from app.model import Node
+from app.placement import DEFAULT_POLICY, TargetWorkload, registry
+from app.sim import report
+from app.sim.engine import RunResult, simulate
+from app.sim.loader import TraceError, TracePod, load_nodes, load_pods, read_nodes, read_pods
+
+SYNTHETIC_NODES = "synthetic_nodes.csv"
+SYNTHETIC_PODS = "synthetic_pods.csv"
+MAX_SEEDS = 1000
+
+
+class UsageError(Exception):
+    """Bad command-line input: names the flag, the value and the rule."""
+
+    def __init__(self, flag: str, value: str, rule: str):
+        super().__init__(f"{flag}={value!r}: {rule}")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "simulate",
+        help="replay a pod trace with each placement policy (FGD/openb methodology)",
+        description="Replay an openb-format trace: shuffled arrival, inflated to --inflate x GPU capacity, "
+        "failed pods dropped, no departures. Without --nodes/--pods, runs a small built-in synthetic trace.",
+    )
+    p.add_argument("--nodes", help="node list CSV (sn,cpu_milli,memory_mib,gpu,model)")
+    p.add_argument("--pods", help="pod list CSV (name,cpu_milli,memory_mib,num_gpu,gpu_milli[,gpu_spec,...])")
+    p.add_argument(
+        "--policy",
+        action="append",
+        help=f"policy to run, repeatable (default: all of {', '.join(registry.names())})",
+    )
+    p.add_argument("--seeds", default="42-51", help="seeds: N, A-B or a comma list of those (default 42-51)")
+    p.add_argument(
+        "--inflate", default="1.3", help="total GPU request as a multiple of capacity (default 1.3)"
+    )
+    p.add_argument("--json", help="write the per-policy means to this JSON file")
+    p.add_argument("--plot", help="draw allocation vs arrived workload to this PNG (needs matplotlib)")
+    p.set_defaults(func=run)
+
+
+def parse_seeds(raw: str) -> tuple[int, ...]:
+    seeds: list[int] = []
+    for part in raw.split(","):
+        m = re.fullmatch(r"(\d+)(?:-(\d+))?", part.strip(), flags=re.ASCII)
+        if not m or (m[2] is not None and int(m[2]) < int(m[1])):
+            raise UsageError("--seeds", raw, "must be N, A-B with A <= B, or a comma list of those")
+        seeds.extend(range(int(m[1]), int(m[2] or m[1]) + 1))
+        if len(seeds) > MAX_SEEDS:
+            raise UsageError("--seeds", raw, f"must name at most {MAX_SEEDS} seeds")
+    return tuple(dict.fromkeys(seeds))
+
+
+def parse_inflate(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        value = 0.0
+    if not re.fullmatch(r"\d+(\.\d+)?", raw.strip(), flags=re.ASCII) or not 0 < value <= 10:
+        raise UsageError("--inflate", raw, "must be a decimal number in (0, 10]")
+    return value
+
+
+def parse_policies(raw: list[str] | None) -> tuple[str, ...]:
+    if not raw:
+        return registry.names()
+    for name in raw:
+        if name not in registry.names():
+            raise UsageError("--policy", name, f"must be one of {', '.join(registry.names())}")
+    return tuple(dict.fromkeys(raw))
+
+
+def load_trace(nodes: str | None, pods: str | None) -> tuple[tuple[Node, ...], tuple[TracePod, ...], str]:
+    if nodes is None and pods is None:
+        data = resources.files("app.data")
+        return (
+            read_nodes(_text(data.joinpath(SYNTHETIC_NODES).read_text()), f"built-in {SYNTHETIC_NODES}"),
+            read_pods(_text(data.joinpath(SYNTHETIC_PODS).read_text()), f"built-in {SYNTHETIC_PODS}"),
+            "built-in synthetic trace",
+        )
+    for flag, value in (("--nodes", nodes), ("--pods", pods)):
+        if value is None:
+            other = "--pods" if flag == "--nodes" else "--nodes"
+            raise UsageError(flag, "", f"is required together with {other}")
+        if not Path(value).is_file():
+            raise UsageError(flag, value, "must be an existing, readable file")
+    assert nodes is not None and pods is not None
+    return load_nodes(Path(nodes)), load_pods(Path(pods)), f"{Path(pods).name} on {Path(nodes).name}"
+
+
+def _text(content: str) -> TextIO:
+    import io
+
+    return io.StringIO(content, newline="")
+
+
+class ProgressLine:
+    """One line on stderr, rewritten in place on a terminal, printed once per run otherwise."""
+
+    def __init__(self, stream: TextIO, total_runs: int):
+        self.stream = stream
+        self.tty = stream.isatty()
+        self.total_runs = total_runs
+        self.run = 0
+        self.label = ""
+
+    @contextmanager
+    def running(self, label: str) -> Iterator[None]:
+        self.run += 1
+        self.label = label
+        yield
+        if not self.tty:
+            self.stream.write(f"[{self.run}/{self.total_runs}] {self.label}: done\n")
+            self.stream.flush()
+
+    def __call__(self, done: int, total: int) -> None:
+        if not self.tty:
+            return
+        width = 30
+        filled = width * done // total
+        bar = "#" * filled + "." * (width - filled)
+        end = "\n" if done == total and self.run == self.total_runs else ""
+        self.stream.write(
+            f"\r[{self.run}/{self.total_runs}] {self.label:<22} [{bar}] {done}/{total} pods{end}"
+        )
+        self.stream.flush()
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        seeds = parse_seeds(args.seeds)
+        inflate = parse_inflate(args.inflate)
+        policies = parse_policies(args.policy)
+        nodes, pods, label = load_trace(args.nodes, args.pods)
+    except UsageError as e:
+        print(f"gpupack simulate: {e}", file=sys.stderr)
+        return 2
+    except TraceError as e:
+        print(f"gpupack simulate: {e}", file=sys.stderr)
+        return 2
+    workload = TargetWorkload.from_demands(p.demand for p in pods)
+    progress = ProgressLine(sys.stderr, len(policies) * len(seeds))
+    results: list[RunResult] = []
+    for name in policies:
+        for seed in seeds:
+            with progress.running(f"{name} seed {seed}"):
+                policy = registry.create(name, workload)
+                results.append(
+                    simulate(nodes, pods, policy, workload, seed=seed, inflate=inflate, progress=progress)
+                )
+    summaries = report.summarise(results)
+    gpus = sum(len(n.gpus) for n in nodes)
+    print(
+        f"{label}: {len(nodes)} nodes, {gpus} GPUs, {len(pods)} pods; seeds {args.seeds}; inflate {inflate}"
+    )
+    print(
+        f"GPU allocation and unallocated GPU, % of capacity at 100 % / 130 % arrived "
+        f"(mean of {len(seeds)} seeds)"
+    )
+    print(report.format_table(summaries))
+    if args.json:
+        inputs = {
+            "nodes": args.nodes or SYNTHETIC_NODES,
+            "pods": args.pods or SYNTHETIC_PODS,
+            "seeds": list(seeds),
+        }
+        inputs |= {"inflate": inflate, "default_policy": DEFAULT_POLICY}
+        Path(args.json).write_text(json.dumps(report.to_json(summaries, inputs), indent=2) + "\n")
+    if args.plot:
+        report.plot(summaries, Path(args.plot), label)
+    return 0

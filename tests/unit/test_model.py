@@ -1,0 +1,99 @@
+"""The cluster model: demand conversion, allocation <-> annotation round-trip, reservations."""
+
+from __future__ import annotations
+
+import pytest
+
+from app import names
+from app.model import Allocation, ClusterState, Demand, Gpu, Node
+
+
+def test_fraction_reserves_floor_of_memory_so_shares_summing_to_one_fit() -> None:
+    half = Demand(count=1, milli=500)
+    assert half.on(15109) == (500, 7554)
+    assert 2 * half.on(15109)[1] <= 15109
+
+
+def test_memory_request_reserves_ceil_of_compute() -> None:
+    assert Demand(count=1, memory_mib=4096).on(16384) == (250, 4096)
+    assert Demand(count=1, memory_mib=5000).on(15109) == (331, 5000)
+
+
+def test_memory_request_larger_than_gpu_cannot_fit_anywhere() -> None:
+    milli, _ = Demand(count=1, memory_mib=40000).on(16384)
+    assert milli > 1000
+
+
+def test_cpu_only_demand_takes_nothing_from_a_gpu() -> None:
+    assert Demand(count=0).on(16384) == (0, 0)
+
+
+def _alloc() -> Allocation:
+    return Allocation(node="n1", gpu_indexes=(1, 3), gpu_uuids=("GPU-a", "GPU-b"), milli=250, memory_mib=4000)
+
+
+def test_allocation_round_trips_through_annotations() -> None:
+    alloc = _alloc()
+    ann = alloc.to_annotations()
+    assert ann[names.ALLOC_GPU_INDEXES] == "1,3"
+    assert ann[names.ALLOC_THREAD_PERCENTAGE] == "25"
+    assert ann[names.ALLOC_MPS_MEMORY_LIMIT] == "0=4000M,1=4000M"
+    assert Allocation.from_annotations(ann) == alloc
+
+
+def test_allocation_without_uuids_round_trips() -> None:
+    alloc = Allocation(node="n1", gpu_indexes=(0,), gpu_uuids=(), milli=1000, memory_mib=16000)
+    assert Allocation.from_annotations(alloc.to_annotations()) == alloc
+
+
+def test_pod_without_allocation_has_none() -> None:
+    assert Allocation.from_annotations({"other": "x"}) is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "message"),
+    [
+        pytest.param(
+            names.ALLOC_GPU_INDEXES, "a,b", "must be a comma list of GPU indexes", id="index-not-number"
+        ),
+        pytest.param(names.ALLOC_GPU_INDEXES, "", "must be a comma list of GPU indexes", id="index-empty"),
+        pytest.param(names.ALLOC_GPU_INDEXES, "1,1", "must not repeat a GPU index", id="index-repeated"),
+        pytest.param(
+            names.ALLOC_GPU_INDEXES, "１", "must be a comma list of GPU indexes", id="index-fullwidth"
+        ),
+        pytest.param(names.ALLOC_GPU_UUIDS, "GPU-a", "must list one UUID per index", id="uuid-count"),
+        pytest.param(names.ALLOC_GPU_MILLI, "0", "must be an integer in [1, 1000]", id="milli-zero"),
+        pytest.param(names.ALLOC_GPU_MILLI, "1001", "must be an integer in [1, 1000]", id="milli-too-big"),
+        pytest.param(names.ALLOC_GPU_MILLI, "0.5", "must be an integer in [1, 1000]", id="milli-decimal"),
+        pytest.param(names.ALLOC_MEMORY_LIMIT_MIB, "-1", "must be an integer in [0,", id="memory-negative"),
+    ],
+)
+def test_corrupt_allocation_raises_value_error_naming_the_annotation(
+    key: str, value: str, message: str
+) -> None:
+    ann = _alloc().to_annotations() | {key: value}
+    with pytest.raises(ValueError) as err:
+        Allocation.from_annotations(ann)
+    assert f"{key}={value!r}: {message}" in str(err.value)
+
+
+def _node() -> Node:
+    return Node("n1", tuple(Gpu(index=i, model="T4", memory_mib=15109) for i in range(4)))
+
+
+def test_cluster_state_apply_then_release_restores_the_node() -> None:
+    state = ClusterState({"n1": _node()})
+    alloc = _alloc()
+    state.apply(alloc)
+    used = {g.index: (g.milli_used, g.memory_used_mib) for g in state.nodes["n1"].gpus}
+    assert used == {0: (0, 0), 1: (250, 4000), 2: (0, 0), 3: (250, 4000)}
+    state.release(alloc)
+    assert state.nodes["n1"] == _node()
+
+
+def test_node_gpu_lookup_by_index() -> None:
+    node = _node()
+    assert node.gpu(2).index == 2
+    assert node.milli_free_total == 4000
+    with pytest.raises(KeyError, match="n1 has no GPU with index 9"):
+        node.gpu(9)

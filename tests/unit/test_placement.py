@@ -1,0 +1,418 @@
+"""Placement policies: fit reasons, GPU choice, tie-breaking, registry, never over-committing."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from app.errors import PlacementReason
+from app.model import Demand, Gpu, Node
+from app.placement import (
+    Placement,
+    Policy,
+    Registry,
+    TargetWorkload,
+    normalize_scores,
+    place,
+    registry,
+    score_nodes,
+    to_allocation,
+)
+from app.placement.fit import node_misfit
+from app.placement.workload import PodShape
+
+T4_MIB = 15109
+POLICIES = ("binpack", "spread", "fgd", "fragaware")
+
+
+def make_node(
+    name: str,
+    used: Sequence[int],
+    *,
+    model: str = "T4",
+    memory_mib: int = T4_MIB,
+    live: Sequence[int | None] | None = None,
+    healthy: Sequence[bool] | None = None,
+    cpu: int | None = None,
+    mem: int | None = None,
+) -> Node:
+    """A node whose GPU i has `used[i]` milli reserved (and the same share of memory)."""
+    gpus = tuple(
+        Gpu(
+            index=i,
+            model=model,
+            memory_mib=memory_mib,
+            uuid=f"GPU-{name}-{i}",
+            milli_used=u,
+            memory_used_mib=u * memory_mib // 1000,
+            live_free_mib=None if live is None else live[i],
+            healthy=True if healthy is None else healthy[i],
+        )
+        for i, u in enumerate(used)
+    )
+    return Node(name, gpus, cpu_milli_free=cpu, memory_mib_free=mem)
+
+
+def frac(
+    milli: int,
+    count: int = 1,
+    *,
+    models: frozenset[str] = frozenset(),
+    cpu_milli: int = 0,
+    host_memory_mib: int = 0,
+) -> Demand:
+    return Demand(
+        count=count, milli=milli, models=models, cpu_milli=cpu_milli, host_memory_mib=host_memory_mib
+    )
+
+
+WORKLOAD = TargetWorkload(
+    (
+        PodShape(0, 1000, 1, frozenset(), 0.4),
+        PodShape(0, 470, 1, frozenset(), 0.3),
+        PodShape(0, 810, 1, frozenset(), 0.2),
+        PodShape(2000, 0, 0, frozenset(), 0.1),
+    )
+)
+
+
+def policy(name: str) -> Policy:
+    return registry.create(name, WORKLOAD)
+
+
+@pytest.mark.parametrize(
+    ("node", "demand", "reason"),
+    [
+        pytest.param(
+            make_node("n", [750, 900]), frac(500), "n: no GPU with 0.50 free: best has 0.25", id="milli"
+        ),
+        pytest.param(
+            make_node("n", [0]), frac(1000, 2), "n: needs 2 GPUs with 1.00 free: 1 have it", id="count"
+        ),
+        pytest.param(
+            make_node("n", [0, 0], live=[3000, 2000]),
+            Demand(count=1, memory_mib=4096),
+            "n: no GPU with 4096 MiB (NVML free minus a 256 MiB margin) free: best has "
+            "2744 MiB (NVML free minus a 256 MiB margin)",
+            id="live-memory",
+        ),
+        pytest.param(
+            make_node("n", [0], model="P100", memory_mib=16280),
+            frac(500, models=frozenset({"V100M16", "T4"})),
+            "n: GPU model P100 is not one of T4|V100M16",
+            id="model",
+        ),
+        pytest.param(
+            make_node("n", [0, 0], healthy=[False, False]), frac(100), "n: no healthy GPU", id="unhealthy"
+        ),
+        pytest.param(make_node("n", [], cpu=0), frac(100), "n: node has no GPUs", id="no-gpus"),
+        pytest.param(
+            make_node("n", [0], cpu=1000),
+            frac(100, cpu_milli=2000),
+            "n: needs 2000 CPU milli: 1000 free",
+            id="cpu",
+        ),
+        pytest.param(
+            make_node("n", [0], mem=10),
+            frac(100, host_memory_mib=64),
+            "n: needs 64 MiB host memory: 10 MiB free",
+            id="host-memory",
+        ),
+        pytest.param(
+            make_node("n", [0], memory_mib=1000),
+            Demand(count=1, memory_mib=2000),
+            "n: no GPU with 2.00 free: best has 1.00",
+            id="memory-bigger-than-gpu",
+        ),
+    ],
+)
+def test_filter_explains_why_a_node_cannot_fit(node: Node, demand: Demand, reason: str) -> None:
+    for name in POLICIES:
+        got = policy(name).filter(node, demand)
+        assert got is not None
+        assert str(got) == reason
+
+
+def test_reserved_memory_is_checked_separately_from_milli() -> None:
+    node = Node("n", (Gpu(index=0, model="T4", memory_mib=16000, milli_used=100, memory_used_mib=15000),))
+    assert (
+        str(node_misfit(node, Demand(count=1, memory_mib=2000)))
+        == "n: no GPU with 2000 MiB free: best has 1000 MiB"
+    )
+
+
+def test_unschedulable_node_reports_its_reason() -> None:
+    node = Node(
+        "n", make_node("n", [0]).gpus, schedulable=False, unschedulable_reason="agent heartbeat is 5m old"
+    )
+    assert str(node_misfit(node, frac(100))) == "n: agent heartbeat is 5m old"
+
+
+@pytest.mark.parametrize(
+    ("node", "demand"),
+    [
+        pytest.param(make_node("n", [500], live=[None]), frac(500), id="live-unknown-is-skipped"),
+        pytest.param(make_node("n", [0], live=[8000]), Demand(count=1, memory_mib=7000), id="live-covers"),
+        pytest.param(make_node("n", [0], cpu=100), frac(100, cpu_milli=100), id="cpu-exact"),
+        pytest.param(make_node("n", [0, 0], healthy=[False, True]), frac(1000), id="one-healthy"),
+        pytest.param(make_node("n", [1000]), Demand(count=0, cpu_milli=5), id="cpu-only-pod"),
+    ],
+)
+def test_filter_accepts(node: Node, demand: Demand) -> None:
+    for name in POLICIES:
+        assert policy(name).filter(node, demand) is None
+
+
+@pytest.mark.parametrize(
+    ("name", "used", "demand", "gpus"),
+    [
+        pytest.param(
+            "binpack", [0, 600, 300, 600], frac(400), (1,), id="binpack-fullest-fitting-first-index"
+        ),
+        pytest.param("binpack", [0, 500, 0, 0], frac(1000, 2), (0, 2), id="binpack-whole-first-free"),
+        pytest.param("spread", [200, 600, 0, 600], frac(400), (2,), id="spread-emptiest"),
+        pytest.param("fgd", [0, 530, 0, 0], frac(470), (1,), id="fgd-fills-the-pair"),
+        pytest.param("fragaware", [0, 530, 0, 0], frac(470), (1,), id="fragaware-fills-the-pair"),
+        pytest.param("fragaware", [190, 0, 0, 0], frac(810), (0,), id="fragaware-810-into-its-hole"),
+    ],
+)
+def test_choose_gpus(name: str, used: list[int], demand: Demand, gpus: tuple[int, ...]) -> None:
+    node = make_node("n", used)
+    assert policy(name).choose_gpus(node, demand) == gpus
+
+
+def test_binpack_prefers_the_fuller_node_and_spread_the_emptier() -> None:
+    nodes = [make_node("empty", [0, 0]), make_node("half", [500, 0])]
+    for name, want in (("binpack", "half"), ("spread", "empty")):
+        got = place(nodes, frac(300), policy(name))
+        assert isinstance(got, Placement)
+        assert got.node.name == want
+
+
+def test_binpack_score_is_the_truncated_bestfit_formula() -> None:
+    node = make_node("n", [0] * 8, cpu=96000)
+    # 100 * (1 - (0.5 * 92000/128000 + 0.5 * 7500/8000)) = 17.19 -> 17
+    assert policy("binpack").score(node, frac(500, cpu_milli=4000)) == 17
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_ties_go_to_the_first_node_in_order(name: str) -> None:
+    nodes = [make_node(f"n{i}", [0, 0]) for i in range(4)]
+    for order in (nodes, nodes[::-1]):
+        got = place(order, frac(300), policy(name))
+        assert isinstance(got, Placement)
+        assert got.node is order[0]
+
+
+def test_place_returns_every_reason_when_nothing_fits() -> None:
+    nodes = [make_node("a", [900]), make_node("b", [1000, 1000])]
+    got = place(nodes, frac(200), policy("fragaware"))
+    assert got == (
+        PlacementReason("a", None, "no GPU with 0.20 free: best has 0.10"),
+        PlacementReason("b", None, "no GPU with 0.20 free: best has 0.00"),
+    )
+
+
+def test_score_nodes_and_normalize() -> None:
+    nodes = [make_node("a", [0, 0]), make_node("b", [500, 0]), make_node("full", [1000])]
+    raw = score_nodes(nodes, frac(500), policy("spread"))
+    assert raw == {"a": 0.75, "b": 0.5, "full": None}
+    assert normalize_scores(raw) == {"a": 10, "b": 0, "full": 0}
+    assert normalize_scores({"x": 3.0, "y": 3.0}) == {"x": 10, "y": 10}
+
+
+def test_to_allocation_uses_the_gpu_models_memory() -> None:
+    node = make_node("n", [0, 0, 0])
+    alloc = to_allocation(node, frac(250, 2), (0, 2))
+    assert (alloc.gpu_indexes, alloc.gpu_uuids, alloc.milli, alloc.memory_mib) == (
+        (0, 2),
+        ("GPU-n-0", "GPU-n-2"),
+        250,
+        3777,
+    )
+
+
+def test_registry_can_be_replaced_in_tests() -> None:
+    class Fake:
+        name = "fake"
+
+        def filter(self, node: Node, demand: Demand) -> PlacementReason | None:
+            return None
+
+        def score(self, node: Node, demand: Demand) -> float:
+            return float(len(node.name))
+
+        def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+            return (0,)
+
+    with registry.replaced({"fake": lambda _: Fake()}) as reg:
+        assert reg.names() == ("fake",)
+        got = place([make_node("a", [0]), make_node("bb", [0])], frac(100), reg.create("fake"))
+        assert isinstance(got, Placement)
+        assert got.node.name == "bb"
+    assert "fragaware" in registry.names()
+    with pytest.raises(KeyError, match="unknown placement policy 'nope'; known: "):
+        Registry().create("nope")
+
+
+def test_default_workload_loads_and_is_a_distribution() -> None:
+    from app.placement import default_workload
+
+    wl = default_workload()
+    assert len(wl.shapes) > 10
+    assert abs(sum(s.weight for s in wl.shapes) - 1) < 1e-9
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        pytest.param({}, "shapes: must be a list", id="no-shapes"),
+        pytest.param({"shapes": [1]}, "shapes[0]: must be an object", id="not-object"),
+        pytest.param(
+            {"shapes": [{"cpu_milli": 0, "gpu_milli": -1, "num_gpu": 1, "weight": 1}]},
+            "shapes[0].gpu_milli=-1: must be a non-negative integer",
+            id="negative",
+        ),
+        pytest.param(
+            {"shapes": [{"cpu_milli": 0, "gpu_milli": 100, "num_gpu": 1, "weight": 0}]},
+            "shapes[0].weight=0: must be a positive number",
+            id="zero-weight",
+        ),
+        pytest.param(
+            {"shapes": [{"cpu_milli": 0, "gpu_milli": 1500, "num_gpu": 1, "weight": 1}]},
+            "milli=1500: must be in [0, 1000]",
+            id="too-big",
+        ),
+        pytest.param({"shapes": []}, "shapes: must not be empty", id="empty"),
+    ],
+)
+def test_workload_json_is_validated(raw: object, message: str) -> None:
+    with pytest.raises(ValueError, match=r"^wl: ") as err:
+        TargetWorkload.from_json(raw, source="wl")
+    assert message in str(err.value)
+
+
+def test_workload_keeps_the_most_common_shapes_up_to_coverage() -> None:
+    demands = [frac(1000)] * 6 + [frac(500)] * 3 + [frac(100)]
+    wl = TargetWorkload.from_demands(demands, coverage=0.9)
+    assert [(s.milli, round(s.weight, 3)) for s in wl.shapes] == [(1000, 0.667), (500, 0.333)]
+
+
+def test_node_frag_counts_holes_too_small_for_each_shape() -> None:
+    # 810-shape (p=.2) cannot use the 530 hole; 470 (.3) and 1000 (.4) are hostable elsewhere;
+    # CPU-only (.1) wastes every free milli.
+    frag = WORKLOAD.node_frag(None, (530, 1000), "T4")
+    assert frag == pytest.approx(0.4 * 530 + 0.3 * 0 + 0.2 * 530 + 0.1 * 1530)
+
+
+# --- invariants -----------------------------------------------------------------------------------------
+
+gpu_used = st.integers(min_value=0, max_value=1000)
+nodes_strategy = st.lists(
+    st.tuples(
+        st.lists(gpu_used, min_size=0, max_size=8),
+        st.sampled_from(["T4", "V100M32"]),
+        st.one_of(st.none(), st.integers(0, 16000)),
+        st.one_of(st.none(), st.integers(0, 20000)),
+    ),
+    min_size=1,
+    max_size=6,
+)
+demand_strategy = st.one_of(
+    st.builds(
+        lambda m, c, cpu: Demand(count=c, milli=m, cpu_milli=cpu),
+        st.integers(1, 1000),
+        st.integers(1, 4),
+        st.integers(0, 8000),
+    ),
+    st.builds(lambda mib: Demand(count=1, memory_mib=mib), st.integers(1, 40000)),
+    st.builds(lambda cpu: Demand(count=0, cpu_milli=cpu), st.integers(0, 20000)),
+)
+
+
+def build_nodes(spec: list[tuple[list[int], str, int | None, int | None]]) -> list[Node]:
+    mem = {"T4": T4_MIB, "V100M32": 32510}
+    out = []
+    for i, (used, model, live, cpu) in enumerate(spec):
+        lives = [None if live is None else max(live - u * 10, 0) for u in used]
+        out.append(make_node(f"n{i}", used, model=model, memory_mib=mem[model], live=lives, cpu=cpu))
+    return out
+
+
+@pytest.mark.parametrize("name", POLICIES)
+@settings(max_examples=60, deadline=None)
+@given(spec=nodes_strategy, demands=st.lists(demand_strategy, min_size=1, max_size=12))
+def test_placing_a_sequence_never_over_commits_and_is_deterministic(
+    name: str, spec: list[tuple[list[int], str, int | None, int | None]], demands: list[Demand]
+) -> None:
+    nodes = build_nodes(spec)
+    pol = policy(name)
+    for demand in demands:
+        got = place(nodes, demand, pol)
+        assert got == place(nodes, demand, policy(name))  # a fresh policy decides the same
+        if not isinstance(got, Placement):
+            assert len(got) == len(nodes)
+            continue
+        node, gpus = got
+        assert len(gpus) == demand.count == len(set(gpus))
+        assert pol.filter(node, demand) is None
+        new = []
+        for g in node.gpus:
+            if g.index not in gpus:
+                new.append(g)
+                continue
+            milli, mib = demand.on(g.memory_mib)
+            after = g.reserve(milli, mib)
+            assert after.milli_used <= 1000
+            assert after.memory_used_mib <= after.memory_mib
+            assert after.live_free_mib is None or mib <= after.live_free_mib - 256
+            new.append(after)
+        cpu = None if node.cpu_milli_free is None else node.cpu_milli_free - demand.cpu_milli
+        assert cpu is None or cpu >= 0
+        pos = nodes.index(node)
+        nodes[pos] = Node(node.name, tuple(new), cpu_milli_free=cpu)
+
+
+# --- the settled-hole refinement -------------------------------------------------------------------------
+
+PAIRS = TargetWorkload(
+    (
+        PodShape(0, 470, 1, frozenset(), 0.4),
+        PodShape(0, 320, 1, frozenset(), 0.3),
+        PodShape(0, 810, 1, frozenset(), 0.2),
+        PodShape(0, 0, 0, frozenset(), 0.1),
+    )
+)
+
+
+@pytest.mark.parametrize(
+    ("shape", "hole", "waste"),
+    [
+        pytest.param(810, 190, 190.0, id="810-holes-are-never-filled"),
+        pytest.param(810, 1000, 190.0, id="every-empty-gpu-ends-with-an-810-hole"),
+        pytest.param(500, 500, 0.0, id="halves-pair-up"),
+        pytest.param(500, 1000, 0.0, id="halves-fill-whole-gpus"),
+    ],
+)
+def test_settled_waste_of_single_shape_workloads(shape: int, hole: int, waste: float) -> None:
+    wl = TargetWorkload((PodShape(0, shape, 1, frozenset(), 1.0),))
+    assert wl.settled_waste(pool_gpus=500)[hole] == waste
+
+
+def test_settled_waste_is_deterministic_and_ranks_holes_by_how_well_they_fill() -> None:
+    v = PAIRS.settled_waste(pool_gpus=2000)
+    assert v == TargetWorkload(PAIRS.shapes).settled_waste(pool_gpus=2000)
+    assert v[210] == 210.0  # nothing in the workload fits 210
+    assert v[360] < v[530] < v[210]
+
+
+def test_fragaware_keeps_the_470_hole_that_fgd_spends_on_a_320() -> None:
+    # GPU 0 has 530 free (after a 470), GPU 1 has 680 (after a 320). FGD puts the next 320 into the
+    # 530 hole, leaving 210 that nothing fills; fragaware starts the 320 triple on GPU 1.
+    node = make_node("n", [470, 320])
+    demand = frac(320)
+    assert registry.create("fgd", PAIRS).choose_gpus(node, demand) == (0,)
+    assert registry.create("fragaware", PAIRS).choose_gpus(node, demand) == (1,)
