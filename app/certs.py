@@ -1,4 +1,7 @@
-"""A private CA and a TLS serving certificate for the webhook (what the apiserver's caBundle must trust)."""
+"""A private CA and TLS serving certificates, EC P-256.
+
+For the webhook (`gpupack certs`: what the apiserver's caBundle must trust) and the dev cluster's PKI.
+"""
 
 from __future__ import annotations
 
@@ -41,8 +44,16 @@ def service_dns_names(service: str, namespace: str) -> list[str]:
     ]
 
 
-def new_ca(common_name: str = "gpupack-webhook-ca", days: int = 3650) -> Pem:
-    key = ec.generate_private_key(ec.SECP256R1())
+def new_key() -> ec.EllipticCurvePrivateKey:
+    """EC P-256: Go and Python accept it, and it takes microseconds where an RSA key takes tens of ms."""
+    return ec.generate_private_key(ec.SECP256R1())
+
+
+def make_ca(
+    common_name: str = "gpupack-webhook-ca", days: int = 3650
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A self-signed CA that may sign leaf certificates only (pathLen 0)."""
+    key = new_key()
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
     now = dt.datetime.now(dt.UTC)
     cert = (
@@ -58,24 +69,36 @@ def new_ca(common_name: str = "gpupack-webhook-ca", days: int = 3650) -> Pem:
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
         .sign(key, hashes.SHA256())
     )
-    return Pem(_cert_pem(cert), _key_pem(key))
+    return cert, key
 
 
-def new_serving_cert(ca: Pem, dns: Sequence[str], ips: Sequence[str], days: int = 365) -> Pem:
-    """A serverAuth certificate signed by `ca`. Go's TLS ignores the CN, so every name must be a SAN."""
+def new_ca(common_name: str = "gpupack-webhook-ca", days: int = 3650) -> Pem:
+    return to_pem(*make_ca(common_name, days))
+
+
+def issue_serving_cert(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    dns: Sequence[str],
+    ips: Sequence[str],
+    *,
+    days: int = 365,
+    common_name: str | None = None,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A serverAuth certificate signed by the CA. Go's TLS ignores the CN, so every name must be a SAN.
+
+    The CN defaults to the first name; it never outlives the CA.
+    """
     if not dns and not ips:
         raise ValueError("a serving certificate needs at least one DNS name or IP address")
-    ca_cert = x509.load_pem_x509_certificate(ca.cert)
-    ca_key = serialization.load_pem_private_key(ca.key, password=None)
-    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
-        raise ValueError("the CA key must be an EC key (as `gpupack certs` makes it)")
-    key = ec.generate_private_key(ec.SECP256R1())
+    key = new_key()
     sans: list[x509.GeneralName] = [x509.DNSName(d) for d in dns]
     sans += [x509.IPAddress(ipaddress.ip_address(ip)) for ip in ips]
+    cn = common_name or (list(dns) or list(ips))[0]
     now = dt.datetime.now(dt.UTC)
     cert = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, (list(dns) or list(ips))[0])]))
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)]))
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -92,7 +115,28 @@ def new_serving_cert(ca: Pem, dns: Sequence[str], ips: Sequence[str], days: int 
         )
         .sign(ca_key, hashes.SHA256())
     )
-    return Pem(_cert_pem(cert), _key_pem(key))
+    return cert, key
+
+
+def new_serving_cert(
+    ca: Pem, dns: Sequence[str], ips: Sequence[str], days: int = 365, *, common_name: str | None = None
+) -> Pem:
+    """`issue_serving_cert` for a CA given as PEM (as `gpupack certs` writes it)."""
+    ca_cert = x509.load_pem_x509_certificate(ca.cert)
+    ca_key = serialization.load_pem_private_key(ca.key, password=None)
+    if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
+        raise ValueError("the CA key must be an EC key (as `gpupack certs` makes it)")
+    return to_pem(*issue_serving_cert(ca_cert, ca_key, dns, ips, days=days, common_name=common_name))
+
+
+def to_pem(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Pem:
+    return Pem(cert.public_bytes(serialization.Encoding.PEM), key_pem(key))
+
+
+def write_pem(pem: Pem, cert: Path, key: Path) -> None:
+    """Key before certificate, each replaced atomically (see `write_bundle`); the key is owner-only."""
+    write_atomic(key, pem.key, 0o600)
+    write_atomic(cert, pem.cert, 0o644)
 
 
 def ca_bundle(ca_cert_pem: bytes) -> str:
@@ -112,13 +156,10 @@ def write_bundle(
     ca_cert, ca_key = out / CA_CERT, out / CA_KEY
     if fresh_ca or not (ca_cert.exists() and ca_key.exists()):
         ca = new_ca()
-        _write(ca_key, ca.key, 0o600)
-        _write(ca_cert, ca.cert, 0o644)
+        write_pem(ca, ca_cert, ca_key)
     else:
         ca = Pem(ca_cert.read_bytes(), ca_key.read_bytes())
-    serving = new_serving_cert(ca, dns, ips, days)
-    _write(out / TLS_KEY, serving.key, 0o600)
-    _write(out / TLS_CERT, serving.cert, 0o644)
+    write_pem(new_serving_cert(ca, dns, ips, days), out / TLS_CERT, out / TLS_KEY)
     return ca_bundle(ca.cert)
 
 
@@ -136,17 +177,13 @@ def _key_usage(cert_sign: bool) -> x509.KeyUsage:
     )
 
 
-def _cert_pem(cert: x509.Certificate) -> bytes:
-    return cert.public_bytes(serialization.Encoding.PEM)
-
-
-def _key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
+def key_pem(key: ec.EllipticCurvePrivateKey) -> bytes:
     return key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
 
 
-def _write(path: Path, data: bytes, mode: int) -> None:
+def write_atomic(path: Path, data: bytes, mode: int) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     try:
         os.fchmod(fd, mode)

@@ -1,21 +1,21 @@
-"""The dev cluster's PKI: a CA, serving certs (apiserver, scheduler, webhook), the service-account key."""
+"""The dev cluster's PKI: a CA, serving certs (apiserver, scheduler, webhook), the service-account key.
+
+The certificates themselves come from `app.certs`, as `gpupack certs` makes the webhook's.
+"""
 
 from __future__ import annotations
 
-import datetime as dt
 import ipaddress
 from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
-# EC P-256 everywhere: Go and Python accept it, and key generation takes microseconds instead of the
-# tens of milliseconds an RSA key costs, which matters for a cluster made fresh per test session.
-_VALIDITY = dt.timedelta(days=365)
-_SKEW = dt.timedelta(hours=1)  # not-before in the past so a slightly skewed clock still accepts a fresh cert
+from app import certs
+
+_VALIDITY_DAYS = 365
 
 LOOPBACK_SANS: tuple[str, ...] = ("127.0.0.1", "localhost")
 # Names the in-cluster `kubernetes` Service would answer to; 10.0.0.1 is the first IP of the service range
@@ -47,45 +47,8 @@ def san_entries(names: tuple[str, ...]) -> list[x509.GeneralName]:
     return out
 
 
-def _key() -> ec.EllipticCurvePrivateKey:
-    return ec.generate_private_key(ec.SECP256R1())
-
-
-def _now() -> dt.datetime:
-    return dt.datetime.now(dt.UTC)
-
-
 def make_ca(common_name: str = "gpupack-dev-ca") -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
-    key = _key()
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)])
-    ski = x509.SubjectKeyIdentifier.from_public_key(key.public_key())
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - _SKEW)
-        .not_valid_after(_now() + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(
-            x509.KeyUsage(
-                digital_signature=True,
-                key_cert_sign=True,
-                crl_sign=True,
-                content_commitment=False,
-                key_encipherment=False,
-                data_encipherment=False,
-                key_agreement=False,
-                encipher_only=False,
-                decipher_only=False,
-            ),
-            critical=True,
-        )
-        .add_extension(ski, critical=False)
-        .sign(key, hashes.SHA256())
-    )
-    return cert, key
+    return certs.make_ca(common_name, days=_VALIDITY_DAYS)
 
 
 def issue_server_cert(
@@ -95,38 +58,10 @@ def issue_server_cert(
     sans: tuple[str, ...],
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     """A TLS serving certificate for `sans`, signed by the CA."""
-    key = _key()
-    ca_ski = ca_cert.extensions.get_extension_for_class(x509.SubjectKeyIdentifier).value
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
-        .issuer_name(ca_cert.subject)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(_now() - _SKEW)
-        .not_valid_after(_now() + _VALIDITY)
-        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-        .add_extension(x509.SubjectAlternativeName(san_entries(sans)), critical=False)
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
-        .add_extension(x509.AuthorityKeyIdentifier.from_issuer_subject_key_identifier(ca_ski), critical=False)
-        .sign(ca_key, hashes.SHA256())
-    )
-    return cert, key
-
-
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
-    path.write_bytes(
-        key.private_bytes(
-            serialization.Encoding.PEM,
-            serialization.PrivateFormat.PKCS8,
-            serialization.NoEncryption(),
-        )
-    )
-    path.chmod(0o600)
-
-
-def _write_cert(path: Path, cert: x509.Certificate) -> None:
-    path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    entries = san_entries(sans)
+    dns = [e.value for e in entries if isinstance(e, x509.DNSName)]
+    ips = [str(e.value) for e in entries if isinstance(e, x509.IPAddress)]
+    return certs.issue_serving_cert(ca_cert, ca_key, dns, ips, days=_VALIDITY_DAYS, common_name=common_name)
 
 
 @dataclass(frozen=True)
@@ -162,20 +97,17 @@ class Pki:
     def write(self) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         ca_cert, ca_key = make_ca()
-        _write_cert(self.ca.cert, ca_cert)
-        _write_key(self.ca.key, ca_key)
+        certs.write_pem(certs.to_pem(ca_cert, ca_key), self.ca.cert, self.ca.key)
         for paths, cn, sans in (
             (self.apiserver, "kube-apiserver", APISERVER_SANS),
             (self.scheduler, "kube-scheduler", LOOPBACK_SANS),
             (self.webhook, "gpupack-webhook", LOOPBACK_SANS),
         ):
-            cert, key = issue_server_cert(ca_cert, ca_key, cn, sans)
-            _write_cert(paths.cert, cert)
-            _write_key(paths.key, key)
-        sa = _key()
-        _write_key(self.sa_key, sa)
-        self.sa_pub.write_bytes(
-            sa.public_key().public_bytes(
-                serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
-            )
+            serving = certs.to_pem(*issue_server_cert(ca_cert, ca_key, cn, sans))
+            certs.write_pem(serving, paths.cert, paths.key)
+        sa = certs.new_key()
+        certs.write_atomic(self.sa_key, certs.key_pem(sa), 0o600)
+        pub = sa.public_key().public_bytes(
+            serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
+        certs.write_atomic(self.sa_pub, pub, 0o644)

@@ -21,24 +21,33 @@ Fixtures
                         stays Terminating: no kube-controller-manager runs, so nothing finalizes it).
   gpu_nodes  (function) factory gpu_nodes(count, gpus_per_node=8, model="A100-40GB", labels=None) -> names;
                         creates kwok GPU nodes (unique names), waits until Ready, deletes them afterwards.
+  gpunode_crd (session) the GPUNode CRD from deploy/crds, created (an existing one is kept) and Established.
+  run_gpupack (session) run_gpupack(*args, env=..., timeout=300) -> CompletedProcess: `gpupack ARGS` as the
+                        console script runs it (this interpreter, from the repo), output captured, no check.
 Helpers: `from app.devcluster import wait_for, node_body, ComponentSpec, HealthCheck` (wait_for polls with a
-deadline and names what it waited for). Binaries: $GPUPACK_K8S_BIN or tests/k8s/build.sh; if neither works
-the session FAILS (never skips). A failed test's report carries the tail of every component log.
+deadline and names what it waited for); `from app.devcluster.addons import install_crd, install_rbac` (create,
+an existing object is kept; install_crd waits until Established). Binaries: $GPUPACK_K8S_BIN or
+tests/k8s/build.sh; if neither works the session FAILS (never skips). A failed test's report carries the
+tail of every component log.
 """
 
 from __future__ import annotations
 
+import subprocess
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 
 from app.devcluster import BinariesError, Cluster, ensure_binaries
+from app.devcluster.addons import CRD_RELPATH, gpupack_cli, install_crd
 
 HERE = Path(__file__).parent
+REPO = HERE.parents[1]
 _active: list[Cluster] = []
 
 
@@ -115,3 +124,24 @@ def gpu_nodes(cluster: Cluster, core: Any) -> Iterator[Callable[..., list[str]]]
     yield make
     for name in created:
         core.delete_node(name)
+
+
+@pytest.fixture(scope="session")
+def gpunode_crd(kube: Any) -> None:
+    install_crd(kube, yaml.safe_load((REPO / CRD_RELPATH).read_text()))
+
+
+@pytest.fixture(scope="session")
+def run_gpupack() -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            gpupack_cli(*args),
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    return run

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import os
 import socket
 import sys
@@ -20,6 +19,7 @@ from kubernetes.utils import parse_quantity
 
 from app import catalog, names
 from app.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
+from app.devcluster.addons import install_rbac
 from app.kube.gpunode import GPUNode
 from app.model import Allocation
 
@@ -29,31 +29,12 @@ MEM = catalog.lookup(MODEL).memory_mib
 HEARTBEAT_S = 2  # so staleness (3 heartbeats) shows within seconds
 
 
-def _ignore_exists(call: Callable[[], object]) -> None:
-    try:
-        call()
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-
 @pytest.fixture(scope="module")
-def installed(cluster: Cluster, kube: Any) -> None:
+def installed(cluster: Cluster, kube: Any, gpunode_crd: None) -> None:
     """The CRD and the agent's RBAC, exactly as deploy/ ships them."""
-    crd = yaml.safe_load((REPO / "deploy/crds/gpunodes.gpupack.io.yaml").read_text())
-    ext = client.ApiextensionsV1Api(kube)
-    _ignore_exists(lambda: ext.create_custom_resource_definition(crd))
-
-    def established() -> bool:
-        conds = ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conds)
-
-    wait_for(established, 30, "GPUNode CRD established")
-    rbac = client.RbacAuthorizationV1Api(kube)
-    create = {"ClusterRole": rbac.create_cluster_role, "ClusterRoleBinding": rbac.create_cluster_role_binding}
-    for doc in yaml.safe_load_all((REPO / "deploy/agent/rbac.yaml").read_text()):
-        if doc["kind"] in create:  # the ServiceAccount is implied by the harness's static token
-            _ignore_exists(functools.partial(create[doc["kind"]], doc))
+    docs = yaml.safe_load_all((REPO / "deploy/agent/rbac.yaml").read_text())
+    # The ServiceAccount is implied by the harness's static token.
+    install_rbac(kube, [d for d in docs if d["kind"] in {"ClusterRole", "ClusterRoleBinding"}])
 
 
 def qty(resources: dict[str, str], key: str) -> int | None:

@@ -16,7 +16,7 @@ import urllib.parse
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from functools import partial
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +27,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
+from app.devcluster.addons import install_crd
 from app.devcluster.ports import free_ports
 from webhook import registration
 
@@ -90,21 +91,15 @@ def release_name() -> str:
     return f"gpupack-{uuid.uuid4().hex[:6]}"
 
 
-def _ignore_exists(call: Callable[[], object]) -> None:
-    try:
-        call()
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-
 @pytest.fixture(scope="module")
-def crds(kube: Any) -> None:
-    """The GPUNode CRD for real (from the chart), and stand-ins for cert-manager and monitoring kinds."""
-    ext = client.ApiextensionsV1Api(kube)
-    docs = [yaml.safe_load((CHART / "crds/gpunodes.gpupack.io.yaml").read_text())]
+def crds(kube: Any, gpunode_crd: None) -> None:
+    """The GPUNode CRD for real, and stand-ins for cert-manager and monitoring kinds.
+
+    `gpunode_crd` creates it from deploy/crds, the file the chart's copy is made from (and checked against).
+    """
     for group, kind, plural in STUB_CRDS:
-        docs.append(
+        install_crd(
+            kube,
             {
                 "apiVersion": "apiextensions.k8s.io/v1",
                 "kind": "CustomResourceDefinition",
@@ -132,19 +127,8 @@ def crds(kube: Any) -> None:
                         }
                     ],
                 },
-            }
+            },
         )
-    for doc in docs:
-        _ignore_exists(partial(ext.create_custom_resource_definition, doc))
-
-    def established() -> bool:
-        for doc in docs:
-            conds = ext.read_custom_resource_definition(doc["metadata"]["name"]).status.conditions or []
-            if not any(c.type == "Established" and c.status == "True" for c in conds):
-                return False
-        return True
-
-    wait_for(established, 30, "CRDs established")
 
 
 def test_helm_lint_passes_for_every_variant(helm: str) -> None:
@@ -205,8 +189,7 @@ def test_every_object_passes_server_side_dry_run(
         kinds.add(obj["kind"])
         if obj["kind"] == "CustomResourceDefinition":
             continue  # created for real by `crds`, from the same file
-        res = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-        ns = obj["metadata"].get("namespace") if res.namespaced else None
+        res, ns = resource_of(dyn, obj)
         if res.namespaced:
             assert ns, f"{obj['kind']}/{obj['metadata']['name']} has no namespace"
         try:
@@ -222,23 +205,42 @@ def test_every_object_passes_server_side_dry_run(
 RBAC_KINDS = ("ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 
 
-@pytest.fixture
-def rbac_release(helm: str, kube: Any, namespace: str) -> Iterator[tuple[str, str]]:
-    """The chart's RBAC created for real (unique release, test namespace); removed afterwards."""
-    release = release_name()
-    objs = [o for o in render(helm, release, namespace) if o["kind"] in RBAC_KINDS]
+def resource_of(dyn: DynamicClient, obj: dict[str, Any]) -> tuple[Any, str | None]:
+    """The dynamic client's resource for `obj`, and the namespace to use (None when cluster-scoped)."""
+    res = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
+    return res, obj["metadata"].get("namespace") if res.namespaced else None
+
+
+@contextmanager
+def created(kube: Any, objs: list[dict[str, Any]], *, keep_existing: bool = False) -> Iterator[None]:
+    """`objs` created for real, in order; on exit what was created is deleted, newest first.
+
+    keep_existing: an object that already exists (another test's copy) is left be instead of failing.
+    """
     dyn = DynamicClient(kube)
     made = []
     try:
         for obj in objs:
-            res = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-            ns = obj["metadata"].get("namespace") if res.namespaced else None
-            res.create(body=obj, namespace=ns)
+            res, ns = resource_of(dyn, obj)
+            try:
+                res.create(body=obj, namespace=ns)
+            except Exception as exc:  # the dynamic client wraps ApiException in its own types
+                if not keep_existing or getattr(exc, "status", None) != 409:
+                    raise
+                continue
             made.append((res, obj["metadata"]["name"], ns))
-        yield release, namespace
+        yield
     finally:
         for res, name, ns in reversed(made):
             res.delete(name=name, namespace=ns)
+
+
+@pytest.fixture
+def rbac_release(helm: str, kube: Any, namespace: str) -> Iterator[tuple[str, str]]:
+    """The chart's RBAC created for real (unique release, test namespace); removed afterwards."""
+    release = release_name()
+    with created(kube, [o for o in render(helm, release, namespace) if o["kind"] in RBAC_KINDS]):
+        yield release, namespace
 
 
 def can(kube: Any, user: str, namespace: str, verb: str, resource: str, **attrs: str) -> bool:
@@ -394,23 +396,8 @@ def share_pod(name: str, annotations: dict[str, str]) -> dict[str, Any]:
 def chart_rbac(helm: str, kube: Any) -> Iterator[None]:
     """The chart's RBAC for the dev identities (ServiceAccounts gpupack-system/gpupack-*), then removed."""
     objs = [o for o in render(helm, "gpupack", GPUPACK_NAMESPACE) if o["kind"] in RBAC_KINDS]
-    dyn = DynamicClient(kube)
-    made = []
-    try:
-        for obj in objs:
-            res = dyn.resources.get(api_version=obj["apiVersion"], kind=obj["kind"])
-            ns = obj["metadata"].get("namespace") if res.namespaced else None
-            try:
-                res.create(body=obj, namespace=ns)
-            except Exception as exc:
-                if getattr(exc, "status", None) != 409:
-                    raise
-                continue  # another test's copy; leave it be
-            made.append((res, obj["metadata"]["name"], ns))
+    with created(kube, objs, keep_existing=True):
         yield
-    finally:
-        for res, name, ns in reversed(made):
-            res.delete(name=name, namespace=ns)
 
 
 def test_every_dashboard_query_returns_data_from_a_real_prometheus(  # noqa: PLR0917 (fixtures)

@@ -10,10 +10,9 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,16 +46,7 @@ ENV_REFS = {
 }
 
 
-def gpupack(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", *args],  # what the `gpupack` console script runs
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @dataclass
@@ -86,7 +76,7 @@ class Dev:
 
 
 @pytest.fixture(scope="module")
-def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
+def dev(tmp_path_factory: pytest.TempPathFactory, run_gpupack: Run) -> Iterator[Dev]:
     try:
         bins = ensure_binaries()
     except BinariesError as exc:
@@ -94,7 +84,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
     d = tmp_path_factory.mktemp("dev-e2e") / "dev"
     env = {**os.environ, "GPUPACK_K8S_BIN": str(bins)}
     t0 = time.monotonic()
-    up = gpupack(
+    up = run_gpupack(
         "dev", "up", "--dir", str(d), "--nodes", "2", "--gpus-per-node", "2", "--gpu-model", MODEL, env=env
     )  # fmt: skip
     seconds = time.monotonic() - t0
@@ -106,7 +96,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Dev]:
         yield handle
     finally:
         # Whatever a test did, never leave a cluster behind (a no-op once test_down has run).
-        gpupack("dev", "down", "--dir", str(d), env=env, timeout=120)
+        run_gpupack("dev", "down", "--dir", str(d), env=env, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +161,7 @@ def extender_binds(dev: Dev) -> float:
     return 0.0
 
 
-def test_up_starts_and_records_every_component(dev: Dev) -> None:
+def test_up_starts_and_records_every_component(dev: Dev, run_gpupack: Run) -> None:
     with dev.explained():
         kubeconfig = dev.dir / "kubeconfig"
         out = dev.up.stdout
@@ -186,7 +176,7 @@ def test_up_starts_and_records_every_component(dev: Dev) -> None:
         for name in COMPONENTS:
             assert (dev.dir / "logs" / f"{name}.log").is_file(), name
 
-        status = gpupack("dev", "status", "--dir", str(dev.dir), env=dev.env)
+        status = run_gpupack("dev", "status", "--dir", str(dev.dir), env=dev.env)
         assert status.returncode == 0, status.stdout + status.stderr
         rows = {line.split()[0]: line for line in status.stdout.splitlines()[1:] if line.strip()}
         for name in [*CONTROL_PLANE, *COMPONENTS]:
@@ -275,16 +265,16 @@ def test_invalid_fraction_is_refused_with_the_webhooks_message(dev: Dev, core: A
         assert f'admission webhook \\"{HOOK}\\" denied the request: {message}' in err.value.body
 
 
-def test_down_leaves_no_process(dev: Dev) -> None:
+def test_down_leaves_no_process(dev: Dev, run_gpupack: Run) -> None:
     with dev.explained():
         procs = dev.state["processes"]
         assert len(procs) == len(CONTROL_PLANE) + len(COMPONENTS)
-        down = gpupack("dev", "down", "--dir", str(dev.dir), env=dev.env, timeout=120)
+        down = run_gpupack("dev", "down", "--dir", str(dev.dir), env=dev.env, timeout=120)
         assert down.returncode == 0, down.stderr
         assert f"stopped {len(procs)} processes" in down.stdout
         for p in procs:
             assert not pid_alive(p["pid"], p["ticks"]), p["name"]
             assert group_members(p["pid"]) == [], p["name"]
         assert not (dev.dir / "state.json").exists()
-        status = gpupack("dev", "status", "--dir", str(dev.dir), env=dev.env)
+        status = run_gpupack("dev", "status", "--dir", str(dev.dir), env=dev.env)
         assert status.returncode == 1

@@ -16,11 +16,10 @@ from typing import Any
 
 import pytest
 import yaml
-from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from app import catalog, names
-from app.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
+from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
+from app.devcluster.addons import install_rbac
 from app.kube import gpunode
 from app.kube.client import Kube
 from app.kube.state import demand_of, node_order_key
@@ -30,7 +29,7 @@ from app.placement import Placement, place, registry, to_allocation
 REPO = Path(__file__).resolve().parents[2]
 POOL = "gpupack.test/pool"
 MODEL = "A100-40GB"
-LEASE_NS = "gpupack-system"
+LEASE_NS = GPUPACK_NAMESPACE
 PROC = "gpupack-extender"
 
 EXTENDER_RULES = [
@@ -41,34 +40,18 @@ EXTENDER_RULES = [
 ]
 
 
-def _ignore_exists(call: Callable[[], object]) -> None:
-    try:
-        call()
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-
-
 @pytest.fixture(scope="module")
-def setup(cluster: Cluster, kube: Any, core: Any) -> Kube:
-    """CRD, lease namespace, the extender's RBAC (what the chart must ship); returns an admin client."""
-    crd = yaml.safe_load((REPO / "deploy/crds/gpunodes.gpupack.io.yaml").read_text())
-    ext = client.ApiextensionsV1Api(kube)
-    _ignore_exists(lambda: ext.create_custom_resource_definition(crd))
+def setup(cluster: Cluster, kube: Any, gpunode_crd: None) -> Kube:
+    """CRD, the extender's RBAC (what the chart must ship); returns an admin client.
 
-    def established() -> bool:
-        conds = ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conds)
-
-    wait_for(established, 30, "GPUNode CRD established")
-    _ignore_exists(lambda: core.create_namespace({"metadata": {"name": LEASE_NS}}))
-    rbac = client.RbacAuthorizationV1Api(kube)
-    _ignore_exists(
-        lambda: rbac.create_cluster_role({"metadata": {"name": "gpupack-extender"}, "rules": EXTENDER_RULES})
-    )
-    _ignore_exists(
-        lambda: rbac.create_cluster_role_binding(
+    The lease namespace (gpupack-system) is the harness's own: it creates it at start.
+    """
+    install_rbac(
+        kube,
+        [
+            {"kind": "ClusterRole", "metadata": {"name": "gpupack-extender"}, "rules": EXTENDER_RULES},
             {
+                "kind": "ClusterRoleBinding",
                 "metadata": {"name": "gpupack-extender"},
                 "roleRef": {
                     "apiGroup": "rbac.authorization.k8s.io",
@@ -76,8 +59,8 @@ def setup(cluster: Cluster, kube: Any, core: Any) -> Kube:
                     "name": "gpupack-extender",
                 },
                 "subjects": [{"kind": "ServiceAccount", "name": "gpupack-extender", "namespace": LEASE_NS}],
-            }
-        )
+            },
+        ],
     )
     return Kube.connect(str(cluster.kubeconfig))
 

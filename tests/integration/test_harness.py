@@ -274,26 +274,16 @@ def test_unknown_token_is_unauthorized(cluster: Cluster) -> None:
     assert (status, message) == (401, "Unauthorized")
 
 
-def _dev(*args: str, env: dict[str, str], timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "app.cli", "dev", *args],  # what the `gpupack` console script runs
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def test_dev_up_is_idempotent_daemonized_and_down_leaves_no_process(cluster: Cluster, tmp_path: Path) -> None:
+def test_dev_up_is_idempotent_daemonized_and_down_leaves_no_process(
+    cluster: Cluster, tmp_path: Path, run_gpupack: Callable[..., subprocess.CompletedProcess[str]]
+) -> None:
     env = {**os.environ, "GPUPACK_K8S_BIN": str(cluster.bin_dir)}
     d = tmp_path / "dev"
     state = d / "state.json"
     # --no-components: the control plane alone (gpupack's own processes: tests/integration/test_dev_e2e.py).
-    up = _dev(
-        "up", "--dir", str(d), "--nodes", "2", "--gpus-per-node", "2", "--gpu-model", "T4", "--no-components",
-        env=env,
+    up = run_gpupack(
+        "dev", "up", "--dir", str(d), "--nodes", "2", "--gpus-per-node", "2", "--gpu-model", "T4",
+        "--no-components", env=env, timeout=240,
     )  # fmt: skip
     try:
         assert up.returncode == 0, up.stderr
@@ -309,19 +299,19 @@ def test_dev_up_is_idempotent_daemonized_and_down_leaves_no_process(cluster: Clu
         assert sorted(n.metadata.name for n in nodes) == ["gpu-node-0", "gpu-node-1"]
         assert {parse_quantity(n.status.allocatable[names.RESOURCE_GPU_MILLI]) for n in nodes} == {2000}
 
-        again = _dev("up", "--dir", str(d), env=env)
+        again = run_gpupack("dev", "up", "--dir", str(d), env=env, timeout=240)
         assert again.returncode == 0, again.stderr
         assert again.stdout.startswith(f"gpupack dev cluster already running in {d}")
         assert json.loads(state.read_text())["processes"] == procs  # same pids: nothing restarted
 
-        status = _dev("status", "--dir", str(d), env=env)
+        status = run_gpupack("dev", "status", "--dir", str(d), env=env, timeout=240)
         assert status.returncode == 0, status.stdout
         assert status.stdout.count("healthy") == 4
     finally:
-        down = _dev("down", "--dir", str(d), env=env, timeout=120)
+        down = run_gpupack("dev", "down", "--dir", str(d), env=env, timeout=120)
     assert down.returncode == 0, down.stderr
     for p in procs:
         assert not pid_alive(p["pid"], p["ticks"]), p["name"]
         assert group_members(p["pid"]) == [], p["name"]
     assert not state.exists()
-    assert _dev("status", "--dir", str(d), env=env).returncode == 1
+    assert run_gpupack("dev", "status", "--dir", str(d), env=env, timeout=240).returncode == 1
