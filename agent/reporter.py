@@ -159,6 +159,27 @@ def significant_change(old: GPUNodeStatus | None, new: GPUNodeStatus, threshold_
     return ""
 
 
+def capacity_grew(
+    old: GPUNodeStatus | None, new: GPUNodeStatus, threshold_mib: int, stale_after_s: int
+) -> str:
+    """Why the node can now take pods it could not before ("" if it cannot): worth a scheduler retry.
+
+    Pods the extender turned down are only retried by kube-scheduler on a cluster event; GPUNode
+    changes are not one, so the agent turns these into a Node annotation change.
+    """
+    if old is None:
+        return "agent started"
+    if new.heartbeat_time - old.heartbeat_time > stale_after_s:
+        return "heartbeat resumed"
+    for a, b in zip(old.gpus, new.gpus, strict=False):
+        if b.healthy and not a.healthy:
+            return f"GPU {b.index} healthy"
+        before, after = a.memory_used_mib, b.memory_used_mib
+        if before is not None and after is not None and before - after >= threshold_mib:
+            return f"GPU {b.index} memory freed"
+    return ""
+
+
 # --- writing ---
 
 
@@ -213,8 +234,17 @@ class Reporter:
         why = significant_change(self._status, status, self.config.memory_threshold_mib)
         due = (heartbeat_due or (why and calm)) and self._may("status", now)
         if due and self._write("status", gpunode.patch_status(self.node, status), now) is not None:
+            grew = capacity_grew(
+                self._status, status, self.config.memory_threshold_mib, self.config.stale_after_s
+            )
             self._status, self._status_at = status, now
             written.append("status")
+            # After the status, so the extender already sees the room when the scheduler retries.
+            if grew and self._write(
+                "node_capacity", gpunode.patch_node_capacity_changed(self.node, now), now
+            ):
+                _log.info("capacity grew; nudging the scheduler", extra={"node": self.node, "why": grew})
+                written.append("node_capacity")
         return written
 
     def _may(self, kind: str, now: float) -> bool:
@@ -234,7 +264,9 @@ class Reporter:
 
     @staticmethod
     def _group(kind: str) -> str:
-        return {"node_status": "node", "node_labels": "node", "create": "spec"}.get(kind, kind)
+        return {"node_status": "node", "node_labels": "node", "node_capacity": "node", "create": "spec"}.get(
+            kind, kind
+        )
 
     def _failed(self, kind: str, exc: KubeError, now: float) -> None:
         # A failed write is retried after min_interval, not on every tick.

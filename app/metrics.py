@@ -185,6 +185,7 @@ class AgentWrite(_agent_enum.StrEnum):
 
     NODE_STATUS = "node_status"  # extended resources in node status (re-asserted every heartbeat)
     NODE_LABELS = "node_labels"
+    NODE_CAPACITY = "node_capacity"  # annotation that makes kube-scheduler retry pods the extender refused
     CREATE = "create"  # the GPUNode object
     SPEC = "spec"
     STATUS = "status"

@@ -45,6 +45,9 @@ LABEL_MANAGED: Final = f"{DOMAIN}/managed"  # pod label set by the webhook; the 
 NODE_LABEL_ENABLED: Final = f"{DOMAIN}/enabled"
 NODE_LABEL_GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
 NODE_LABEL_GPU_MEMORY_MAX_MIB: Final = f"{DOMAIN}/gpu-memory-max-mib"
+# Node annotation the agent bumps when its node can take more than before. kube-scheduler does not watch
+# GPUNodes, so without a Node event a pod the extender turned down would wait for an unrelated event.
+NODE_ANNOTATION_CAPACITY_CHANGED: Final = f"{DOMAIN}/capacity-changed-at"
 
 # --- extended resources (node status by the agent; container requests by the webhook) ---
 RESOURCE_GPU_MILLI: Final = f"{DOMAIN}/gpu-milli"

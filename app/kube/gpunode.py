@@ -423,6 +423,12 @@ def patch_node_labels(name: str, labels: Mapping[str, str]) -> Request:
     )
 
 
+def patch_node_capacity_changed(name: str, at: float) -> Request:
+    """Bump the Node annotation whose change makes kube-scheduler retry pods it could not place."""
+    body = {"metadata": {"annotations": {names.NODE_ANNOTATION_CAPACITY_CHANGED: format_time(at)}}}
+    return Request("PATCH", paths.node(name), body, content_type=MERGE_PATCH)
+
+
 def patch_node_resources(name: str, resources: Mapping[str, str]) -> Request:
     """Set capacity and allocatable for our extended resources (the kubelet drops them on re-register)."""
     body = {"status": {"capacity": dict(resources), "allocatable": dict(resources)}}

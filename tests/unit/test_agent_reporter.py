@@ -7,8 +7,10 @@ from typing import Any
 
 import pytest
 
-from agent.reporter import Reporter, ReporterConfig, significant_change
+from agent.reporter import Reporter, ReporterConfig, capacity_grew, significant_change
+from app import names
 from app.errors import KubeError
+from app.kube import gpunode
 from app.kube.client import Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus, MpsStatus, ProcessStatus
 
@@ -36,6 +38,7 @@ class FakeKube:
     def __init__(self) -> None:
         self.requests: list[Request] = []
         self.labels: dict[str, str] = {}
+        self.annotations: dict[str, str] = {}
         self.fail: dict[tuple[str, str], KubeError] = {}  # (method, path) → error, raised until removed
 
     def send(self, req: Request) -> dict[str, Any]:
@@ -44,7 +47,8 @@ class FakeKube:
         if err is not None:
             raise err
         if req.path == "/api/v1/nodes/n1" and req.method == "PATCH":
-            self.labels.update(req.body["metadata"]["labels"])
+            self.labels.update(req.body["metadata"].get("labels", {}))
+            self.annotations.update(req.body["metadata"].get("annotations", {}))
         if req.path.startswith("/api/v1/nodes/n1"):
             return {"metadata": {"name": "n1", "uid": "node-uid", "labels": dict(self.labels)}}
         return {}
@@ -73,9 +77,10 @@ SPEC_PATCH = "PATCH /apis/gpupack.io/v1alpha1/gpunodes/n1"
 
 def test_first_tick_writes_everything_in_order(kube: FakeKube) -> None:
     r = reporter(kube)
-    assert r.tick(SPEC, status(T0), T0) == ["node", "spec", "status"]
+    assert r.tick(SPEC, status(T0), T0) == ["node", "spec", "status", "node_capacity"]
     assert kube.requests[2].body["metadata"]["ownerReferences"][0]["uid"] == "node-uid"
-    assert kube.kinds() == [NODE_STATUS, NODE_LABELS, CREATE, GPUNODE_STATUS]
+    assert kube.kinds() == [NODE_STATUS, NODE_LABELS, CREATE, GPUNODE_STATUS, NODE_LABELS]
+    assert kube.annotations == {names.NODE_ANNOTATION_CAPACITY_CHANGED: gpunode.format_time(T0)}
 
 
 def test_steady_state_is_two_writes_per_heartbeat(kube: FakeKube) -> None:
@@ -142,7 +147,7 @@ def test_spec_change_is_patched(kube: FakeKube) -> None:
 def test_existing_gpunode_after_restart_is_patched_not_recreated(kube: FakeKube) -> None:
     kube.fail[("POST", "/apis/gpupack.io/v1alpha1/gpunodes")] = KubeError(409, "AlreadyExists", "exists")
     r = reporter(kube)
-    assert r.tick(SPEC, status(T0), T0) == ["node", "spec", "status"]
+    assert r.tick(SPEC, status(T0), T0) == ["node", "spec", "status", "node_capacity"]
     assert [k for k in kube.kinds() if "gpunodes" in k] == [CREATE, SPEC_PATCH, GPUNODE_STATUS]
 
 
@@ -157,7 +162,7 @@ def test_missing_crd_is_retried_after_min_interval_not_every_tick(kube: FakeKube
         assert r.tick(SPEC, status(T0 + t), T0 + t) == []
     assert kube.kinds() == []
     del kube.fail[("POST", "/apis/gpupack.io/v1alpha1/gpunodes")]
-    assert r.tick(SPEC, status(T0 + 5), T0 + 5) == ["spec", "status"]
+    assert r.tick(SPEC, status(T0 + 5), T0 + 5) == ["spec", "status", "node_capacity"]
 
 
 def test_deleted_gpunode_is_recreated_with_status(kube: FakeKube) -> None:
@@ -167,7 +172,7 @@ def test_deleted_gpunode_is_recreated_with_status(kube: FakeKube) -> None:
     kube.fail[("PATCH", path)] = KubeError(404, "NotFound", "gone")
     assert "status" not in r.tick(SPEC, status(T0 + 30), T0 + 30)
     del kube.fail[("PATCH", path)]
-    assert r.tick(SPEC, status(T0 + 35), T0 + 35) == ["spec", "status"]
+    assert r.tick(SPEC, status(T0 + 35), T0 + 35) == ["spec", "status", "node_capacity"]
 
 
 def test_status_write_failure_keeps_the_old_heartbeat(kube: FakeKube) -> None:
@@ -195,3 +200,45 @@ def test_status_write_failure_keeps_the_old_heartbeat(kube: FakeKube) -> None:
 def test_significant_change(new: GPUNodeStatus, why: str) -> None:
     assert significant_change(status(T0), new, 256) == why
     assert significant_change(None, new, 256) == "first status"
+
+
+# --- scheduler nudge: pods the extender turned down are retried only on a Node event ---
+
+
+def _gpu(index: int, healthy: bool = True, used: int | None = 0) -> GpuStatus:
+    return GpuStatus(uuid=f"GPU-{index}", index=index, healthy=healthy, memory_used_mib=used)
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "why"),
+    [
+        pytest.param(None, (_gpu(0),), "agent started", id="first-status"),
+        pytest.param(
+            (_gpu(0, used=9000),), (_gpu(0, used=8744),), "GPU 0 memory freed", id="freed-at-threshold"
+        ),
+        pytest.param((_gpu(0, used=9000),), (_gpu(0, used=8745),), "", id="freed-below-threshold"),
+        pytest.param((_gpu(0, used=100),), (_gpu(0, used=9000),), "", id="memory-taken"),
+        pytest.param((_gpu(0, healthy=False),), (_gpu(0),), "GPU 0 healthy", id="gpu-recovered"),
+        pytest.param((_gpu(0),), (_gpu(0, healthy=False),), "", id="gpu-lost"),
+        pytest.param((_gpu(0, used=None),), (_gpu(0, used=0),), "", id="memory-unknown-before"),
+    ],
+)
+def test_capacity_grew(old: tuple[GpuStatus, ...] | None, new: tuple[GpuStatus, ...], why: str) -> None:
+    before = None if old is None else GPUNodeStatus(heartbeat_time=T0, gpus=old)
+    after = GPUNodeStatus(heartbeat_time=T0 + 30, gpus=new)
+    assert capacity_grew(before, after, threshold_mib=256, stale_after_s=90) == why
+
+
+def test_capacity_grew_after_a_heartbeat_gap_longer_than_stale() -> None:
+    old = GPUNodeStatus(heartbeat_time=T0, gpus=(_gpu(0),))
+    assert capacity_grew(old, replace(old, heartbeat_time=T0 + 90), 256, 90) == ""
+    assert capacity_grew(old, replace(old, heartbeat_time=T0 + 91), 256, 90) == "heartbeat resumed"
+
+
+def test_freed_memory_bumps_the_node_annotation_once(kube: FakeKube) -> None:
+    r = reporter(kube)
+    r.tick(SPEC, status(T0, used=9000), T0)
+    kube.kinds()
+    assert "node_capacity" not in r.tick(SPEC, status(T0 + 30, used=9000), T0 + 30)  # plain heartbeat
+    assert r.tick(SPEC, status(T0 + 40, used=100), T0 + 40) == ["status", "node_capacity"]
+    assert kube.annotations[names.NODE_ANNOTATION_CAPACITY_CHANGED] == gpunode.format_time(T0 + 40)
