@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import sys
 from pathlib import Path
 from typing import Any
@@ -31,8 +32,10 @@ def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, henc
     gen = sub.add_parser("certs", help="make a CA and a webhook serving certificate; print the caBundle")
     gen.add_argument("--out", required=True, type=Path, help="directory for ca.crt, ca.key, tls.crt, tls.key")
     gen.add_argument("--dns", action="append", default=[], help="extra DNS SAN (repeatable)")
-    gen.add_argument("--ip", action="append", default=[], help="IP SAN (repeatable), e.g. 127.0.0.1")
-    gen.add_argument("--days", type=int, default=365, help="serving certificate lifetime")
+    gen.add_argument(
+        "--ip", action="append", default=[], type=_ip, help="IP SAN (repeatable), e.g. 127.0.0.1"
+    )
+    gen.add_argument("--days", type=_days, default=365, help="serving certificate lifetime")
     gen.add_argument("--service", default="gpupack-webhook", help="Service name, for the in-cluster DNS SANs")
     gen.add_argument(
         "--namespace", default="gpupack-system", help="Service namespace, for the in-cluster DNS SANs"
@@ -68,6 +71,19 @@ def _serve(args: argparse.Namespace) -> int:
     )
     uvicorn.Server(config).run()
     return 0
+
+
+def _ip(raw: str) -> str:
+    try:
+        return str(ipaddress.ip_address(raw))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--ip={raw!r}: must be an IPv4 or IPv6 address") from None
+
+
+def _days(raw: str) -> int:
+    if not (raw.isascii() and raw.isdigit() and 1 <= int(raw) <= 3650):
+        raise argparse.ArgumentTypeError(f"--days={raw!r}: must be a whole number of days from 1 to 3650")
+    return int(raw)
 
 
 def _certs(args: argparse.Namespace) -> int:

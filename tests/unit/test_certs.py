@@ -110,6 +110,26 @@ def test_cli_prints_only_the_ca_bundle(tmp_path: Path, capsys: pytest.CaptureFix
     assert "webhook.example" in sans.get_values_for_type(x509.DNSName)
 
 
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        pytest.param(["--ip", "notanip"], "--ip='notanip': must be an IPv4 or IPv6 address", id="bad-ip"),
+        pytest.param(
+            ["--days", "0"], "--days='0': must be a whole number of days from 1 to 3650", id="zero-days"
+        ),
+        pytest.param(["--days", "1e3"], "--days='1e3': must be a whole number of days", id="exponent-days"),
+    ],
+)
+def test_cli_refuses_bad_flags_with_the_rule(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["certs", "--out", str(tmp_path), *flags])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "tls.crt").exists()
+
+
 def test_rotated_cert_is_served_to_new_connections(tmp_path: Path) -> None:
     certs.write_bundle(tmp_path, DNS, ["127.0.0.1"])
     now = [0.0]
