@@ -46,7 +46,9 @@ def state(cache: StateDep) -> dict[str, Any]:
 
 @router.get("/explain")
 def explain(
-    cache: StateDep, policy: PolicyDep, pod: str = Query(description="namespace/name of a gpupack pod")
+    cache: StateDep,
+    policy: PolicyDep,
+    pod: str = Query(description="namespace/name of a gpupack pod", pattern=r"^[^/\s]+/[^/\s]+$"),
 ) -> dict[str, Any]:
     info = cache.pod_by_key(pod)
     if info is None:

@@ -313,6 +313,9 @@ def test_state_and_explain() -> None:
     assert [row["fits"] for row in ex["nodes"]] == [True, True]
     assert ex["boundTo"] is None and ex["allocation"] is None
     assert env.client.get("/explain", params={"pod": "ns/none"}).status_code == 404
+    bad = env.client.get("/explain", params={"pod": "no-namespace"})
+    assert bad.status_code == 422
+    assert bad.json()["detail"][0]["loc"] == ["query", "pod"]
 
 
 def test_metrics_expose_cluster_gauges_and_pre_created_outcomes() -> None:
