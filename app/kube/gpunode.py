@@ -6,6 +6,7 @@ should use `GPUNode.from_dict(obj)`, then `.is_stale(now)` and `.to_model_node(n
 
 from __future__ import annotations
 
+import math
 import re
 from collections import Counter
 from collections.abc import Mapping
@@ -352,13 +353,23 @@ class GPUNode:
             )
             for g in self.spec.shared_gpus
         )
-        reason = ""
-        if self.status is None:
-            reason = "agent has not reported yet"
-        elif self.status.is_stale(now):
-            age, limit = int(now - self.status.heartbeat_time), self.status.stale_after_seconds
-            reason = f"agent heartbeat is {age}s old (stale after {limit}s)"
+        reason = (
+            stale_reason(self.status.heartbeat_time or None, self.status.stale_after_seconds, now)
+            if self.status
+            else stale_reason(None, 0, now)
+        )
         return Node(name=self.name, gpus=gpus, schedulable=not reason, unschedulable_reason=reason)
+
+
+def stale_reason(heartbeat: float | None, limit_s: float, now: float) -> str:
+    """Why a node must not get gpupack pods because of its agent's heartbeat ("" when it is fresh)."""
+    if heartbeat is None:
+        return "gpupack agent has not reported a heartbeat"
+    age = now - heartbeat
+    if age <= limit_s:
+        return ""
+    # Rounded up, so the message never reads "6s old (limit 6s)" for 6.4 s.
+    return f"gpupack agent heartbeat is {math.ceil(age)}s old (limit {limit_s:g}s)"
 
 
 # --- what the node advertises ---

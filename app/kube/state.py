@@ -282,19 +282,13 @@ class ClusterCache:
     def _with_heartbeat(self, node: Node, now: float) -> Node:
         if not node.schedulable:
             return node
-        beat = self._heartbeat.get(node.name)
-        if beat is None:
-            return replace(
-                node, schedulable=False, unschedulable_reason="gpupack agent has not reported a heartbeat"
-            )
-        age = now - beat
         limit = (
-            self.heartbeat_timeout_s or self._stale_after.get(node.name) or gpunode.DEFAULT_HEARTBEAT_S * 3
+            self.heartbeat_timeout_s
+            or self._stale_after.get(node.name)
+            or gpunode.DEFAULT_HEARTBEAT_S * gpunode.STALE_FACTOR
         )
-        if age > limit:
-            reason = f"gpupack agent heartbeat is {age:.0f}s old (limit {limit:.0f}s)"
-            return replace(node, schedulable=False, unschedulable_reason=reason)
-        return node
+        reason = gpunode.stale_reason(self._heartbeat.get(node.name), limit, now)
+        return replace(node, schedulable=False, unschedulable_reason=reason) if reason else node
 
     def snapshot(self) -> ClusterState:
         """Every node as the verbs see it (for /state and metrics)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from app.kube import gpunode
 from app.kube.client import MERGE_PATCH
 from app.kube.gpunode import (
@@ -264,5 +266,17 @@ def test_to_model_node_for_the_extender() -> None:
     ]  # the MIG GPU is not offered
     stale = node.to_model_node(T0 + 100)
     assert not stale.schedulable
-    assert stale.unschedulable_reason == "agent heartbeat is 100s old (stale after 90s)"
+    assert stale.unschedulable_reason == "gpupack agent heartbeat is 100s old (limit 90s)"
     assert not GPUNode("gpu-1", SPEC).to_model_node(T0).schedulable
+
+
+@pytest.mark.parametrize(
+    ("heartbeat", "now", "reason"),
+    [
+        pytest.param(None, 1000.0, "gpupack agent has not reported a heartbeat", id="never"),
+        pytest.param(1000.0, 1090.0, "", id="at-the-limit"),
+        pytest.param(1000.0, 1090.4, "gpupack agent heartbeat is 91s old (limit 90s)", id="rounded-up"),
+    ],
+)
+def test_stale_reason(heartbeat: float | None, now: float, reason: str) -> None:
+    assert gpunode.stale_reason(heartbeat, 90, now) == reason
