@@ -18,14 +18,19 @@ class FragOptions:
     # Weight of the settled-hole term for sharing pods: FGD's frag growth is one step ahead (can the
     # next pod use this hole?); the term adds whether the workload will ever fill the hole left behind.
     settle_weight: float = 0.0
+    # Weight of the CPU-stranding term for every pod: FGD counts a node's idle GPUs as lost only once
+    # its CPU is below a typical pod's request; the term charges each pod for the GPU milli the node
+    # will not be able to sell at saturation because the pod's CPU was taken from it.
+    strand_weight: float = 0.0
 
 
 class FragAware(FitFilter):
     """Prefer the node and GPU whose fragmentation (against the target workload) grows least.
 
-    Score = int(100 * sigmoid(delta / 1000)) with delta = frag before - frag after, as FGD. The
-    integer truncation is deliberate: near-equal nodes tie and the caller's node order decides, which
-    consolidates pods (float scores measured worse in the FGD reproduction).
+    Score = int(100 * sigmoid(delta / 1000)) with delta = frag before - frag after, as FGD, plus the
+    weighted settle and stranding terms of FragOptions (zero for FGD). The integer truncation is
+    deliberate: near-equal nodes tie and the caller's node order decides, which consolidates pods
+    (float scores measured worse in the FGD reproduction).
     """
 
     def __init__(self, workload: TargetWorkload, name: str = "fragaware", options: FragOptions | None = None):
@@ -46,8 +51,17 @@ class FragAware(FitFilter):
         cpu = node.cpu_milli_free
         cpu_after = None if cpu is None else cpu - demand.cpu_milli
         before = frag(cpu, lefts, model)
+        strand = self.options.strand_weight
+
+        def stranding(after: tuple[int, ...]) -> float:
+            """Weighted growth of CPU-stranded milli (positive = fewer stranded, like delta)."""
+            if not strand:
+                return 0.0
+            stranded = self.workload.cpu_stranded
+            return strand * (stranded(cpu, lefts) - stranded(cpu_after, after))
+
         if demand.count == 0:
-            return _score(before - frag(cpu_after, lefts, model)), ()
+            return _score(before - frag(cpu_after, lefts, model) + stranding(lefts)), ()
         fits = fitting_gpus(node, demand, self.margin_mib)
         if demand.count == 1 and not demand.is_whole:
             weight = self.options.settle_weight
@@ -59,7 +73,8 @@ class FragAware(FitFilter):
                     continue  # same free share, same outcome; the lower index already holds it
                 tried.add(g.milli_free)
                 milli = demand.on(g.memory_mib)[0]
-                delta = before - frag(cpu_after, _take(lefts, g.milli_free, milli), model)
+                after = _take(lefts, g.milli_free, milli)
+                delta = before - frag(cpu_after, after, model) + stranding(after)
                 if weight:
                     delta += weight * (settled[g.milli_free] - settled[g.milli_free - milli])
                 s = _score(delta)
@@ -71,7 +86,7 @@ class FragAware(FitFilter):
         for i in chosen:
             g = node.gpu(i)
             after = _take(after, g.milli_free, demand.on(g.memory_mib)[0])
-        return _score(before - frag(cpu_after, after, model)), chosen
+        return _score(before - frag(cpu_after, after, model) + stranding(after)), chosen
 
 
 def _score(delta: float) -> float:
@@ -86,13 +101,17 @@ def _take(lefts: tuple[int, ...], free: int, milli: int) -> tuple[int, ...]:
     return tuple(out)
 
 
-# Chosen with bench/packing.py (openb default + gpushare20..100, seeds 42-51). Every weight from 0.5
-# to 1.0 lowered gpushare80/100 by 0.1-0.25 points against our FGD; the other traces moved by up to
-# +-0.2 between neighbouring weights (the runs are chaotic), and 0.5 gave the lowest default. Measured
-# and dropped as neutral or worse somewhere: coarser/finer sigmoid scales, GPU choice by exact delta,
-# best-fit or worst-fit tie-breaks, a one-step recursive hole lookahead, full-coverage or GPU-weighted
-# target workloads, steering CPU-only pods to busy nodes.
-GPUPACK_OPTIONS = FragOptions(settle_weight=0.5)
+# Chosen with bench/packing.py (openb default + gpushare20..100, seeds 42-51). Settle weight: every
+# weight from 0.5 to 1.0 lowered gpushare80/100 by 0.1-0.25 points against our FGD; the other traces
+# moved by up to +-0.2 between neighbouring weights (the runs are chaotic), and 0.5 gave the lowest
+# default. The stranding term has the same weight because it is in the same unit (milli the workload
+# can never use at saturation); it was not tuned. It took 0.4-0.6 points off every trace: on the
+# sharing-heavy traces ~150 GPUs sat behind exhausted CPU (470/650-milli pods ask ~12 cores, a G2 has
+# 12 per GPU). Measured and dropped as neutral or worse somewhere: coarser/finer sigmoid scales, GPU
+# choice by exact delta, best-fit or worst-fit tie-breaks, a one-step recursive hole lookahead,
+# full-coverage or GPU-weighted target workloads, steering CPU-only pods to busy nodes, applying the
+# settle term to GPU choice only, interpolating V for hole sizes the settle pool never visits.
+GPUPACK_OPTIONS = FragOptions(settle_weight=0.5, strand_weight=0.5)
 
 
 @registry.register("fgd")

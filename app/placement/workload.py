@@ -8,7 +8,7 @@ import random
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 from importlib import resources
 from typing import Any
 
@@ -161,6 +161,29 @@ class TargetWorkload:
         out = tuple(total[x] / seen[x] if seen[x] else float(x) for x in range(MILLI_PER_GPU + 1))
         self._settled[pool_gpus] = out
         return out
+
+    @cached_property
+    def cpu_per_milli(self) -> float | None:
+        """Host CPU milli the workload's GPU pods ask per GPU milli (pod-weighted); None if none or 0."""
+        gpu_shapes = [s for s in self.shapes if s.count]
+        milli = sum(s.weight * s.milli * s.count for s in gpu_shapes)
+        cpu = sum(s.weight * s.cpu_milli for s in gpu_shapes)
+        return cpu / milli if milli and cpu else None
+
+    def cpu_stranded(self, cpu_left: int | None, lefts: tuple[int, ...]) -> float:
+        """Expected GPU milli on a node that the workload would fill but cannot, for lack of host CPU.
+
+        Before they settle, the node's free GPUs take sum(x - V[x]) more milli (V = settled_waste),
+        and the workload's pods bring `cpu_per_milli` CPU with every GPU milli. The part the free CPU
+        cannot cover is stranded: a 96-core 8-GPU node filled with 12-core 470-milli pods runs out of
+        CPU with GPUs still empty. FGD sees this only once CPU is below a typical pod's request.
+        """
+        ratio = self.cpu_per_milli
+        if cpu_left is None or ratio is None:
+            return 0.0
+        settled = self.settled_waste()
+        usable = sum(x - settled[x] for x in lefts)
+        return max(0.0, usable - cpu_left / ratio)
 
     def node_frag(self, cpu_left: int | None, lefts: tuple[int, ...], model: str) -> float:
         """Expected milli on a node that a random pod of this workload could not use.

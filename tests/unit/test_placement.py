@@ -416,3 +416,32 @@ def test_fragaware_keeps_the_470_hole_that_fgd_spends_on_a_320() -> None:
     demand = frac(320)
     assert registry.create("fgd", PAIRS).choose_gpus(node, demand) == (0,)
     assert registry.create("fragaware", PAIRS).choose_gpus(node, demand) == (1,)
+
+
+# --- the CPU-stranding refinement ------------------------------------------------------------------------
+
+WHOLE_8_CORES = TargetWorkload(
+    (
+        PodShape(8000, 1000, 1, frozenset(), 0.9),
+        PodShape(4000, 0, 0, frozenset(), 0.1),
+    )
+)
+
+
+def test_stranded_milli_is_what_the_free_cpu_cannot_feed() -> None:
+    # Whole-GPU pods bring 8 CPU milli per GPU milli; every empty GPU gets used (V[1000] = 0).
+    assert WHOLE_8_CORES.cpu_per_milli == 8.0
+    assert WHOLE_8_CORES.cpu_stranded(18000, (1000, 1000)) == 0.0  # 2 GPUs need 16000
+    assert WHOLE_8_CORES.cpu_stranded(14000, (1000, 1000)) == 250.0
+    assert WHOLE_8_CORES.cpu_stranded(None, (1000, 1000)) == 0.0  # CPU not tracked: nothing to say
+
+
+def test_fragaware_keeps_cpu_for_the_gpus_of_a_cpu_tight_node() -> None:
+    # A CPU-only pod: node a would keep 14 of the 16 cores its two empty GPUs need, node b has plenty.
+    # FGD sees no change on either (a whole-GPU pod still fits on a) and takes a, first in order;
+    # fragaware sends the pod to b, so a can still sell both GPUs.
+    nodes = [make_node("a", [0, 0], cpu=18000), make_node("b", [0, 0], cpu=100000)]
+    demand = Demand(count=0, cpu_milli=4000)
+    chosen = {p: place(nodes, demand, registry.create(p, WHOLE_8_CORES)) for p in ("fgd", "fragaware")}
+    assert isinstance(chosen["fgd"], Placement) and chosen["fgd"].node.name == "a"
+    assert isinstance(chosen["fragaware"], Placement) and chosen["fragaware"].node.name == "b"
