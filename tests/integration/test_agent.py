@@ -2,11 +2,7 @@
 
 from __future__ import annotations
 
-import os
-import socket
-import sys
 import time
-import urllib.request
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,9 +12,10 @@ import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
+from simagents import SimAgents, write_sim
 
 from app import catalog, names
-from app.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
+from app.devcluster import Cluster, wait_for
 from app.devcluster.addons import install_rbac
 from app.kube.gpunode import GPUNode
 from app.model import Allocation
@@ -43,59 +40,11 @@ def qty(resources: dict[str, str], key: str) -> int | None:
     return None if raw is None else int(parse_quantity(raw))
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def write_sim(path: Path, gpus: list[dict[str, Any]]) -> None:
-    path.write_text(yaml.safe_dump({"gpus": gpus}))
-    st = path.stat()  # a distinct mtime even when rewritten within the filesystem's timestamp granularity
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-
-
-class Agents:
-    """Start/stop agent processes for kwok nodes, each with its own simulated GPU file."""
-
-    def __init__(self, cluster: Cluster, tmp: Path) -> None:
-        self.cluster, self.tmp = cluster, tmp
-        self.ports: dict[str, int] = {}
-        self.running: set[str] = set()
-
-    def sim(self, node: str) -> Path:
-        return self.tmp / f"{node}.yaml"
-
-    def start(self, node: str) -> None:
-        port = self.ports.setdefault(node, free_port())
-        argv = (
-            sys.executable, "-m", "app.cli", "agent", "run",
-            "--node", node,
-            "--kubeconfig", str(self.cluster.kubeconfig_for("gpupack-agent")),
-            "--sim", str(self.sim(node)),
-            "--heartbeat", f"{HEARTBEAT_S}s", "--interval", "0.5s", "--min-write-interval", "1s",
-            "--host", "127.0.0.1", "--port", str(port),
-            "--mps-pipe-dir", str(self.tmp / "mps" / node), "--mps-log-dir", str(self.tmp / "mps-log" / node),
-        )  # fmt: skip
-        health = HealthCheck(f"http://127.0.0.1:{port}/healthz")
-        self.cluster.start_process(ComponentSpec(f"agent-{node}", argv, health=health, ready_timeout_s=60))
-        self.running.add(node)
-
-    def stop(self, node: str) -> None:
-        self.cluster.stop_process(f"agent-{node}")
-        self.running.discard(node)
-
-    def metrics(self, node: str) -> str:
-        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports[node]}/metrics", timeout=5) as resp:
-            return str(resp.read().decode())
-
-
 @pytest.fixture
-def agents(cluster: Cluster, installed: None, tmp_path: Path) -> Iterator[Agents]:
-    a = Agents(cluster, tmp_path)
+def agents(cluster: Cluster, installed: None, tmp_path: Path) -> Iterator[SimAgents]:
+    a = SimAgents(cluster, tmp_path, HEARTBEAT_S)
     yield a
-    for node in list(a.running):
-        a.stop(node)
+    a.stop_all()
 
 
 def writes(metrics_text: str) -> float:
@@ -129,7 +78,7 @@ def reported(kube: Any, name: str, cond: Callable[[GPUNode], bool]) -> Callable[
 
 
 def test_agents_publish_gpunode_labels_and_resources(
-    agents: Agents, gpu_nodes: Callable[..., list[str]], core: Any, kube: Any
+    agents: SimAgents, gpu_nodes: Callable[..., list[str]], core: Any, kube: Any
 ) -> None:
     # The kwok nodes start out advertising 8 A100s; the agents must correct that to what NVML sees.
     nodes = gpu_nodes(2, gpus_per_node=8, model="A100-40GB")
@@ -167,7 +116,7 @@ def test_agents_publish_gpunode_labels_and_resources(
 
 
 def test_status_follows_the_gpus_and_resources_are_reasserted(
-    agents: Agents, gpu_nodes: Callable[..., list[str]], core: Any, kube: Any
+    agents: SimAgents, gpu_nodes: Callable[..., list[str]], core: Any, kube: Any
 ) -> None:
     (n,) = gpu_nodes(1, gpus_per_node=2, model=MODEL)
     write_sim(agents.sim(n), [{"model": MODEL}, {"model": MODEL}])
@@ -213,7 +162,7 @@ def test_status_follows_the_gpus_and_resources_are_reasserted(
 
 
 def test_wrong_gpu_raises_an_event_on_the_pod(
-    agents: Agents, gpu_nodes: Callable[..., list[str]], core: Any, kube: Any, namespace: str
+    agents: SimAgents, gpu_nodes: Callable[..., list[str]], core: Any, kube: Any, namespace: str
 ) -> None:
     (n,) = gpu_nodes(1, gpus_per_node=2, model=MODEL)
     write_sim(agents.sim(n), [{"model": MODEL}, {"model": MODEL}])
@@ -253,7 +202,7 @@ def test_wrong_gpu_raises_an_event_on_the_pod(
 
 
 def test_stopped_agent_goes_stale_and_recovers_on_restart(
-    agents: Agents, gpu_nodes: Callable[..., list[str]], kube: Any
+    agents: SimAgents, gpu_nodes: Callable[..., list[str]], kube: Any
 ) -> None:
     (n,) = gpu_nodes(1, gpus_per_node=1, model=MODEL)
     write_sim(agents.sim(n), [{"model": MODEL}])

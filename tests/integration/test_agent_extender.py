@@ -9,7 +9,6 @@ nodes with a pool label (its namespace), so nodes left by other tests never take
 from __future__ import annotations
 
 import json
-import os
 import sys
 import urllib.parse
 import urllib.request
@@ -21,12 +20,11 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
-from prometheus_client.parser import text_string_to_metric_families
+from simagents import SimAgents, write_sim
 
 from app import catalog, names
 from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, WaitTimeoutError, wait_for
 from app.devcluster.addons import MANIFEST_RELPATH, install_rbac, rbac_objects
-from app.devcluster.ports import free_ports
 from app.kube.gpunode import GPUNode
 from app.model import Allocation
 
@@ -89,66 +87,16 @@ def explain_row(url: str, namespace: str, pod: str, node: str) -> dict[str, Any]
     return next(r for r in out["nodes"] if r["node"] == node)
 
 
-def write_sim(path: Path, gpus: list[dict[str, Any]]) -> None:
-    """Replace a simulated GPU set atomically (the agent may read at any moment), with a fresh mtime."""
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(yaml.safe_dump({"gpus": gpus}))
-    os.replace(tmp, path)
-    st = path.stat()  # a distinct mtime even when rewritten within the filesystem's timestamp granularity
-    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
-
-
-class Agents:
-    """Agent processes for kwok nodes, each with its own simulated GPU file."""
-
-    def __init__(self, cluster: Cluster, tmp: Path) -> None:
-        self.cluster, self.tmp = cluster, tmp
-        self.ports: dict[str, int] = {}
-        self.running: set[str] = set()
-
-    def sim(self, node: str) -> Path:
-        return self.tmp / f"{node}.yaml"
-
-    def start(self, node: str) -> None:
-        port = self.ports.setdefault(node, free_ports(1)[0])
-        argv = (
-            sys.executable, "-m", "app.cli", "agent", "run",
-            "--node", node,
-            "--kubeconfig", str(self.cluster.kubeconfig_for("gpupack-agent")),
-            "--sim", str(self.sim(node)),
-            "--heartbeat", f"{HEARTBEAT_S}s", "--interval", "0.5s", "--min-write-interval", "1s",
-            "--host", "127.0.0.1", "--port", str(port), "--no-mps",
-            "--mps-pipe-dir", str(self.tmp / "mps" / node), "--mps-log-dir", str(self.tmp / "mps-log" / node),
-        )  # fmt: skip
-        health = HealthCheck(f"http://127.0.0.1:{port}/healthz")
-        self.cluster.start_process(ComponentSpec(f"agent-{node}", argv, health=health, ready_timeout_s=60))
-        self.running.add(node)
-
-    def stop(self, node: str) -> None:
-        self.cluster.stop_process(f"agent-{node}")  # SIGTERM, then waits for the process to go
-        self.running.discard(node)
-
-    def metric(self, node: str, name: str, **labels: str) -> float | None:
-        """One sample of the agent's /metrics (counters by their `_total` name), None when absent."""
-        text = _get(f"http://127.0.0.1:{self.ports[node]}/metrics")
-        for family in text_string_to_metric_families(text):
-            for s in family.samples:
-                if s.name == name and all(s.labels.get(k) == v for k, v in labels.items()):
-                    return float(s.value)
-        return None
-
-
 @pytest.fixture
-def agents(cluster: Cluster, installed: None, tmp_path: Path) -> Iterator[Agents]:
-    a = Agents(cluster, tmp_path)
+def agents(cluster: Cluster, installed: None, tmp_path: Path) -> Iterator[SimAgents]:
+    a = SimAgents(cluster, tmp_path, HEARTBEAT_S, extra_args=("--no-mps",))
     yield a
-    for node in list(a.running):
-        a.stop(node)
+    a.stop_all()
 
 
 @pytest.fixture
 def node_with_agent(
-    agents: Agents, extender: str, gpu_nodes: Callable[..., list[str]], namespace: str
+    agents: SimAgents, extender: str, gpu_nodes: Callable[..., list[str]], namespace: str
 ) -> Callable[[list[dict[str, Any]]], str]:
     """One kwok node in this test's pool with `gpus` simulated, its agent running, seen by the extender."""
 
@@ -245,7 +193,7 @@ def gpunode(kube: Any, name: str) -> GPUNode | None:
 
 def test_live_memory_held_outside_gpupack_steers_placement(
     node_with_agent: Callable[[list[dict[str, Any]]], str],
-    agents: Agents,
+    agents: SimAgents,
     extender: str,
     core: Any,
     namespace: str,
@@ -289,7 +237,7 @@ def test_live_memory_held_outside_gpupack_steers_placement(
 
 def test_stale_agent_makes_its_node_unschedulable_until_it_returns(
     node_with_agent: Callable[[list[dict[str, Any]]], str],
-    agents: Agents,
+    agents: SimAgents,
     extender: str,
     core: Any,
     namespace: str,
@@ -321,7 +269,7 @@ def test_stale_agent_makes_its_node_unschedulable_until_it_returns(
 
 def test_agent_verifies_a_scheduled_pod_against_its_allocation(
     node_with_agent: Callable[[list[dict[str, Any]]], str],
-    agents: Agents,
+    agents: SimAgents,
     core: Any,
     kube: Any,
     namespace: str,
