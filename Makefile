@@ -1,6 +1,6 @@
 # The two set-up commands (see README): `make dev` starts a local cluster with simulated GPU nodes,
 # `make test` runs every test tier. Both install what they need first; both are safe to re-run.
-PY ?= python3.11
+PY ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
