@@ -9,7 +9,10 @@ from app.placement import Policy
 # Between two scheduling calls only the node that got the last pod changes, and pods come in few
 # shapes, so nearly every (node state, demand) pair was answered before. A changed node is a new
 # object, so it can never hit an answer given for its old state.
-DEFAULT_SIZE = 100_000  # answers per demand shape; above this the table starts over
+# Bounds keep memory flat whatever the workload: each entry pins a Node, so a few shapes x a few node
+# passes is plenty, and a table that fills up is simply started over.
+DEFAULT_SIZE = 20_000  # answers per demand shape (4 passes over a 5 000-node cluster)
+MAX_SHAPES = 32  # demand shapes remembered at once; real clusters ask for a handful
 
 
 class MemoPolicy:
@@ -35,7 +38,7 @@ class MemoPolicy:
             return last[1]
         table = self._tables.get(demand)
         if table is None:
-            if len(self._tables) > 1000:  # many one-off shapes: start over rather than grow
+            if len(self._tables) >= MAX_SHAPES:  # many one-off shapes: start over rather than grow
                 self._tables.clear()
             table = self._tables.setdefault(demand, _Table())
         self._last = (demand, table)
