@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import yaml
 
 from app import catalog, names
+from app.admission import webhook_configuration
 
 from .binaries import repo_root
 from .identities import GPUPACK_NAMESPACE
@@ -97,20 +98,6 @@ def rbac_objects(docs: Iterable[Any], components: Sequence[str] = COMPONENTS) ->
             out.append(doc)
     # Creating a binding before its role is fine for RBAC, but roles first reads better in an audit log.
     return sorted(out, key=lambda d: "Binding" in d["kind"])
-
-
-def webhook_configuration(template: Mapping[str, Any], url: str, ca_bundle: str) -> dict[str, Any]:
-    """deploy/webhook's template pointing at `url` (not a Service) and trusting `ca_bundle`.
-
-    The same fill as webhook.registration.configuration, repeated here because app may not import webhook.
-    """
-    out: dict[str, Any] = yaml.safe_load(yaml.safe_dump(dict(template)))  # a deep copy of plain data
-    for hook in out["webhooks"]:
-        client_config = hook["clientConfig"]
-        client_config.pop("service", None)
-        client_config["url"] = url
-        client_config["caBundle"] = ca_bundle
-    return out
 
 
 def sim_document(model: str, count: int) -> dict[str, Any]:
@@ -389,7 +376,7 @@ class Components:
 
         template = yaml.safe_load(source_file(WEBHOOK_CONFIG_RELPATH).read_text())
         url = f"https://127.0.0.1:{cluster.webhook_port}/mutate"
-        body = webhook_configuration(template, url, cluster.ca_bundle)
+        body = webhook_configuration(template, cluster.ca_bundle, url)
         last = ["no probe yet"]
         with cluster.api_client() as api:
             admission = client.AdmissionregistrationV1Api(api)

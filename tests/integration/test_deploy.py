@@ -26,10 +26,10 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
+from app.admission import webhook_configuration
 from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
 from app.devcluster.addons import install_crd
 from app.devcluster.ports import free_ports
-from webhook import registration
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy/helm/gpupack"
@@ -445,7 +445,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(  # noqa: PLR
         )  # fmt: skip
         _start(cluster, "deploy-webhook", argv, f"https://{hook}/healthz", ca_file=str(cluster.ca_file))
         template = yaml.safe_load((REPO / "deploy/webhook/mutatingwebhookconfiguration.yaml").read_text())
-        mwc = registration.configuration(template, cluster.ca_bundle, url=f"https://{hook}/mutate")
+        mwc = webhook_configuration(template, cluster.ca_bundle, url=f"https://{hook}/mutate")
         mwc["metadata"]["name"] = mwc_name
         admission.create_mutating_webhook_configuration(mwc)
         probe = share_pod("probe", {"gpu-fraction": "0.5"})

@@ -19,9 +19,9 @@ from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import names
+from app.admission import webhook_configuration
 from app.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
 from app.devcluster.ports import free_ports
-from webhook.registration import configuration
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "deploy" / "webhook" / "mutatingwebhookconfiguration.yaml"
@@ -81,7 +81,7 @@ def webhook(cluster: Cluster, kube: Any, core: Any) -> Iterator[Webhook]:
         )
     )
     admission = client.AdmissionregistrationV1Api(kube)
-    body = configuration(
+    body = webhook_configuration(
         yaml.safe_load(TEMPLATE.read_text()), cluster.ca_bundle, f"https://127.0.0.1:{port}/mutate"
     )
     admission.create_mutating_webhook_configuration(body)

@@ -1,4 +1,4 @@
-"""Fill the MutatingWebhookConfiguration template (deploy/webhook/) for a given endpoint and CA (pure)."""
+"""The MutatingWebhookConfiguration from deploy/webhook/, filled for an endpoint and a CA (pure)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,9 @@ from collections.abc import Mapping
 from typing import Any
 
 
-def configuration(template: Mapping[str, Any], ca_bundle: str, url: str | None = None) -> dict[str, Any]:
+def webhook_configuration(
+    template: Mapping[str, Any], ca_bundle: str, url: str | None = None
+) -> dict[str, Any]:
     """The template with each caBundle set; with `url`, clientConfig points there, not at a Service."""
     out = copy.deepcopy(dict(template))
     for hook in out["webhooks"]:
