@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app import log, names, request
+from app import log, names, request, units
 from app.kube import gpunode
 from app.kube.assume import AssumeCache
 from app.kube.client import JsonDict
@@ -400,9 +400,12 @@ def _resource_total(pod: Mapping[str, Any], resource: str) -> int | str:
         if raw is None:
             continue
         text = str(raw)
-        if not (text.isascii() and text.isdigit()):
-            return f"{resource}={text!r} in container {c.get('name', '')!r}: must be a plain integer"
-        total += int(text)
+        # The apiserver stores quantities canonically ("1000" comes back as "1k"): parse, don't match digits.
+        value = units.quantity_value(text)
+        if value is None or value < 0 or value.denominator != 1:
+            where = f"in container {c.get('name', '')!r}"
+            return f"{resource}={text!r} {where}: must be a whole, non-negative quantity"
+        total += int(value)
     return total
 
 

@@ -162,13 +162,40 @@ def test_demand_from_annotations_and_from_resources() -> None:
 
 
 @pytest.mark.parametrize(
+    ("resource", "raw", "count", "expected"),
+    [
+        # The apiserver hands quantities back in canonical form: "1000" is stored as "1k".
+        (names.RESOURCE_GPU_MILLI, "1k", 1, Demand(count=1, milli=1000)),
+        (names.RESOURCE_GPU_MILLI, "1k", 2, Demand(count=2, milli=500)),
+        (names.RESOURCE_GPU_MEMORY_MIB, "16k", 2, Demand(count=2, memory_mib=8000)),
+    ],
+    ids=["whole-gpu", "two-halves", "memory-16k"],
+)
+def test_demand_reads_canonical_quantities(resource: str, raw: str, count: int, expected: Demand) -> None:
+    p = pod("p", "u")
+    p["metadata"]["annotations"] = {names.GPU_FRACTION_NUM_DEVICES: str(count)}
+    p["spec"]["containers"][0]["resources"] = {"limits": {resource: raw}}
+    assert demand_of(p) == expected
+
+
+@pytest.mark.parametrize(
     ("annotations", "resources", "expected"),
     [
         ({}, {}, "requests neither gpupack.io/gpu-milli nor gpupack.io/gpu-memory-mib"),
         (
             {},
             {names.RESOURCE_GPU_MILLI: "1.5"},
-            "gpupack.io/gpu-milli='1.5' in container 'c': must be a plain integer",
+            "gpupack.io/gpu-milli='1.5' in container 'c': must be a whole, non-negative quantity",
+        ),
+        (
+            {},
+            {names.RESOURCE_GPU_MILLI: "500m"},
+            "gpupack.io/gpu-milli='500m' in container 'c': must be a whole, non-negative quantity",
+        ),
+        (
+            {},
+            {names.RESOURCE_GPU_MILLI: "many"},
+            "gpupack.io/gpu-milli='many' in container 'c': must be a whole, non-negative quantity",
         ),
         (
             {names.GPU_FRACTION_NUM_DEVICES: "2"},
@@ -177,7 +204,7 @@ def test_demand_from_annotations_and_from_resources() -> None:
         ),
         ({names.GPU_FRACTION: "2"}, {}, "gpu-fraction='2': "),
     ],
-    ids=["none", "not-integer", "uneven", "bad-annotation"],
+    ids=["none", "not-integer", "milli-suffix", "not-a-quantity", "uneven", "bad-annotation"],
 )
 def test_demand_errors(annotations: dict[str, str], resources: dict[str, str], expected: str) -> None:
     p = pod("p", "u")
