@@ -45,6 +45,7 @@ class GpuRequest:
     memory_mib: int | None  # set for a gpu-memory request
     models: tuple[str, ...] = ()  # acceptable GPU models (node label values); empty = any
     isolation: Isolation = Isolation.MPS
+    isolation_explicit: bool = False  # written by the pod: then MPS is required, not best effort
     warnings: tuple[str, ...] = ()  # accepted, but the user should know (e.g. rounding)
 
     @property
@@ -57,7 +58,11 @@ class GpuRequest:
 
     def demand(self) -> Demand:
         return Demand(
-            count=self.count, milli=self.milli, memory_mib=self.memory_mib, models=frozenset(self.models)
+            count=self.count,
+            milli=self.milli,
+            memory_mib=self.memory_mib,
+            models=frozenset(self.models),
+            needs_mps=self.isolation_explicit and self.isolation is Isolation.MPS,
         )
 
 
@@ -281,5 +286,6 @@ def _build(v: _View) -> GpuRequest:
         memory_mib=memory,
         models=_models(raw_models),
         isolation=Isolation(v.get(names.ISOLATION) or Isolation.MPS),
+        isolation_explicit=v.get(names.ISOLATION) is not None,
         warnings=tuple(warnings),
     )

@@ -1,4 +1,8 @@
-"""The extender's cluster cache: GPUNode inventory + pod-annotation allocations + assume holds -> Nodes."""
+"""The extender's cluster cache: GPUNode inventory + pod-annotation allocations + assume holds -> Nodes.
+
+Host CPU and memory come from Node allocatable minus the requests of every pod bound to the node, so
+placement scores with the same inputs as the simulator.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app import log, names, request, units
+from app import hostres, log, names, request, units
+from app.hostres import HostResources
 from app.kube import gpunode
 from app.kube.assume import AssumeCache
 from app.kube.client import JsonDict
@@ -37,6 +42,7 @@ class PodInfo:
     alloc: Allocation | None  # counted allocation, None when it has none (or it no longer counts)
     demand: Demand | str = ""  # what it asks for, or why that cannot be read
     deleting: bool = False
+    host: HostResources = hostres.ZERO  # CPU and memory it requests (charged to its node once bound)
 
     @property
     def key(self) -> str:
@@ -64,6 +70,10 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     # An annotated pod that is not bound yet still counts: its bind may be in flight in a replica that
     # just lost leadership, or its extender died between the patch and the Binding. Counting it can only
     # delay a placement, never hand a GPU out twice; its own next bind overwrites it.
+    host = hostres.pod_requests(spec)
+    demand = demand_of(pod)
+    if isinstance(demand, Demand):
+        demand = replace(demand, cpu_milli=host.cpu_milli, host_memory_mib=host.memory_mib)
     return PodInfo(
         uid=str(meta.get("uid") or ""),
         namespace=str(meta.get("namespace") or ""),
@@ -71,21 +81,62 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         node_name=node_name,
         phase=phase,
         alloc=alloc,
-        demand=demand_of(pod),
+        demand=demand,
         deleting=bool(meta.get("deletionTimestamp")),
+        host=host,
     )
+
+
+def is_gpupack_pod(pod: Mapping[str, Any]) -> bool:
+    """The pod is ours to account: managed, carrying an allocation, or asking for a gpupack resource.
+
+    Not the label alone: a label anyone could remove must not make a share be forgotten.
+    """
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(names.LABEL_MANAGED) == "true":
+        return True
+    ann = meta.get("annotations") or {}
+    if names.ALLOC_NODE in ann or request.wants_gpu(ann):
+        return True
+    spec = pod.get("spec") or {}
+    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
+        res = c.get("resources") if isinstance(c, Mapping) else None
+        if isinstance(res, Mapping) and any(
+            isinstance(part, Mapping) and any(str(k).startswith(names.RESOURCE_PREFIX) for k in part)
+            for part in (res.get("requests"), res.get("limits"))
+        ):
+            return True
+    return False
+
+
+def _bound_host(pod: Mapping[str, Any]) -> tuple[str, HostResources] | None:
+    """(node, requests) for a pod that holds host resources on a node now, else None."""
+    spec = pod.get("spec") or {}
+    node = spec.get("nodeName")
+    phase = (pod.get("status") or {}).get("phase")
+    if not node or phase in TERMINAL_PHASES:
+        return None
+    return str(node), hostres.pod_requests(spec)
 
 
 def _key(meta: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-def _adjust(node: Node, alloc: Allocation, sign: int) -> Node:
-    gpus = tuple(
-        g.reserve(sign * alloc.milli, sign * alloc.memory_mib) if g.index in alloc.gpu_indexes else g
-        for g in node.gpus
-    )
-    return replace(node, gpus=gpus)
+def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int) -> Node:
+    if alloc is not None:
+        gpus = tuple(
+            g.reserve(sign * alloc.milli, sign * alloc.memory_mib) if g.index in alloc.gpu_indexes else g
+            for g in node.gpus
+        )
+        node = replace(node, gpus=gpus)
+    if host != hostres.ZERO and node.cpu_milli_free is not None and node.memory_mib_free is not None:
+        node = replace(
+            node,
+            cpu_milli_free=node.cpu_milli_free - sign * host.cpu_milli,
+            memory_mib_free=node.memory_mib_free - sign * host.memory_mib,
+        )
+    return node
 
 
 class ClusterCache:
@@ -104,7 +155,10 @@ class ClusterCache:
         self._base: dict[str, Node] = {}  # from GPUNode objects, nothing reserved
         self._heartbeat: dict[str, float | None] = {}
         self._stale_after: dict[str, int | None] = {}  # each agent's own limit, used when ours is None
-        self._pods: dict[str, PodInfo] = {}  # by uid
+        self._pods: dict[str, PodInfo] = {}  # gpupack pods by uid
+        self._allocatable: dict[str, HostResources] = {}  # node -> Node allocatable CPU and memory
+        self._bound: dict[str, tuple[str, HostResources]] = {}  # uid -> (node, requests), every bound pod
+        self._host_used: dict[str, HostResources] = {}  # node -> sum of its bound pods' requests
         self._by_node: dict[str, dict[str, Allocation]] = {}  # node -> uid -> counted pod allocation
         self._view: dict[str, Node] = {}  # base + pod allocations, rebuilt lazily per node
         self._order: list[str] = []
@@ -120,6 +174,37 @@ class ClusterCache:
     @property
     def pod_handler(self) -> _PodHandler:
         return _PodHandler(self)
+
+    @property
+    def node_handler(self) -> _NodeHandler:
+        return _NodeHandler(self)
+
+    def set_nodes(self, objs: Iterable[JsonDict]) -> None:
+        with self._lock:
+            self._allocatable.clear()
+            for obj in objs:
+                self._put_node(obj)
+            self._view.clear()
+
+    def upsert_node(self, obj: JsonDict) -> None:
+        with self._lock:
+            name = self._put_node(obj)
+            self._view.pop(name, None)
+
+    def delete_node(self, obj: JsonDict) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        with self._lock:
+            self._allocatable.pop(name, None)
+            self._view.pop(name, None)
+
+    def _put_node(self, obj: JsonDict) -> str:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        alloc = hostres.node_allocatable(obj)
+        if alloc is None:
+            self._allocatable.pop(name, None)
+        else:
+            self._allocatable[name] = alloc
+        return name
 
     def set_gpunodes(self, objs: Iterable[JsonDict]) -> None:
         with self._lock:
@@ -162,8 +247,12 @@ class ClusterCache:
         with self._lock:
             self._pods.clear()
             self._by_node.clear()
+            self._bound.clear()
+            self._host_used.clear()
             for obj in objs:
-                self._put_pod(pod_info(obj))
+                self._put_bound(obj)
+                if is_gpupack_pod(obj):
+                    self._put_pod(pod_info(obj))
             self._view.clear()
             live = set(self._pods)
             for uid in list(self.pending_reason):
@@ -171,10 +260,17 @@ class ClusterCache:
                     del self.pending_reason[uid]
 
     def upsert_pod(self, obj: JsonDict) -> None:
-        info = pod_info(obj)
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        ours = is_gpupack_pod(obj)
+        info = pod_info(obj) if ours else None
         with self._lock:
-            self._drop_pod(info.uid)
-            self._put_pod(info)
+            self._drop_bound(uid)
+            self._put_bound(obj)
+            self._drop_pod(uid)
+            if info is not None:
+                self._put_pod(info)
+        if info is None:
+            return
         held = self.assume.get(info.uid)
         if held is not None and info.alloc == held and info.node_name:
             self.assume.release(info.uid)  # the watch echo shows the bound allocation: the hold is done
@@ -182,9 +278,32 @@ class ClusterCache:
     def delete_pod(self, obj: JsonDict) -> None:
         uid = str((obj.get("metadata") or {}).get("uid", ""))
         with self._lock:
+            self._drop_bound(uid)
             self._drop_pod(uid)
             self.pending_reason.pop(uid, None)
         self.assume.release(uid)
+
+    def _put_bound(self, obj: JsonDict) -> None:
+        bound = _bound_host(obj)
+        if bound is None:
+            return
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        node, req = bound
+        self._bound[uid] = bound
+        self._host_used[node] = self._host_used.get(node, hostres.ZERO) + req
+        self._view.pop(node, None)
+
+    def _drop_bound(self, uid: str) -> None:
+        old = self._bound.pop(uid, None)
+        if old is None:
+            return
+        node, req = old
+        left = self._host_used.get(node, hostres.ZERO) - req
+        if left == hostres.ZERO:
+            self._host_used.pop(node, None)
+        else:
+            self._host_used[node] = left
+        self._view.pop(node, None)
 
     def _put_pod(self, info: PodInfo) -> None:
         self._pods[info.uid] = info
@@ -235,25 +354,34 @@ class ClusterCache:
                     set(names_), key=lambda n: (rank.get(n, last), node_order_key(n) if n not in rank else ())
                 )
             )
-            # Per node: allocations to add (+1) or take away (-1) on top of the pod-annotation view.
-            delta: dict[str, list[tuple[Allocation, int]]] = {}
+            # Per node: allocations and host requests to add (+1) or take away (-1) on top of the view.
+            delta: dict[str, list[tuple[Allocation | None, HostResources, int]]] = {}
+            zero = hostres.ZERO
             for uid, held in holds.items():
-                counted = self._pods[uid].alloc if uid in self._pods else None
-                if counted == held:
+                info = self._pods.get(uid)
+                counted = info.alloc if info is not None else None
+                if counted is not None and counted != held:
+                    delta.setdefault(counted.node, []).append((counted, zero, -1))
+                if uid == exclude_uid:
                     continue
-                if counted is not None:
-                    delta.setdefault(counted.node, []).append((counted, -1))
-                if uid != exclude_uid:
-                    delta.setdefault(held.node, []).append((held, +1))
+                add = None if counted == held else held
+                # A held pod's host request is charged once its bound pod shows up in the watch.
+                bound = self._bound.get(uid)
+                host = info.host if info is not None and (bound is None or bound[0] != held.node) else zero
+                if add is not None or host != zero:
+                    delta.setdefault(held.node, []).append((add, host, +1))
             own = self._pods.get(exclude_uid)
             if exclude_uid and exclude_uid not in holds and own is not None and own.alloc is not None:
-                delta.setdefault(own.alloc.node, []).append((own.alloc, -1))
+                delta.setdefault(own.alloc.node, []).append((own.alloc, zero, -1))
+            own_bound = self._bound.get(exclude_uid) if exclude_uid else None
+            if own_bound is not None:
+                delta.setdefault(own_bound[0], []).append((None, own_bound[1], -1))
             out: dict[str, Node | None] = {}
             for name in wanted:
                 node = self._materialize(name)
                 if node is not None:
-                    for alloc, sign in delta.get(name, ()):
-                        node = _adjust(node, alloc, sign)
+                    for alloc, host, sign in delta.get(name, ()):
+                        node = _adjust(node, alloc, host, sign)
                     node = self._with_heartbeat(node, now)
                 out[name] = node
             return out
@@ -276,6 +404,10 @@ class ClusterCache:
                 mem[i] = mem.get(i, 0) + alloc.memory_mib
         gpus = tuple(g.reserve(milli[g.index], mem[g.index]) if g.index in milli else g for g in base.gpus)
         node = replace(base, gpus=gpus)
+        allocatable = self._allocatable.get(name)
+        if allocatable is not None:
+            free = allocatable - self._host_used.get(name, hostres.ZERO)
+            node = replace(node, cpu_milli_free=free.cpu_milli, memory_mib_free=free.memory_mib)
         self._view[name] = node
         return node
 
@@ -350,6 +482,20 @@ class _PodHandler:
 
     def delete(self, obj: JsonDict) -> None:
         self.cache.delete_pod(obj)
+
+
+class _NodeHandler:
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def replace(self, objs: list[JsonDict]) -> None:
+        self.cache.set_nodes(objs)
+
+    def upsert(self, obj: JsonDict) -> None:
+        self.cache.upsert_node(obj)
+
+    def delete(self, obj: JsonDict) -> None:
+        self.cache.delete_node(obj)
 
 
 def demand_of(pod: Mapping[str, Any]) -> Demand | str:

@@ -108,7 +108,7 @@ class _Cluster:
 
 def _signature(node: Node) -> tuple[object, ...]:
     gpus = tuple(
-        (g.model, g.memory_mib, g.milli_used, g.memory_used_mib, g.live_free_mib, g.healthy)
+        (g.model, g.memory_mib, g.milli_used, g.memory_used_mib, g.foreign_mib, g.live_free_mib, g.healthy)
         for g in node.gpus
     )
     return (node.cpu_milli_free, node.memory_mib_free, node.schedulable, gpus)
