@@ -11,15 +11,18 @@ import time
 import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from app import catalog, names
+from app import catalog, names, units
 from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
 from app.devcluster.addons import install_rbac
+from app.devcluster.nodes import NODE_CPU, NODE_MEMORY
+from app.hostres import HostResources
 from app.kube import gpunode
 from app.kube.client import Kube
 from app.kube.state import demand_of, node_order_key
@@ -35,6 +38,7 @@ PROC = "gpupack-extender"
 EXTENDER_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["gpupack.io"], "resources": ["gpunodes"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 ]
@@ -211,11 +215,16 @@ def mixed_pods(n: int) -> list[dict[str, int]]:
 def predict(
     nodes: Sequence[str], gpus: int, shapes: Sequence[dict[str, int]], policy: str
 ) -> list[Allocation | None]:
-    """The simulator's answer: `place` pod by pod over the same nodes in the same (natural) order."""
+    """The simulator's answer: `place` pod by pod over the same nodes in the same (natural) order.
+
+    The nodes offer the kwok nodes' allocatable CPU and memory, as the extender sees them.
+    """
+    host = HostResources(int(NODE_CPU) * 1000, units.memory_mib(NODE_MEMORY).mib)
     state = ClusterState()
     for name in sorted(nodes, key=node_order_key):
         gn = gpunode.GPUNode.from_dict(gpunode_body(name, gpus, beat=1.0))
-        state.nodes[name] = gn.to_model_node(1.0)
+        node = gn.to_model_node(1.0)
+        state.nodes[name] = replace(node, cpu_milli_free=host.cpu_milli, memory_mib_free=host.memory_mib)
     pol = registry.create(policy)
     out: list[Allocation | None] = []
     for s in shapes:
@@ -242,6 +251,8 @@ def test_packing_matches_the_simulator(
     shapes = mixed_pods(300)
     expected = predict(nodes, 8, shapes, "binpack")
     assert 0 < sum(e is None for e in expected) < 100  # the mix overflows the cluster
+    # Whole and multi-GPU pods are part of the mix, and the simulator places them on empty GPUs.
+    assert any(e is not None and e.milli == 1000 and len(e.gpu_indexes) == 2 for e in expected)
     for i, s in enumerate(shapes):
         name = f"p{i:03d}"
         core.create_namespaced_pod(namespace, gpu_pod(name, namespace, namespace, **s))
