@@ -199,7 +199,8 @@ def agent_spec(
     )
 
 
-def extender_spec(port: int, kubeconfig: Path) -> ComponentSpec:
+def extender_spec(port: int, kubeconfig: Path, extra: Sequence[str] = ()) -> ComponentSpec:
+    """The extender as `dev up` runs it; `extra` flags (e.g. --policy) are appended."""
     url = f"http://127.0.0.1:{port}"
     argv = gpupack_cli(
         "extender", "serve",
@@ -207,6 +208,7 @@ def extender_spec(port: int, kubeconfig: Path) -> ComponentSpec:
         "--host", "127.0.0.1", "--port", str(port),
         "--lease-namespace", GPUPACK_NAMESPACE, "--lease-name", EXTENDER,
         "--identity", "gpupack-dev",
+        *extra,
     )  # fmt: skip
     return ComponentSpec(
         name=EXTENDER,

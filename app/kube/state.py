@@ -70,10 +70,6 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     # An annotated pod that is not bound yet still counts: its bind may be in flight in a replica that
     # just lost leadership, or its extender died between the patch and the Binding. Counting it can only
     # delay a placement, never hand a GPU out twice; its own next bind overwrites it.
-    host = hostres.pod_requests(spec)
-    demand = demand_of(pod)
-    if isinstance(demand, Demand):
-        demand = replace(demand, cpu_milli=host.cpu_milli, host_memory_mib=host.memory_mib)
     return PodInfo(
         uid=str(meta.get("uid") or ""),
         namespace=str(meta.get("namespace") or ""),
@@ -81,9 +77,9 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         node_name=node_name,
         phase=phase,
         alloc=alloc,
-        demand=demand,
+        demand=demand_of(pod),
         deleting=bool(meta.get("deletionTimestamp")),
-        host=host,
+        host=hostres.pod_requests(spec),
     )
 
 
@@ -499,7 +495,16 @@ class _NodeHandler:
 
 
 def demand_of(pod: Mapping[str, Any]) -> Demand | str:
-    """The pod's GPU demand: its annotations (app.request), else the extended resources it requests."""
+    """The pod's demand: GPUs from its annotations (app.request), else from the extended resources it
+    requests; CPU and memory from its containers, so placement scores exactly as the simulator does."""
+    demand = _gpu_demand_of(pod)
+    if isinstance(demand, str):
+        return demand
+    host = hostres.pod_requests(pod.get("spec"))
+    return replace(demand, cpu_milli=host.cpu_milli, host_memory_mib=host.memory_mib)
+
+
+def _gpu_demand_of(pod: Mapping[str, Any]) -> Demand | str:
     meta = pod.get("metadata") or {}
     ann: Mapping[str, str] = meta.get("annotations") or {}
     if request.wants_gpu(ann):

@@ -309,3 +309,12 @@ def test_an_explicit_mps_isolation_makes_mps_required() -> None:
     assert isinstance(d := demand_of(p), Demand) and d.needs_mps
     p["metadata"]["annotations"][names.ISOLATION] = "none"
     assert isinstance(d := demand_of(p), Demand) and not d.needs_mps
+
+
+def test_the_demand_the_verbs_parse_carries_the_pods_cpu_and_memory() -> None:
+    # filter, prioritize and bind parse the pod in the scheduler's request with demand_of: without its
+    # CPU, policies that weigh node CPU (binpack, fragaware) would score differently from the simulator.
+    p = pod("p", "u1", milli=160)
+    p["spec"]["containers"][0]["resources"]["requests"].update({"cpu": "6", "memory": "22888Mi"})
+    p["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {"cpu": "8"}}}]
+    assert demand_of(p) == Demand(count=1, milli=160, cpu_milli=8000, host_memory_mib=22888)
