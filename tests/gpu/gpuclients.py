@@ -47,6 +47,10 @@ class Clients:
 
     @staticmethod
     def finish(proc: subprocess.Popen[str], timeout_s: float) -> ClientResult:
+        if proc.stdin is not None and proc.stdin.closed:
+            proc.stdin = (
+                None  # closed by the caller (how `hold` is told to stop); communicate() would flush it
+            )
         try:
             out, err = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

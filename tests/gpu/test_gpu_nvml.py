@@ -334,3 +334,82 @@ def test_agent_maps_the_nvml_pid_to_its_process_and_pod(
     assert usage.pids == (pid,) and usage.used_mib >= held
     assert within.violations == ()
     assert [v.kind for v in over.violations] == [Kind.OVER_MEMORY]
+
+
+# --- the real backend's process listing, over stand-in pynvml calls (CI) ---
+
+
+def _fake_lists(monkeypatch: pytest.MonkeyPatch, compute: list[object], mps: object) -> None:
+    import pynvml
+
+    def mps_list(_h: object) -> object:
+        if isinstance(mps, Exception):
+            raise mps
+        return mps
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: f"handle-{i}")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetComputeRunningProcesses", lambda _h: compute)
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMPSComputeRunningProcesses", mps_list)
+
+
+def _proc(pid: int, used_mib: int | None) -> object:
+    from types import SimpleNamespace
+
+    return SimpleNamespace(pid=pid, usedGpuMemory=None if used_mib is None else used_mib << 20)
+
+
+def test_backend_lists_mps_clients_once_each(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agent.nvml.base import ProcessInfo
+    from agent.nvml.pynvml_backend import PynvmlBackend
+
+    # The MPS server in the plain list; its clients in the MPS list (one also in both, without memory).
+    _fake_lists(monkeypatch, [_proc(10, 600), _proc(11, None)], [_proc(11, 1024), _proc(12, None)])
+    assert PynvmlBackend().processes(0) == (
+        ProcessInfo(10, 600),
+        ProcessInfo(11, 1024),
+        ProcessInfo(12, None),
+    )
+
+
+@pytest.mark.parametrize("why", ["not_supported", "mismatch"])
+def test_backend_without_the_mps_query_lists_compute_processes(
+    monkeypatch: pytest.MonkeyPatch, why: str
+) -> None:
+    import pynvml
+
+    from agent.nvml.base import ProcessInfo
+    from agent.nvml.pynvml_backend import PynvmlBackend
+
+    err: Exception = (
+        pynvml.NVMLError(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        if why == "not_supported"
+        else pynvml.NVMLLibraryMismatchError("use a versioned function")
+    )
+    _fake_lists(monkeypatch, [_proc(10, 600)], err)
+    assert PynvmlBackend().processes(0) == (ProcessInfo(10, 600),)
+
+
+def test_backend_process_listing_on_a_lost_gpu_raises_gpu_is_lost(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pynvml
+
+    from agent.nvml.pynvml_backend import PynvmlBackend
+
+    _fake_lists(monkeypatch, [], pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST))
+    with pytest.raises(NvmlError) as exc:
+        PynvmlBackend().processes(0)
+    assert exc.value.code is NvmlCode.GPU_IS_LOST
+
+
+def test_a_library_mismatch_is_function_not_found(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pynvml
+
+    from agent.nvml.pynvml_backend import PynvmlBackend
+
+    def mismatch(_h: object) -> object:
+        raise pynvml.NVMLLibraryMismatchError("Unversioned function called")
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: f"handle-{i}")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryInfo", mismatch)
+    with pytest.raises(NvmlError) as exc:
+        PynvmlBackend().memory(0)
+    assert exc.value.code is NvmlCode.FUNCTION_NOT_FOUND
