@@ -67,12 +67,16 @@ class Daemon:
     def start(self) -> None:
         status = self.sup.tick([Device(self.uuid, self.memory_mib)], now=time.monotonic())
         if self.sup.state is not MpsState.RUNNING:
-            pytest.fail(f"MPS did not start: {status.state}: {status.message}\n{self.logs()}")
+            logs = self.logs()
+            self.control("quit")  # a daemon that started but would not take its defaults
+            pytest.fail(f"MPS did not start: {status.state}: {status.message}\n{logs}")
 
     def stop(self) -> float:
         """Stop through the supervisor; seconds until no daemon or server of ours is left."""
         t0 = time.monotonic()
         self.sup.stop()
+        if mps_processes(self.pipe_dir) and not wait_for(lambda: not mps_processes(self.pipe_dir), 10):
+            self.control("quit")  # the supervisor did not think it was running; make sure it ends
         gone = wait_for(lambda: not mps_processes(self.pipe_dir), timeout_s=30)
         assert gone, f"MPS processes left after quit: {mps_processes(self.pipe_dir)}"
         return time.monotonic() - t0
