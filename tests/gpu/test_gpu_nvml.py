@@ -107,6 +107,45 @@ def test_real_inventory_matches_nvidia_smi(real_nvml: Nvml, report: Report) -> N
     assert inventory_mismatches(ours, smi) == []
 
 
+@pytest.mark.gpu
+def test_agent_sampler_reads_every_field_of_a_real_gpu(real_nvml: Nvml, report: Report) -> None:
+    """What the agent publishes per GPU: nothing unexpectedly NOT_SUPPORTED, values in physical ranges."""
+    sample = Sampler(real_nvml).sample()
+    report.fact(
+        "agent_sample",
+        {
+            "driver": sample.driver_version,
+            "gpus": [
+                {
+                    "model": g.model,
+                    "product_name": g.product_name,
+                    "healthy": g.healthy,
+                    "reason": g.reason,
+                    "errors": [e.value for e in g.errors],
+                    "temperature_c": g.temperature_c,
+                    "power_mw": g.power_mw,
+                    "utilization_percent": g.utilization_percent,
+                    "ecc_uncorrected": g.ecc_uncorrected,
+                    "mig_enabled": g.mig_enabled,
+                    "memory_total_used_free_mib": [g.memory_total_mib, g.memory_used_mib, g.memory_free_mib],
+                }
+                for g in sample.gpus
+            ],
+        },
+    )
+    assert sample.error == "" and sample.driver_version
+    for g in sample.gpus:
+        assert g.healthy, f"GPU {g.index}: {g.reason}"
+        assert g.model != g.product_name, f"{g.product_name!r} is not in the GPU catalogue (app/data)"
+        # MIG mode has no whole-GPU utilisation; other NOT_SUPPORTED codes are a surprise on a datacenter GPU.
+        expected = {NvmlCode.NOT_SUPPORTED} if g.mig_enabled else set()
+        assert set(g.errors) <= expected, f"GPU {g.index} errors: {g.errors}"
+        assert g.temperature_c is not None and 5 <= g.temperature_c <= 110
+        assert g.power_mw is not None and g.power_mw > 0
+        assert g.memory_used_mib is not None and g.memory_free_mib is not None
+        assert g.memory_used_mib + g.memory_free_mib <= g.memory_total_mib
+
+
 # --- error mapping ---
 
 
