@@ -6,7 +6,10 @@ These run in CI so that a GPU session spends its time on the GPU, not on harness
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -28,7 +31,8 @@ from gpuhelpers import (
 from app import names
 from webhook.mutate import gpu_env
 
-FAKE = {"PYTHONPATH": str(Path(__file__).with_name("fakecuda")), "FAKE_CUDA_MEMORY_MIB": "8192"}
+FAKE_DIR = Path(__file__).with_name("fakecuda")
+FAKE = {"PYTHONPATH": str(FAKE_DIR), "FAKE_CUDA_MEMORY_MIB": "8192"}
 FAKE_UUID = "GPU-11111111-2222-3333-4444-555555555555"
 
 
@@ -37,11 +41,33 @@ def fake() -> Clients:
     return Clients("torch", "fake")
 
 
+def _control(pipe: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(FAKE_DIR / "nvidia-cuda-mps-control"), *args],
+        input=stdin,
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=os.environ | {names.ENV_MPS_PIPE_DIRECTORY: str(pipe)},
+        check=False,
+    )
+
+
+@pytest.fixture
+def mps_pipe(tmp_path: Path) -> Iterator[Path]:
+    """A running fake MPS control daemon; its pipe dir."""
+    pipe = tmp_path / "pipe"
+    assert _control(pipe, "-d").returncode == 0
+    yield pipe
+    _control(pipe, stdin="quit")
+
+
 # --- workload.py ---
 
 
-def test_alloc_stops_at_the_pinned_limit_to_within_two_mib(fake: Clients) -> None:
-    r = fake.run("alloc", ["--cap-mib", "6000"], FAKE | {names.ENV_MPS_MEMORY_LIMIT: "0=3001M"})
+def test_alloc_stops_at_the_pinned_limit_to_within_two_mib(fake: Clients, mps_pipe: Path) -> None:
+    env = FAKE | {names.ENV_MPS_MEMORY_LIMIT: "0=3001M", names.ENV_MPS_PIPE_DIRECTORY: str(mps_pipe)}
+    r = fake.run("alloc", ["--cap-mib", "6000"], env)
     assert r.rc == 0, r
     assert 3001 - 2 <= r.body["max_mib"] <= 3001 and not r.body["capped"]
     assert "OutOfMemoryError" in r.body["refusal"]
@@ -69,8 +95,24 @@ def test_alloc_without_a_device_is_an_error_not_a_zero(fake: Clients) -> None:
     assert r.rc == 0 and r.body["max_mib"] == 0 and "no CUDA-capable device" in r.body["refusal"]
 
 
-def test_matmul_rate_follows_the_thread_share_and_waits_for_start(fake: Clients) -> None:
-    env = FAKE | {"FAKE_CUDA_MATMUL_S": "0.002"}
+def test_without_a_daemon_the_mps_variables_are_inert(fake: Clients, tmp_path: Path) -> None:
+    env = FAKE | {names.ENV_MPS_MEMORY_LIMIT: "0=3001M", names.ENV_MPS_PIPE_DIRECTORY: str(tmp_path)}
+    r = fake.run("alloc", ["--cap-mib", "6000"], env)
+    assert (r.body["max_mib"], r.body["capped"]) == (6000, True)
+
+
+def test_fake_control_behaves_like_the_real_one_where_the_suite_looks(mps_pipe: Path) -> None:
+    assert _control(mps_pipe, "-d").returncode == 1  # one daemon per pipe dir
+    assert _control(mps_pipe, stdin="set_default_device_pinned_mem_limit 0 8192M").returncode == 0
+    assert _control(mps_pipe, stdin="get_default_device_pinned_mem_limit 0").stdout.strip() == "8192M"
+    [pid] = _control(mps_pipe, stdin="get_server_list").stdout.split()
+    assert Path(f"/proc/{pid}/comm").read_text().strip() == "nvidia-cuda-mps"
+    assert _control(mps_pipe, stdin="quit").returncode == 0
+    assert _control(mps_pipe, stdin="get_server_list").returncode == 1
+
+
+def test_matmul_rate_follows_the_thread_share_and_waits_for_start(fake: Clients, mps_pipe: Path) -> None:
+    env = FAKE | {"FAKE_CUDA_MATMUL_S": "0.002", names.ENV_MPS_PIPE_DIRECTORY: str(mps_pipe)}
     start_at = time.time() + 3
     procs = {
         pct: fake.start(

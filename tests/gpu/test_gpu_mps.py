@@ -29,6 +29,9 @@ pytestmark = pytest.mark.gpu
 
 # Slack for the allocator's rounding (2 MiB pages, alignment) when comparing with a MiB limit.
 SLACK_MIB = 64
+# How long each throughput client runs, and how long side-by-side clients get to warm up before both start.
+MATMUL_SECONDS = float(os.environ.get("GPUPACK_GPU_MATMUL_SECONDS", "8"))
+START_DELAY_SECONDS = float(os.environ.get("GPUPACK_GPU_START_DELAY_SECONDS", "30"))
 
 
 def mps_processes(pipe_dir: Path) -> list[tuple[int, str]]:
@@ -188,7 +191,7 @@ def test_daemon_default_caps_a_client_that_asks_for_more(
 
 
 def test_thread_percentage_splits_throughput(daemon: Daemon, clients: Clients, report: Report) -> None:
-    seconds = 8.0
+    seconds = MATMUL_SECONDS
     env_half, _ = daemon.pod_env("0.5")
     env_quarter, _ = daemon.pod_env("0.25")
     assert (env_half[names.ENV_MPS_THREAD_PERCENTAGE], env_quarter[names.ENV_MPS_THREAD_PERCENTAGE]) == (
@@ -200,7 +203,7 @@ def test_thread_percentage_splits_throughput(daemon: Daemon, clients: Clients, r
         name: _ok(clients.run("matmul", ["--seconds", str(seconds)], env))
         for name, env in (("full", full), ("half", env_half), ("quarter", env_quarter))
     }
-    start_at = time.time() + 30  # both clients are warmed up and waiting by then
+    start_at = time.time() + START_DELAY_SECONDS  # both clients are warmed up and waiting by then
     procs = {
         name: clients.start("matmul", ["--seconds", str(seconds), "--start-at", str(start_at)], env)
         for name, env in (("half", env_half), ("quarter", env_quarter))
@@ -225,7 +228,7 @@ def test_thread_percentage_splits_throughput(daemon: Daemon, clients: Clients, r
 
 
 def test_daemon_serves_clients_that_nvml_attributes_and_stops_cleanly(
-    real_nvml: Nvml, mps_binary: str, clients: Clients, report: Report
+    real_nvml: Nvml, mps_binary: str, clients: Clients, report: Report, real_processes: None
 ) -> None:
     import pynvml
 

@@ -201,7 +201,7 @@ _UNINIT_SCRIPT = textwrap.dedent(
 
 
 @pytest.mark.gpu
-def test_real_calls_outside_init_are_uninitialized(real_nvml: Nvml) -> None:
+def test_real_calls_outside_init_are_uninitialized(real_nvml: Nvml, real_processes: None) -> None:
     out = subprocess.run(
         [sys.executable, "-c", _UNINIT_SCRIPT],
         capture_output=True,
@@ -285,7 +285,7 @@ def _release(proc: subprocess.Popen[str]) -> None:
 
 @pytest.mark.gpu
 def test_live_memory_and_utilization_follow_a_cuda_process(
-    real_nvml: Nvml, clients: Clients, report: Report
+    real_nvml: Nvml, clients: Clients, report: Report, real_processes: None
 ) -> None:
     index, held = 0, 4096
     uuid = real_nvml.uuid(index)
@@ -318,7 +318,7 @@ def test_live_memory_and_utilization_follow_a_cuda_process(
 
 @pytest.mark.gpu
 def test_agent_maps_the_nvml_pid_to_its_process_and_pod(
-    real_nvml: Nvml, clients: Clients, report: Report, tmp_path: Path
+    real_nvml: Nvml, clients: Clients, report: Report, tmp_path: Path, real_processes: None
 ) -> None:
     index, held = 0, 2048
     uuid = real_nvml.uuid(index)

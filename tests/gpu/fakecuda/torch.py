@@ -1,13 +1,16 @@
 """A stand-in for the torch calls tests/gpu/workload.py makes, so CI runs the client harness without a GPU.
 
-Only ever on a child process's PYTHONPATH (tests/gpu/test_gpu_harness.py). One GPU, chosen like CUDA does:
-visible when CUDA_VISIBLE_DEVICES is unset or names its UUID. FAKE_CUDA_MEMORY_MIB sizes it;
-CUDA_MPS_PINNED_DEVICE_MEM_LIMIT="0=<n>M" caps allocations the way MPS would; a matmul takes
-FAKE_CUDA_MATMUL_S x 100 / CUDA_MPS_ACTIVE_THREAD_PERCENTAGE seconds.
+Only ever on a child process's PYTHONPATH (tests/gpu/test_gpu_harness.py, and the rehearsal described in
+tests/gpu/README.md). One GPU, chosen like CUDA does: visible when CUDA_VISIBLE_DEVICES is unset or names
+its UUID; FAKE_CUDA_MEMORY_MIB sizes it. Like CUDA, the CUDA_MPS_* variables count only when an MPS daemon
+answers in CUDA_MPS_PIPE_DIRECTORY (here the fake control's state file): then allocations stop at the lower
+of the client's CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and the daemon default, and a matmul takes
+FAKE_CUDA_MATMUL_S x 100 / (active thread percentage) seconds.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from typing import Any
@@ -23,12 +26,44 @@ class OutOfMemoryError(RuntimeError):
     pass
 
 
+def _daemon() -> dict[str, Any] | None:
+    """The fake MPS control daemon's state, if one is alive in our pipe dir."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    if not pipe:
+        return None
+    try:
+        with open(os.path.join(pipe, "fake-mps.json")) as f:
+            state: dict[str, Any] = json.load(f)
+        os.kill(int(state["pid"]), 0)
+    except (OSError, ValueError, KeyError):
+        return None
+    return state
+
+
+def _mib(value: str) -> int | None:
+    return int(value[:-1]) if value.endswith("M") and value[:-1].isdigit() else None
+
+
 def _limit_mib() -> int:
-    total = int(os.environ.get("FAKE_CUDA_MEMORY_MIB", "16384"))
-    pinned = os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
-    if pinned.startswith("0=") and pinned.endswith("M"):
-        return min(total, int(pinned[2:-1]))
-    return total
+    limit = int(os.environ.get("FAKE_CUDA_MEMORY_MIB", "16384"))
+    daemon = _daemon()
+    if daemon is None:
+        return limit
+    for value in (
+        str(daemon["pinned"].get("0", "")),
+        os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "").removeprefix("0="),
+    ):
+        mib = _mib(value)
+        if mib is not None:
+            limit = min(limit, mib)
+    return limit
+
+
+def _thread_share() -> int:
+    daemon = _daemon()
+    if daemon is None:
+        return 100
+    return min(int(daemon["thread"]), int(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100")))
 
 
 class Tensor:
@@ -36,8 +71,7 @@ class Tensor:
         self.mib = mib
 
     def __matmul__(self, other: Any) -> Tensor:
-        share = int(os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "100"))
-        time.sleep(float(os.environ.get("FAKE_CUDA_MATMUL_S", "0.001")) * 100 / share)
+        time.sleep(float(os.environ.get("FAKE_CUDA_MATMUL_S", "0.001")) * 100 / _thread_share())
         return Tensor(0)
 
     def __del__(self) -> None:
