@@ -7,6 +7,7 @@ assertions) and on the real pynvml backend (marker `gpu`; skipped where NVML fin
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -86,7 +87,7 @@ def test_simulated_inventory_matches_its_file(sim_nvml: SimulatedNvml, sim_path:
 def test_real_inventory_matches_nvidia_smi(real_nvml: Nvml, report: Report) -> None:
     smi = smi_inventory()
     ours = inventory(real_nvml)
-    binary = __import__("shutil").which("nvidia-cuda-mps-control")
+    binary = shutil.which("nvidia-cuda-mps-control")
     report.fact(
         "inventory",
         [
