@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import tempfile
 import time
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from gpuclients import ClientResult, Clients, wait_for
-from gpuhelpers import Report, allocation, fraction_request, pod_env
+from gpuhelpers import Report, allocation, fraction_request, pod_env, report_path
 
 from agent.mps import Device, MpsConfig, MpsState, MpsSupervisor
 from agent.nvml.base import Nvml
@@ -81,8 +82,17 @@ class Daemon:
         if mps_processes(self.pipe_dir) and not wait_for(lambda: not mps_processes(self.pipe_dir), 10):
             self.control("quit")  # the supervisor did not think it was running; make sure it ends
         gone = wait_for(lambda: not mps_processes(self.pipe_dir), timeout_s=30)
+        elapsed = time.monotonic() - t0
+        self._keep_logs()
         assert gone, f"MPS processes left after quit: {mps_processes(self.pipe_dir)}"
-        return time.monotonic() - t0
+        shutil.rmtree(self.pipe_dir, ignore_errors=True)
+        return elapsed
+
+    def _keep_logs(self) -> None:
+        """Copy the daemon's control/server logs beside the report (they show the limits in effect)."""
+        path = report_path(os.environ)
+        if path is not None and (self.pipe_dir / "log").is_dir():
+            shutil.copytree(self.pipe_dir / "log", path.parent / "mps-logs" / self.pipe_dir.name)
 
     def control(self, command: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
