@@ -3,7 +3,8 @@
 #
 #   tests/gpu/run.sh [extra pytest args]
 #
-# Installs only the wheels from .whl/ whose distribution the interpreter lacks (into /tmp/gpupack-site),
+# Installs the wheels from .whl/ whose distribution the interpreter lacks or has at another version (into
+# /tmp/gpupack-site, which then shadows the installed copy: we test the versions gpupack pins),
 # runs tests/gpu with the repo on PYTHONPATH (no editable install needed), and writes:
 #   $GPUPACK_GPU_REPORT (default $OUT/gpu-report.json, else ./gpu-report.json)  facts, measurements, outcomes
 #   gpu-pytest.log, gpu-junit.xml, nvidia-smi.txt                                beside the report
@@ -28,18 +29,20 @@ EOF
   exit 2
 }
 
-# 1. Wheels: install the ones whose distribution is missing here.
+# 1. Wheels: install the ones whose distribution is missing here or installed at another version.
 missing=()
 if compgen -G ".whl/*.whl" >/dev/null; then
   for whl in .whl/*.whl; do
     dist="$(basename "$whl" | cut -d- -f1)"
-    if ! "$PY" -c "import importlib.metadata as m, sys; m.version(sys.argv[1])" "$dist" 2>/dev/null; then
+    ver="$(basename "$whl" | cut -d- -f2)"
+    if ! "$PY" -c "import importlib.metadata as m, sys; sys.exit(m.version(sys.argv[1]) != sys.argv[2])" \
+      "$dist" "$ver" 2>/dev/null; then
       missing+=("$whl")
     fi
   done
 fi
 if ((${#missing[@]})); then
-  echo "[gpu] installing ${#missing[@]} missing wheel(s) into $site: ${missing[*]##*/}"
+  echo "[gpu] installing ${#missing[@]} wheel(s) missing or at another version into $site: ${missing[*]##*/}"
   mkdir -p "$site"
   if ! "$PY" -m pip install --quiet --no-index --no-deps --target "$site" "${missing[@]}" 2>"$outdir/pip.log"; then
     # No pip: a wheel is a zip laid out for site-packages, so unpacking it is an install.
