@@ -30,6 +30,7 @@ from gpuhelpers import (
 )
 
 from agent.cgroup import ProcResolver
+from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml import simfile
 from agent.nvml.base import Nvml, NvmlCode, NvmlError
 from agent.nvml.simulated import SimulatedNvml
@@ -106,6 +107,8 @@ def test_real_inventory_matches_nvidia_smi(real_nvml: Nvml, report: Report) -> N
         ],
     )
     assert inventory_mismatches(ours, smi) == []
+    # MPS capability as the agent decides it: the control binary on PATH.
+    assert MpsSupervisor(MpsConfig()).available() is (binary is not None)
 
 
 @pytest.mark.gpu
