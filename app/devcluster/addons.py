@@ -9,8 +9,9 @@ import webhook/extender/agent (import-linter contract), so an addon runs them as
 
 The addons, in order:
 
-* Definitions: the GPUNode CRD from deploy/crds/ and the extender/webhook/agent RBAC objects of the
-  rendered chart deploy/manifests/gpupack.yaml - the objects a real install creates. The components
+* Definitions: the GPUNode CRD from deploy/crds/, and the extender/webhook/agent RBAC objects and
+  ValidatingAdmissionPolicies (+ bindings) of the rendered chart deploy/manifests/gpupack.yaml - the objects
+  a real install creates; done once a dry-run pod with an allocation annotation is denied. The components
   authenticate as the ServiceAccounts gpupack-system/gpupack-{extender,webhook,agent} (identities.py), so
   the chart's bindings apply unchanged and a permission the chart lacks fails here as in a real cluster.
 * Components, launched together and each health-checked:
@@ -19,7 +20,9 @@ The addons, in order:
   - webhook over HTTPS on 127.0.0.1:`cluster.webhook_port` with the harness's serving cert; then the
     MutatingWebhookConfiguration of deploy/webhook/ with url + caBundle, polled with a dry-run pod create
     until the mutation shows (the apiserver picks configurations up asynchronously).
-  - one `agent run --sim` per node, kubeconfig gpupack-agent, with a simulated GPU set of the node's
+  - one `agent run --sim` per node, kubeconfig DIR/agents/<node>.kubeconfig: a gpupack-agent token bound
+    to a stand-in pod on that node (TokenRequest), so it carries the node-name extra the agent-own-node
+    policy checks (static token-file users cannot carry extras), with a simulated GPU set of the node's
     model and count: a sample from agent/data/sim/ when one is exactly that idle shape, else generated
     into DIR/sim/. The simulator derives GPU UUIDs from the node name, so one file serves every node of a
     shape. Done once every node's GPUNode is published.
@@ -448,9 +451,9 @@ class DevAddon(Protocol):
 
 
 class Definitions:
-    """The GPUNode CRD and the components' RBAC, before any component starts (each needs them at once)."""
+    """The GPUNode CRD, the components' RBAC and admission policies, before any component starts."""
 
-    name = "crd+rbac"
+    name = "crd+rbac+policies"
 
     def start(self, cluster: Cluster, nodes: Sequence[str], progress: Progress = _quiet) -> None:
         crd = yaml.safe_load(source_file(CRD_RELPATH).read_text())
