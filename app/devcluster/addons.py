@@ -129,6 +129,8 @@ def scoped_binding(
     only to its own namespace or nodes, so the other modules' fixtures (pods created as the webhook
     would leave them, agents with unbound tokens) keep working beside it.
     """
+    if namespace is None and not object_names:
+        raise ValueError("scoped_binding needs a namespace or object names (else it binds cluster-wide)")
     out = copy.deepcopy(dict(binding))
     suffix = namespace or "-".join(object_names)
     out["metadata"] = {**out["metadata"], "name": f"{out['metadata']['name']}-{suffix}"[:253]}

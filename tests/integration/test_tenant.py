@@ -401,6 +401,7 @@ def test_each_agent_writes_only_its_own_node_and_gpunode(
     assert (core.read_node(mine).metadata.labels or {}).get("gpupack.test/touched") == "yes"
     got = client.CustomObjectsApi(kube).get_cluster_custom_object(*crd, other)
     assert "gpupack.test/touched" not in (got["metadata"].get("labels") or {})
+    core.delete_namespaced_pod(f"gpupack-agent-{mine}", GPUPACK_NAMESPACE, grace_period_seconds=0)
 
 
 # ---- end to end: real kube-scheduler + extender; no tenant sequence over-commits a GPU ----

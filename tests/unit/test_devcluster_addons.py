@@ -64,6 +64,8 @@ def test_scoped_binding_limits_a_copy_to_one_namespace_or_named_objects() -> Non
     assert named["metadata"]["name"] == "gpupack-pod-allocation-n1-n2"
     (rule,) = named["spec"]["matchResources"]["resourceRules"]
     assert rule["resourceNames"] == ["n1", "n2"] and rule["resources"] == ["*/*"]
+    with pytest.raises(ValueError, match="cluster-wide"):
+        addons.scoped_binding(binding)
 
 
 def test_agent_tokens_are_bound_to_a_pod_on_its_node() -> None:
