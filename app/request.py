@@ -33,6 +33,8 @@ class Container:
     name: str
     init: bool = False
     whole_gpus: str | None = None  # nvidia.com/gpu as written in limits (or requests), if any
+    # gpupack.io/* extended resources the user wrote themselves, as (resource, raw quantity)
+    ours: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +73,40 @@ def wants_gpu(annotations: Mapping[str, str]) -> bool:
     return names.GPU_FRACTION in annotations or names.GPU_MEMORY in annotations
 
 
+def gpupack_resources(resources: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The gpupack.io/* resources a container's `resources` names in requests or limits (first wins)."""
+    out: dict[str, str] = {}
+    for part in ("requests", "limits"):
+        for key, value in (resources.get(part) or {}).items():
+            if str(key).startswith(names.DOMAIN + "/"):
+                out.setdefault(str(key), str(value))
+    return tuple(out.items())
+
+
+def unannotated_errors(containers: Sequence[Container]) -> tuple[RequestError, ...]:
+    """For a pod without gpu-fraction/gpu-memory: one error per gpupack resource a container asks for.
+
+    Those resources are the webhook's output, not an input: without the annotations the pod would get
+    no allocation env (a CUDA image's default NVIDIA_VISIBLE_DEVICES=all exposes every GPU of the node)
+    and the extender would not track its share.
+    """
+    return tuple(
+        RequestError(
+            resource,
+            raw,
+            f"requested by {_kind(c)} {c.name!r} without a GPU-share annotation; gpupack resources are "
+            f"set by the gpupack webhook: remove {resource} and annotate the pod with "
+            f'{names.GPU_FRACTION} (e.g. "0.5") or {names.GPU_MEMORY} (e.g. "4Gi") instead',
+        )
+        for c in containers
+        for resource, raw in c.ours
+    )
+
+
+def _kind(c: Container) -> str:
+    return "init container" if c.init else "container"
+
+
 def containers_of(spec: Mapping[str, Any]) -> tuple[Container, ...]:
     """The regular containers (in order), then the init containers, of a pod spec dict."""
     out: list[Container] = []
@@ -82,7 +118,10 @@ def containers_of(spec: Mapping[str, Any]) -> tuple[Container, ...]:
             )
             out.append(
                 Container(
-                    name=str(c.get("name", "")), init=init, whole_gpus=None if whole is None else str(whole)
+                    name=str(c.get("name", "")),
+                    init=init,
+                    whole_gpus=None if whole is None else str(whole),
+                    ours=gpupack_resources(res),
                 )
             )
     return tuple(out)
@@ -185,6 +224,21 @@ def _gpu_models(v: _View) -> Iterable[RequestError]:
             )
 
 
+def _gpupack_resources_only_on_the_gpu_container(v: _View) -> Iterable[RequestError]:
+    """The webhook writes our resource on the GPU container; one elsewhere would be an unaccounted share."""
+    target = v.get(names.GPU_FRACTION_CONTAINER_NAME) or (v.regular[0] if v.regular else None)
+    for c in v.containers:
+        if c.init or c.name != target:
+            for resource, raw in c.ours:
+                yield RequestError(
+                    resource,
+                    raw,
+                    f"requested by {_kind(c)} {c.name!r}, which is not the GPU container "
+                    f"({target!r}); remove it: the gpupack webhook sets {resource} on the GPU container "
+                    f"from {names.GPU_FRACTION} or {names.GPU_MEMORY}",
+                )
+
+
 def _isolation(v: _View) -> Iterable[RequestError]:
     raw = v.get(names.ISOLATION)
     if raw is not None and raw not in {i.value for i in Isolation}:
@@ -216,6 +270,7 @@ RULES: Final[tuple[Callable[[_View], Iterable[RequestError]], ...]] = (
     _gpu_models,
     _isolation,
     _memory_fits_a_gpu,
+    _gpupack_resources_only_on_the_gpu_container,
 )
 
 

@@ -6,6 +6,7 @@ import time
 
 from fastapi import APIRouter, HTTPException
 
+from app import managed
 from app.kube.state import demand_of
 from app.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 from extender import scheduling
@@ -35,6 +36,11 @@ def filter_(
         if not ready[0]:
             return ExtenderFilterResult(Error=f"gpupack extender not ready: {ready[1]}")
         names = args.node_names()
+        if (unmanaged := managed.unmanaged_reason(args.Pod)) is not None:
+            # No node can fix this: the pod must be re-created through the webhook.
+            return ExtenderFilterResult(
+                NodeNames=[], FailedAndUnresolvableNodes=dict.fromkeys(names, unmanaged)
+            )
         uid = _uid(args)
         demand = demand_of(args.Pod)
         out = scheduling.filter_nodes(

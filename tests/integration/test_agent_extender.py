@@ -133,7 +133,20 @@ def gpu_pod(
         "spec": {
             "nodeSelector": {POOL: namespace},
             "containers": [
-                {"name": "main", "image": "busybox", "resources": {"requests": milli, "limits": milli}}
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"requests": milli, "limits": milli},
+                    # the webhook's env: the extender places only pods that carry it
+                    "env": [
+                        {
+                            "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
+                            "valueFrom": {
+                                "fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}
+                            },
+                        }
+                    ],
+                }
             ],
         },
     }

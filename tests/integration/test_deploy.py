@@ -283,6 +283,10 @@ RBAC_CASES = [
     ("extender", "update", "leases.coordination.k8s.io", "kube-system", "kube-scheduler", False),
     ("extender", "delete", "nodes", "", "n", False),
     ("extender", "delete", "pods", "team-a", "p", False),
+    # pods: patch only (the pod-allocation admission policy limits it to the allocation annotations)
+    ("extender", "update", "pods", "team-a", "p", False),
+    ("extender", "create", "pods", "team-a", "", False),
+    ("extender", "patch", "pods/status", "team-a", "p", False),
     ("extender", "patch", "gpunodes.gpupack.io", "", "n", False),
     ("extender", "list", "secrets", "", "", False),
     ("agent", "patch", "nodes", "", "n", True),

@@ -135,7 +135,22 @@ def gpu_pod(
         res = {names.RESOURCE_GPU_MEMORY_MIB: str(mem * count)}
     spec: dict[str, Any] = {
         "nodeSelector": {POOL: pool},
-        "containers": [{"name": "main", "image": "busybox", "resources": {"requests": res, "limits": res}}],
+        "containers": [
+            {
+                "name": "main",
+                "image": "busybox",
+                "resources": {"requests": res, "limits": res},
+                # the webhook's env: the extender places only pods that carry it
+                "env": [
+                    {
+                        "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
+                        "valueFrom": {
+                            "fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}
+                        },
+                    }
+                ],
+            }
+        ],
     }
     if scheduler:
         spec["schedulerName"] = scheduler

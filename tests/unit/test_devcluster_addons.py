@@ -27,6 +27,66 @@ def manifest_docs() -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((REPO / addons.MANIFEST_RELPATH).read_text()) if d]
 
 
+# ---- admission policies from the rendered chart ----
+
+
+def test_policies_come_from_the_chart_policies_before_bindings() -> None:
+    objs = addons.policy_objects(manifest_docs())
+    got = [(o["kind"], o["metadata"]["name"]) for o in objs]
+    assert sorted(got) == [
+        ("ValidatingAdmissionPolicy", "gpupack-agent-own-node"),
+        ("ValidatingAdmissionPolicy", "gpupack-pod-allocation"),
+        ("ValidatingAdmissionPolicyBinding", "gpupack-agent-own-node"),
+        ("ValidatingAdmissionPolicyBinding", "gpupack-pod-allocation"),
+    ]
+    kinds = [k for k, _ in got]
+    assert kinds == sorted(kinds, key=lambda k: k.endswith("Binding"))
+    assert addons.policy_objects(manifest_docs(), ("webhook",)) == []
+
+
+def test_scoped_binding_limits_a_copy_to_one_namespace_or_named_objects() -> None:
+    binding = {
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "gpupack-pod-allocation", "labels": {"a": "b"}},
+        "spec": {"policyName": "gpupack-pod-allocation", "validationActions": ["Deny"]},
+    }
+    original = copy.deepcopy(binding)
+    ns = addons.scoped_binding(binding, namespace="t-1")
+    assert binding == original
+    assert ns["metadata"] == {"name": "gpupack-pod-allocation-t-1", "labels": {"a": "b"}}
+    assert ns["spec"]["policyName"] == "gpupack-pod-allocation"
+    assert ns["spec"]["matchResources"] == {
+        "namespaceSelector": {
+            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["t-1"]}]
+        }
+    }
+    named = addons.scoped_binding(binding, object_names=["n1", "n2"])
+    assert named["metadata"]["name"] == "gpupack-pod-allocation-n1-n2"
+    (rule,) = named["spec"]["matchResources"]["resourceRules"]
+    assert rule["resourceNames"] == ["n1", "n2"] and rule["resources"] == ["*/*"]
+    with pytest.raises(ValueError, match="cluster-wide"):
+        addons.scoped_binding(binding)
+
+
+def test_agent_tokens_are_bound_to_a_pod_on_its_node() -> None:
+    pod = addons.agent_anchor_pod("gpu-0")
+    assert pod["metadata"]["namespace"] == "gpupack-system"
+    assert pod["spec"]["nodeName"] == "gpu-0"
+    assert pod["spec"]["serviceAccountName"] == "gpupack-agent"
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    req = addons.bound_token_request(pod["metadata"]["name"], "uid-1", 3600)
+    assert req["spec"] == {
+        "expirationSeconds": 3600,
+        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "gpupack-agent-gpu-0", "uid": "uid-1"},
+    }
+
+
+def test_allocation_probe_pod_carries_an_allocation_annotation_only() -> None:
+    pod = addons.allocation_probe_pod()
+    assert set(pod["metadata"]["annotations"]) == {names.ALLOC_NODE}
+    assert "labels" not in pod["metadata"]
+
+
 # ---- RBAC from the rendered chart ----
 
 

@@ -76,7 +76,8 @@ def test_token_csv_rows_and_groups() -> None:
         "tok-gpupack-agent,system:serviceaccount:gpupack-system:gpupack-agent,uid-gpupack-agent,"
         '"system:serviceaccounts,system:serviceaccounts:gpupack-system"'
     ) in rows
-    assert len(rows) == len(identities.IDENTITIES) == 6
+    assert 'tok-tenant,tenant,uid-tenant,"tenants"' in rows
+    assert len(rows) == len(identities.IDENTITIES) == 7
 
 
 def test_new_tokens_are_distinct_and_csv_safe() -> None:
