@@ -5,10 +5,14 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
 from prometheus_client import CollectorRegistry
+from starlette.exceptions import HTTPException
 
-from app import log
+from app import log, wire
 from app.kube.client import Kube
 from app.metrics import ExtenderStateCollector
 from extender.config import Settings
@@ -36,14 +40,33 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
             if isinstance(rt, KubeRuntime):
                 rt.stop()
 
-    app = FastAPI(title="gpupack extender", lifespan=lifespan)
+    # No /docs, /redoc, /openapi.json: the API is kube-scheduler's wire format, not for browsing.
+    app = FastAPI(
+        title="gpupack extender", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
+    )
     app.state.runtime = rt
     registry = CollectorRegistry(auto_describe=False)
     registry.register(ExtenderStateCollector(lambda: gauges_of(rt)))
     app.state.metrics_registry = registry
     for router in (scheduling.router, ops.router, state.router):
         app.include_router(router)
+    app.add_exception_handler(RequestValidationError, _malformed)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     return app
+
+
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """FastAPI answers a body it cannot decode (not UTF-8) with a bare 400; say which field: the body."""
+    if exc.status_code == 400:
+        return JSONResponse(wire.unreadable(str(exc.detail)), status_code=400)
+    return await http_exception_handler(request, exc)
+
+
+async def _malformed(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """A body that does not fit the extender wire format: 422 naming each bad field, never a 500."""
+    answer = wire.body(exc.errors())
+    LOG.warning("malformed request", extra={"path": request.url.path, "problems": answer["detail"][:5]})
+    return JSONResponse(answer, status_code=422)
 
 
 def serve(settings: Settings) -> None:

@@ -49,13 +49,13 @@ class PodInfo:
 
 def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     """Reduce a pod to what placement needs; an allocation counts only while the pod may hold its GPU."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    phase = str((pod.get("status") or {}).get("phase") or "Pending")
+    meta = request.as_object(pod.get("metadata"))
+    spec = request.as_object(pod.get("spec"))
+    phase = str(request.as_object(pod.get("status")).get("phase") or "Pending")
     node_name = str(spec.get("nodeName") or "")
     alloc: Allocation | None = None
     try:
-        alloc = Allocation.from_annotations(meta.get("annotations") or {})
+        alloc = Allocation.from_annotations(request.string_map(meta.get("annotations")))
     except ValueError as exc:
         LOG.warning("corrupt allocation annotations ignored", extra={"pod": _key(meta), "error": str(exc)})
     if alloc is not None and (phase in TERMINAL_PHASES or (node_name and node_name != alloc.node)):
@@ -354,10 +354,9 @@ class _PodHandler:
 
 def demand_of(pod: Mapping[str, Any]) -> Demand | str:
     """The pod's GPU demand: its annotations (app.request), else the extended resources it requests."""
-    meta = pod.get("metadata") or {}
-    ann: Mapping[str, str] = meta.get("annotations") or {}
+    ann = request.string_map(request.as_object(pod.get("metadata")).get("annotations"))
     if request.wants_gpu(ann):
-        parsed = request.parse(ann, request.containers_of(pod.get("spec") or {}))
+        parsed = request.parse(ann, request.containers_of(request.as_object(pod.get("spec"))))
         if isinstance(parsed, request.GpuRequest):
             return parsed.demand()
         return "; ".join(str(e) for e in parsed)
@@ -394,9 +393,11 @@ def _demand_from_resources(pod: Mapping[str, Any], ann: Mapping[str, str]) -> De
 def _resource_total(pod: Mapping[str, Any], resource: str) -> int | str:
     """Sum of a container resource over containers (limits = requests for extended resources)."""
     total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        raw = (res.get("limits") or {}).get(resource, (res.get("requests") or {}).get(resource))
+    for item in request.as_list(request.as_object(pod.get("spec")).get("containers")):
+        c = request.as_object(item)
+        res = request.as_object(c.get("resources"))
+        limits, asked = request.as_object(res.get("limits")), request.as_object(res.get("requests"))
+        raw = limits.get(resource, asked.get(resource))
         if raw is None:
             continue
         text = str(raw)

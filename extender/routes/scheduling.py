@@ -23,7 +23,8 @@ router = APIRouter(tags=["scheduling"])
 
 
 def _uid(args: ExtenderArgs) -> str:
-    return str((args.Pod.get("metadata") or {}).get("uid") or "")
+    meta = args.Pod.metadata
+    return meta.uid if meta is not None else ""
 
 
 @router.post("/filter")
@@ -36,7 +37,7 @@ def filter_(
             return ExtenderFilterResult(Error=f"gpupack extender not ready: {ready[1]}")
         names = args.node_names()
         uid = _uid(args)
-        demand = demand_of(args.Pod)
+        demand = demand_of(args.pod())
         out = scheduling.filter_nodes(
             names, cache.nodes(names, exclude_uid=uid), demand, policy, rt.decide_in_filter
         )
@@ -60,7 +61,7 @@ def prioritize(args: ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: Re
             raise HTTPException(503, f"gpupack extender not ready: {ready[1]}")
         names = args.node_names()
         uid = _uid(args)
-        demand = demand_of(args.Pod)
+        demand = demand_of(args.pod())
         scores = scheduling.prioritize(names, cache.nodes(names, exclude_uid=uid), demand, policy)
         return HostPriorityList([HostPriority(Host=n, Score=s) for n, s in scores])
     finally:
