@@ -430,13 +430,13 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(  # noqa: PLR
                 "--interval", "1s", "--min-write-interval", "1s", "--no-mps",
             )  # fmt: skip
             _start(cluster, f"deploy-agent-{node}", argv, f"http://127.0.0.1:{port}/healthz")
-        ext_url = cluster.extender_url
         argv = (
             *py, "extender", "serve", "--kubeconfig", str(cluster.kubeconfig_for("gpupack-extender")),
-            "--host", "127.0.0.1", "--port", str(cluster.extender_port),
+            "--host", "127.0.0.1", "--port", str(cluster.extender_port), *cluster.extender_tls_flags(),
             "--lease-namespace", GPUPACK_NAMESPACE, "--lease-duration", "3",
         )  # fmt: skip
-        _start(cluster, "deploy-extender", argv, f"{ext_url}/readyz", timeout=90)
+        ext_ops = f"http://127.0.0.1:{cluster.extender_ops_port}"
+        _start(cluster, "deploy-extender", argv, f"{ext_ops}/readyz", timeout=90)
         hook = f"127.0.0.1:{cluster.webhook_port}"
         argv = (
             *py, "webhook", "serve",
@@ -461,7 +461,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(  # noqa: PLR
         )
         prom_cfg = tmp_path / "prometheus.yml"
         agents = {n: f"127.0.0.1:{p}" for n, p in agent_ports.items()}
-        cfg = prometheus_config(f"127.0.0.1:{cluster.extender_port}", hook, agents, str(cluster.ca_file))
+        cfg = prometheus_config(f"127.0.0.1:{cluster.extender_ops_port}", hook, agents, str(cluster.ca_file))
         prom_cfg.write_text(yaml.safe_dump(cfg))
         argv = (
             prometheus, f"--config.file={prom_cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
