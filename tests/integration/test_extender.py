@@ -5,10 +5,10 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
-import ssl
 import urllib.error
 import urllib.request
 from collections import defaultdict
@@ -328,7 +328,7 @@ def test_extender_answers_only_the_schedulers_client_certificate(
         assert b"gpupack_extender_binds_total" in resp.read()
 
 
-def test_two_binds_racing_for_the_last_share_one_wins(
+def test_two_binds_racing_for_the_last_share_one_wins(  # noqa: PLR0917  (pytest fixtures)
     cluster: Cluster, extender: Callable[..., str], setup: Kube, core: Any, namespace: str, gpu_nodes: Any
 ) -> None:
     (node,) = gpu_nodes(1, gpus_per_node=1, model=MODEL, labels={POOL: namespace})
