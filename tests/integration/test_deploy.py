@@ -37,6 +37,7 @@ KUBE_VERSION = "v1.34.10"  # what tests/k8s/build.sh builds
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "defaults": (),
+    "helm-certs": ("webhook.certs.mode=helm",),
     "cert-manager+monitoring+evict": (
         "webhook.certs.mode=certManager",
         "monitoring.serviceMonitor.enabled=true",
@@ -170,8 +171,8 @@ def test_committed_manifests_and_copies_equal_a_fresh_render(helm: str) -> None:
 
 
 def test_helm_mode_puts_its_own_ca_in_the_webhook_configuration(helm: str) -> None:
-    objs = render(helm, "gpupack", "gpupack-system")
-    secret = next(o for o in objs if o["kind"] == "Secret")
+    objs = render(helm, "gpupack", "gpupack-system", ("webhook.certs.mode=helm",))
+    secret = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] == "gpupack-webhook-tls")
     mwc = next(o for o in objs if o["kind"] == "MutatingWebhookConfiguration")
     assert secret["metadata"]["name"] == "gpupack-webhook-tls"
     assert [w["clientConfig"]["caBundle"] for w in mwc["webhooks"]] == [secret["data"]["ca.crt"]]
