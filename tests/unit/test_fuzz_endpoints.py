@@ -22,8 +22,10 @@ from app.errors import KubeError
 from app.kube.assume import AssumeCache
 from app.kube.client import JsonDict, Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.kube.state import ClusterCache
+from app.kube.state import ClusterCache, demand_of, pod_info
+from app.model import Demand
 from app.placement import registry
+from app.request import containers_of
 from extender.binder import Binder
 from extender.config import Settings as ExtenderSettings
 from extender.main import create_app as extender_app
@@ -313,3 +315,18 @@ def test_bind_with_number_for_name_is_422(extender: TestClient) -> None:
     r = extender.post("/bind", json={"PodName": 7, "PodNamespace": "ns", "Node": "n1"})
     assert r.status_code == 422
     assert r.json()["message"].startswith("PodName:"), r.json()
+
+
+# --- the pod readers behind the schemas: the informer hands them whatever the apiserver stored ---
+
+
+@FUZZ
+@given(obj=st.one_of(pod, any_json))
+def test_pod_readers_never_raise_on_wrong_types(obj: Any) -> None:
+    if not isinstance(obj, dict):
+        return
+    info = pod_info(obj)
+    assert isinstance(info.demand, Demand | str)
+    assert demand_of(obj) == info.demand
+    spec = obj.get("spec")
+    assert isinstance(containers_of(spec if isinstance(spec, dict) else {}), tuple)
