@@ -143,3 +143,34 @@ def test_upgrade_from_a_release_without_the_ca_secret_trusts_both_cas(
     new_ca = cert(objs["Secret", f"{release}-gpupack-webhook-ca"])
     assert bundle == [new_ca, x509.load_pem_x509_certificate(old_ca.cert)]
     cert(objs["Secret", hook]).verify_directly_issued_by(new_ca)
+
+
+def render_offline(helm: str, *sets: str) -> list[dict[str, Any]]:
+    args = [helm, "template", "gpupack", str(CHART), "--namespace", "gpupack-system"]
+    for s in sets:
+        args += ["--set", s]
+    done = subprocess.run(args, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return [d for d in yaml.safe_load_all(done.stdout) if d]
+
+
+def https_peers(objs: list[dict[str, Any]]) -> list[Any] | None:
+    """The `from` of the NetworkPolicy rule for the extender's https port; None when there is no such rule."""
+    policy = next(o for o in objs if o["kind"] == "NetworkPolicy")
+    rules = [r for r in policy["spec"].get("ingress") or [] if r["ports"][0]["port"] == "https"]
+    return rules[0]["from"] if rules else None
+
+
+def test_network_policy_never_opens_the_https_port_to_everyone(helm: str) -> None:
+    """With scheduler.mode=default no scheduler pod exists to select: no rule (deny), not an empty `from`."""
+    assert https_peers(render_offline(helm, "scheduler.mode=default")) is None
+    block = "extender.networkPolicy.schedulerFrom[0].ipBlock.cidr=10.0.0.0/24"
+    assert https_peers(render_offline(helm, "scheduler.mode=default", block)) == [
+        {"ipBlock": {"cidr": "10.0.0.0/24"}}
+    ]
+    peers = https_peers(render_offline(helm))
+    assert (
+        peers is not None
+        and len(peers) == 1
+        and peers[0]["podSelector"]["matchLabels"]["app.kubernetes.io/component"] == "scheduler"
+    )
