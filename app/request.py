@@ -107,18 +107,38 @@ def _kind(c: Container) -> str:
     return "init container" if c.init else "container"
 
 
+def as_object(value: object) -> Mapping[str, Any]:
+    """`value` when it is a JSON object, else an empty one: a pod dict off the wire may hold anything."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: object) -> Sequence[Any]:
+    """`value` when it is a JSON array, else an empty one."""
+    return value if isinstance(value, list | tuple) else ()
+
+
+def string_map(value: object) -> dict[str, str]:
+    """The string-to-string entries of a JSON object (annotations, labels); anything else is dropped."""
+    return {k: v for k, v in as_object(value).items() if isinstance(k, str) and isinstance(v, str)}
+
+
 def containers_of(spec: Mapping[str, Any]) -> tuple[Container, ...]:
-    """The regular containers (in order), then the init containers, of a pod spec dict."""
+    """The regular containers (in order), then the init containers, of a pod spec dict.
+
+    Entries of the wrong type read as empty: the webhook and extender reject such pods at their schema,
+    and this keeps every other caller (the informer, the simulator) from crashing on them.
+    """
     out: list[Container] = []
     for key, init in (("containers", False), ("initContainers", True)):
-        for c in spec.get(key) or ():
-            res = c.get("resources") or {}
-            whole = (res.get("limits") or {}).get(
-                WHOLE_GPU_RESOURCE, (res.get("requests") or {}).get(WHOLE_GPU_RESOURCE)
-            )
+        for item in as_list(spec.get(key)):
+            c = as_object(item)
+            res = as_object(c.get("resources"))
+            limits, requests = as_object(res.get("limits")), as_object(res.get("requests"))
+            whole = limits.get(WHOLE_GPU_RESOURCE, requests.get(WHOLE_GPU_RESOURCE))
+            name = c.get("name")
             out.append(
                 Container(
-                    name=str(c.get("name", "")),
+                    name=name if isinstance(name, str) else "",
                     init=init,
                     whole_gpus=None if whole is None else str(whole),
                     ours=gpupack_resources(res),

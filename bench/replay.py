@@ -24,7 +24,6 @@ import sys
 import tempfile
 import time
 import urllib.parse
-import urllib.request
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -146,11 +145,11 @@ def outcome(core: Any, name: str) -> tuple[str, Allocation | None] | None:
 Where = tuple[str, tuple[int, ...]] | None
 
 
-def explain(url: str, pod: str, wanted: Sequence[str]) -> list[dict[str, Any]]:
+def explain(cluster: Cluster, pod: str, wanted: Sequence[str]) -> list[dict[str, Any]]:
     """The extender's /explain rows for `wanted` nodes (its view now, the pod's own share excluded)."""
     query = urllib.parse.urlencode({"pod": f"{NAMESPACE}/{pod}"})
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(f"{url.rstrip('/')}/explain?{query}", timeout=10) as resp:
+    url = cluster.extender_url.rstrip("/")
+    with cluster.extender_opener().open(f"{url}/explain?{query}", timeout=10) as resp:
         rows: list[dict[str, Any]] = json.loads(resp.read())["nodes"]
     return [r for r in rows if r["node"] in wanted]
 
@@ -186,7 +185,9 @@ def run_cluster(
                     kube.send(gpunode.patch_status(n.name, status))
                 ext = extender_spec(
                     cluster.extender_port,
+                    cluster.extender_ops_port,
                     cluster.kubeconfig_for(EXTENDER),
+                    cluster.extender_tls,
                     extra=("--policy", policy, "--heartbeat-timeout", "86400"),
                 )
                 web = webhook_spec(
@@ -217,7 +218,7 @@ def run_cluster(
                             "pod": name,
                             "sim": sim[i],
                             "cluster": out[-1],
-                            "explain_after": explain(cluster.extender_url, name, wanted) if node else [],
+                            "explain_after": explain(cluster, name, wanted) if node else [],
                         }
                     if (i + 1) % 50 == 0 or i + 1 == len(seq):
                         rate = (i + 1) / (time.monotonic() - started)

@@ -15,7 +15,8 @@ The addons, in order:
   authenticate as the ServiceAccounts gpupack-system/gpupack-{extender,webhook,agent} (identities.py), so
   the chart's bindings apply unchanged and a permission the chart lacks fails here as in a real cluster.
 * Components, launched together and each health-checked:
-  - extender on 127.0.0.1:`cluster.extender_port` (already the urlPrefix in the scheduler config),
+  - extender on 127.0.0.1:`cluster.extender_port` (already the urlPrefix in the scheduler config; HTTPS,
+    kube-scheduler's client certificate required) with probes and metrics on `cluster.extender_ops_port`,
     kubeconfig gpupack-extender; healthy when /readyz says it leads and its informers synced.
   - webhook over HTTPS on 127.0.0.1:`cluster.webhook_port` with the harness's serving cert; then the
     MutatingWebhookConfiguration of deploy/webhook/ with url + caBundle, polled with a dry-run pod create
@@ -300,13 +301,17 @@ def agent_spec(
     )
 
 
-def extender_spec(port: int, kubeconfig: Path, extra: Sequence[str] = ()) -> ComponentSpec:
-    """The extender as `dev up` runs it; `extra` flags (e.g. --policy) are appended."""
-    url = f"http://127.0.0.1:{port}"
+def extender_spec(
+    port: int, ops_port: int, kubeconfig: Path, tls: tuple[Path, Path, Path], extra: Sequence[str] = ()
+) -> ComponentSpec:
+    """The extender: kube-scheduler's verbs on `port` (mutual TLS: `tls` = cert, key, client CA), its
+    probes and metrics on `ops_port` (plain HTTP); `extra` flags (e.g. --policy) are appended."""
+    cert, key, client_ca = tls
     argv = gpupack_cli(
         "extender", "serve",
         "--kubeconfig", str(kubeconfig),
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", "127.0.0.1", "--port", str(port), "--ops-port", str(ops_port),
+        "--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(client_ca),
         "--lease-namespace", GPUPACK_NAMESPACE, "--lease-name", EXTENDER,
         "--identity", "gpupack-dev",
         *extra,
@@ -316,7 +321,7 @@ def extender_spec(port: int, kubeconfig: Path, extra: Sequence[str] = ()) -> Com
         argv=argv,
         # /readyz, not /healthz: only the leader with synced informers serves the scheduler correctly,
         # so that is what `dev up` waits for and what `dev status` reports.
-        health=HealthCheck(f"{url}/readyz"),
+        health=HealthCheck(f"http://127.0.0.1:{ops_port}/readyz"),
         ready_timeout_s=90,
     )
 
@@ -497,7 +502,12 @@ class Components:
 
     def start(self, cluster: Cluster, nodes: Sequence[str], progress: Progress = _quiet) -> None:
         specs = [
-            extender_spec(cluster.extender_port, cluster.kubeconfig_for(EXTENDER)),
+            extender_spec(
+                cluster.extender_port,
+                cluster.extender_ops_port,
+                cluster.kubeconfig_for(EXTENDER),
+                cluster.extender_tls,
+            ),
             webhook_spec(
                 cluster.webhook_port, cluster.webhook_cert_file, cluster.webhook_key_file, cluster.ca_file
             ),

@@ -55,13 +55,13 @@ class PodInfo:
 
 def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     """Reduce a pod to what placement needs; an allocation counts only while the pod may hold its GPU."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    phase = str((pod.get("status") or {}).get("phase") or "Pending")
+    meta = request.as_object(pod.get("metadata"))
+    spec = request.as_object(pod.get("spec"))
+    phase = str(request.as_object(pod.get("status")).get("phase") or "Pending")
     node_name = str(spec.get("nodeName") or "")
     alloc: Allocation | None = None
     try:
-        alloc = Allocation.from_annotations(meta.get("annotations") or {})
+        alloc = Allocation.from_annotations(request.string_map(meta.get("annotations")))
     except ValueError as exc:
         LOG.warning("corrupt allocation annotations ignored", extra={"pod": _key(meta), "error": str(exc)})
     if alloc is not None and (phase in TERMINAL_PHASES or (node_name and node_name != alloc.node)):
@@ -88,31 +88,23 @@ def is_gpupack_pod(pod: Mapping[str, Any]) -> bool:
 
     Not the label alone: a label anyone could remove must not make a share be forgotten.
     """
-    meta = pod.get("metadata") or {}
-    if (meta.get("labels") or {}).get(names.LABEL_MANAGED) == "true":
+    meta = request.as_object(pod.get("metadata"))
+    if request.string_map(meta.get("labels")).get(names.LABEL_MANAGED) == "true":
         return True
-    ann = meta.get("annotations") or {}
+    ann = request.string_map(meta.get("annotations"))
     if names.ALLOC_NODE in ann or request.wants_gpu(ann):
         return True
-    spec = pod.get("spec") or {}
-    for c in [*(spec.get("containers") or []), *(spec.get("initContainers") or [])]:
-        res = c.get("resources") if isinstance(c, Mapping) else None
-        if isinstance(res, Mapping) and any(
-            isinstance(part, Mapping) and any(str(k).startswith(names.RESOURCE_PREFIX) for k in part)
-            for part in (res.get("requests"), res.get("limits"))
-        ):
-            return True
-    return False
+    return any(c.ours for c in request.containers_of(request.as_object(pod.get("spec"))))
 
 
 def _bound_host(pod: Mapping[str, Any]) -> tuple[str, HostResources] | None:
     """(node, requests) for a pod that holds host resources on a node now, else None."""
-    spec = pod.get("spec") or {}
+    spec = request.as_object(pod.get("spec"))
     node = spec.get("nodeName")
-    phase = (pod.get("status") or {}).get("phase")
-    if not node or phase in TERMINAL_PHASES:
+    phase = request.as_object(pod.get("status")).get("phase")
+    if not node or not isinstance(node, str) or phase in TERMINAL_PHASES:
         return None
-    return str(node), hostres.pod_requests(spec)
+    return node, hostres.pod_requests(spec)
 
 
 def _key(meta: Mapping[str, Any]) -> str:
@@ -505,10 +497,9 @@ def demand_of(pod: Mapping[str, Any]) -> Demand | str:
 
 
 def _gpu_demand_of(pod: Mapping[str, Any]) -> Demand | str:
-    meta = pod.get("metadata") or {}
-    ann: Mapping[str, str] = meta.get("annotations") or {}
+    ann = request.string_map(request.as_object(pod.get("metadata")).get("annotations"))
     if request.wants_gpu(ann):
-        parsed = request.parse(ann, request.containers_of(pod.get("spec") or {}))
+        parsed = request.parse(ann, request.containers_of(request.as_object(pod.get("spec"))))
         if isinstance(parsed, request.GpuRequest):
             return parsed.demand()
         return "; ".join(str(e) for e in parsed)
@@ -545,9 +536,11 @@ def _demand_from_resources(pod: Mapping[str, Any], ann: Mapping[str, str]) -> De
 def _resource_total(pod: Mapping[str, Any], resource: str) -> int | str:
     """Sum of a container resource over containers (limits = requests for extended resources)."""
     total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        raw = (res.get("limits") or {}).get(resource, (res.get("requests") or {}).get(resource))
+    for item in request.as_list(request.as_object(pod.get("spec")).get("containers")):
+        c = request.as_object(item)
+        res = request.as_object(c.get("resources"))
+        limits, asked = request.as_object(res.get("limits")), request.as_object(res.get("requests"))
+        raw = limits.get(resource, asked.get(resource))
         if raw is None:
             continue
         text = str(raw)

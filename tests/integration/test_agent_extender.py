@@ -13,6 +13,7 @@ import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,46 +45,51 @@ def installed(kube: Any, gpunode_crd: None) -> None:
     install_rbac(kube, rbac_objects(docs, components=("extender", "agent")))
 
 
+@dataclass(frozen=True)
+class Extender:
+    url: str  # https, as kube-scheduler calls it
+    opener: urllib.request.OpenerDirector  # presents the scheduler's client certificate
+
+
 @pytest.fixture(scope="module")
-def extender(cluster: Cluster, installed: None) -> Iterator[str]:
+def extender(cluster: Cluster, installed: None) -> Iterator[Extender]:
     """The extender where kube-scheduler calls it (binpack); staleness = each agent's staleAfterSeconds."""
     url = cluster.extender_url.rstrip("/")
     argv = (
         sys.executable, "-m", "app.cli", "extender", "serve",
         "--kubeconfig", str(cluster.kubeconfig_for(EXTENDER)),
-        "--host", "127.0.0.1", "--port", str(cluster.extender_port), "--policy", "binpack",
+        "--host", "127.0.0.1", "--port", str(cluster.extender_port), *cluster.extender_tls_flags(),
+        "--policy", "binpack",
         # The chart's Role allows only the Lease named gpupack-extender; one left by an extender another
         # module stopped expires within its own (short) duration.
         "--lease-namespace", GPUPACK_NAMESPACE, "--lease-duration", "3",
     )  # fmt: skip
-    cluster.start_process(
-        ComponentSpec(EXTENDER, argv, health=HealthCheck(f"{url}/readyz"), ready_timeout_s=90)
-    )
-    yield url
+    health = HealthCheck(f"http://127.0.0.1:{cluster.extender_ops_port}/readyz")
+    cluster.start_process(ComponentSpec(EXTENDER, argv, health=health, ready_timeout_s=90))
+    yield Extender(url, cluster.extender_opener())
     cluster.stop_process(EXTENDER)
 
 
-def _get(url: str) -> Any:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=5) as resp:
+def _get(ext: Extender, path: str) -> Any:
+    with ext.opener.open(ext.url + path, timeout=5) as resp:
         return resp.read().decode()
 
 
-def state_of(url: str, node: str) -> dict[str, Any] | None:
+def state_of(ext: Extender, node: str) -> dict[str, Any] | None:
     """The extender's /state row for `node` (None until its informer has the GPUNode)."""
-    rows = json.loads(_get(f"{url}/state"))["nodes"]
+    rows = json.loads(_get(ext, "/state"))["nodes"]
     return next((r for r in rows if r["name"] == node), None)
 
 
-def explain(url: str, namespace: str, pod: str) -> dict[str, Any]:
+def explain(ext: Extender, namespace: str, pod: str) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(
-        _get(f"{url}/explain?" + urllib.parse.urlencode({"pod": f"{namespace}/{pod}"}))
+        _get(ext, "/explain?" + urllib.parse.urlencode({"pod": f"{namespace}/{pod}"}))
     )
     return out
 
 
-def explain_row(url: str, namespace: str, pod: str, node: str) -> dict[str, Any]:
-    out = explain(url, namespace, pod)
+def explain_row(ext: Extender, namespace: str, pod: str, node: str) -> dict[str, Any]:
+    out = explain(ext, namespace, pod)
     return next(r for r in out["nodes"] if r["node"] == node)
 
 
@@ -96,7 +102,7 @@ def agents(cluster: Cluster, installed: None, tmp_path: Path) -> Iterator[SimAge
 
 @pytest.fixture
 def node_with_agent(
-    agents: SimAgents, extender: str, gpu_nodes: Callable[..., list[str]], namespace: str
+    agents: SimAgents, extender: Extender, gpu_nodes: Callable[..., list[str]], namespace: str
 ) -> Callable[[list[dict[str, Any]]], str]:
     """One kwok node in this test's pool with `gpus` simulated, its agent running, seen by the extender."""
 
@@ -217,7 +223,7 @@ FOREIGN_NOTE = "used by processes outside gpupack pods"
 def test_memory_held_outside_gpupack_steers_placement(
     node_with_agent: Callable[[list[dict[str, Any]]], str],
     agents: SimAgents,
-    extender: str,
+    extender: Extender,
     core: Any,
     namespace: str,
 ) -> None:
@@ -330,7 +336,7 @@ def test_an_mps_pod_never_lands_on_a_node_without_mps(
 def test_stale_agent_makes_its_node_unschedulable_until_it_returns(
     node_with_agent: Callable[[list[dict[str, Any]]], str],
     agents: SimAgents,
-    extender: str,
+    extender: Extender,
     core: Any,
     namespace: str,
 ) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
@@ -81,11 +83,12 @@ def start_extender(cluster: Cluster, policy: str = "binpack") -> str:
     argv = (
         sys.executable, "-m", "app.cli", "extender", "serve",
         "--kubeconfig", str(cluster.kubeconfig_for("gpupack-extender")),
-        "--host", "127.0.0.1", "--port", port, "--policy", policy,
+        "--host", "127.0.0.1", "--port", port, *cluster.extender_tls_flags(), "--policy", policy,
         "--lease-namespace", LEASE_NS, "--lease-duration", "3",
         "--heartbeat-timeout", "86400",  # the GPUNodes here are written once, not kept alive by agents
     )  # fmt: skip
-    cluster.start_process(ComponentSpec(PROC, argv, health=HealthCheck(f"{url}/readyz"), ready_timeout_s=90))
+    health = HealthCheck(f"http://127.0.0.1:{cluster.extender_ops_port}/readyz")
+    cluster.start_process(ComponentSpec(PROC, argv, health=health, ready_timeout_s=90))
     return url
 
 
@@ -317,18 +320,42 @@ def test_sigkill_mid_burst_loses_and_duplicates_nothing(  # noqa: PLR0917  (pyte
         assert a.milli == milli, name
 
 
-def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def _post(cluster: Cluster, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST as kube-scheduler does: HTTPS with the scheduler's client certificate."""
     req = urllib.request.Request(
         url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
     )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(req, timeout=10) as resp:
+    with cluster.extender_opener().open(req, timeout=10) as resp:
         out: dict[str, Any] = json.loads(resp.read())
         return out
 
 
-def test_two_binds_racing_for_the_last_share_one_wins(
-    extender: Callable[..., str], setup: Kube, core: Any, namespace: str, gpu_nodes: Any
+def test_extender_answers_only_the_schedulers_client_certificate(
+    cluster: Cluster, extender: Callable[..., str], namespace: str
+) -> None:
+    """/bind (and every other verb) without the client certificate: refused in the TLS handshake."""
+    url = extender("binpack")
+    args = {"PodName": "nobody", "PodNamespace": namespace, "PodUID": "", "Node": "n"}
+    req = urllib.request.Request(
+        f"{url}/bind", json.dumps(args).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    no_cert = ssl.create_default_context(cafile=str(cluster.ca_file))  # trusts the server, presents nothing
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=no_cert)
+    )
+    with pytest.raises((ssl.SSLError, ConnectionError, urllib.error.URLError)) as err:
+        opener.open(req, timeout=10).read()
+    assert not isinstance(err.value, urllib.error.HTTPError)  # no HTTP status at all: TLS said no
+    # the same call with the scheduler's certificate is answered (the pod does not exist)
+    assert "not found" in _post(cluster, f"{url}/bind", args)["Error"].lower()
+    # probes and metrics stay on the plain ops port
+    plain = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with plain.open(f"http://127.0.0.1:{cluster.extender_ops_port}/metrics", timeout=10) as resp:
+        assert b"gpupack_extender_binds_total" in resp.read()
+
+
+def test_two_binds_racing_for_the_last_share_one_wins(  # noqa: PLR0917  (pytest fixtures)
+    cluster: Cluster, extender: Callable[..., str], setup: Kube, core: Any, namespace: str, gpu_nodes: Any
 ) -> None:
     (node,) = gpu_nodes(1, gpus_per_node=1, model=MODEL, labels={POOL: namespace})
     create_gpunodes(setup, [node], 1)
@@ -345,7 +372,7 @@ def test_two_binds_racing_for_the_last_share_one_wins(
     def bind(name: str) -> None:
         gate.wait()
         args = {"PodName": name, "PodNamespace": namespace, "PodUID": uids[name], "Node": node}
-        results[name] = _post(f"{url}/bind", args)["Error"]
+        results[name] = _post(cluster, f"{url}/bind", args)["Error"]
 
     threads = [threading.Thread(target=bind, args=(n,)) for n in uids]
     for t in threads:

@@ -85,7 +85,8 @@ def test_scheduler_config_is_the_integration_tests_config(objects: list[dict[str
     want = schedconfig.render(
         schedconfig.template_path(REPO).read_text(),
         kubeconfig="",  # in-cluster
-        extender_url=f"http://gpupack-extender.{NS}.svc:8888",
+        extender_url=f"https://gpupack-extender.{NS}.svc:8888",
+        tls=schedconfig.CHART_TLS,  # where the scheduler pods mount Secret gpupack-scheduler-client
         overrides={"leaderElection": {"resourceName": "gpupack-scheduler", "resourceNamespace": NS}},
     )
     for profile in want["profiles"]:

@@ -241,14 +241,17 @@ def parse_cli(argv: tuple[str, ...]) -> Any:
 
 
 def test_component_argv_parse_with_the_real_cli(tmp_path: Path) -> None:
-    ext = parse_cli(addons.extender_spec(1111, tmp_path / "e.kubeconfig").argv)
-    assert (ext.command, ext.port, ext.host, ext.lease_namespace) == (
+    tls = (tmp_path / "e.crt", tmp_path / "e.key", tmp_path / "client-ca.crt")
+    ext = parse_cli(addons.extender_spec(1111, 1112, tmp_path / "e.kubeconfig", tls).argv)
+    assert (ext.command, ext.port, ext.ops_port, ext.host, ext.lease_namespace) == (
         "extender",
         1111,
+        1112,
         "127.0.0.1",
         "gpupack-system",
     )
     assert ext.kubeconfig == str(tmp_path / "e.kubeconfig")
+    assert (ext.tls_cert, ext.tls_key, ext.client_ca) == tuple(str(p) for p in tls)
     hook = parse_cli(addons.webhook_spec(2222, tmp_path / "c", tmp_path / "k", tmp_path / "ca").argv)
     assert (hook.command, hook.port, hook.cert, hook.key) == (
         "webhook",
@@ -272,8 +275,9 @@ def test_component_argv_parse_with_the_real_cli(tmp_path: Path) -> None:
 
 
 def test_extender_is_ready_only_as_leader_with_synced_informers(tmp_path: Path) -> None:
-    spec = addons.extender_spec(1111, tmp_path / "k")
-    assert spec.health is not None and spec.health.url == "http://127.0.0.1:1111/readyz"
+    spec = addons.extender_spec(1111, 1112, tmp_path / "k", (tmp_path / "c", tmp_path / "k", tmp_path / "a"))
+    # the plain ops port: the HTTPS port would need the scheduler's client certificate
+    assert spec.health is not None and spec.health.url == "http://127.0.0.1:1112/readyz"
 
 
 # ---- `dev up` flags and output ----
