@@ -77,7 +77,7 @@ def gpupack_resources(resources: Mapping[str, Any]) -> tuple[tuple[str, str], ..
     """The gpupack.io/* resources a container's `resources` names in requests or limits (first wins)."""
     out: dict[str, str] = {}
     for part in ("requests", "limits"):
-        for key, value in (resources.get(part) or {}).items():
+        for key, value in as_object(resources.get(part)).items():
             if str(key).startswith(names.DOMAIN + "/"):
                 out.setdefault(str(key), str(value))
     return tuple(out.items())
