@@ -25,10 +25,10 @@ FIX: Final = (
 
 def unmanaged_errors(pod: Mapping[str, Any]) -> tuple[RequestError, ...]:
     """Every mark of the webhook the pod lacks; empty for a pod the webhook mutated."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
+    meta = request.as_object(pod.get("metadata"))
+    spec = request.as_object(pod.get("spec"))
     errors: list[RequestError] = []
-    label = (meta.get("labels") or {}).get(names.LABEL_MANAGED)
+    label = request.as_object(meta.get("labels")).get(names.LABEL_MANAGED)
     if label != "true":
         errors.append(
             RequestError(
@@ -51,18 +51,20 @@ def unmanaged_reason(pod: Mapping[str, Any]) -> str | None:
 
 def _env_errors(spec: Mapping[str, Any]) -> Iterable[RequestError]:
     for key, init in (("containers", False), ("initContainers", True)):
-        for c in spec.get(key) or ():
+        for item in request.as_list(spec.get(key)):
+            c = request.as_object(item)
             name = str(c.get("name", ""))
             where = f"{key}[{name}].env[{names.ENV_NVIDIA_VISIBLE_DEVICES}]"
-            entry = _last_env(c.get("env") or (), names.ENV_NVIDIA_VISIBLE_DEVICES)
-            gpu = bool(request.gpupack_resources(c.get("resources") or {}))
+            entry = _last_env(request.as_list(c.get("env")), names.ENV_NVIDIA_VISIBLE_DEVICES)
+            gpu = bool(request.gpupack_resources(request.as_object(c.get("resources"))))
             if gpu and not init:
                 if _field_path(entry) != GPU_UUIDS_FIELD:
                     yield RequestError(
                         where, _describe(entry), f"must be the fieldRef {GPU_UUIDS_FIELD}; {FIX}"
                     )
             elif gpu:
-                resources = ", ".join(r for r, _ in request.gpupack_resources(c.get("resources") or {}))
+                ours = request.gpupack_resources(request.as_object(c.get("resources")))
+                resources = ", ".join(r for r, _ in ours)
                 yield RequestError(
                     f"{key}[{name}].resources", resources, "an init container never gets a GPU share"
                 )
@@ -74,11 +76,11 @@ def _env_errors(spec: Mapping[str, Any]) -> Iterable[RequestError]:
                 )
 
 
-def _last_env(env: Iterable[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
+def _last_env(env: Iterable[Any], name: str) -> Mapping[str, Any] | None:
     """The entry the kubelet applies: the last one with that name."""
     found = None
     for entry in env:
-        if entry.get("name") == name:
+        if isinstance(entry, Mapping) and entry.get("name") == name:
             found = entry
     return found
 
@@ -86,7 +88,7 @@ def _last_env(env: Iterable[Mapping[str, Any]], name: str) -> Mapping[str, Any] 
 def _field_path(entry: Mapping[str, Any] | None) -> str | None:
     if entry is None:
         return None
-    ref = (entry.get("valueFrom") or {}).get("fieldRef") or {}
+    ref = request.as_object(request.as_object(entry.get("valueFrom")).get("fieldRef"))
     return str(ref["fieldPath"]) if "fieldPath" in ref else None
 
 
