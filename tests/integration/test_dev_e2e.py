@@ -253,6 +253,14 @@ def test_fractional_pods_are_mutated_packed_bound_and_run(dev: Dev, api: Any, co
         assert pod3.metadata.annotations[names.ALLOC_MEMORY_LIMIT_MIB] == "4096"
         running(core, ns, mem.metadata.name)
 
+        # A whole GPU: the simulated GPUs report driver memory in use, which is no reservation.
+        whole = core.create_namespaced_pod(ns, example("whole-gpu-pod.yaml"))
+        pod4 = bound(core, ns, whole.metadata.name)
+        taken = {uuid, pod3.metadata.annotations[names.ALLOC_GPU_UUIDS]}
+        assert pod4.metadata.annotations[names.ALLOC_GPU_MILLI] == "1000"
+        assert pod4.metadata.annotations[names.ALLOC_GPU_UUIDS] not in taken
+        running(core, ns, whole.metadata.name)
+
 
 def test_invalid_fraction_is_refused_with_the_webhooks_message(dev: Dev, core: Any) -> None:
     with dev.explained():
