@@ -144,13 +144,15 @@ class KubeRuntime:
         return self.elector.is_leader
 
     def ready(self) -> tuple[bool, str]:
+        """Leading and every view live; otherwise every reason why not, "; "-joined."""
+        problems = []
         if not self.elector.is_leader or self._leader_since is None:
-            return False, "not the leader"
+            problems.append("not the leader")
         for inf in self.informers:
             live, why = inf.live()
             if not live:
-                return False, why
-        return True, "ready"
+                problems.append(why)
+        return (False, "; ".join(problems)) if problems else (True, "ready")
 
     def alive(self) -> tuple[bool, str]:
         for worker in (*self.informers, self.elector):

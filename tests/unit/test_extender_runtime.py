@@ -56,9 +56,12 @@ def step_all(rt: KubeRuntime) -> None:
 def test_ready_needs_the_lease_and_live_views_and_follows_an_outage() -> None:
     api, now = Apiserver(), [0.0]
     rt = runtime(api, now)
-    assert rt.ready() == (False, "not the leader")
+    assert rt.ready() == (
+        False,
+        "not the leader; gpunodes informer has not listed yet; pods informer has not listed yet",
+    )
     rt.elector.tick()
-    assert rt.ready() == (False, "gpunodes informer has not listed yet")
+    assert rt.ready() == (False, "gpunodes informer has not listed yet; pods informer has not listed yet")
     step_all(rt)
     assert rt.ready() == (True, "ready")
     assert rt.binder.can_write()
@@ -97,9 +100,11 @@ def test_a_stale_view_makes_the_leader_not_ready() -> None:
     api.send = only_leases  # type: ignore[method-assign]
     now[0] = 61.0
     step_all(rt)
-    ok, why = rt.ready()
-    assert not ok
-    assert why == "gpunodes informer not live for 61s (last error: 0 Timeout: read timed out)"
+    assert rt.ready() == (
+        False,
+        "gpunodes informer not live for 61s (last error: 0 Timeout: read timed out); "
+        "pods informer not live for 61s (last error: 0 Timeout: read timed out)",
+    )
 
 
 def test_alive_reports_a_dead_worker_thread() -> None:

@@ -1,0 +1,220 @@
+"""The extender behind a TCP proxy to the real apiserver: it survives the API being cut off, is not Ready
+meanwhile, and afterwards is Ready again with a view that includes what changed while it was cut off."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import select
+import socket
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app import catalog
+from app.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
+from app.kube.client import Kube
+from tests.integration.test_extender import (
+    LEASE_NS,
+    MODEL,
+    PROC,
+    allocations,
+    assert_no_overcommit,
+    create_gpunodes,
+    gpu_pod,
+    scheduler_extender_url,
+    setup,  # noqa: F401 (the module fixture: CRD + the extender's RBAC)
+)
+
+
+class Proxy:
+    """Forwards 127.0.0.1:<port> to `target`; `cut()` drops every connection and refuses new ones
+    (they are accepted and closed at once, like a load balancer without a backend) until `restore()`."""
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port: int = self.listener.getsockname()[1]
+        self.up = True
+        self.closing = False
+        self.lock = threading.Lock()
+        self.conns: list[socket.socket] = []
+        self.threads = [threading.Thread(target=self._accept, daemon=True)]
+        self.threads[0].start()
+
+    def _accept(self) -> None:
+        while not self.closing:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if not self.up:
+                client.close()
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=5)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.conns += [client, upstream]
+            t = threading.Thread(target=self._pump, args=(client, upstream), daemon=True)
+            self.threads.append(t)
+            t.start()
+
+    def _pump(self, a: socket.socket, b: socket.socket) -> None:
+        peers = {a: b, b: a}
+        try:
+            while not self.closing:
+                ready, _, _ = select.select([a, b], [], [], 0.2)
+                for s in ready:
+                    data = s.recv(65536)
+                    if not data:
+                        return
+                    peers[s].sendall(data)
+        except (OSError, ValueError):
+            return
+        finally:
+            for s in (a, b):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def cut(self) -> None:
+        self.up = False
+        with self.lock:
+            for s in self.conns:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+            self.conns.clear()
+
+    def restore(self) -> None:
+        self.up = True
+
+    def close(self) -> None:
+        self.closing = True
+        self.cut()
+        with contextlib.suppress(OSError):
+            self.listener.shutdown(socket.SHUT_RDWR)
+        self.listener.close()
+        for t in self.threads:
+            t.join(timeout=5)
+
+
+@pytest.fixture
+def proxy(cluster: Cluster) -> Iterator[Proxy]:
+    host, port = cluster.api_url.removeprefix("https://").rsplit(":", 1)
+    p = Proxy((host, int(port)))
+    yield p
+    p.close()
+
+
+def kubeconfig_via(cluster: Cluster, proxy: Proxy, path: Path) -> Path:
+    conf = yaml.safe_load(cluster.kubeconfig_for("gpupack-extender").read_text())
+    for c in conf["clusters"]:
+        c["cluster"]["server"] = f"https://127.0.0.1:{proxy.port}"
+    path.write_text(yaml.safe_dump(conf))
+    return path
+
+
+def get(url: str) -> tuple[int, dict[str, Any]]:
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    try:
+        with opener.open(url, timeout=5) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+    req = urllib.request.Request(
+        url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with opener.open(req, timeout=30) as resp:
+        out: dict[str, Any] = json.loads(resp.read())
+        return out
+
+
+@pytest.fixture
+def resilient_extender(
+    cluster: Cluster,
+    setup: Kube,
+    proxy: Proxy,
+    tmp_path: Path,  # noqa: F811 (the imported fixture)
+) -> Iterator[Callable[[], str]]:
+    def start() -> str:
+        url = scheduler_extender_url(cluster)
+        argv = (
+            sys.executable, "-m", "app.cli", "extender", "serve",
+            "--kubeconfig", str(kubeconfig_via(cluster, proxy, tmp_path / "kubeconfig")),
+            "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], "--policy", "binpack",
+            "--lease-namespace", LEASE_NS, "--lease-duration", "3",
+            "--watch-timeout", "4", "--live-within", "8",
+            "--heartbeat-timeout", "86400",
+        )  # fmt: skip
+        spec = ComponentSpec(PROC, argv, health=HealthCheck(f"{url}/readyz"), ready_timeout_s=90)
+        cluster.start_process(spec)
+        return url
+
+    yield start
+    if any(p.name == PROC for p in cluster.processes):
+        cluster.stop_process(PROC)
+
+
+def test_survives_the_apiserver_being_unreachable_and_binds_correctly_afterwards(  # noqa: PLR0917
+    cluster: Cluster,
+    resilient_extender: Callable[[], str],
+    setup: Kube,  # noqa: F811
+    proxy: Proxy,
+    core: Any,
+    namespace: str,
+    gpu_nodes: Any,
+) -> None:
+    (node,) = gpu_nodes(1, gpus_per_node=1, model=MODEL, labels={"gpupack.test/pool": namespace})
+    create_gpunodes(setup, [node], 1)
+    url = resilient_extender()
+    uids = {}
+    for name in ("a", "b"):  # scheduler "none": the test plays kube-scheduler and calls /bind itself
+        p = core.create_namespaced_pod(
+            namespace, gpu_pod(name, namespace, namespace, milli=600, scheduler="none")
+        )
+        uids[name] = p.metadata.uid
+
+    def bind(name: str) -> str:
+        args = {"PodName": name, "PodNamespace": namespace, "PodUID": uids[name], "Node": node}
+        return str(post(f"{url}/bind", args)["Error"])
+
+    assert bind("a") == ""
+    wait_for(lambda: bind("b") == f"{node}: no GPU with 0.60 free: best has 0.40", 10, "a's share seen")
+
+    proxy.cut()
+    wait_for(lambda: get(f"{url}/readyz")[0] == 503, 30, "extender not ready while the API is cut off")
+    assert bind("b").startswith("gpupack extender not ready")
+    # While it is cut off, a's pod goes away: only a live view after the outage frees its share.
+    core.delete_namespaced_pod("a", namespace, grace_period_seconds=0)
+    wait_for(
+        lambda: not any(p.metadata.name == "a" for p in core.list_namespaced_pod(namespace).items),
+        30,
+        "a gone",
+    )
+    wait_for(
+        lambda: "informer not live" in get(f"{url}/readyz")[1].get("reason", "") or False, 30, "stale view"
+    )
+    assert get(f"{url}/healthz") == (200, {"status": "ok"})  # every worker thread still runs
+    assert cluster.process(PROC).alive()
+
+    proxy.restore()
+    wait_for(lambda: get(f"{url}/readyz")[0] == 200, 60, "extender ready again after the outage")
+    assert get(f"{url}/healthz")[0] == 200
+    assert bind("b") == ""
+    allocs = allocations(core, namespace)
+    assert allocs["b"][0] == node
+    assert allocs["b"][1] is not None and allocs["b"][1].gpu_indexes == (0,)
+    assert_no_overcommit(allocs, catalog.lookup(MODEL).memory_mib)
