@@ -17,11 +17,8 @@ from typing import Any
 
 import pytest
 import yaml
-
-from app import catalog
-from app.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
-from app.kube.client import Kube
-from tests.integration.test_extender import (
+from test_extender import (
+    EXTENDER_RULES,
     LEASE_NS,
     MODEL,
     PROC,
@@ -30,8 +27,12 @@ from tests.integration.test_extender import (
     create_gpunodes,
     gpu_pod,
     scheduler_extender_url,
-    setup,  # noqa: F401 (the module fixture: CRD + the extender's RBAC)
 )
+
+from app import catalog
+from app.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
+from app.devcluster.addons import install_rbac
+from app.kube.client import Kube
 
 
 class Proxy:
@@ -107,6 +108,25 @@ class Proxy:
             t.join(timeout=5)
 
 
+@pytest.fixture(scope="module")
+def api(cluster: Cluster, kube: Any, gpunode_crd: None) -> Kube:
+    """The extender's RBAC, as in test_extender.py; returns an admin client."""
+    role_name = "gpupack-extender"
+    role = {"kind": "ClusterRole", "metadata": {"name": role_name}, "rules": EXTENDER_RULES}
+    binding = {
+        "kind": "ClusterRoleBinding",
+        "metadata": {"name": "gpupack-extender"},
+        "roleRef": {
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": "gpupack-extender",
+        },
+        "subjects": [{"kind": "ServiceAccount", "name": "gpupack-extender", "namespace": LEASE_NS}],
+    }
+    install_rbac(kube, [role, binding])
+    return Kube.connect(str(cluster.kubeconfig))
+
+
 @pytest.fixture
 def proxy(cluster: Cluster) -> Iterator[Proxy]:
     host, port = cluster.api_url.removeprefix("https://").rsplit(":", 1)
@@ -145,9 +165,9 @@ def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
 @pytest.fixture
 def resilient_extender(
     cluster: Cluster,
-    setup: Kube,
+    api: Kube,
     proxy: Proxy,
-    tmp_path: Path,  # noqa: F811 (the imported fixture)
+    tmp_path: Path,
 ) -> Iterator[Callable[[], str]]:
     def start() -> str:
         url = scheduler_extender_url(cluster)
@@ -171,14 +191,14 @@ def resilient_extender(
 def test_survives_the_apiserver_being_unreachable_and_binds_correctly_afterwards(  # noqa: PLR0917
     cluster: Cluster,
     resilient_extender: Callable[[], str],
-    setup: Kube,  # noqa: F811
+    api: Kube,
     proxy: Proxy,
     core: Any,
     namespace: str,
     gpu_nodes: Any,
 ) -> None:
     (node,) = gpu_nodes(1, gpus_per_node=1, model=MODEL, labels={"gpupack.test/pool": namespace})
-    create_gpunodes(setup, [node], 1)
+    create_gpunodes(api, [node], 1)
     url = resilient_extender()
     uids = {}
     for name in ("a", "b"):  # scheduler "none": the test plays kube-scheduler and calls /bind itself
