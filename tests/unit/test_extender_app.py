@@ -101,6 +101,9 @@ class FakeKube:
             p = self.pods[name]
             if p["spec"]["nodeName"]:
                 raise KubeError(409, "Conflict", "pod is already assigned to a node")
+            want_rv = req.body["metadata"].get("resourceVersion")
+            if want_rv and want_rv != p["metadata"]["resourceVersion"]:
+                raise KubeError(409, "Conflict", "Precondition failed: ResourceVersion in precondition")
             p["spec"]["nodeName"] = req.body["target"]["name"]
             self._bump(p)
             return {"kind": "Status", "status": "Success"}
@@ -205,6 +208,7 @@ def test_bind_writes_allocation_with_precondition_then_binding() -> None:
     kinds = [(r.method, r.path.rsplit("/", 1)[-1]) for r in env.kube.sent]
     assert kinds == [("GET", "p"), ("PATCH", "p"), ("POST", "binding")]
     assert env.kube.sent[1].body["metadata"]["resourceVersion"] == "1"
+    assert env.kube.sent[2].body["metadata"]["resourceVersion"] == "101"  # what the patch produced
     stored = env.kube.pods["p"]
     assert Allocation.from_annotations(stored["metadata"]["annotations"]) == Allocation(
         "n1", (0,), ("GPU-n1-0",), 500, 8192
@@ -222,6 +226,25 @@ def test_bind_conflict_releases_the_hold() -> None:
     env.kube.fail["PATCH"] = KubeError(409, "Conflict", "the object has been modified")
     assert env.bind(p, "n1").startswith("writing allocation: 409 Conflict")
     assert len(env.cache.assume) == 0
+
+
+def test_a_write_by_anyone_between_patch_and_binding_fences_the_binding() -> None:
+    env = Env()
+    p = pod("p")
+    env.kube.add(p)
+    real = env.kube.send
+
+    def other_writer_in_between(req: Request) -> JsonDict:
+        if req.path.endswith("/binding"):  # e.g. a new leader re-allocated the pod to n2's GPU
+            env.kube.pods["p"]["metadata"]["annotations"][names.ALLOC_NODE] = "n2"
+            env.kube._bump(env.kube.pods["p"])
+        return real(req)
+
+    env.kube.send = other_writer_in_between  # type: ignore[method-assign]
+    assert env.bind(p, "n1").startswith("creating binding: 409 Conflict")
+    stored = env.kube.pods["p"]
+    assert stored["spec"]["nodeName"] == ""  # never bound to n1 under n2's allocation
+    assert stored["metadata"]["annotations"][names.ALLOC_NODE] == "n2"  # and the other write stands
 
 
 def test_failed_binding_removes_the_allocation_and_the_hold() -> None:
