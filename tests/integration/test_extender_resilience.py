@@ -212,7 +212,9 @@ def test_survives_the_apiserver_being_unreachable_and_binds_correctly_afterwards
         return str(post(f"{url}/bind", args)["Error"])
 
     assert bind("a") == ""
-    wait_for(lambda: bind("b") == f"{node}: no GPU with 0.60 free: best has 0.40", 10, "a's share seen")
+    # The watch echo of a's Binding ends its hold: from here on only the view knows a's share.
+    wait_for(lambda: get(f"{url}/explain?pod={namespace}/a")[1].get("boundTo") == node, 10, "a's echo")
+    assert bind("b") == f"{node}: no GPU with 0.60 free: best has 0.40"
 
     proxy.cut()
     wait_for(lambda: get(f"{url}/readyz")[0] == 503, 30, "extender not ready while the API is cut off")
