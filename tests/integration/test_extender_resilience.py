@@ -37,13 +37,16 @@ from app.kube.client import Kube
 
 class Proxy:
     """Forwards 127.0.0.1:<port> to `target`; `cut()` drops every connection and refuses new ones
-    (they are accepted and closed at once, like a load balancer without a backend) until `restore()`."""
+    (they are accepted and closed at once, like a load balancer without a backend) until `restore()`;
+    `freeze()` keeps every connection open but forwards nothing (a silent network partition)."""
 
     def __init__(self, target: tuple[str, int]) -> None:
         self.target = target
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.port: int = self.listener.getsockname()[1]
         self.up = True
+        self.thawed = threading.Event()
+        self.thawed.set()
         self.closing = False
         self.lock = threading.Lock()
         self.conns: list[socket.socket] = []
@@ -74,6 +77,9 @@ class Proxy:
         peers = {a: b, b: a}
         try:
             while not self.closing:
+                if not self.thawed.is_set():  # frozen: hold the bytes, forward nothing
+                    self.thawed.wait(0.2)
+                    continue
                 ready, _, _ = select.select([a, b], [], [], 0.2)
                 for s in ready:
                     data = s.recv(65536)
@@ -97,9 +103,14 @@ class Proxy:
 
     def restore(self) -> None:
         self.up = True
+        self.thawed.set()
+
+    def freeze(self) -> None:
+        self.thawed.clear()
 
     def close(self) -> None:
         self.closing = True
+        self.thawed.set()
         self.cut()
         with contextlib.suppress(OSError):
             self.listener.shutdown(socket.SHUT_RDWR)
@@ -188,6 +199,27 @@ def resilient_extender(
         cluster.stop_process(PROC)
 
 
+Scene = tuple[str, str, Callable[[str], str]]
+
+
+def scene(api: Kube, core: Any, namespace: str, gpu_nodes: Any, start: Callable[[], str]) -> Scene:
+    """One node with one GPU, pods a and b (0.6 each, not picked up by any scheduler: the test plays
+    kube-scheduler and calls /bind itself), the extender; returns (url, node, bind)."""
+    (node,) = gpu_nodes(1, gpus_per_node=1, model=MODEL, labels={"gpupack.test/pool": namespace})
+    create_gpunodes(api, [node], 1)
+    url = start()
+    uids = {}
+    for name in ("a", "b"):
+        body = gpu_pod(name, namespace, namespace, milli=600, scheduler="none")
+        uids[name] = core.create_namespaced_pod(namespace, body).metadata.uid
+
+    def bind(name: str) -> str:
+        args = {"PodName": name, "PodNamespace": namespace, "PodUID": uids[name], "Node": node}
+        return str(post(f"{url}/bind", args)["Error"])
+
+    return url, node, bind
+
+
 def test_survives_the_apiserver_being_unreachable_and_binds_correctly_afterwards(  # noqa: PLR0917
     cluster: Cluster,
     resilient_extender: Callable[[], str],
@@ -197,20 +229,7 @@ def test_survives_the_apiserver_being_unreachable_and_binds_correctly_afterwards
     namespace: str,
     gpu_nodes: Any,
 ) -> None:
-    (node,) = gpu_nodes(1, gpus_per_node=1, model=MODEL, labels={"gpupack.test/pool": namespace})
-    create_gpunodes(api, [node], 1)
-    url = resilient_extender()
-    uids = {}
-    for name in ("a", "b"):  # scheduler "none": the test plays kube-scheduler and calls /bind itself
-        p = core.create_namespaced_pod(
-            namespace, gpu_pod(name, namespace, namespace, milli=600, scheduler="none")
-        )
-        uids[name] = p.metadata.uid
-
-    def bind(name: str) -> str:
-        args = {"PodName": name, "PodNamespace": namespace, "PodUID": uids[name], "Node": node}
-        return str(post(f"{url}/bind", args)["Error"])
-
+    url, node, bind = scene(api, core, namespace, gpu_nodes, resilient_extender)
     assert bind("a") == ""
     # The watch echo of a's Binding ends its hold: from here on only the view knows a's share.
     wait_for(lambda: get(f"{url}/explain?pod={namespace}/a")[1].get("boundTo") == node, 10, "a's echo")
@@ -240,3 +259,27 @@ def test_survives_the_apiserver_being_unreachable_and_binds_correctly_afterwards
     assert allocs["b"][0] == node
     assert allocs["b"][1] is not None and allocs["b"][1].gpu_indexes == (0,)
     assert_no_overcommit(allocs, catalog.lookup(MODEL).memory_mib)
+
+
+def test_a_frozen_connection_is_detected_and_the_extender_recovers(  # noqa: PLR0917
+    cluster: Cluster,
+    resilient_extender: Callable[[], str],
+    api: Kube,
+    proxy: Proxy,
+    core: Any,
+    namespace: str,
+    gpu_nodes: Any,
+) -> None:
+    url, node, bind = scene(api, core, namespace, gpu_nodes, resilient_extender)
+    proxy.freeze()  # connections stay open, nothing arrives: only timeouts can notice
+    wait_for(lambda: get(f"{url}/readyz")[0] == 503, 30, "extender not ready while the network is frozen")
+    # The watches' read timeout (timeoutSeconds 4 + 5 s) ends them; new ones hang in the TLS handshake.
+    wait_for(lambda: "informer not live" in get(f"{url}/readyz")[1]["reason"], 40, "frozen watches noticed")
+    assert bind("a").startswith("gpupack extender not ready")
+    assert get(f"{url}/healthz") == (200, {"status": "ok"})
+    proxy.restore()
+    wait_for(lambda: get(f"{url}/readyz")[0] == 200, 90, "extender ready again after the freeze")
+    assert bind("a") == ""
+    wait_for(lambda: get(f"{url}/explain?pod={namespace}/a")[1].get("boundTo") == node, 10, "a's echo")
+    assert bind("b") == f"{node}: no GPU with 0.60 free: best has 0.40"
+    assert cluster.process(PROC).alive()
