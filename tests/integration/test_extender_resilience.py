@@ -273,8 +273,14 @@ def test_a_frozen_connection_is_detected_and_the_extender_recovers(  # noqa: PLR
     url, node, bind = scene(api, core, namespace, gpu_nodes, resilient_extender)
     proxy.freeze()  # connections stay open, nothing arrives: only timeouts can notice
     wait_for(lambda: get(f"{url}/readyz")[0] == 503, 30, "extender not ready while the network is frozen")
-    # The watches' read timeout (timeoutSeconds 4 + 5 s) ends them; new ones hang in the TLS handshake.
-    wait_for(lambda: "informer not live" in get(f"{url}/readyz")[1]["reason"], 40, "frozen watches noticed")
+
+    # Silent watches stop proving the view live (--live-within 8), then their read timeout
+    # (timeoutSeconds 4 + 5 s) ends them, which the reason reports as the last error.
+    def frozen_watch_timed_out() -> bool:
+        reason = str(get(f"{url}/readyz")[1]["reason"])
+        return "informer not live" in reason and "(last error: 0 Timeout: " in reason
+
+    wait_for(frozen_watch_timed_out, 40, "frozen watches ended by their read timeout")
     assert bind("a").startswith("gpupack extender not ready")
     assert get(f"{url}/healthz") == (200, {"status": "ok"})
     proxy.restore()
