@@ -12,6 +12,7 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -154,8 +155,9 @@ def kubeconfig_via(cluster: Cluster, proxy: Proxy, path: Path) -> Path:
     return path
 
 
-def get(url: str) -> tuple[int, dict[str, Any]]:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+def get(url: str, opener: urllib.request.OpenerDirector | None = None) -> tuple[int, dict[str, Any]]:
+    """GET, plain HTTP (the ops port) unless an opener for the mutual-TLS port is given."""
+    opener = opener or urllib.request.build_opener(urllib.request.ProxyHandler({}))
     try:
         with opener.open(url, timeout=5) as resp:
             return resp.status, json.loads(resp.read())
@@ -163,11 +165,10 @@ def get(url: str) -> tuple[int, dict[str, Any]]:
         return err.code, json.loads(err.read())
 
 
-def post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def post(opener: urllib.request.OpenerDirector, url: str, body: dict[str, Any]) -> dict[str, Any]:
     req = urllib.request.Request(
         url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
     )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
     with opener.open(req, timeout=30) as resp:
         out: dict[str, Any] = json.loads(resp.read())
         return out
@@ -185,12 +186,14 @@ def resilient_extender(
         argv = (
             sys.executable, "-m", "app.cli", "extender", "serve",
             "--kubeconfig", str(kubeconfig_via(cluster, proxy, tmp_path / "kubeconfig")),
-            "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], "--policy", "binpack",
+            "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], *cluster.extender_tls_flags(),
+            "--policy", "binpack",
             "--lease-namespace", LEASE_NS, "--lease-duration", "3",
             "--watch-timeout", "4", "--live-within", "8",
             "--heartbeat-timeout", "86400",
         )  # fmt: skip
-        spec = ComponentSpec(PROC, argv, health=HealthCheck(f"{url}/readyz"), ready_timeout_s=90)
+        health = HealthCheck(f"http://127.0.0.1:{cluster.extender_ops_port}/readyz")
+        spec = ComponentSpec(PROC, argv, health=health, ready_timeout_s=90)
         cluster.start_process(spec)
         return url
 
@@ -199,12 +202,34 @@ def resilient_extender(
         cluster.stop_process(PROC)
 
 
-Scene = tuple[str, str, Callable[[str], str]]
+@dataclass(frozen=True)
+class Scene:
+    url: str  # kube-scheduler's endpoints and /explain: mutual TLS
+    ops: str  # /readyz, /healthz: plain HTTP
+    node: str
+    tls: urllib.request.OpenerDirector
+    uids: dict[str, str]
+    namespace: str
+
+    def bind(self, name: str) -> str:
+        """POST /bind as kube-scheduler would, with the scheduler's client certificate."""
+        args = {"PodName": name, "PodNamespace": self.namespace, "PodUID": self.uids[name], "Node": self.node}
+        return str(post(self.tls, f"{self.url}/bind", args)["Error"])
+
+    def bound_in_view(self, name: str) -> bool:
+        """The extender's view shows the pod bound (the watch echo, which ends its hold)."""
+        return get(f"{self.url}/explain?pod={self.namespace}/{name}", self.tls)[1].get("boundTo") == self.node
+
+    def ready(self) -> tuple[int, str]:
+        code, body = get(f"{self.ops}/readyz")
+        return code, str(body.get("reason", ""))
 
 
-def scene(api: Kube, core: Any, namespace: str, gpu_nodes: Any, start: Callable[[], str]) -> Scene:
+def scene(
+    cluster: Cluster, api: Kube, core: Any, namespace: str, *, gpu_nodes: Any, start: Callable[[], str]
+) -> Scene:
     """One node with one GPU, pods a and b (0.6 each, not picked up by any scheduler: the test plays
-    kube-scheduler and calls /bind itself), the extender; returns (url, node, bind)."""
+    kube-scheduler and calls /bind itself), the extender."""
     (node,) = gpu_nodes(1, gpus_per_node=1, model=MODEL, labels={"gpupack.test/pool": namespace})
     create_gpunodes(api, [node], 1)
     url = start()
@@ -212,12 +237,8 @@ def scene(api: Kube, core: Any, namespace: str, gpu_nodes: Any, start: Callable[
     for name in ("a", "b"):
         body = gpu_pod(name, namespace, namespace, milli=600, scheduler="none")
         uids[name] = core.create_namespaced_pod(namespace, body).metadata.uid
-
-    def bind(name: str) -> str:
-        args = {"PodName": name, "PodNamespace": namespace, "PodUID": uids[name], "Node": node}
-        return str(post(f"{url}/bind", args)["Error"])
-
-    return url, node, bind
+    ops = f"http://127.0.0.1:{cluster.extender_ops_port}"
+    return Scene(url, ops, node, cluster.extender_opener(), uids, namespace)
 
 
 def test_survives_the_apiserver_being_unreachable_and_binds_correctly_afterwards(  # noqa: PLR0917
@@ -229,34 +250,28 @@ def test_survives_the_apiserver_being_unreachable_and_binds_correctly_afterwards
     namespace: str,
     gpu_nodes: Any,
 ) -> None:
-    url, node, bind = scene(api, core, namespace, gpu_nodes, resilient_extender)
-    assert bind("a") == ""
+    sc = scene(cluster, api, core, namespace, gpu_nodes=gpu_nodes, start=resilient_extender)
+    assert sc.bind("a") == ""
     # The watch echo of a's Binding ends its hold: from here on only the view knows a's share.
-    wait_for(lambda: get(f"{url}/explain?pod={namespace}/a")[1].get("boundTo") == node, 10, "a's echo")
-    assert bind("b") == f"{node}: no GPU with 0.60 free: best has 0.40"
+    wait_for(lambda: sc.bound_in_view("a"), 10, "a's Binding echoed by the watch")
+    assert sc.bind("b") == f"{sc.node}: no GPU with 0.60 free: best has 0.40"
 
     proxy.cut()
-    wait_for(lambda: get(f"{url}/readyz")[0] == 503, 30, "extender not ready while the API is cut off")
-    assert bind("b").startswith("gpupack extender not ready")
+    wait_for(lambda: sc.ready()[0] == 503, 30, "extender not ready while the API is cut off")
+    assert sc.bind("b").startswith("gpupack extender not ready")
     # While it is cut off, a's pod goes away: only a live view after the outage frees its share.
     core.delete_namespaced_pod("a", namespace, grace_period_seconds=0)
-    wait_for(
-        lambda: not any(p.metadata.name == "a" for p in core.list_namespaced_pod(namespace).items),
-        30,
-        "a gone",
-    )
-    wait_for(
-        lambda: "informer not live" in get(f"{url}/readyz")[1].get("reason", "") or False, 30, "stale view"
-    )
-    assert get(f"{url}/healthz") == (200, {"status": "ok"})  # every worker thread still runs
+    wait_for(lambda: "a" not in allocations(core, namespace), 30, "pod a deleted")
+    wait_for(lambda: "informer not live" in sc.ready()[1], 30, "the view reported stale")
+    assert get(f"{sc.ops}/healthz") == (200, {"status": "ok"})  # every worker thread still runs
     assert cluster.process(PROC).alive()
 
     proxy.restore()
-    wait_for(lambda: get(f"{url}/readyz")[0] == 200, 60, "extender ready again after the outage")
-    assert get(f"{url}/healthz")[0] == 200
-    assert bind("b") == ""
+    wait_for(lambda: sc.ready()[0] == 200, 60, "extender ready again after the outage")
+    assert get(f"{sc.ops}/healthz")[0] == 200
+    assert sc.bind("b") == ""
     allocs = allocations(core, namespace)
-    assert allocs["b"][0] == node
+    assert allocs["b"][0] == sc.node
     assert allocs["b"][1] is not None and allocs["b"][1].gpu_indexes == (0,)
     assert_no_overcommit(allocs, catalog.lookup(MODEL).memory_mib)
 
@@ -270,22 +285,22 @@ def test_a_frozen_connection_is_detected_and_the_extender_recovers(  # noqa: PLR
     namespace: str,
     gpu_nodes: Any,
 ) -> None:
-    url, node, bind = scene(api, core, namespace, gpu_nodes, resilient_extender)
+    sc = scene(cluster, api, core, namespace, gpu_nodes=gpu_nodes, start=resilient_extender)
     proxy.freeze()  # connections stay open, nothing arrives: only timeouts can notice
-    wait_for(lambda: get(f"{url}/readyz")[0] == 503, 30, "extender not ready while the network is frozen")
+    wait_for(lambda: sc.ready()[0] == 503, 30, "extender not ready while the network is frozen")
 
     # Silent watches stop proving the view live (--live-within 8), then their read timeout
     # (timeoutSeconds 4 + 5 s) ends them, which the reason reports as the last error.
     def frozen_watch_timed_out() -> bool:
-        reason = str(get(f"{url}/readyz")[1]["reason"])
+        reason = sc.ready()[1]
         return "informer not live" in reason and "(last error: 0 Timeout: " in reason
 
     wait_for(frozen_watch_timed_out, 40, "frozen watches ended by their read timeout")
-    assert bind("a").startswith("gpupack extender not ready")
-    assert get(f"{url}/healthz") == (200, {"status": "ok"})
+    assert sc.bind("a").startswith("gpupack extender not ready")
+    assert get(f"{sc.ops}/healthz") == (200, {"status": "ok"})
     proxy.restore()
-    wait_for(lambda: get(f"{url}/readyz")[0] == 200, 90, "extender ready again after the freeze")
-    assert bind("a") == ""
-    wait_for(lambda: get(f"{url}/explain?pod={namespace}/a")[1].get("boundTo") == node, 10, "a's echo")
-    assert bind("b") == f"{node}: no GPU with 0.60 free: best has 0.40"
+    wait_for(lambda: sc.ready()[0] == 200, 90, "extender ready again after the freeze")
+    assert sc.bind("a") == ""
+    wait_for(lambda: sc.bound_in_view("a"), 10, "a's Binding echoed by the watch")
+    assert sc.bind("b") == f"{sc.node}: no GPU with 0.60 free: best has 0.40"
     assert cluster.process(PROC).alive()

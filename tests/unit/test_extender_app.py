@@ -36,6 +36,13 @@ def gpunode(name: str, gpus: int = 2, mem: int = 16_384, model: str = "V100M16")
     return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
 
 
+# What the webhook gives the GPU container (the extender places only pods that carry it).
+GPU_ENV: JsonDict = {
+    "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
+    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}},
+}
+
+
 def pod(
     name: str, milli: int = 500, count: int = 1, node: str = "", alloc: Allocation | None = None
 ) -> JsonDict:
@@ -54,7 +61,7 @@ def pod(
         },
         "spec": {
             "nodeName": node,
-            "containers": [{"name": "c", "resources": {"requests": res, "limits": res}}],
+            "containers": [{"name": "c", "resources": {"requests": res, "limits": res}, "env": [GPU_ENV]}],
         },
         "status": {"phase": "Running" if node else "Pending"},
     }
@@ -184,6 +191,21 @@ def test_filter_invalid_request_is_unresolvable_everywhere() -> None:
     assert out["NodeNames"] == []
     assert set(out["FailedAndUnresolvableNodes"]) == {"n1", "n2"}
     assert out["FailedAndUnresolvableNodes"]["n1"].startswith("invalid GPU request: gpu-fraction='nan'")
+
+
+def test_filter_refuses_a_pod_the_webhook_did_not_admit_and_says_why() -> None:
+    env = Env()
+    bare = pod("p")
+    del bare["metadata"]["labels"]
+    bare["spec"]["containers"][0].pop("env")
+    out = env.filter(bare, ["n1", "n2"])
+    assert out["NodeNames"] == []
+    assert set(out["FailedAndUnresolvableNodes"]) == {"n1", "n2"}
+    reason = out["FailedAndUnresolvableNodes"]["n1"]
+    assert reason.startswith("not admitted by the gpupack webhook: metadata.labels[gpupack.io/managed]='': ")
+    assert "containers[c].env[NVIDIA_VISIBLE_DEVICES]='<unset>'" in reason
+    # Nothing was held for it: the same nodes still take a webhook-made pod of the same size.
+    assert env.filter(pod("q"), ["n1", "n2"])["NodeNames"]
 
 
 def test_filter_accepts_full_node_objects_when_not_cache_capable() -> None:

@@ -13,7 +13,7 @@ from extender.runtime import KubeRuntime
 
 
 class Apiserver:
-    """Empty pod and GPUNode lists, one Lease; `down` makes every call fail like a dead connection."""
+    """Empty pod, Node and GPUNode lists, one Lease; `down` makes every call fail like a dead connection."""
 
     def __init__(self) -> None:
         self.lease: JsonDict | None = None
@@ -56,12 +56,10 @@ def step_all(rt: KubeRuntime) -> None:
 def test_ready_needs_the_lease_and_live_views_and_follows_an_outage() -> None:
     api, now = Apiserver(), [0.0]
     rt = runtime(api, now)
-    assert rt.ready() == (
-        False,
-        "not the leader; gpunodes informer has not listed yet; pods informer has not listed yet",
-    )
+    unlisted = "; ".join(f"{n} informer has not listed yet" for n in ("gpunodes", "pods", "nodes"))
+    assert rt.ready() == (False, f"not the leader; {unlisted}")
     rt.elector.tick()
-    assert rt.ready() == (False, "gpunodes informer has not listed yet; pods informer has not listed yet")
+    assert rt.ready() == (False, unlisted)
     step_all(rt)
     assert rt.ready() == (True, "ready")
     assert rt.binder.can_write()
@@ -100,11 +98,8 @@ def test_a_stale_view_makes_the_leader_not_ready() -> None:
     api.send = only_leases  # type: ignore[method-assign]
     now[0] = 61.0
     step_all(rt)
-    assert rt.ready() == (
-        False,
-        "gpunodes informer not live for 61s (last error: 0 Timeout: read timed out); "
-        "pods informer not live for 61s (last error: 0 Timeout: read timed out)",
-    )
+    stale = "informer not live for 61s (last error: 0 Timeout: read timed out)"
+    assert rt.ready() == (False, "; ".join(f"{n} {stale}" for n in ("gpunodes", "pods", "nodes")))
 
 
 def test_alive_reports_a_dead_worker_thread() -> None:
