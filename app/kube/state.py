@@ -246,6 +246,13 @@ class ClusterCache:
             for uid in list(self.pending_reason):
                 if uid not in live:
                     del self.pending_reason[uid]
+            listed = dict(self._pods)
+        # A relist replaces the watch: where it shows a pod bound with the held allocation, that is
+        # the echo. (A hold whose pod is absent stays to its TTL: the list may predate the pod.)
+        for uid, held in self.assume.items().items():
+            info = listed.get(uid)
+            if info is not None and info.alloc == held and info.node_name:
+                self.assume.release(uid)
 
     def upsert_pod(self, obj: JsonDict) -> None:
         uid = str((obj.get("metadata") or {}).get("uid", ""))

@@ -101,6 +101,18 @@ def test_hold_counts_until_echo_and_replaces_a_stale_annotation() -> None:
     assert c.assume.get("u1") is None and used(c, "n1") == [0, 500]
 
 
+def test_a_relist_that_shows_the_binding_ends_the_hold_and_an_absent_pod_keeps_it() -> None:
+    c = cache()
+    c.set_gpunodes([gpunode("n1")])
+    c.assume.hold("u1", alloc("n1", 1))
+    c.assume.hold("u2", alloc("n1", 0))
+    c.set_pods([pod("p", "u1", allocation=alloc("n1", 1))])  # patched, not bound yet: still held
+    assert c.assume.get("u1") is not None
+    c.set_pods([pod("p", "u1", node="n1", allocation=alloc("n1", 1))])  # the relist carries the echo
+    assert c.assume.get("u1") is None and used(c, "n1") == [500, 500]
+    assert c.assume.get("u2") is not None  # absent from the list, which may predate the pod
+
+
 def test_exclude_uid_removes_the_pods_own_share() -> None:
     c = cache()
     c.set_gpunodes([gpunode("n1")])
