@@ -127,6 +127,15 @@ def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int
     return node
 
 
+@dataclass(frozen=True, slots=True)
+class Handler:
+    """What an informer feeds: the cache's three methods for one collection."""
+
+    replace: Callable[[list[JsonDict]], None]
+    upsert: Callable[[JsonDict], None]
+    delete: Callable[[JsonDict], None]
+
+
 class ClusterCache:
     """Thread-safe cluster view fed by the GPUNode and pod informers, read by the scheduling verbs."""
 
@@ -156,16 +165,16 @@ class ClusterCache:
     # --- fed by the informers ---
 
     @property
-    def gpunode_handler(self) -> _GpuNodeHandler:
-        return _GpuNodeHandler(self)
+    def gpunode_handler(self) -> Handler:
+        return Handler(self.set_gpunodes, self.upsert_gpunode, self.delete_gpunode)
 
     @property
-    def pod_handler(self) -> _PodHandler:
-        return _PodHandler(self)
+    def pod_handler(self) -> Handler:
+        return Handler(self.set_pods, self.upsert_pod, self.delete_pod)
 
     @property
-    def node_handler(self) -> _NodeHandler:
-        return _NodeHandler(self)
+    def node_handler(self) -> Handler:
+        return Handler(self.set_nodes, self.upsert_node, self.delete_node)
 
     def set_nodes(self, objs: Iterable[JsonDict]) -> None:
         with self._lock:
@@ -449,48 +458,6 @@ class ClusterCache:
     def clear_refusal(self, uid: str) -> None:
         with self._lock:
             self.pending_reason.pop(uid, None)
-
-
-class _GpuNodeHandler:
-    def __init__(self, cache: ClusterCache) -> None:
-        self.cache = cache
-
-    def replace(self, objs: list[JsonDict]) -> None:
-        self.cache.set_gpunodes(objs)
-
-    def upsert(self, obj: JsonDict) -> None:
-        self.cache.upsert_gpunode(obj)
-
-    def delete(self, obj: JsonDict) -> None:
-        self.cache.delete_gpunode(obj)
-
-
-class _PodHandler:
-    def __init__(self, cache: ClusterCache) -> None:
-        self.cache = cache
-
-    def replace(self, objs: list[JsonDict]) -> None:
-        self.cache.set_pods(objs)
-
-    def upsert(self, obj: JsonDict) -> None:
-        self.cache.upsert_pod(obj)
-
-    def delete(self, obj: JsonDict) -> None:
-        self.cache.delete_pod(obj)
-
-
-class _NodeHandler:
-    def __init__(self, cache: ClusterCache) -> None:
-        self.cache = cache
-
-    def replace(self, objs: list[JsonDict]) -> None:
-        self.cache.set_nodes(objs)
-
-    def upsert(self, obj: JsonDict) -> None:
-        self.cache.upsert_node(obj)
-
-    def delete(self, obj: JsonDict) -> None:
-        self.cache.delete_node(obj)
 
 
 def demand_of(pod: Mapping[str, Any]) -> Demand | str:
