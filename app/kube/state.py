@@ -184,9 +184,14 @@ class ClusterCache:
             self._view.clear()
 
     def upsert_node(self, obj: JsonDict) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
         with self._lock:
-            name = self._put_node(obj)
-            self._view.pop(name, None)
+            before = self._allocatable.get(name)
+            self._put_node(obj)
+            # Node status changes often (conditions, images); only allocatable matters to placement,
+            # and an unchanged view keeps the node's memoised answers valid.
+            if self._allocatable.get(name) != before:
+                self._view.pop(name, None)
 
     def delete_node(self, obj: JsonDict) -> None:
         name = str((obj.get("metadata") or {}).get("name", ""))

@@ -330,3 +330,17 @@ def test_the_demand_the_verbs_parse_carries_the_pods_cpu_and_memory() -> None:
     p["spec"]["containers"][0]["resources"]["requests"].update({"cpu": "6", "memory": "22888Mi"})
     p["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {"cpu": "8"}}}]
     assert demand_of(p) == Demand(count=1, milli=160, cpu_milli=8000, host_memory_mib=22888)
+
+
+def test_a_node_update_that_keeps_allocatable_keeps_the_cached_view() -> None:
+    c = cache()
+    c.set_gpunodes([gpunode("n1")])
+    c.set_nodes([node_obj("n1")])
+    first = c.node("n1")
+    ready = node_obj("n1")
+    ready["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    c.upsert_node(ready)
+    assert c.node("n1") is first  # same object: memoised placement answers stay valid
+    c.upsert_node(node_obj("n1", cpu="16"))
+    assert c.node("n1") is not first
+    assert host_free(c, "n1")[0] == 16_000
