@@ -1,0 +1,386 @@
+"""Faults on purpose: a TCP proxy that can be severed or frozen, Service-like routing, and the share audit.
+
+The proxy sits between one of our processes and what it talks to (the extender and the apiserver, the
+scheduler and the extender replicas). `audit` reads pods as the API returns them and counts every way a
+GPU share could be handed out twice or forgotten; it is what the fault tests and `bench/chaos.py` assert.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import select
+import socket
+import struct
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from app import log, names
+from app.model import Allocation
+
+_log = log.get("gpupack.devcluster.faults")
+
+Upstream = tuple[str, int]
+MILLI_PER_GPU = 1000
+_CHUNK = 64 * 1024
+_TICK_S = 0.1  # how often a pump re-checks freeze/close; bounds how late a freeze or sever takes effect
+
+
+# ---- the share audit (pure) ----
+
+
+@dataclass(frozen=True)
+class Audit:
+    """What the API says about every managed pod, against the promise "never twice, never forgotten"."""
+
+    pods: int  # live managed pods
+    bound: int
+    pending: int  # live managed pods without a node
+    overcommitted: dict[str, int]  # "node/gpu-index" -> milli allocated there, where that exceeds 1000
+    unallocated: tuple[str, ...]  # bound managed pods without allocation annotations
+    misplaced: tuple[str, ...]  # "ns/pod: allocation on A, bound to B"
+    corrupt: tuple[str, ...]  # "ns/pod: why" for allocation annotations that do not parse
+    stranded: tuple[str, ...]  # pending pods that already carry an allocation (they hold a share)
+
+    @property
+    def ok(self) -> bool:
+        """No share counted twice and no bound pod without its share (pending pods are not a failure)."""
+        return not (self.overcommitted or self.unallocated or self.misplaced or self.corrupt)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "pods": self.pods,
+            "bound": self.bound,
+            "pending": self.pending,
+            "overcommitted_gpus": self.overcommitted,
+            "bound_without_allocation": list(self.unallocated),
+            "allocation_node_mismatch": list(self.misplaced),
+            "corrupt_allocations": list(self.corrupt),
+            "pending_with_allocation": list(self.stranded),
+        }
+
+
+def _live_managed(pod: Mapping[str, Any]) -> bool:
+    meta = pod.get("metadata") or {}
+    if (meta.get("labels") or {}).get(names.LABEL_MANAGED) != "true":
+        return False
+    return (pod.get("status") or {}).get("phase") not in ("Succeeded", "Failed")
+
+
+def audit(pods: Iterable[Mapping[str, Any]]) -> Audit:
+    """Check pods (API JSON, any namespaces): milli per node+GPU <= 1000 over every live allocation.
+
+    A pod with allocation annotations and no node yet still holds its share (DESIGN: "a pod with
+    allocation annotations but no Binding yet still holds its share"), so it counts towards the sum.
+    """
+    milli: dict[str, int] = defaultdict(int)
+    counts = {"pods": 0, "bound": 0}
+    unallocated: list[str] = []
+    misplaced: list[str] = []
+    corrupt: list[str] = []
+    stranded: list[str] = []
+    for pod in pods:
+        if not _live_managed(pod):
+            continue
+        meta = pod.get("metadata") or {}
+        key = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+        node = str((pod.get("spec") or {}).get("nodeName") or "")
+        counts["pods"] += 1
+        counts["bound"] += bool(node)
+        try:
+            alloc = Allocation.from_annotations(meta.get("annotations") or {})
+        except ValueError as exc:
+            corrupt.append(f"{key}: {exc}")
+            continue
+        if alloc is None:
+            if node:
+                unallocated.append(key)
+            continue
+        if not node:
+            stranded.append(key)
+        elif alloc.node != node:
+            misplaced.append(f"{key}: allocation on {alloc.node}, bound to {node}")
+        for index in alloc.gpu_indexes:
+            milli[f"{alloc.node}/{index}"] += alloc.milli
+    return Audit(
+        pods=counts["pods"],
+        bound=counts["bound"],
+        pending=counts["pods"] - counts["bound"],
+        overcommitted={gpu: m for gpu, m in sorted(milli.items()) if m > MILLI_PER_GPU},
+        unallocated=tuple(sorted(unallocated)),
+        misplaced=tuple(sorted(misplaced)),
+        corrupt=tuple(sorted(corrupt)),
+        stranded=tuple(sorted(stranded)),
+    )
+
+
+# ---- kubeconfigs that go through a proxy (pure) ----
+
+
+def kubeconfig_via(doc: Mapping[str, Any], server: str) -> dict[str, Any]:
+    """A copy of a kubeconfig whose every cluster points at `server` (same CA, same credentials).
+
+    The apiserver's certificate names the IP 127.0.0.1, not a port, so TLS verifies through a proxy on
+    another loopback port unchanged.
+    """
+    clusters = doc.get("clusters")
+    if not isinstance(clusters, list) or not clusters:
+        raise ValueError(f"kubeconfig clusters={clusters!r}: must be a non-empty list")
+    out = dict(doc)
+    out["clusters"] = [{**c, "cluster": {**(c.get("cluster") or {}), "server": server}} for c in clusters]
+    return out
+
+
+# ---- routing like a Service: only ready endpoints get new connections ----
+
+
+class ReadyPicker:
+    """Pick the first upstream whose readiness probe passes, like a Service's ready endpoints.
+
+    Probes are cached for `cache_s`, so a burst of new connections costs one probe round. Returns None
+    when no upstream is ready (the proxy then resets the connection, as a Service without endpoints does).
+    """
+
+    def __init__(
+        self,
+        upstreams: Sequence[tuple[Upstream, Callable[[], bool]]],
+        *,
+        cache_s: float = 0.5,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not upstreams:
+            raise ValueError("upstreams=[]: need at least one upstream")
+        self._upstreams = list(upstreams)
+        self._cache_s = cache_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._picked: Upstream | None = None
+        self._at: float | None = None
+
+    def __call__(self) -> Upstream | None:
+        with self._lock:
+            now = self._clock()
+            if self._at is None or now - self._at >= self._cache_s:
+                self._picked = next((up for up, ready in self._upstreams if _safe(ready)), None)
+                self._at = self._clock()
+            return self._picked
+
+
+def _safe(probe: Callable[[], bool]) -> bool:
+    try:
+        return bool(probe())
+    except Exception:  # a probe that raises is a failing probe
+        return False
+
+
+def fixed(host: str, port: int) -> Callable[[], Upstream]:
+    """A pick function for a proxy with one upstream."""
+    return lambda: (host, port)
+
+
+# ---- the proxy ----
+
+
+@dataclass
+class ProxyStats:
+    accepted: int = 0
+    refused: int = 0  # reset at once: severed window, no ready upstream, or upstream unreachable
+    severed: int = 0  # open connections cut by sever()
+    freezes: int = 0
+    history: list[tuple[float, str]] = field(default_factory=list)  # (time.time(), what) per fault
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with RST (SO_LINGER 0), as a crashed peer or a cut network looks to the other side."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+class _Pair:
+    """One proxied connection: the accepted client socket and our socket to the upstream."""
+
+    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+        self.client = client
+        self.upstream = upstream
+        self.closed = threading.Event()
+        self._lock = threading.Lock()
+        self._open_halves = 2
+
+    def close(self, *, reset: bool) -> None:
+        with self._lock:
+            if self.closed.is_set():
+                return
+            self.closed.set()
+        for s in (self.client, self.upstream):
+            if reset:
+                _reset(s)
+            else:
+                s.close()
+
+    def half_done(self) -> bool:
+        """One direction finished; True when both have (the pair can go)."""
+        with self._lock:
+            self._open_halves -= 1
+            return self._open_halves == 0
+
+
+class TcpProxy:
+    """A loopback TCP proxy a test can break: `sever` cuts and refuses, `freeze` stops every byte.
+
+    Threads, not asyncio, so it runs beside synchronous test code; one thread per direction of each
+    connection (a handful of clients: the extender's watches and requests, the scheduler's calls).
+    """
+
+    def __init__(
+        self,
+        pick: Callable[[], Upstream | None],
+        *,
+        port: int = 0,
+        host: str = "127.0.0.1",
+        name: str = "proxy",
+    ) -> None:
+        self.name = name
+        self._pick = pick
+        self._listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind((host, port))
+        self._listener.listen(256)
+        self._listener.settimeout(_TICK_S)
+        self.host = host
+        self.port: int = self._listener.getsockname()[1]
+        self.stats = ProxyStats()
+        self._lock = threading.Lock()
+        self._pairs: set[_Pair] = set()
+        self._refuse_until = 0.0
+        self._flowing = threading.Event()
+        self._flowing.set()
+        self._closing = threading.Event()
+        self._acceptor: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    @property
+    def connections(self) -> int:
+        with self._lock:
+            return len(self._pairs)
+
+    @property
+    def frozen(self) -> bool:
+        return not self._flowing.is_set()
+
+    def start(self) -> TcpProxy:
+        self._acceptor = threading.Thread(target=self._accept_loop, name=f"{self.name}-accept", daemon=True)
+        self._acceptor.start()
+        return self
+
+    def close(self) -> None:
+        """Stop accepting, cut every connection, and wait for the accept thread."""
+        self._closing.set()
+        self._flowing.set()
+        if self._acceptor is not None:
+            self._acceptor.join(timeout=5)
+        self._listener.close()
+        self._cut_all(reset=False)
+
+    def __enter__(self) -> TcpProxy:
+        return self.start()
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    # ---- faults ----
+
+    def sever(self, refuse_s: float = 0.0) -> int:
+        """Reset every open connection and new ones for `refuse_s` seconds; returns how many were cut."""
+        with self._lock:
+            self._refuse_until = time.monotonic() + refuse_s
+        cut = self._cut_all(reset=True)
+        self.stats.severed += cut
+        self._note(f"sever {cut} connections, refuse {refuse_s:.1f}s")
+        return cut
+
+    def freeze(self) -> None:
+        """Keep every connection open (new ones too) but forward no byte until `thaw`."""
+        self._flowing.clear()
+        self.stats.freezes += 1
+        self._note("freeze")
+
+    def thaw(self) -> None:
+        self._flowing.set()
+        self._note("thaw")
+
+    def _note(self, what: str) -> None:
+        self.stats.history.append((time.time(), what))
+        _log.info("proxy fault", extra={"proxy": self.name, "fault": what})
+
+    def _cut_all(self, *, reset: bool) -> int:
+        with self._lock:
+            pairs = list(self._pairs)
+            self._pairs.clear()
+        for pair in pairs:
+            pair.close(reset=reset)
+        return len(pairs)
+
+    # ---- plumbing ----
+
+    def _accept_loop(self) -> None:
+        while not self._closing.is_set():
+            try:
+                client, _ = self._listener.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            client.settimeout(None)
+            self._admit(client)
+
+    def _admit(self, client: socket.socket) -> None:
+        with self._lock:
+            refusing = time.monotonic() < self._refuse_until
+        target = None if refusing else self._pick()
+        if target is None:
+            self.stats.refused += 1
+            _reset(client)
+            return
+        try:
+            upstream = socket.create_connection(target, timeout=2.0)
+        except OSError:
+            self.stats.refused += 1
+            _reset(client)
+            return
+        upstream.settimeout(None)
+        pair = _Pair(client, upstream)
+        with self._lock:
+            self._pairs.add(pair)
+        self.stats.accepted += 1
+        for src, dst, way in ((client, upstream, "up"), (upstream, client, "down")):
+            threading.Thread(
+                target=self._pump, args=(pair, src, dst), name=f"{self.name}-{way}", daemon=True
+            ).start()
+
+    def _pump(self, pair: _Pair, src: socket.socket, dst: socket.socket) -> None:
+        failed = False
+        try:
+            while not pair.closed.is_set():
+                if not self._flowing.wait(_TICK_S):
+                    continue
+                readable, _, _ = select.select([src], [], [], _TICK_S)
+                if not readable or not self._flowing.is_set():
+                    continue
+                data = src.recv(_CHUNK)
+                if not data:  # orderly close from this side: pass the half-close on
+                    dst.shutdown(socket.SHUT_WR)
+                    break
+                dst.sendall(data)
+        except (OSError, ValueError):  # reset by a peer, or the pair was cut under us
+            failed = True
+        if failed or pair.half_done():
+            with self._lock:
+                self._pairs.discard(pair)
+            pair.close(reset=failed)
