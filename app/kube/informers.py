@@ -1,4 +1,10 @@
-"""Generic list + watch informer: resourceVersion resume, bookmarks, periodic relist, 410 -> relist."""
+"""Generic list + watch informer: resourceVersion resume, bookmarks, periodic relist, 410 -> relist.
+
+An informer never dies: any failure (a KubeError, or a bug in a handler) is logged and retried with
+backoff. It records when its view was last known live (a list completed, a watch event arrived, a
+watch ended cleanly) and when its thread last made progress, so the process can report not-ready
+when the view may be stale and not-alive when the thread is dead or stuck.
+"""
 
 from __future__ import annotations
 
@@ -39,10 +45,30 @@ class Handler(Protocol):
 @dataclass(frozen=True, slots=True)
 class InformerConfig:
     resync_s: float = 600.0  # full relist this often: heals anything a watch silently missed
-    watch_timeout_s: int = 300  # server-side timeoutSeconds of one watch call
+    # Server-side timeoutSeconds of one watch call. Short, so a healthy but quiet watch still ends
+    # (cleanly, proving the view live) well within `live_within_s`; the client's read timeout sits a
+    # little above it, so a frozen watch fails instead of hanging.
+    watch_timeout_s: int = 45
     page_limit: int = 500
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
+    live_within_s: float = 60.0  # the view counts as live this long after it was last proven live
+    stuck_after_s: float = 300.0  # no progress for this long: the thread is stuck (liveness fails)
+
+    def validate(self) -> list[str]:
+        errors: list[str] = []
+        if self.watch_timeout_s < 1:
+            errors.append(f"watch_timeout_s={self.watch_timeout_s}: must be >= 1")
+        if not self.live_within_s > self.watch_timeout_s:
+            errors.append(
+                f"live_within_s={self.live_within_s}: must exceed watch_timeout_s={self.watch_timeout_s}"
+                " (a quiet watch proves itself live only when it ends)"
+            )
+        if not self.stuck_after_s > self.live_within_s:
+            errors.append(
+                f"stuck_after_s={self.stuck_after_s}: must exceed live_within_s={self.live_within_s}"
+            )
+        return errors
 
 
 def object_key(obj: Mapping[str, Any]) -> str:
@@ -81,6 +107,11 @@ class Informer:
         self.last_list_at: float | None = None  # clock() when the last full list completed
         self.lists = 0
         self.healthy = False  # last list/watch call succeeded
+        self.last_live_at: float | None = None  # clock() when the view was last proven live
+        self.last_beat_at = clock()  # clock() when the thread last made progress
+        self.last_error = ""
+        self.failures = 0  # consecutive failed steps
+        self.thread: threading.Thread | None = None
         self._relist = True
         self._backoff = self.config.backoff_initial_s
 
@@ -94,7 +125,9 @@ class Informer:
         self._stop.set()
 
     def start(self) -> threading.Thread:
+        self.last_beat_at = self._clock()
         t = threading.Thread(target=self.run, name=f"informer-{self.name}", daemon=True)
+        self.thread = t
         t.start()
         return t
 
@@ -102,17 +135,55 @@ class Informer:
         while not self._stop.is_set():
             self.step()
 
+    # --- health, read by other threads ---
+
+    def live(self) -> tuple[bool, str]:
+        """Whether the view is complete and recent enough to place pods on (readiness)."""
+        if not self.synced.is_set():
+            return False, f"{self.name} informer has not listed yet" + self._last_error_suffix()
+        if self.thread is not None and not self.thread.is_alive() and not self._stop.is_set():
+            return False, f"{self.name} informer thread is dead"
+        assert self.last_live_at is not None
+        age = self._clock() - self.last_live_at
+        if age > self.config.live_within_s:
+            return False, f"{self.name} informer not live for {age:.0f}s" + self._last_error_suffix()
+        return True, "live"
+
+    def alive(self) -> tuple[bool, str]:
+        """Whether the thread runs and makes progress (liveness: a restart would help if not)."""
+        if self.thread is None or self._stop.is_set():
+            return True, "not running"
+        if not self.thread.is_alive():
+            return False, f"{self.name} informer thread is dead"
+        idle = self._clock() - self.last_beat_at
+        if idle > self.config.stuck_after_s:
+            return False, f"{self.name} informer thread stuck for {idle:.0f}s"
+        return True, "alive"
+
+    def _last_error_suffix(self) -> str:
+        return f" (last error: {self.last_error})" if self.last_error else ""
+
+    def _beat(self) -> None:
+        self.last_beat_at = self._clock()
+
+    def _proved_live(self) -> None:
+        now = self._clock()
+        self.last_live_at = now
+        self.last_beat_at = now
+
     # --- one iteration, separately callable by tests ---
 
     def step(self) -> None:
-        """List if needed, else watch until the stream ends; on failure back off (410: relist at once)."""
+        """List if needed, else watch until the stream ends; on failure back off (410: relist at once).
+
+        Never raises: a failure of any kind is logged and retried after a backoff.
+        """
+        self._beat()
         try:
             if self._relist or self._resync_due():
                 self.list_all()
             else:
                 self.watch_once()
-            self._backoff = self.config.backoff_initial_s
-            self.healthy = True
         except KubeError as exc:
             if exc.is_gone:
                 LOG.info(
@@ -120,13 +191,43 @@ class Informer:
                 )
                 self._relist = True
                 return
-            self.healthy = False
-            LOG.warning(
-                "list/watch failed",
-                extra={"informer": self.name, "code": exc.code, "reason": exc.reason, "error": exc.message},
+            self._failed(
+                str(exc),
+                {"code": exc.code, "reason": exc.reason, "error": exc.message},
             )
-            self._sleep(self._backoff)
-            self._backoff = min(self._backoff * 2, self.config.backoff_max_s)
+            return
+        except Exception as exc:
+            # A handler or decoding bug: the view may have missed an object, so rebuild it.
+            self._relist = True
+            self._failed(
+                f"{type(exc).__name__}: {exc}",
+                {"code": 0, "reason": type(exc).__name__, "error": str(exc)},
+                exc_info=True,
+            )
+            return
+        self._backoff = self.config.backoff_initial_s
+        self.healthy = True
+        self.failures = 0
+        self.last_error = ""
+        self._beat()
+
+    def _failed(self, error: str, fields: dict[str, Any], *, exc_info: bool = False) -> None:
+        self.healthy = False
+        self.failures += 1
+        self.last_error = error
+        LOG.warning(
+            "list/watch failed",
+            extra={
+                "informer": self.name,
+                "failures": self.failures,
+                "backoff_s": self._backoff,
+                **fields,
+            },
+            exc_info=exc_info,
+        )
+        self._sleep(self._backoff)
+        self._backoff = min(self._backoff * 2, self.config.backoff_max_s)
+        self._beat()
 
     def _resync_due(self) -> bool:
         return self.last_list_at is None or self._clock() - self.last_list_at >= self.config.resync_s
@@ -150,6 +251,7 @@ class Informer:
         self._relist = False
         self.last_list_at = self._clock()
         self.lists += 1
+        self._proved_live()
         self.synced.set()
         LOG.info("listed", extra={"informer": self.name, "objects": len(items), "rv": rv})
 
@@ -171,5 +273,7 @@ class Informer:
                 continue  # unknown types carry nothing we can apply
             if rv:
                 self.resource_version = str(rv)
+            self._proved_live()
             if self._stop.is_set() or self._relist:
                 return
+        self._proved_live()  # the server ended the watch as promised: nothing was missed

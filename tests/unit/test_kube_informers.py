@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -20,15 +21,15 @@ class FakeKube:
     """Answers list calls from `pages` and watch calls from `streams` (an item may be an exception)."""
 
     def __init__(self) -> None:
-        self.pages: list[JsonDict | KubeError] = []
-        self.streams: list[list[JsonDict] | KubeError] = []
+        self.pages: list[JsonDict | Exception] = []
+        self.streams: list[list[JsonDict] | Exception] = []
         self.sent: list[Request] = []
         self.watched: list[tuple[str, dict[str, Any], int]] = []
 
     def send(self, req: Request) -> JsonDict:
         self.sent.append(req)
         page = self.pages.pop(0)
-        if isinstance(page, KubeError):
+        if isinstance(page, Exception):
             raise page
         return page
 
@@ -37,7 +38,7 @@ class FakeKube:
     ) -> Iterator[JsonDict]:
         self.watched.append((path, dict(query), timeout_s))
         stream = self.streams.pop(0)
-        if isinstance(stream, KubeError):
+        if isinstance(stream, Exception):
             raise stream
         yield from stream
 
@@ -168,3 +169,119 @@ def test_list_failure_is_not_synced(code: int) -> None:
     inf, _ = make(kube, [0.0], [])
     inf.step()
     assert not inf.synced.is_set() and not inf.healthy
+
+
+def test_any_exception_is_retried_with_backoff_and_forces_a_relist() -> None:
+    kube = FakeKube()
+    kube.pages = [
+        {"items": [obj("a", "1")], "metadata": {"resourceVersion": "5"}},
+        {"items": [obj("b", "7")], "metadata": {"resourceVersion": "7"}},
+    ]
+    kube.streams = [RuntimeError("urllib3 ProtocolError leaked")]
+    now: list[float] = [0.0]
+    sleeps: list[float] = []
+    inf, rec = make(kube, now, sleeps, backoff_initial_s=1.0)
+    inf.step()
+    inf.step()  # the watch raises something that is not a KubeError: no exception escapes
+    assert sleeps == [1.0] and not inf.healthy and inf.failures == 1
+    assert inf.last_error == "RuntimeError: urllib3 ProtocolError leaked"
+    inf.step()  # the view may have missed an event: relist, not resume
+    assert rec.replaced == 2 and set(rec.store) == {"default/b"}
+    assert inf.healthy and inf.failures == 0 and inf.last_error == ""
+
+
+def test_a_failing_handler_does_not_kill_the_informer() -> None:
+    kube = FakeKube()
+    kube.pages = [{"items": [], "metadata": {"resourceVersion": "1"}}] * 2
+    kube.streams = [[{"type": "ADDED", "object": obj("a", "2")}]]
+    now: list[float] = [0.0]
+    sleeps: list[float] = []
+    inf, rec = make(kube, now, sleeps)
+
+    def broken(o: JsonDict) -> None:
+        raise KeyError("spec")
+
+    rec.upsert = broken  # type: ignore[method-assign]
+    inf.step()
+    inf.step()
+    assert not inf.healthy and inf.last_error == "KeyError: 'spec'"
+    inf.step()
+    assert rec.replaced == 2 and inf.healthy
+
+
+def test_run_survives_every_kind_of_failure_until_stopped() -> None:
+    kube = FakeKube()
+    kube.pages = [{"items": [], "metadata": {"resourceVersion": "1"}}] * 4
+    inf, _ = make(kube, [0.0], [])
+    kube.streams = [
+        KubeError(0, "Unreachable", "connection refused"),
+        OSError("reset by peer"),
+        ValueError("bad json"),
+    ]
+    real_watch = kube.watch
+
+    def watch_then_stop(path: str, query: Mapping[str, str | int | bool], timeout_s: int = 300) -> Any:
+        if not kube.streams:
+            inf.stop()
+            return iter([])
+        return real_watch(path, query, timeout_s)
+
+    kube.watch = watch_then_stop  # type: ignore[method-assign]
+    inf.run()  # returns only because of stop(): three failures did not end it
+    assert len(kube.watched) == 3 and inf.lists == 3
+
+
+def test_liveness_of_the_view_follows_the_last_proof_with_a_bound() -> None:
+    kube = FakeKube()
+    kube.pages = [{"items": [], "metadata": {"resourceVersion": "1"}}]
+    down = KubeError(0, "Timeout", "read timed out")
+    kube.streams = [[{"type": "BOOKMARK", "object": {"metadata": {"resourceVersion": "3"}}}], down, down, []]
+    now: list[float] = [0.0]
+    inf, _ = make(kube, now, [], live_within_s=60.0, resync_s=1000.0)
+    assert inf.live() == (False, "pods informer has not listed yet")
+    inf.step()
+    assert inf.live() == (True, "live")
+    now[0] = 30.0
+    inf.step()  # a bookmark proves the watch live at t=30
+    now[0] = 80.0
+    inf.step()
+    assert inf.live()[0]  # one failure, but only 50 s since the last proof
+    now[0] = 91.0
+    inf.step()
+    assert inf.live() == (False, "pods informer not live for 61s (last error: 0 Timeout: read timed out)")
+    inf.step()  # the server ends a quiet watch cleanly: live again
+    assert inf.live() == (True, "live")
+
+
+def test_a_dead_or_stuck_thread_is_reported() -> None:
+    now: list[float] = [0.0]
+    inf, _ = make(FakeKube(), now, [], stuck_after_s=300.0)
+    assert inf.alive() == (True, "not running")
+    inf.thread = threading.Thread(target=lambda: None)
+    inf.thread.start()
+    inf.thread.join()
+    inf.synced.set()
+    inf.last_live_at = 0.0
+    assert inf.alive() == (False, "pods informer thread is dead")
+    assert inf.live() == (False, "pods informer thread is dead")
+    alive = threading.Event()
+    inf.thread = threading.Thread(target=alive.wait)
+    inf.thread.start()
+    try:
+        now[0] = 299.0
+        assert inf.alive() == (True, "alive")
+        now[0] = 301.0
+        assert inf.alive() == (False, "pods informer thread stuck for 301s")
+    finally:
+        alive.set()
+        inf.thread.join()
+
+
+def test_config_bounds_are_consistent() -> None:
+    assert InformerConfig().validate() == []
+    errors = InformerConfig(watch_timeout_s=90, live_within_s=60.0, stuck_after_s=30.0).validate()
+    assert errors == [
+        "live_within_s=60.0: must exceed watch_timeout_s=90"
+        " (a quiet watch proves itself live only when it ends)",
+        "stuck_after_s=30.0: must exceed live_within_s=60.0",
+    ]
