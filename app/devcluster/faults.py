@@ -8,18 +8,34 @@ GPU share could be handed out twice or forgotten; it is what the fault tests and
 from __future__ import annotations
 
 import contextlib
+import functools
+import json
 import select
+import signal
 import socket
 import struct
 import threading
 import time
+import urllib.request
+import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
-from app import log, names
+import yaml
+
+from app import catalog, log, names
+from app.kube import gpunode
 from app.model import Allocation
+
+from .addons import EXTENDER, gpupack_cli
+from .cluster import Cluster
+from .identities import GPUPACK_NAMESPACE
+from .poll import wait_for
+from .ports import free_ports
+from .processes import ComponentSpec, HealthCheck, ManagedProcess
 
 _log = log.get("gpupack.devcluster.faults")
 
@@ -384,3 +400,131 @@ class TcpProxy:
             with self._lock:
                 self._pairs.discard(pair)
             pair.close(reset=failed)
+
+
+# ---- the rig: extender replicas behind fault points, against a running cluster ----
+
+EXTENDER_PREFIX = "gpupack-extender-"
+NEVER_STALE_S = 86400.0  # GPUNodes published once by `publish_gpunodes`, kept fresh by no agent
+
+
+def publish_gpunodes(kubeconfig: Path, nodes: Sequence[str], gpus: int, model: str) -> None:
+    """A GPUNode per node as a healthy agent reports it (every GPU idle), for rigs that run no agents."""
+    from app.kube.client import Kube
+
+    memory = catalog.lookup(model).memory_mib
+    kube = Kube.connect(str(kubeconfig))
+    for name in nodes:
+        uuids = [f"GPU-{name}-{i}" for i in range(gpus)]
+        spec = gpunode.GPUNodeSpec(
+            node_name=name,
+            gpus=tuple(
+                gpunode.GpuSpec(u, i, model, model, memory, mps_capable=True) for i, u in enumerate(uuids)
+            ),
+        )
+        status = gpunode.GPUNodeStatus(
+            heartbeat_time=time.time(),
+            gpus=tuple(gpunode.GpuStatus(u, i, True, memory_free_mib=memory) for i, u in enumerate(uuids)),
+        )
+        kube.send(gpunode.create(name, spec))
+        kube.send(gpunode.patch_status(name, status))
+
+
+class ExtenderRig:
+    """`replicas` extenders as the scheduler and the apiserver see them, with a fault point on each path.
+
+        kube-scheduler -> router (cluster.extender_port; only a Ready replica gets new connections)
+                       -> gpupack-extender-<i> (own port)  -> api proxy -> kube-apiserver
+
+    The router is what a Service does for the chart's Deployment: the leader is the only Ready replica.
+    `api` is the extender's way to the apiserver: sever it to cut watches and writes, freeze it to make
+    binds slow. Call `start` once the CRD and RBAC are installed; `stop` ends everything it started.
+    """
+
+    def __init__(
+        self,
+        cluster: Cluster,
+        *,
+        replicas: int = 1,
+        policy: str = "binpack",
+        lease_duration_s: int = 3,
+        heartbeat_timeout_s: float = NEVER_STALE_S,
+    ) -> None:
+        if replicas < 1:
+            raise ValueError(f"replicas={replicas}: must be >= 1")
+        self.cluster = cluster
+        self.replicas = replicas
+        self.policy = policy
+        self.lease_duration_s = lease_duration_s
+        self.heartbeat_timeout_s = heartbeat_timeout_s
+        self.ports = free_ports(replicas)
+        self.api = TcpProxy(fixed("127.0.0.1", cluster.ports.apiserver), name="extender-api")
+        self.router: TcpProxy | None = None
+
+    def name(self, i: int) -> str:
+        return f"{EXTENDER_PREFIX}{i}"
+
+    def url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.ports[i]}"
+
+    def process(self, i: int) -> ManagedProcess:
+        return self.cluster.process(self.name(i))
+
+    def _spec(self, i: int, kubeconfig: Path) -> ComponentSpec:
+        argv = gpupack_cli(
+            "extender", "serve",
+            "--kubeconfig", str(kubeconfig),
+            "--host", "127.0.0.1", "--port", str(self.ports[i]), "--policy", self.policy,
+            "--lease-namespace", GPUPACK_NAMESPACE, "--lease-name", EXTENDER,
+            "--lease-duration", str(self.lease_duration_s),
+            "--identity", f"{self.name(i)}-{uuid.uuid4().hex[:6]}",
+            "--heartbeat-timeout", str(self.heartbeat_timeout_s),
+        )  # fmt: skip
+        # Liveness, not readiness: a standby is never Ready, yet it is up.
+        return ComponentSpec(
+            self.name(i), argv, health=HealthCheck(f"{self.url(i)}/healthz"), ready_timeout_s=90
+        )
+
+    def ready(self, i: int, timeout_s: float = 0.5) -> bool:
+        return HealthCheck(f"{self.url(i)}/readyz").probe(timeout=timeout_s)[0]
+
+    def leader(self) -> int | None:
+        """The replica whose /readyz passes (the leader with live informers), None while there is none."""
+        return next((i for i in range(self.replicas) if self.ready(i)), None)
+
+    def start(self, ready_timeout_s: float = 90) -> ExtenderRig:
+        self.api.start()
+        doc = yaml.safe_load(self.cluster.kubeconfig_for(EXTENDER).read_text())
+        kubeconfig = self.cluster.dir / "faults" / "extender-via-proxy.kubeconfig"
+        kubeconfig.parent.mkdir(parents=True, exist_ok=True)
+        kubeconfig.write_text(yaml.safe_dump(kubeconfig_via(doc, f"https://127.0.0.1:{self.api.port}")))
+        kubeconfig.chmod(0o600)
+        self.cluster.start_processes([self._spec(i, kubeconfig) for i in range(self.replicas)])
+        picker = ReadyPicker(
+            [(("127.0.0.1", port), functools.partial(self.ready, i)) for i, port in enumerate(self.ports)]
+        )
+        self.router = TcpProxy(picker, port=self.cluster.extender_port, name="extender-router").start()
+        wait_for(self.leader, ready_timeout_s, "an extender replica Ready (leader, informers synced)")
+        return self
+
+    def freeze_replica(self, i: int) -> None:
+        """SIGSTOP: the process holds its sockets and its lease record but answers nothing."""
+        self.process(i).send_signal(signal.SIGSTOP)
+
+    def resume_replica(self, i: int) -> None:
+        self.process(i).send_signal(signal.SIGCONT)
+
+    def held(self, i: int) -> int:
+        """Holds in replica i's assume cache (its /state `held`)."""
+        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+        with opener.open(f"{self.url(i)}/state", timeout=5) as resp:
+            return int(json.loads(resp.read())["held"])
+
+    def stop(self) -> None:
+        for i in range(self.replicas):
+            with contextlib.suppress(KeyError):
+                self.resume_replica(i)  # a stopped process cannot act on SIGTERM
+                self.cluster.stop_process(self.name(i))
+        if self.router is not None:
+            self.router.close()
+        self.api.close()
