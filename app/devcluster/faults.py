@@ -492,6 +492,15 @@ class ExtenderRig:
         """The replica whose /readyz passes (the leader with live informers), None while there is none."""
         return next((i for i in range(self.replicas) if self.ready(i)), None)
 
+    def wait_leader(self, timeout_s: float = 60, *, but: int | None = None) -> int:
+        """Until a replica (other than `but`) is Ready; its index."""
+        found = wait_for(
+            lambda: next(((i,) for i in range(self.replicas) if i != but and self.ready(i)), None),
+            timeout_s,
+            "an extender replica Ready" + ("" if but is None else f" other than {self.name(but)}"),
+        )
+        return found[0]
+
     def start(self, ready_timeout_s: float = 90) -> ExtenderRig:
         self.api.start()
         doc = yaml.safe_load(self.cluster.kubeconfig_for(EXTENDER).read_text())
@@ -504,7 +513,7 @@ class ExtenderRig:
             [(("127.0.0.1", port), functools.partial(self.ready, i)) for i, port in enumerate(self.ports)]
         )
         self.router = TcpProxy(picker, port=self.cluster.extender_port, name="extender-router").start()
-        wait_for(self.leader, ready_timeout_s, "an extender replica Ready (leader, informers synced)")
+        self.wait_leader(ready_timeout_s)
         return self
 
     def freeze_replica(self, i: int) -> None:

@@ -127,12 +127,6 @@ def bound_count(core: Any, namespace: str) -> int:
     return got.bound if got else 0
 
 
-def leader_of(rig: ExtenderRig, but: int | None = None) -> tuple[int] | None:
-    """(index,) of the Ready replica other than `but` - a tuple, so replica 0 counts as found."""
-    i = next((i for i in range(rig.replicas) if i != but and rig.ready(i)), None)
-    return None if i is None else (i,)
-
-
 def assert_promise_kept(core: Any, namespace: str, rig: ExtenderRig, expected: int) -> Audit:
     """Every pod bound in time, nothing over-committed or misplaced, and the leader keeps no hold."""
 
@@ -148,7 +142,7 @@ def assert_promise_kept(core: Any, namespace: str, rig: ExtenderRig, expected: i
             assert last.ok, last.to_json()
     assert final.ok, final.to_json()
     assert final.pods == expected and not final.stranded, final.to_json()
-    (leader,) = wait_for(lambda: leader_of(rig), 60, "a Ready extender replica")
+    leader = rig.wait_leader(60)
     wait_for(lambda: rig.held(leader) == 0, 30, "the leader's assume cache drained (no hold forgotten)")
     return final
 
@@ -172,7 +166,7 @@ def pool(
     nodes = gpu_nodes(3, gpus_per_node=GPUS, model=MODEL, labels={POOL: namespace})
     publish_gpunodes(cluster.kubeconfig, nodes, GPUS, MODEL)
     rig.api.thaw()  # whatever an earlier failed test left
-    wait_for(lambda: leader_of(rig), 60, "a Ready extender replica")
+    rig.wait_leader(60)
     return nodes
 
 
@@ -242,7 +236,7 @@ def test_leader_frozen_mid_burst_and_the_lease_handed_over(
     assert old is not None
     rig.freeze_replica(old)
     try:
-        (new,) = wait_for(lambda: leader_of(rig, but=old), 30, "the standby taking the lease, Ready")
+        new = rig.wait_leader(30, but=old)  # the standby took the lease and is Ready
         at_handover = bound_count(core, namespace)
         wait_for(lambda: bound_count(core, namespace) > at_handover, 60, "binds through the new leader")
     finally:
