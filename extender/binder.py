@@ -1,9 +1,15 @@
-"""Bind: choose GPUs, hold them, write the allocation (resourceVersion precondition), create the Binding."""
+"""Bind: choose GPUs, hold them, write the allocation (resourceVersion precondition), create the Binding.
+
+Fenced twice: one bind per pod in flight (a retried or concurrent bind of the same pod joins the first
+and gets its result), and leadership is re-checked right before each write, so a replica that lost its
+lease mid-bind stops writing and rolls its own change back.
+"""
 
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from app import log
@@ -26,17 +32,80 @@ class BindResult:
     allocation: Allocation | None = None
 
 
+NOT_LEADER = "stopped before writing: this replica no longer holds the leader lease"
+
+
+@dataclass(slots=True)
+class _Flight:
+    """One bind of one pod, in progress; later binds of the same pod wait on `done`."""
+
+    node: str
+    done: threading.Event = field(default_factory=threading.Event)
+    result: BindResult | None = None
+
+
 class Binder:
     """Serialises placement decisions; does the API calls outside the lock so binds overlap on the wire."""
 
-    def __init__(self, kube: KubeApi, cache: ClusterCache, policy: Policy) -> None:
+    def __init__(
+        self,
+        kube: KubeApi,
+        cache: ClusterCache,
+        policy: Policy,
+        can_write: Callable[[], bool] = lambda: True,
+        join_timeout_s: float = 120.0,
+    ) -> None:
         self.kube = kube
         self.cache = cache
         self.policy = policy
+        self.can_write = can_write  # the lease fence, asked right before every write
+        self.join_timeout_s = join_timeout_s
         # Held from reading the node view to recording the hold: the next bind sees this one's share.
         self.lock = threading.Lock()
+        self._flights: dict[str, _Flight] = {}
+        self._flights_lock = threading.Lock()
 
     def bind(self, namespace: str, name: str, uid: str, node_name: str) -> BindResult:
+        """Bind once per pod at a time: a second call while the first runs joins it."""
+        key = uid or f"{namespace}/{name}"
+        with self._flights_lock:
+            flight = self._flights.get(key)
+            first = flight is None
+            if flight is None:
+                flight = self._flights[key] = _Flight(node_name)
+        if not first:
+            return self._join(flight, {"pod": f"{namespace}/{name}", "node": node_name})
+        result = BindResult(BindOutcome.ERROR, "bind did not finish")
+        try:
+            result = self._bind(namespace, name, uid, node_name)
+        finally:
+            flight.result = result
+            with self._flights_lock:
+                del self._flights[key]
+            flight.done.set()
+        return result
+
+    def _join(self, flight: _Flight, where: dict[str, str]) -> BindResult:
+        """The answer for a bind that arrived while another bind of the same pod was running."""
+        node = where["node"]
+        LOG.info("bind joins one in flight", extra={**where, "in_flight_node": flight.node})
+        if not flight.done.wait(self.join_timeout_s) or flight.result is None:
+            return self._fail(
+                BindOutcome.ERROR, f"a bind of this pod to {flight.node} is still in flight", where
+            )
+        first = flight.result
+        if flight.node == node:
+            return first
+        if first.outcome is BindOutcome.BOUND:
+            error = f"pod was bound to {flight.node} by a concurrent bind; this bind asked for {node}"
+        else:
+            error = (
+                f"a concurrent bind of this pod to {flight.node} failed ({first.error}); "
+                f"this bind asked for {node}"
+            )
+        return self._fail(BindOutcome.CONFLICT, error, where)
+
+    def _bind(self, namespace: str, name: str, uid: str, node_name: str) -> BindResult:
         where = {"pod": f"{namespace}/{name}", "node": node_name}
         try:
             pod = self.kube.send(requests.get_pod(namespace, name))
@@ -50,12 +119,17 @@ class Binder:
         uid = str(meta.get("uid") or uid)
         bound_to = (pod.get("spec") or {}).get("nodeName")
         if bound_to:
-            return self._fail(BindOutcome.CONFLICT, f"pod is already bound to {bound_to}", where)
+            return self._already_bound(meta, str(bound_to), where)
+        if not self.can_write():
+            return self._fail(BindOutcome.ERROR, NOT_LEADER, where)
         decided = self._decide(uid, pod, node_name)
         if isinstance(decided, BindResult):
             return self._fail(decided.outcome, decided.error, where)
         alloc = decided
         rv = str(meta.get("resourceVersion", ""))
+        if not self.can_write():  # re-checked right before the write: the decision took time
+            self.cache.assume.release(uid)
+            return self._fail(BindOutcome.ERROR, NOT_LEADER, where)
         try:
             patched = self.kube.send(requests.allocation_patch(namespace, name, rv, alloc))
         except KubeError as exc:
@@ -63,6 +137,11 @@ class Binder:
             self.cache.assume.release(uid)
             outcome = BindOutcome.CONFLICT if exc.is_conflict else BindOutcome.ERROR
             return self._fail(outcome, f"writing allocation: {exc}", where)
+        if not self.can_write():
+            # Our own allocation is rolled back (preconditioned on the version our patch produced, so
+            # it cannot undo anything the new leader wrote); the Binding is never sent.
+            self._undo(namespace, name, uid, patched)
+            return self._fail(BindOutcome.ERROR, f"{NOT_LEADER}; allocation rolled back", where)
         try:
             self.kube.send(requests.binding(namespace, name, uid, node_name))
         except KubeError as exc:
@@ -79,6 +158,26 @@ class Binder:
                 "memory_mib": alloc.memory_mib,
             },
         )
+        return BindResult(BindOutcome.BOUND, allocation=alloc)
+
+    def _already_bound(self, meta: dict[str, Any], bound_to: str, where: dict[str, str]) -> BindResult:
+        """A retried bind that finds its own earlier bind done succeeds; anything else is a conflict."""
+        node = where["node"]
+        if bound_to != node:
+            return self._fail(
+                BindOutcome.CONFLICT, f"pod is already bound to {bound_to}; this bind asked for {node}", where
+            )
+        try:
+            alloc = Allocation.from_annotations(meta.get("annotations") or {})
+        except ValueError:
+            alloc = None
+        if alloc is None or alloc.node != node:
+            return self._fail(
+                BindOutcome.CONFLICT,
+                f"pod is already bound to {bound_to} without a gpupack allocation",
+                where,
+            )
+        LOG.info("already bound by an earlier bind", extra=where)
         return BindResult(BindOutcome.BOUND, allocation=alloc)
 
     def _decide(self, uid: str, pod: dict[str, Any], node_name: str) -> Allocation | BindResult:

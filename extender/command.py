@@ -34,6 +34,19 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "(default: the agent's own status.staleAfterSeconds)",
     )
     s.add_argument(
+        "--watch-timeout",
+        type=int,
+        default=45,
+        help="server-side timeout of each watch call, seconds (default 45)",
+    )
+    s.add_argument(
+        "--live-within",
+        type=float,
+        default=60.0,
+        help="report not ready when the cluster view has not been proven live for this many seconds "
+        "(default 60; must exceed --watch-timeout)",
+    )
+    s.add_argument(
         "--no-decide-in-filter",
         dest="decide_in_filter",
         action="store_false",
@@ -58,6 +71,8 @@ def settings_from(args: argparse.Namespace) -> Settings:
         renew_deadline_s=duration * 2 / 3,
         retry_period_s=max(0.2, duration / 7.5),
         heartbeat_timeout_s=args.heartbeat_timeout,
+        watch_timeout_s=args.watch_timeout,
+        live_within_s=args.live_within,
         log_level=args.log_level,
         **extra,
     )

@@ -30,6 +30,10 @@ class Settings:
     heartbeat_timeout_s: float | None = None  # None: each GPUNode's own status.staleAfterSeconds
     assume_ttl_s: float = 120.0
     resync_s: float = 600.0
+    watch_timeout_s: int = 45  # server-side timeoutSeconds of each watch call
+    # Not Ready once an informer's view has not been proven live (list, event, clean watch end) for
+    # this long. Shorter than assume_ttl_s, so a hold cannot expire while a stale view still serves.
+    live_within_s: float = 60.0
     log_level: str = "info"
 
     def validate(self) -> list[str]:
@@ -55,4 +59,12 @@ class Settings:
             errors.append(f"assume_ttl_s={self.assume_ttl_s}: must be > 0")
         if self.resync_s <= 0:
             errors.append(f"resync_s={self.resync_s}: must be > 0")
+        if self.watch_timeout_s < 1:
+            errors.append(f"watch_timeout_s={self.watch_timeout_s}: must be >= 1")
+        ttl_ok = self.assume_ttl_s > 0 and self.watch_timeout_s >= 1  # else reported above
+        if ttl_ok and not self.watch_timeout_s < self.live_within_s < self.assume_ttl_s:
+            errors.append(
+                f"live_within_s={self.live_within_s}: must be in (watch_timeout_s={self.watch_timeout_s}, "
+                f"assume_ttl_s={self.assume_ttl_s})"
+            )
         return errors

@@ -34,6 +34,8 @@ class Runtime(Protocol):
 
     def ready(self) -> tuple[bool, str]: ...
 
+    def alive(self) -> tuple[bool, str]: ...
+
     def is_leader(self) -> bool: ...
 
 
@@ -62,12 +64,19 @@ class StaticRuntime:
     def ready(self) -> tuple[bool, str]:
         return True, "ready"
 
+    def alive(self) -> tuple[bool, str]:
+        return True, "alive"
+
     def is_leader(self) -> bool:
         return True
 
 
 class KubeRuntime:
-    """Informers on GPUNodes and managed pods, a leader elector, and readiness that waits for both."""
+    """Informers on GPUNodes and managed pods, a leader elector, and readiness that waits for both.
+
+    Ready: leading, and every informer's view is live. Alive: every worker thread runs and makes
+    progress; if not, /healthz fails and Kubernetes restarts the replica.
+    """
 
     def __init__(
         self, kube: KubeApi, settings: Settings, clock: Callable[[], float] = time.monotonic
@@ -77,11 +86,20 @@ class KubeRuntime:
         self._clock = clock
         self.cache = ClusterCache(AssumeCache(settings.assume_ttl_s), settings.heartbeat_timeout_s)
         self.policy: Policy = MemoPolicy(registry.create(settings.policy))
-        self.binder = Binder(kube, self.cache, self.policy)
-        cfg = InformerConfig(resync_s=settings.resync_s)
+        cfg = InformerConfig(
+            resync_s=settings.resync_s,
+            watch_timeout_s=settings.watch_timeout_s,
+            live_within_s=settings.live_within_s,
+            stuck_after_s=max(300.0, 3 * settings.live_within_s),
+        )
         self.informers = (
             Informer(
-                kube, paths.gpunodes(), self.cache.gpunode_handler, name=names.GPUNODE_PLURAL, config=cfg
+                kube,
+                paths.gpunodes(),
+                self.cache.gpunode_handler,
+                name=names.GPUNODE_PLURAL,
+                config=cfg,
+                clock=clock,
             ),
             Informer(
                 kube,
@@ -90,6 +108,7 @@ class KubeRuntime:
                 name="pods",
                 label_selector=MANAGED_SELECTOR,
                 config=cfg,
+                clock=clock,
             ),
         )
         self._leader_since: float | None = None
@@ -105,7 +124,9 @@ class KubeRuntime:
             ),
             on_started=self._on_started,
             on_stopped=self._on_stopped,
+            clock=clock,
         )
+        self.binder = Binder(kube, self.cache, self.policy, can_write=self.elector.can_write)
         self._threads: list[threading.Thread] = []
 
     def _on_started(self) -> None:
@@ -126,11 +147,17 @@ class KubeRuntime:
         if not self.elector.is_leader or self._leader_since is None:
             return False, "not the leader"
         for inf in self.informers:
-            if not inf.synced.is_set():
-                return False, f"{inf.name} informer has not listed yet"
-            if not inf.healthy:
-                return False, f"{inf.name} informer is failing to list/watch"
+            live, why = inf.live()
+            if not live:
+                return False, why
         return True, "ready"
+
+    def alive(self) -> tuple[bool, str]:
+        for worker in (*self.informers, self.elector):
+            ok, why = worker.alive()
+            if not ok:
+                return False, why
+        return True, "alive"
 
     def start(self) -> None:
         self._threads = [inf.start() for inf in self.informers]

@@ -24,6 +24,7 @@ class LeaseConfig:
     lease_duration_s: int = 15  # how long others wait after the last renewal they saw
     renew_deadline_s: float = 10.0  # a leader that could not renew for this long steps down
     retry_period_s: float = 2.0
+    stuck_after_s: float = 120.0  # a loop that has not ticked for this long is stuck (liveness fails)
 
     def __post_init__(self) -> None:
         if not self.renew_deadline_s < self.lease_duration_s:
@@ -35,6 +36,9 @@ class LeaderElector:
 
     Expiry is judged by when *we* last saw the lease record change (our clock), never by comparing the
     holder's timestamps with our clock, so clock skew between replicas cannot cause two leaders.
+    Our own leadership counts from the moment a successful renewal was *sent*, and lasts the renew
+    deadline, which is shorter than the lease duration others wait: `can_write()` before every write
+    is the fence. The loop never dies: any failure is logged and the next tick retries.
     """
 
     def __init__(
@@ -59,6 +63,9 @@ class LeaderElector:
         self._acquired_wall = 0.0
         self._leading = False
         self._stop = threading.Event()
+        self.last_beat_at = clock()  # clock() when the loop last ticked
+        self.last_error = ""
+        self.thread: threading.Thread | None = None
 
     @property
     def is_leader(self) -> bool:
@@ -68,18 +75,31 @@ class LeaderElector:
             and (self._clock() - self._renewed_at < self.config.renew_deadline_s)
         )
 
+    def can_write(self) -> bool:
+        """Leader, with a renewal sent within the renew deadline by our clock: safe to write now."""
+        return self.is_leader
+
     def tick(self) -> bool:
-        """Try to acquire or renew once; returns whether we lead afterwards."""
+        """Try to acquire or renew once; returns whether we lead afterwards. Never raises."""
+        started = self._clock()
+        self.last_beat_at = started
         try:
             ok = self._try_acquire_or_renew()
+            self.last_error = ""
         except KubeError as exc:
+            self.last_error = str(exc)
             LOG.warning(
                 "lease call failed", extra={"code": exc.code, "reason": exc.reason, "error": exc.message}
             )
             ok = False
+        except Exception as exc:
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            LOG.warning("lease tick failed", extra={"error": self.last_error}, exc_info=True)
+            ok = False
         if ok:
-            self._renewed_at = self._clock()
+            self._renewed_at = started  # others count expiry from no earlier than this
         self._set_leading(self.is_leader if not ok else True)
+        self.last_beat_at = self._clock()
         return self._leading
 
     def _set_leading(self, leading: bool) -> None:
@@ -87,7 +107,21 @@ class LeaderElector:
             return
         self._leading = leading
         LOG.info("leadership changed", extra={"leader": leading, "identity": self.config.identity})
-        (self._on_started if leading else self._on_stopped)()
+        try:
+            (self._on_started if leading else self._on_stopped)()
+        except Exception:
+            LOG.exception("leadership callback failed", extra={"leader": leading})
+
+    def alive(self) -> tuple[bool, str]:
+        """Whether the loop runs and ticks (liveness: a restart would help if not)."""
+        if self.thread is None or self._stop.is_set():
+            return True, "not running"
+        if not self.thread.is_alive():
+            return False, "lease thread is dead"
+        idle = self._clock() - self.last_beat_at
+        if idle > self.config.stuck_after_s:
+            return False, f"lease thread stuck for {idle:.0f}s"
+        return True, "alive"
 
     def _try_acquire_or_renew(self) -> bool:
         c = self.config
@@ -147,8 +181,9 @@ class LeaderElector:
                 spec.update({"holderIdentity": "", "leaseDurationSeconds": 1})
                 rv = str((lease.get("metadata") or {}).get("resourceVersion", ""))
                 self.kube.send(requests.update_lease(c.namespace, c.name, rv, spec))
-        except KubeError as exc:
-            LOG.warning("lease release failed", extra={"code": exc.code, "error": exc.message})
+        except Exception as exc:
+            LOG.warning("lease release failed", extra={"error": str(exc)})
+        self._renewed_at = None
         self._set_leading(False)
 
     def run(self) -> None:
@@ -157,7 +192,9 @@ class LeaderElector:
             self._stop.wait(self.config.retry_period_s)
 
     def start(self) -> threading.Thread:
+        self.last_beat_at = self._clock()
         t = threading.Thread(target=self.run, name="lease", daemon=True)
+        self.thread = t
         t.start()
         return t
 

@@ -5,19 +5,24 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 
-from extender.deps import ReadyDep
+from extender.deps import ReadyDep, RuntimeDep
 
 router = APIRouter(tags=["ops"])
 
 
 @router.get("/healthz")
-def healthz() -> dict[str, str]:
+def healthz(rt: RuntimeDep, response: Response) -> dict[str, str]:
+    """Liveness: 503 when a worker thread (informer, lease) is dead or stuck, so the replica restarts."""
+    ok, reason = rt.alive()
+    if not ok:
+        response.status_code = 503
+        return {"status": "failing", "reason": reason}
     return {"status": "ok"}
 
 
 @router.get("/readyz")
 def readyz(ready: ReadyDep, response: Response) -> dict[str, str]:
-    """200 only on the leader with synced informers, so a Service sends the scheduler to the leader."""
+    """200 only on the leader with live informers, so a Service sends the scheduler to the leader."""
     ok, reason = ready
     if not ok:
         response.status_code = 503

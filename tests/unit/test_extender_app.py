@@ -260,7 +260,120 @@ def test_bind_no_fit_and_already_bound() -> None:
     assert env.bind(p, "n1") == "n1: no GPU with 0.50 free: best has 0.20"
     q = pod("q", 100, node="n1")
     env.kube.add(q)
-    assert env.bind(q, "n1") == "pod is already bound to n1"
+    assert env.bind(q, "n1") == "pod is already bound to n1 without a gpupack allocation"
+    assert env.bind(q, "n2") == "pod is already bound to n1; this bind asked for n2"
+
+
+def test_a_retried_bind_that_finds_its_own_earlier_bind_done_succeeds() -> None:
+    env = Env()
+    p = pod("p", 500)
+    env.kube.add(p)
+    assert env.bind(p, "n1") == ""
+    writes = len(env.kube.sent)
+    assert env.bind(p, "n1") == ""  # the scheduler gave up waiting and retried: same answer
+    assert [r.method for r in env.kube.sent[writes:]] == ["GET"]  # and nothing written again
+
+
+def bind_concurrently(env: Env, calls: list[tuple[JsonDict, str]]) -> list[str]:
+    errors: list[str] = [""] * len(calls)
+    start = threading.Barrier(len(calls))
+
+    def run(i: int) -> None:
+        start.wait()
+        if i:
+            time.sleep(0.02)  # the retry arrives while the first bind is on the wire
+        errors[i] = env.bind(calls[i][0], calls[i][1])
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return errors
+
+
+def test_a_second_bind_of_the_same_pod_joins_the_first() -> None:
+    env = Env()
+    p = pod("p", 500)
+    env.kube.add(p)
+    env.kube.patch_delay = 0.2
+    assert bind_concurrently(env, [(p, "n1"), (p, "n1")]) == ["", ""]
+    kinds = [(r.method, r.path.rsplit("/", 1)[-1]) for r in env.kube.sent]
+    assert kinds == [("GET", "p"), ("PATCH", "p"), ("POST", "binding")]  # one bind on the wire
+
+
+def test_a_concurrent_bind_of_the_same_pod_to_another_node_names_both() -> None:
+    env = Env()
+    p = pod("p", 500)
+    env.kube.add(p)
+    env.kube.patch_delay = 0.2
+    errors = bind_concurrently(env, [(p, "n1"), (p, "n2")])
+    assert errors == ["", "pod was bound to n1 by a concurrent bind; this bind asked for n2"]
+    stored = env.kube.pods["p"]
+    assert stored["spec"]["nodeName"] == "n1"
+    assert stored["metadata"]["annotations"][names.ALLOC_NODE] == "n1"  # never n2's GPUs on n1
+    assert sum(r.method == "PATCH" for r in env.kube.sent) == 1
+
+
+def test_a_failed_first_bind_is_reported_to_a_joiner_for_another_node() -> None:
+    env = Env()
+    p = pod("p", 500)
+    env.kube.add(p)
+    env.kube.patch_delay = 0.2
+    env.kube.fail["POST"] = KubeError(403, "Forbidden", "nope")
+    errors = bind_concurrently(env, [(p, "n1"), (p, "n2")])
+    assert errors == [
+        "creating binding: 403 Forbidden: nope",
+        "a concurrent bind of this pod to n1 failed (creating binding: 403 Forbidden: nope);"
+        " this bind asked for n2",
+    ]
+    assert env.kube.pods["p"]["spec"]["nodeName"] == ""
+    assert len(env.cache.assume) == 0
+
+
+class Fence:
+    """can_write() answers from a script, one answer per call (the last one repeats)."""
+
+    def __init__(self, *answers: bool) -> None:
+        self.answers = list(answers)
+        self.calls = 0
+
+    def __call__(self) -> bool:
+        self.calls += 1
+        return self.answers.pop(0) if len(self.answers) > 1 else self.answers[0]
+
+
+def test_a_replica_that_lost_the_lease_writes_nothing() -> None:
+    env = Env()
+    p = pod("p", 500)
+    env.kube.add(p)
+    env.binder.can_write = Fence(False)
+    assert env.bind(p, "n1").startswith("stopped before writing: this replica no longer holds")
+    assert [r.method for r in env.kube.sent] == ["GET"]
+    assert len(env.cache.assume) == 0
+
+
+def test_losing_the_lease_during_the_decision_releases_the_hold() -> None:
+    env = Env()
+    p = pod("p", 500)
+    env.kube.add(p)
+    env.binder.can_write = Fence(True, False)
+    assert env.bind(p, "n1").startswith("stopped before writing")
+    assert [r.method for r in env.kube.sent] == ["GET"]
+    assert len(env.cache.assume) == 0
+
+
+def test_losing_the_lease_after_the_allocation_rolls_it_back_and_never_binds() -> None:
+    env = Env()
+    p = pod("p", 500)
+    env.kube.add(p)
+    env.binder.can_write = Fence(True, True, False)
+    err = env.bind(p, "n1")
+    assert err.endswith("no longer holds the leader lease; allocation rolled back")
+    assert [r.method for r in env.kube.sent] == ["GET", "PATCH", "PATCH"]  # allocate, then remove
+    stored = env.kube.pods["p"]
+    assert stored["spec"]["nodeName"] == "" and names.ALLOC_NODE not in stored["metadata"]["annotations"]
+    assert len(env.cache.assume) == 0
 
 
 def test_two_racing_binds_for_the_last_share_exactly_one_wins() -> None:
@@ -298,6 +411,15 @@ def test_not_ready_refuses_scheduling_verbs() -> None:
     r = env.client.get("/readyz")
     assert r.status_code == 503 and r.json()["reason"] == "not the leader"
     assert env.client.get("/healthz").status_code == 200
+
+
+def test_healthz_fails_with_the_reason_when_a_worker_is_dead() -> None:
+    env = Env()
+    assert env.client.get("/healthz").json() == {"status": "ok"}
+    env.runtime.alive = lambda: (False, "pods informer thread is dead")  # type: ignore[method-assign]
+    r = env.client.get("/healthz")
+    assert r.status_code == 503
+    assert r.json() == {"status": "failing", "reason": "pods informer thread is dead"}
 
 
 def test_state_and_explain() -> None:
@@ -348,8 +470,13 @@ def test_pending_reason_follows_the_last_refusal() -> None:
         (Settings(port=0), "port=0: must be in 1..65535"),
         (Settings(policy="best"), "policy='best': must be one of"),
         (Settings(renew_deadline_s=20), "renew_deadline_s=20: must be in (0, lease_duration_s=15)"),
+        (
+            Settings(live_within_s=200),
+            "live_within_s=200: must be in (watch_timeout_s=45, assume_ttl_s=120.0)",
+        ),
+        (Settings(watch_timeout_s=0), "watch_timeout_s=0: must be >= 1"),
     ],
-    ids=["port", "policy", "deadline"],
+    ids=["port", "policy", "deadline", "live-after-ttl", "watch-timeout"],
 )
 def test_settings_validation(settings: Settings, message: str) -> None:
     errors = settings.validate()

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
 
 from app.errors import KubeError
 from app.kube.client import JsonDict, Request
@@ -19,9 +21,14 @@ class LeaseStore:
         self.obj: JsonDict | None = None
         self.rv = 0
         self.down = False
+        self.crash: Exception | None = None  # raised as is: not a KubeError
         self.writes = 0
+        self.on_send: Callable[[Request], None] = lambda req: None
 
     def send(self, req: Request) -> JsonDict:
+        self.on_send(req)
+        if self.crash is not None:
+            raise self.crash
         if self.down:
             raise KubeError(0, "Unreachable", "down")
         if req.method == "GET":
@@ -162,3 +169,114 @@ def test_release_hands_over_without_waiting() -> None:
     assert not a.is_leader and store.holder == ""
     now[0] = 1.0
     assert b.tick() and store.holder == "b"
+
+
+def test_any_exception_is_survived_and_leadership_comes_back() -> None:
+    store, now = LeaseStore(), [0.0]
+    events: list[str] = []
+    a = elector(store, "a", now, events)
+    assert a.tick()
+    store.crash = ConnectionRefusedError(111, "Connection refused")
+    now[0] = 5.0
+    assert a.tick() and a.can_write()  # inside the renew deadline
+    assert a.last_error == "ConnectionRefusedError: [Errno 111] Connection refused"
+    now[0] = 10.0
+    assert not a.tick() and not a.can_write()
+    store.crash = None
+    now[0] = 12.0
+    assert a.tick() and a.can_write()  # still the holder: renews and leads again
+    assert a.last_error == ""
+    assert events == ["a+", "a-", "a+"]
+
+
+def test_can_write_expires_by_the_clock_without_a_tick() -> None:
+    store, now = LeaseStore(), [0.0]
+    a = elector(store, "a", now)
+    a.tick()
+    now[0] = 9.9
+    assert a.can_write()
+    now[0] = 10.0
+    assert not a.can_write()  # the lease thread may be dead or stuck: the clock alone fences
+
+
+def test_leadership_counts_from_when_the_renewal_was_sent() -> None:
+    store, now = LeaseStore(), [0.0]
+    a = elector(store, "a", now)
+
+    def slow(req: Request) -> None:
+        if req.method == "POST":
+            now[0] += 4.0  # the create took 4 s on the wire
+
+    store.on_send = slow
+    assert a.tick()
+    now[0] = 9.9
+    assert a.can_write()
+    now[0] = 10.0
+    assert not a.can_write()  # 10 s after sending, though only 6 s after the reply
+
+
+def test_a_failing_callback_does_not_break_the_elector() -> None:
+    store, now = LeaseStore(), [0.0]
+
+    def boom() -> None:
+        raise RuntimeError("relist failed")
+
+    a = LeaderElector(
+        store,
+        LeaseConfig(namespace="sys", name="l", identity="a"),
+        wall=lambda: 1_700_000_000 + now[0],
+        clock=lambda: now[0],
+        on_started=boom,
+    )
+    assert a.tick() and a.can_write()
+
+
+def test_run_loop_keeps_going_through_an_outage_on_a_real_thread() -> None:
+    store = LeaseStore()
+    store.crash = OSError("connection reset by peer")
+    a = LeaderElector(
+        store,
+        LeaseConfig(
+            namespace="sys",
+            name="l",
+            identity="a",
+            lease_duration_s=2,
+            renew_deadline_s=1.0,
+            retry_period_s=0.02,
+        ),
+    )
+    a.start()
+    try:
+        deadline = time.monotonic() + 5
+        while a.last_error == "" and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert a.last_error.startswith("OSError") and not a.is_leader
+        assert a.alive() == (True, "alive")
+        store.crash = None
+        while not a.is_leader and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert a.is_leader and store.holder == "a"
+    finally:
+        a.stop()
+        assert a.thread is not None
+        a.thread.join(timeout=5)
+
+
+def test_a_dead_or_stuck_loop_is_reported() -> None:
+    store, now = LeaseStore(), [0.0]
+    a = elector(store, "a", now)
+    assert a.alive() == (True, "not running")
+    a.thread = threading.Thread(target=lambda: None)
+    a.thread.start()
+    a.thread.join()
+    assert a.alive() == (False, "lease thread is dead")
+    gate = threading.Event()
+    a.thread = threading.Thread(target=gate.wait)
+    a.thread.start()
+    try:
+        a.tick()
+        now[0] = 121.0
+        assert a.alive() == (False, "lease thread stuck for 121s")
+    finally:
+        gate.set()
+        a.thread.join()
