@@ -201,7 +201,7 @@ class Faults:
         self.cluster, self.rig, self.clock = cluster, rig, clock
 
     def sever(self) -> dict[str, Any]:
-        cut = self.rig.api.sever(refuse_s=3)
+        cut = self.rig.sever_api(refuse_s=3)
         self.rig.wait_leader(60)
         return {"connections_cut": cut}
 
@@ -215,14 +215,14 @@ class Faults:
                 text = fh.read().decode("utf-8", "replace")
             return any("/bind" in ln and ("Timeout" in ln or "deadline" in ln) for ln in text.splitlines())
 
-        self.rig.api.freeze()
+        self.rig.freeze_api()
         try:
             wait_for(timed_out, 20, "an extender bind timeout in kube-scheduler's log")
             seen = True
         except WaitTimeoutError:
             seen = False  # no bind was in flight to time out: the freeze still stalled the extenders
         finally:
-            self.rig.api.thaw()
+            self.rig.thaw_api()
         return {"scheduler_bind_timeout_seen": seen}
 
     def apiserver(self) -> dict[str, Any]:
@@ -275,7 +275,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             core = client.CoreV1Api(api)
             Definitions().start(cluster, [])
             nodes = cluster.create_gpu_nodes(args.nodes, GPUS, MODEL, prefix="chaos-")
-            publish_gpunodes(cluster.kubeconfig, nodes, GPUS, MODEL)
+            # Without a live memory reading: with one, a 1.0 share fits no GPU (publish_gpunodes).
+            publish_gpunodes(cluster.kubeconfig, nodes, GPUS, MODEL, live_memory=False)
             say(f"{len(nodes)} nodes x {GPUS} {MODEL}, GPUNodes published")
             cluster.start_process(
                 webhook_spec(
@@ -342,8 +343,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 "leader_at_end": None if leader is None else rig.name(leader),
                 "scheduler_bind_timeouts": scheduler_bind_timeouts(cluster),
                 "proxy": {
-                    "api_severed": rig.api.stats.severed,
-                    "api_refused": rig.api.stats.refused,
+                    "api_severed": sum(a.stats.severed for a in rig.apis),
+                    "api_refused": sum(a.stats.refused for a in rig.apis),
+                    "router_drained_on_failover": rig.drained,
                     "router_refused": rig.router.stats.refused if rig.router else None,
                 },
                 "webhook_log": str(cluster.log_path(WEBHOOK)),

@@ -219,9 +219,10 @@ def _reset(sock: socket.socket) -> None:
 class _Pair:
     """One proxied connection: the accepted client socket and our socket to the upstream."""
 
-    def __init__(self, client: socket.socket, upstream: socket.socket) -> None:
+    def __init__(self, client: socket.socket, upstream: socket.socket, target: Upstream) -> None:
         self.client = client
         self.upstream = upstream
+        self.target = target
         self.closed = threading.Event()
         self._lock = threading.Lock()
         self._open_halves = 2
@@ -321,6 +322,17 @@ class TcpProxy:
         self._note(f"sever {cut} connections, refuse {refuse_s:.1f}s")
         return cut
 
+    def sever_upstream(self, target: Upstream) -> int:
+        """Reset the open connections to one upstream (new ones go wherever `pick` says)."""
+        with self._lock:
+            pairs = [p for p in self._pairs if p.target == target]
+            self._pairs.difference_update(pairs)
+        for pair in pairs:
+            pair.close(reset=True)
+        if pairs:
+            self._note(f"sever {len(pairs)} connections to {target[0]}:{target[1]}")
+        return len(pairs)
+
     def freeze(self) -> None:
         """Keep every connection open (new ones too) but forward no byte until `thaw`."""
         self._flowing.clear()
@@ -371,7 +383,7 @@ class TcpProxy:
             _reset(client)
             return
         upstream.settimeout(None)
-        pair = _Pair(client, upstream)
+        pair = _Pair(client, upstream, target)
         with self._lock:
             self._pairs.add(pair)
         self.stats.accepted += 1
@@ -408,8 +420,15 @@ EXTENDER_PREFIX = "gpupack-extender-"
 NEVER_STALE_S = 86400.0  # GPUNodes published once by `publish_gpunodes`, kept fresh by no agent
 
 
-def publish_gpunodes(kubeconfig: Path, nodes: Sequence[str], gpus: int, model: str) -> None:
-    """A GPUNode per node as a healthy agent reports it (every GPU idle), for rigs that run no agents."""
+def publish_gpunodes(
+    kubeconfig: Path, nodes: Sequence[str], gpus: int, model: str, *, live_memory: bool = True
+) -> None:
+    """A GPUNode per node as a healthy agent reports it (every GPU idle), for rigs that run no agents.
+
+    `live_memory=False` publishes no NVML memory reading (as when NVML could not be read), so only the
+    reservations decide: with a reading, placement keeps a margin below NVML free memory, and a whole-GPU
+    share (1.0 reserves all of the GPU's memory) then fits no GPU at all.
+    """
     from app.kube.client import Kube
 
     memory = catalog.lookup(model).memory_mib
@@ -424,7 +443,10 @@ def publish_gpunodes(kubeconfig: Path, nodes: Sequence[str], gpus: int, model: s
         )
         status = gpunode.GPUNodeStatus(
             heartbeat_time=time.time(),
-            gpus=tuple(gpunode.GpuStatus(u, i, True, memory_free_mib=memory) for i, u in enumerate(uuids)),
+            gpus=tuple(
+                gpunode.GpuStatus(u, i, True, memory_free_mib=memory if live_memory else None)
+                for i, u in enumerate(uuids)
+            ),
         )
         kube.send(gpunode.create(name, spec))
         kube.send(gpunode.patch_status(name, status))
@@ -434,11 +456,12 @@ class ExtenderRig:
     """`replicas` extenders as the scheduler and the apiserver see them, with a fault point on each path.
 
         kube-scheduler -> router (cluster.extender_port; only a Ready replica gets new connections)
-                       -> gpupack-extender-<i> (own port)  -> api proxy -> kube-apiserver
+                       -> gpupack-extender-<i> (own port)  -> apis[i] (proxy) -> kube-apiserver
 
     The router is what a Service does for the chart's Deployment: the leader is the only Ready replica.
-    `api` is the extender's way to the apiserver: sever it to cut watches and writes, freeze it to make
-    binds slow. Call `start` once the CRD and RBAC are installed; `stop` ends everything it started.
+    `apis[i]` is replica i's way to the apiserver: sever it to cut watches and writes, freeze it to make
+    binds slow (`sever_api`/`freeze_api` act on all of them, or on one replica). Call `start` once the
+    CRD and RBAC are installed; `stop` ends everything it started.
     """
 
     def __init__(
@@ -449,6 +472,7 @@ class ExtenderRig:
         policy: str = "binpack",
         lease_duration_s: int = 3,
         heartbeat_timeout_s: float = NEVER_STALE_S,
+        drain_on_failover: bool = False,
     ) -> None:
         if replicas < 1:
             raise ValueError(f"replicas={replicas}: must be >= 1")
@@ -458,8 +482,15 @@ class ExtenderRig:
         self.lease_duration_s = lease_duration_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
         self.ports = free_ports(replicas)
-        self.api = TcpProxy(fixed("127.0.0.1", cluster.ports.apiserver), name="extender-api")
+        self.apis = [
+            TcpProxy(fixed("127.0.0.1", cluster.ports.apiserver), name=f"extender-{i}-api")
+            for i in range(replicas)
+        ]
         self.router: TcpProxy | None = None
+        self.drain_on_failover = drain_on_failover
+        self.drained = 0  # connections cut because their replica stopped leading
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def name(self, i: int) -> str:
         return f"{EXTENDER_PREFIX}{i}"
@@ -501,20 +532,59 @@ class ExtenderRig:
         )
         return found[0]
 
-    def start(self, ready_timeout_s: float = 90) -> ExtenderRig:
-        self.api.start()
+    def _apis(self, replica: int | None) -> list[TcpProxy]:
+        return self.apis if replica is None else [self.apis[replica]]
+
+    def sever_api(self, refuse_s: float = 0.0, replica: int | None = None) -> int:
+        """Cut (and refuse for `refuse_s`) the API connections of one replica, or all; returns how many."""
+        return sum(api.sever(refuse_s) for api in self._apis(replica))
+
+    def freeze_api(self, replica: int | None = None) -> None:
+        for api in self._apis(replica):
+            api.freeze()
+
+    def thaw_api(self) -> None:
+        for api in self.apis:
+            api.thaw()
+
+    def _kubeconfig(self, i: int) -> Path:
         doc = yaml.safe_load(self.cluster.kubeconfig_for(EXTENDER).read_text())
-        kubeconfig = self.cluster.dir / "faults" / "extender-via-proxy.kubeconfig"
-        kubeconfig.parent.mkdir(parents=True, exist_ok=True)
-        kubeconfig.write_text(yaml.safe_dump(kubeconfig_via(doc, f"https://127.0.0.1:{self.api.port}")))
-        kubeconfig.chmod(0o600)
-        self.cluster.start_processes([self._spec(i, kubeconfig) for i in range(self.replicas)])
+        path = self.cluster.dir / "faults" / f"{self.name(i)}-via-proxy.kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(yaml.safe_dump(kubeconfig_via(doc, f"https://127.0.0.1:{self.apis[i].port}")))
+        path.chmod(0o600)
+        return path
+
+    def start(self, ready_timeout_s: float = 90) -> ExtenderRig:
+        for api in self.apis:
+            api.start()
+        specs = [self._spec(i, self._kubeconfig(i)) for i in range(self.replicas)]
+        self.cluster.start_processes(specs)
         picker = ReadyPicker(
             [(("127.0.0.1", port), functools.partial(self.ready, i)) for i, port in enumerate(self.ports)]
         )
         self.router = TcpProxy(picker, port=self.cluster.extender_port, name="extender-router").start()
         self.wait_leader(ready_timeout_s)
+        if self.drain_on_failover:
+            self._watcher = threading.Thread(target=self._drain_loop, name="rig-drain", daemon=True)
+            self._watcher.start()
         return self
+
+    def _drain_loop(self) -> None:
+        """When another replica leads, cut the router's connections to the rest.
+
+        kube-scheduler keeps its HTTP connection to the extender alive, and a Service never moves an open
+        connection: without this (or a replica that closes its connections when it stops leading), the
+        scheduler keeps asking a standby, which answers "not the leader", after every failover.
+        """
+        last: int | None = None
+        while not self._watch_stop.wait(0.25):
+            now = self.leader()
+            if now is not None and now != last and self.router is not None:
+                for i, port in enumerate(self.ports):
+                    if i != now:
+                        self.drained += self.router.sever_upstream(("127.0.0.1", port))
+                last = now
 
     def freeze_replica(self, i: int) -> None:
         """SIGSTOP: the process holds its sockets and its lease record but answers nothing."""
@@ -530,10 +600,14 @@ class ExtenderRig:
             return int(json.loads(resp.read())["held"])
 
     def stop(self) -> None:
+        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
         for i in range(self.replicas):
             with contextlib.suppress(KeyError):
                 self.resume_replica(i)  # a stopped process cannot act on SIGTERM
                 self.cluster.stop_process(self.name(i))
         if self.router is not None:
             self.router.close()
-        self.api.close()
+        for api in self.apis:
+            api.close()

