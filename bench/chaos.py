@@ -285,7 +285,13 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 say,
             )
             Components().register_webhook(cluster)
-            rig = ExtenderRig(cluster, replicas=2, policy=args.policy, lease_duration_s=args.lease).start()
+            rig = ExtenderRig(
+                cluster,
+                replicas=2,
+                policy=args.policy,
+                lease_duration_s=args.lease,
+                drain_on_failover=args.drain,
+            ).start()
             say(f"extenders ready (leader: replica {rig.leader()})")
             core.create_namespace({"metadata": {"name": NAMESPACE}})
             clock = BindClock(core).start()
@@ -389,6 +395,13 @@ def main() -> int:
     ap.add_argument("--policy", default="fragaware")
     ap.add_argument("--lease", type=int, default=3, help="extender lease duration, seconds")
     ap.add_argument("--settle", type=float, default=240, help="seconds to wait for the last binds")
+    ap.add_argument(
+        "--no-drain",
+        dest="drain",
+        action="store_false",
+        help="route like a plain Service: keep the scheduler's open connection on a replica that stopped "
+        "leading (the extender does not close it itself yet, so binds stall after such a failover)",
+    )
     ap.add_argument("--out", default=str(REPO / "bench/results/chaos.json"))
     args = ap.parse_args()
     if args.pods < 1 or args.rounds < 1:
