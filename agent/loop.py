@@ -105,6 +105,7 @@ class Agent:
             spec=spec,
             sample=sample,
             owners=verdict.owners,
+            gpupack_pods=frozenset(self._pods),
             mps=mps,
             allocated=rep.allocated_mib(self._pods),
             now=now,

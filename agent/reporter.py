@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -75,7 +75,21 @@ def build_spec(
     )
 
 
-def _gpu_status(g: GpuSample, owners: Mapping[int, str]) -> GpuStatus:
+def foreign_mib(g: GpuSample, owners: Mapping[int, str], gpupack_pods: Collection[str]) -> int | None:
+    """Memory on a shared GPU used by processes of no gpupack pod (None: NVML gave no per-process memory).
+
+    Those are processes outside any pod, or in pods of other device plugins; gpupack pods' own usage is
+    already covered by their reservations, so placement must not count it again.
+    """
+    if g.mig_enabled or g.memory_used_mib is None:
+        return None
+    procs = [p for p in g.processes if owners.get(p.pid, "") not in gpupack_pods]
+    if any(p.used_mib is None for p in procs):
+        return None
+    return sum(p.used_mib or 0 for p in procs)
+
+
+def _gpu_status(g: GpuSample, owners: Mapping[int, str], gpupack_pods: Collection[str]) -> GpuStatus:
     return GpuStatus(
         uuid=g.uuid,
         index=g.index,
@@ -89,6 +103,7 @@ def _gpu_status(g: GpuSample, owners: Mapping[int, str]) -> GpuStatus:
         processes=tuple(
             ProcessStatus(p.pid, owners.get(p.pid, ""), p.used_mib, p.mig_uuid) for p in g.processes
         ),
+        foreign_memory_mib=foreign_mib(g, owners, gpupack_pods),
     )
 
 
@@ -102,13 +117,14 @@ def build_status(
     spec: GPUNodeSpec,
     sample: NodeSample,
     owners: Mapping[int, str],
+    gpupack_pods: Collection[str] = (),
     mps: MpsStatus,
     allocated: int,
     now: float,
     config: ReporterConfig,
     env_device_selection: str = "unknown",
 ) -> GPUNodeStatus:
-    gpus = tuple(_gpu_status(g, owners) for g in sample.gpus)
+    gpus = tuple(_gpu_status(g, owners, gpupack_pods) for g in sample.gpus)
     if sample.error:  # no reading at all: every known GPU is unhealthy, with NVML's reason
         gpus = tuple(
             GpuStatus(uuid=g.uuid, index=g.index, healthy=False, reason=sample.error) for g in spec.gpus

@@ -118,6 +118,40 @@ def issue_serving_cert(
     return cert, key
 
 
+def issue_client_cert(
+    ca_cert: x509.Certificate,
+    ca_key: ec.EllipticCurvePrivateKey,
+    common_name: str,
+    *,
+    days: int = 365,
+) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
+    """A clientAuth-only certificate signed by the CA: what kube-scheduler presents to the extender.
+
+    No serverAuth and no SANs, so it cannot stand in for a server; it never outlives the CA.
+    """
+    key = new_key()
+    now = dt.datetime.now(dt.UTC)
+    cert = (
+        x509.CertificateBuilder()
+        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .issuer_name(ca_cert.subject)
+        .public_key(key.public_key())
+        .serial_number(x509.random_serial_number())
+        .not_valid_before(now - _CLOCK_SKEW)
+        .not_valid_after(min(now + dt.timedelta(days=days), ca_cert.not_valid_after_utc))
+        .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
+        .add_extension(_key_usage(cert_sign=False), critical=True)
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .add_extension(x509.SubjectKeyIdentifier.from_public_key(key.public_key()), critical=False)
+        .add_extension(
+            x509.AuthorityKeyIdentifier.from_issuer_public_key(ca_cert.public_key()),  # type: ignore[arg-type]
+            critical=False,
+        )
+        .sign(ca_key, hashes.SHA256())
+    )
+    return cert, key
+
+
 def new_serving_cert(
     ca: Pem, dns: Sequence[str], ips: Sequence[str], days: int = 365, *, common_name: str | None = None
 ) -> Pem:

@@ -25,8 +25,11 @@ class Demand:
     milli: int | None = None  # share of each GPU, 1..1000
     memory_mib: int | None = None  # memory on each GPU
     models: frozenset[str] = frozenset()  # acceptable GPU models; empty = any
-    cpu_milli: int = 0  # host resources: tracked by the simulator, by kube-scheduler in a cluster
+    # Host resources the pod requests (the simulator's trace, the pod spec in a cluster): placement
+    # scores with them exactly as the simulator does; kube-scheduler also checks them.
+    cpu_milli: int = 0
     host_memory_mib: int = 0
+    needs_mps: bool = False  # the pod asked for `isolation: mps` explicitly: only nodes running MPS fit
 
     def on(self, gpu_memory_mib: int) -> tuple[int, int]:
         """(milli, MiB) this demand takes on one GPU that has `gpu_memory_mib` in total."""
@@ -59,7 +62,12 @@ class Gpu:
     uuid: str = ""
     milli_used: int = 0  # reserved by gpupack allocations
     memory_used_mib: int = 0  # reserved by gpupack allocations
-    live_free_mib: int | None = None  # NVML free memory, None when unknown (simulator, no agent data)
+    # Memory NVML sees used by processes that belong to no gpupack pod (other device plugins, host
+    # processes). gpupack pods' own usage is covered by their reservations, so only this is added.
+    foreign_mib: int = 0
+    # Live readings, used only to break ties between GPUs the policy scores equal (None: unknown).
+    live_free_mib: int | None = None
+    utilization_percent: int | None = None
     healthy: bool = True
 
     @property
@@ -68,7 +76,8 @@ class Gpu:
 
     @property
     def memory_free_mib(self) -> int:
-        return self.memory_mib - self.memory_used_mib
+        """Memory a new reservation may take: total minus gpupack reservations and foreign usage."""
+        return self.memory_mib - self.memory_used_mib - self.foreign_mib
 
     def reserve(self, milli: int, memory_mib: int) -> Gpu:
         return replace(
@@ -86,6 +95,8 @@ class Node:
     memory_mib_free: int | None = None
     schedulable: bool = True  # False when the agent's heartbeat is stale or the node is cordoned for us
     unschedulable_reason: str = ""
+    mps: bool = True  # an MPS control daemon serves the node's GPUs (False: `isolation: mps` pods do not fit)
+    mps_reason: str = ""  # why not, for the refusal message
 
     @property
     def model(self) -> str:

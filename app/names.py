@@ -41,7 +41,7 @@ ALLOCATION_ANNOTATIONS: Final = (
 )
 
 # --- labels ---
-LABEL_MANAGED: Final = f"{DOMAIN}/managed"  # pod label set by the webhook; the extender watches only these
+LABEL_MANAGED: Final = f"{DOMAIN}/managed"  # pod label set by the webhook on pods it gave a GPU share
 NODE_LABEL_ENABLED: Final = f"{DOMAIN}/enabled"
 NODE_LABEL_GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
 NODE_LABEL_GPU_MEMORY_MAX_MIB: Final = f"{DOMAIN}/gpu-memory-max-mib"
@@ -52,6 +52,7 @@ NODE_ANNOTATION_CAPACITY_CHANGED: Final = f"{DOMAIN}/capacity-changed-at"
 # --- extended resources (node status by the agent; container requests by the webhook) ---
 RESOURCE_GPU_MILLI: Final = f"{DOMAIN}/gpu-milli"
 RESOURCE_GPU_MEMORY_MIB: Final = f"{DOMAIN}/gpu-memory-mib"
+RESOURCE_PREFIX: Final = f"{DOMAIN}/"  # every extended resource of ours starts with it
 
 # --- env vars the webhook adds to the GPU container ---
 ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"

@@ -33,6 +33,8 @@ class Container:
     name: str
     init: bool = False
     whole_gpus: str | None = None  # nvidia.com/gpu as written in limits (or requests), if any
+    # gpupack.io/* extended resources the user wrote themselves, as (resource, raw quantity)
+    ours: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +47,7 @@ class GpuRequest:
     memory_mib: int | None  # set for a gpu-memory request
     models: tuple[str, ...] = ()  # acceptable GPU models (node label values); empty = any
     isolation: Isolation = Isolation.MPS
+    isolation_explicit: bool = False  # written by the pod: then MPS is required, not best effort
     warnings: tuple[str, ...] = ()  # accepted, but the user should know (e.g. rounding)
 
     @property
@@ -57,7 +60,11 @@ class GpuRequest:
 
     def demand(self) -> Demand:
         return Demand(
-            count=self.count, milli=self.milli, memory_mib=self.memory_mib, models=frozenset(self.models)
+            count=self.count,
+            milli=self.milli,
+            memory_mib=self.memory_mib,
+            models=frozenset(self.models),
+            needs_mps=self.isolation_explicit and self.isolation is Isolation.MPS,
         )
 
 
@@ -66,18 +73,75 @@ def wants_gpu(annotations: Mapping[str, str]) -> bool:
     return names.GPU_FRACTION in annotations or names.GPU_MEMORY in annotations
 
 
+def gpupack_resources(resources: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
+    """The gpupack.io/* resources a container's `resources` names in requests or limits (first wins)."""
+    out: dict[str, str] = {}
+    for part in ("requests", "limits"):
+        for key, value in as_object(resources.get(part)).items():
+            if str(key).startswith(names.DOMAIN + "/"):
+                out.setdefault(str(key), str(value))
+    return tuple(out.items())
+
+
+def unannotated_errors(containers: Sequence[Container]) -> tuple[RequestError, ...]:
+    """For a pod without gpu-fraction/gpu-memory: one error per gpupack resource a container asks for.
+
+    Those resources are the webhook's output, not an input: without the annotations the pod would get
+    no allocation env (a CUDA image's default NVIDIA_VISIBLE_DEVICES=all exposes every GPU of the node)
+    and the extender would not track its share.
+    """
+    return tuple(
+        RequestError(
+            resource,
+            raw,
+            f"requested by {_kind(c)} {c.name!r} without a GPU-share annotation; gpupack resources are "
+            f"set by the gpupack webhook: remove {resource} and annotate the pod with "
+            f'{names.GPU_FRACTION} (e.g. "0.5") or {names.GPU_MEMORY} (e.g. "4Gi") instead',
+        )
+        for c in containers
+        for resource, raw in c.ours
+    )
+
+
+def _kind(c: Container) -> str:
+    return "init container" if c.init else "container"
+
+
+def as_object(value: object) -> Mapping[str, Any]:
+    """`value` when it is a JSON object, else an empty one: a pod dict off the wire may hold anything."""
+    return value if isinstance(value, Mapping) else {}
+
+
+def as_list(value: object) -> Sequence[Any]:
+    """`value` when it is a JSON array, else an empty one."""
+    return value if isinstance(value, list | tuple) else ()
+
+
+def string_map(value: object) -> dict[str, str]:
+    """The string-to-string entries of a JSON object (annotations, labels); anything else is dropped."""
+    return {k: v for k, v in as_object(value).items() if isinstance(k, str) and isinstance(v, str)}
+
+
 def containers_of(spec: Mapping[str, Any]) -> tuple[Container, ...]:
-    """The regular containers (in order), then the init containers, of a pod spec dict."""
+    """The regular containers (in order), then the init containers, of a pod spec dict.
+
+    Entries of the wrong type read as empty: the webhook and extender reject such pods at their schema,
+    and this keeps every other caller (the informer, the simulator) from crashing on them.
+    """
     out: list[Container] = []
     for key, init in (("containers", False), ("initContainers", True)):
-        for c in spec.get(key) or ():
-            res = c.get("resources") or {}
-            whole = (res.get("limits") or {}).get(
-                WHOLE_GPU_RESOURCE, (res.get("requests") or {}).get(WHOLE_GPU_RESOURCE)
-            )
+        for item in as_list(spec.get(key)):
+            c = as_object(item)
+            res = as_object(c.get("resources"))
+            limits, requests = as_object(res.get("limits")), as_object(res.get("requests"))
+            whole = limits.get(WHOLE_GPU_RESOURCE, requests.get(WHOLE_GPU_RESOURCE))
+            name = c.get("name")
             out.append(
                 Container(
-                    name=str(c.get("name", "")), init=init, whole_gpus=None if whole is None else str(whole)
+                    name=name if isinstance(name, str) else "",
+                    init=init,
+                    whole_gpus=None if whole is None else str(whole),
+                    ours=gpupack_resources(res),
                 )
             )
     return tuple(out)
@@ -180,6 +244,21 @@ def _gpu_models(v: _View) -> Iterable[RequestError]:
             )
 
 
+def _gpupack_resources_only_on_the_gpu_container(v: _View) -> Iterable[RequestError]:
+    """The webhook writes our resource on the GPU container; one elsewhere would be an unaccounted share."""
+    target = v.get(names.GPU_FRACTION_CONTAINER_NAME) or (v.regular[0] if v.regular else None)
+    for c in v.containers:
+        if c.init or c.name != target:
+            for resource, raw in c.ours:
+                yield RequestError(
+                    resource,
+                    raw,
+                    f"requested by {_kind(c)} {c.name!r}, which is not the GPU container "
+                    f"({target!r}); remove it: the gpupack webhook sets {resource} on the GPU container "
+                    f"from {names.GPU_FRACTION} or {names.GPU_MEMORY}",
+                )
+
+
 def _isolation(v: _View) -> Iterable[RequestError]:
     raw = v.get(names.ISOLATION)
     if raw is not None and raw not in {i.value for i in Isolation}:
@@ -211,6 +290,7 @@ RULES: Final[tuple[Callable[[_View], Iterable[RequestError]], ...]] = (
     _gpu_models,
     _isolation,
     _memory_fits_a_gpu,
+    _gpupack_resources_only_on_the_gpu_container,
 )
 
 
@@ -281,5 +361,6 @@ def _build(v: _View) -> GpuRequest:
         memory_mib=memory,
         models=_models(raw_models),
         isolation=Isolation(v.get(names.ISOLATION) or Isolation.MPS),
+        isolation_explicit=v.get(names.ISOLATION) is not None,
         warnings=tuple(warnings),
     )

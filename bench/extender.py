@@ -42,6 +42,13 @@ PODS_PER_GPU = 10
 SMALL_SHARES = (20, 50, 80, 100)  # milli of the resident pods: ~62 % of each GPU on average
 
 
+# The env the webhook gives the GPU container (the extender refuses pods without it).
+GPU_ENV: dict[str, Any] = {
+    "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
+    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}},
+}
+
+
 def gpunode_obj(name: str, beat: float) -> dict[str, Any]:
     mem = catalog.lookup(MODEL).memory_mib
     uuids = [f"GPU-{name}-{i}" for i in range(GPUS)]
@@ -61,10 +68,16 @@ def pod_obj(name: str, milli: int, node: str = "", alloc: Allocation | None = No
         ann.update(alloc.to_annotations())
     res = {names.RESOURCE_GPU_MILLI: str(milli)}
     return {
-        "metadata": {"name": name, "namespace": "bench", "uid": f"uid-{name}", "annotations": ann},
+        "metadata": {
+            "name": name,
+            "namespace": "bench",
+            "uid": f"uid-{name}",
+            "annotations": ann,
+            "labels": {names.LABEL_MANAGED: "true"},
+        },
         "spec": {
             "nodeName": node,
-            "containers": [{"name": "c", "resources": {"requests": res, "limits": res}}],
+            "containers": [{"name": "c", "resources": {"requests": res, "limits": res}, "env": [GPU_ENV]}],
         },
         "status": {"phase": "Running" if node else "Pending"},
     }
@@ -266,12 +279,10 @@ def _burst(core: Any, ns: str, n: int, gpu: bool) -> float:
             meta["annotations"] = {names.GPU_FRACTION: "0.25"}
             meta["labels"] = {names.LABEL_MANAGED: "true"}
             res = {**res, names.RESOURCE_GPU_MILLI: "250"}
-        body = {
-            "metadata": meta,
-            "spec": {
-                "containers": [{"name": "c", "image": "x", "resources": {"requests": res, "limits": res}}]
-            },
-        }
+        container: dict[str, Any] = {"name": "c", "image": "x", "resources": {"requests": res, "limits": res}}
+        if gpu:
+            container["env"] = [GPU_ENV]  # as the webhook leaves it: the extender places only such pods
+        body = {"metadata": meta, "spec": {"containers": [container]}}
         core.create_namespaced_pod(ns, body)
 
     def all_bound() -> bool:

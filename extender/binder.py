@@ -142,8 +142,11 @@ class Binder:
             # it cannot undo anything the new leader wrote); the Binding is never sent.
             self._undo(namespace, name, uid, patched)
             return self._fail(BindOutcome.ERROR, f"{NOT_LEADER}; allocation rolled back", where)
+        patched_rv = str((patched.get("metadata") or {}).get("resourceVersion", ""))
         try:
-            self.kube.send(requests.binding(namespace, name, uid, node_name))
+            # Preconditioned on the version our patch produced: if anyone wrote the pod since (another
+            # replica's bind, a new leader), the apiserver refuses and nothing is bound against them.
+            self.kube.send(requests.binding(namespace, name, uid, node_name, patched_rv))
         except KubeError as exc:
             self._undo(namespace, name, uid, patched)
             outcome = BindOutcome.CONFLICT if exc.is_conflict else BindOutcome.ERROR

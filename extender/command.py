@@ -12,10 +12,33 @@ from extender.config import Settings
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("extender", help="the kube-scheduler extender")
     verbs = p.add_subparsers(dest="extender_command", metavar="VERB", required=True)
-    s = verbs.add_parser("serve", help="serve filter/prioritize/bind for kube-scheduler (HTTP)")
+    s = verbs.add_parser(
+        "serve", help="serve filter/prioritize/bind for kube-scheduler (HTTPS, client certificate required)"
+    )
     s.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
-    s.add_argument("--host", default="0.0.0.0", help="listen address (default 0.0.0.0)")
-    s.add_argument("--port", type=int, default=8888, help="listen port (default 8888)")
+    s.add_argument("--host", default="0.0.0.0", help="listen address of both ports (default 0.0.0.0)")
+    s.add_argument(
+        "--port",
+        type=int,
+        default=8888,
+        help="HTTPS port for kube-scheduler: filter, prioritize, bind, state, explain (default 8888)",
+    )
+    s.add_argument(
+        "--ops-port",
+        type=int,
+        default=8889,
+        help="plain HTTP port with only healthz, readyz, metrics, for probes and Prometheus (default 8889)",
+    )
+    s.add_argument("--tls-cert", help="PEM serving certificate of --port (reloaded when it changes)")
+    s.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    s.add_argument(
+        "--client-ca",
+        help="PEM CA bundle: a caller of --port must present a client certificate signed by it "
+        "(kube-scheduler's extender tlsConfig certFile/keyFile)",
+    )
+    s.add_argument(
+        "--cert-check-interval", type=float, default=1.0, help="seconds between checks of the TLS files"
+    )
     s.add_argument(
         "--policy",
         default=DEFAULT_POLICY,
@@ -63,6 +86,11 @@ def settings_from(args: argparse.Namespace) -> Settings:
         kubeconfig=args.kubeconfig,
         host=args.host,
         port=args.port,
+        ops_port=args.ops_port,
+        tls_cert_file=args.tls_cert,
+        tls_key_file=args.tls_key,
+        client_ca_file=args.client_ca,
+        cert_check_interval_s=args.cert_check_interval,
         policy=args.policy,
         decide_in_filter=args.decide_in_filter,
         lease_namespace=args.lease_namespace,
@@ -78,14 +106,33 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
+# Settings fields whose flag is not just the field name in kebab case.
+_FLAGS = {
+    "tls_cert_file": "--tls-cert",
+    "tls_key_file": "--tls-key",
+    "client_ca_file": "--client-ca",
+    "cert_check_interval_s": "--cert-check-interval",
+    "lease_duration_s": "--lease-duration",
+    "heartbeat_timeout_s": "--heartbeat-timeout",
+}
+
+
+def as_flag(error: str) -> str:
+    """A settings error ("ops_port=0: ...") as the user typed it ("--ops-port=0: ...")."""
+    field, sep, rest = error.partition("=")
+    if not sep or not field.isidentifier():
+        return error
+    return _FLAGS.get(field, "--" + field.replace("_", "-")) + sep + rest
+
+
 def serve(args: argparse.Namespace) -> int:
     from extender.main import serve as run
 
     settings = settings_from(args)
-    errors = settings.validate()
+    errors = settings.validate() + settings.serving_errors()
     if errors:
         for e in errors:
-            print(f"gpupack extender serve: {e}", file=sys.stderr)
+            print(f"gpupack extender serve: {as_flag(e)}", file=sys.stderr)
         return 2
     run(settings)
     return 0

@@ -13,7 +13,13 @@ from app.placement import DEFAULT_POLICY, registry
 class Settings:
     kubeconfig: str | None = None
     host: str = "0.0.0.0"
-    port: int = 8888
+    port: int = 8888  # HTTPS, client certificate required: filter, prioritize, bind, state, explain
+    ops_port: int = 8889  # plain HTTP for probes and Prometheus: healthz, readyz, metrics only
+    # Mutual TLS with kube-scheduler: the serving pair and the CA that signs the scheduler's client cert.
+    tls_cert_file: str | None = None
+    tls_key_file: str | None = None
+    client_ca_file: str | None = None
+    cert_check_interval_s: float = 1.0  # how often the three files are checked for a rotation
     policy: str = DEFAULT_POLICY
     # Filter keeps only the node the policy would pick, so kube-scheduler's own scoring cannot move a
     # pod off it and the cluster packs exactly as `gpupack simulate` predicts. Off: filter keeps every
@@ -40,6 +46,11 @@ class Settings:
         errors: list[str] = []
         if not 0 < self.port < 65536:
             errors.append(f"port={self.port}: must be in 1..65535")
+        if not 0 < self.ops_port < 65536 or self.ops_port == self.port:
+            errors.append(f"ops_port={self.ops_port}: must be in 1..65535 and differ from port={self.port}")
+        errors += self._tls_errors()
+        if self.cert_check_interval_s <= 0:
+            errors.append(f"cert_check_interval_s={self.cert_check_interval_s}: must be > 0")
         if self.policy not in registry.names():
             errors.append(f"policy={self.policy!r}: must be one of {', '.join(registry.names())}")
         if not self.lease_namespace:
@@ -68,3 +79,29 @@ class Settings:
                 f"assume_ttl_s={self.assume_ttl_s})"
             )
         return errors
+
+    def _tls_errors(self) -> list[str]:
+        files = {
+            "tls_cert_file": self.tls_cert_file,
+            "tls_key_file": self.tls_key_file,
+            "client_ca_file": self.client_ca_file,
+        }
+        if not any(files.values()):
+            return []  # an app without TLS settings (tests); `serving_errors` insists on them for serve
+        return [
+            f"{name}={path!r}: must name a readable PEM file (all three TLS files go together)"
+            for name, path in files.items()
+            if not (path and os.path.isfile(path) and os.access(path, os.R_OK))
+        ]
+
+    def serving_errors(self) -> list[str]:
+        """What `serve` needs beyond `validate`: the extender answers kube-scheduler only over mutual TLS."""
+        return [
+            f"{name}=None: required; the scheduler-facing port serves only HTTPS with a client certificate"
+            for name, path in (
+                ("tls_cert_file", self.tls_cert_file),
+                ("tls_key_file", self.tls_key_file),
+                ("client_ca_file", self.client_ca_file),
+            )
+            if not path
+        ]

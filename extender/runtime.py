@@ -12,7 +12,6 @@ from app.kube import paths
 from app.kube.assume import AssumeCache
 from app.kube.informers import Informer, InformerConfig, KubeApi
 from app.kube.lease import LeaderElector, LeaseConfig
-from app.kube.requests import MANAGED_SELECTOR
 from app.kube.state import ClusterCache
 from app.metrics import ExtenderGauges, PendingReason
 from app.placement import Policy, registry
@@ -72,7 +71,7 @@ class StaticRuntime:
 
 
 class KubeRuntime:
-    """Informers on GPUNodes and managed pods, a leader elector, and readiness that waits for both.
+    """Informers on GPUNodes, pods and Nodes, a leader elector, and readiness that waits for them.
 
     Ready: leading, and every informer's view is live. Alive: every worker thread runs and makes
     progress; if not, /healthz fails and Kubernetes restarts the replica.
@@ -101,15 +100,10 @@ class KubeRuntime:
                 config=cfg,
                 clock=clock,
             ),
-            Informer(
-                kube,
-                paths.pods(),
-                self.cache.pod_handler,
-                name="pods",
-                label_selector=MANAGED_SELECTOR,
-                config=cfg,
-                clock=clock,
-            ),
+            # Every pod, not only managed ones: node CPU and memory free count all pods' requests, and a
+            # share must stay counted even if someone strips the managed label.
+            Informer(kube, paths.pods(), self.cache.pod_handler, name="pods", config=cfg, clock=clock),
+            Informer(kube, paths.nodes(), self.cache.node_handler, name="nodes", config=cfg, clock=clock),
         )
         self._leader_since: float | None = None
         self.elector = LeaderElector(
@@ -144,13 +138,15 @@ class KubeRuntime:
         return self.elector.is_leader
 
     def ready(self) -> tuple[bool, str]:
+        """Leading and every view live; otherwise every reason why not, "; "-joined."""
+        problems = []
         if not self.elector.is_leader or self._leader_since is None:
-            return False, "not the leader"
+            problems.append("not the leader")
         for inf in self.informers:
             live, why = inf.live()
             if not live:
-                return False, why
-        return True, "ready"
+                problems.append(why)
+        return (False, "; ".join(problems)) if problems else (True, "ready")
 
     def alive(self) -> tuple[bool, str]:
         for worker in (*self.informers, self.elector):

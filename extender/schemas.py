@@ -4,9 +4,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, RootModel
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ModelWrapValidatorHandler,
+    PrivateAttr,
+    RootModel,
+    model_validator,
+)
 
 JsonObject = dict[str, Any]
+# The apiserver sends quantities as strings; hand-written callers sometimes send numbers.
+Quantity = str | int | float
 
 
 class _Wire(BaseModel):
@@ -14,23 +24,86 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
+# --- the parts of a Pod the extender reads (app.kube.state.demand_of): their types are checked here, so a
+# malformed pod is answered 422 naming the field instead of failing deep in the handler ---
+
+
+class _PodPart(BaseModel):
+    model_config = ConfigDict(extra="allow")  # the rest of the pod is not read, whatever it holds
+
+
+class PodMeta(_PodPart):
+    name: str = ""
+    namespace: str = ""
+    uid: str = ""
+    annotations: dict[str, str] | None = None
+    labels: dict[str, str] | None = None
+
+
+class PodResources(_PodPart):
+    requests: dict[str, Quantity] | None = None
+    limits: dict[str, Quantity] | None = None
+
+
+class PodContainer(_PodPart):
+    name: str = ""
+    resources: PodResources | None = None
+
+
+class PodSpec(_PodPart):
+    containers: list[PodContainer] | None = None
+    init_containers: list[PodContainer] | None = Field(default=None, alias="initContainers")
+    node_name: str | None = Field(default=None, alias="nodeName")
+
+
+class PodShape(_PodPart):
+    metadata: PodMeta | None = None
+    spec: PodSpec | None = None
+
+
+class NodeMeta(_PodPart):
+    name: str = ""
+
+
+class NodeItem(_PodPart):
+    metadata: NodeMeta | None = None
+
+
 class NodeList(_Wire):
-    items: list[JsonObject] = Field(default_factory=list)
+    items: list[NodeItem] | None = None
 
 
 class ExtenderArgs(_Wire):
-    """filter and prioritize request. With nodeCacheCapable only NodeNames is set."""
+    """filter and prioritize request. With nodeCacheCapable only NodeNames is set.
 
-    Pod: JsonObject
+    `Pod` is type-checked as `PodShape`; the handlers read the pod as the scheduler sent it (`pod()`).
+    """
+
+    Pod: PodShape
     Nodes: NodeList | None = None
     NodeNames: list[str] | None = None
+    _raw_pod: JsonObject | None = PrivateAttr(default=None)
+
+    @model_validator(mode="wrap")
+    @classmethod
+    def _keep_raw_pod(cls, data: Any, handler: ModelWrapValidatorHandler[ExtenderArgs]) -> ExtenderArgs:
+        out = handler(data)
+        if isinstance(data, dict) and isinstance(data.get("Pod"), dict):
+            out._raw_pod = data["Pod"]
+        return out
+
+    def pod(self) -> JsonObject:
+        """The pod as sent (validated against `PodShape`)."""
+        if self._raw_pod is not None:
+            return self._raw_pod
+        return self.Pod.model_dump(by_alias=True, exclude_unset=True)
 
     def node_names(self) -> list[str]:
         """Candidate names from whichever field the scheduler filled."""
         if self.NodeNames is not None:
             return list(self.NodeNames)
         if self.Nodes is not None:
-            return [str((n.get("metadata") or {}).get("name", "")) for n in self.Nodes.items]
+            return [n.metadata.name if n.metadata else "" for n in self.Nodes.items or ()]
         return []
 
 
@@ -52,10 +125,10 @@ class HostPriorityList(RootModel[list[HostPriority]]):
 
 
 class ExtenderBindingArgs(_Wire):
-    PodName: str
-    PodNamespace: str
+    PodName: str = Field(min_length=1)
+    PodNamespace: str = Field(min_length=1)
     PodUID: str = ""
-    Node: str
+    Node: str = Field(min_length=1)
 
 
 class ExtenderBindingResult(_Wire):

@@ -8,11 +8,13 @@ from collections.abc import Callable
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from starlette.exceptions import HTTPException
 
-from app import log
+from app import log, wire
 from app.metrics import WEBHOOK_REVIEW_SECONDS, WEBHOOK_REVIEWS, WebhookOutcome
 from webhook import mutate
 from webhook.schemas import AdmissionReview
@@ -57,21 +59,27 @@ def create_app(settings: Settings, ready: Callable[[], bool] | None = None) -> F
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     app.add_exception_handler(RequestValidationError, _malformed)  # type: ignore[arg-type]
+    app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]
     return app
 
 
+async def _http_error(request: Request, exc: HTTPException) -> Response:
+    """FastAPI answers a body it cannot decode (not UTF-8) with a bare 400; say which field: the body."""
+    if exc.status_code == 400:
+        WEBHOOK_REVIEWS.labels(WebhookOutcome.ERROR.value).inc()
+        return _json_response(wire.unreadable(str(exc.detail)), 400)
+    return await http_exception_handler(request, exc)
+
+
 async def _malformed(request: Request, exc: RequestValidationError) -> Response:
-    """A body that is not an AdmissionReview v1 (or not JSON): 422 with the problems, counted as an error."""
+    """A body that is not an AdmissionReview v1 (or not JSON): 422 naming the fields, counted as an error."""
     WEBHOOK_REVIEWS.labels(WebhookOutcome.ERROR.value).inc()
-    # Drop pydantic's "input" echo: it can be a whole pod, and the log is not the place for it.
-    problems = [
-        {"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")}
-        for e in exc.errors()
-    ]
+    answer = wire.body(exc.errors())
     _log.warning(
-        "malformed review", extra={"path": request.url.path, "outcome": "error", "problems": problems[:5]}
+        "malformed review",
+        extra={"path": request.url.path, "outcome": "error", "problems": answer["detail"][:5]},
     )
-    return _json_response({"detail": problems}, 422)
+    return _json_response(answer, 422)
 
 
 def _internal_error(uid: str) -> mutate.Decision:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from app import names, request, units
+from app.errors import RequestError
 from app.metrics import WebhookOutcome
 from app.request import GpuRequest, Isolation
 from webhook.settings import Settings
@@ -49,14 +50,16 @@ def decide(body: Mapping[str, Json], settings: Settings) -> Decision:
     if req.get("operation") != "CREATE" or not is_pod or not isinstance(pod, Mapping):
         return Decision(WebhookOutcome.SKIPPED, _answer(uid, {"allowed": True}))
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    containers = request.containers_of(pod.get("spec") or {})
     if not request.wants_gpu(annotations):
+        # Our resources without our annotations: refused, never guessed (see README, "Requesting GPUs").
+        if errors := request.unannotated_errors(containers):
+            return _deny(uid, errors)
         return Decision(WebhookOutcome.SKIPPED, _answer(uid, {"allowed": True}))
 
-    parsed = request.parse(annotations, request.containers_of(pod.get("spec") or {}))
+    parsed = request.parse(annotations, containers)
     if isinstance(parsed, tuple):
-        messages = tuple(str(err) for err in parsed)
-        status = {"status": "Failure", "code": 422, "reason": "Invalid", "message": "; ".join(messages)}
-        return Decision(WebhookOutcome.DENIED, _answer(uid, {"allowed": False, "status": status}), messages)
+        return _deny(uid, parsed)
 
     ops = pod_patch(pod, parsed, settings)
     response: dict[str, Json] = {"allowed": True}
@@ -66,6 +69,12 @@ def decide(body: Mapping[str, Json], settings: Settings) -> Decision:
     if parsed.warnings:
         response["warnings"] = list(parsed.warnings)
     return Decision(WebhookOutcome.MUTATED, _answer(uid, response), parsed.warnings, len(ops))
+
+
+def _deny(uid: str, errors: Sequence[RequestError]) -> Decision:
+    messages = tuple(str(err) for err in errors)
+    status = {"status": "Failure", "code": 422, "reason": "Invalid", "message": "; ".join(messages)}
+    return Decision(WebhookOutcome.DENIED, _answer(uid, {"allowed": False, "status": status}), messages)
 
 
 def _answer(uid: str, response: dict[str, Json]) -> dict[str, Json]:

@@ -1,30 +1,21 @@
-"""A server SSLContext whose certificate follows its files on disk, so a rotated cert needs no restart.
-
-How: the context handed to uvicorn has an SNI callback. OpenSSL calls it on every new connection's
-ClientHello, with or without an SNI name (the apiserver sends none for an IP URL). The callback
-re-reads the files when their stat changed (at most once per `check_interval`) and switches the
-connection to the newest good context. Established connections keep their session; a bad or
-half-written pair is refused and the previous certificate stays in service until a good one appears.
-"""
+"""The webhook's serving SSLContext: app.tls.ReloadingContext, counting reloads in its own metric."""
 
 from __future__ import annotations
 
 import os
-import ssl
 import time
 from collections.abc import Callable
-from pathlib import Path
 
-from app import log
+from app import tls
 from app.metrics import WEBHOOK_CERT_RELOADS
 
-_log = log.get("gpupack.webhook.tls")
 
-Stamp = tuple[tuple[int, int, int], ...]  # (mtime_ns, inode, size) per file
+def _count(result: str) -> None:
+    WEBHOOK_CERT_RELOADS.labels(result).inc()
 
 
-class ReloadingContext:
-    """Owns the current serving SSLContext; `context` is the one to give the server."""
+class ReloadingContext(tls.ReloadingContext):
+    """A server certificate that follows its files; see app.tls."""
 
     def __init__(
         self,
@@ -33,57 +24,4 @@ class ReloadingContext:
         check_interval: float = 1.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self._cert, self._key = Path(certfile), Path(keyfile)
-        self._interval = check_interval
-        self._clock = clock
-        self._stamp = self._stat()
-        self._current = self._build()  # a bad pair at start-up is fatal: raise to the caller
-        self._next_check = clock() + check_interval
-        self.context = self._build()
-        self.context.sni_callback = self._on_client_hello
-        self.reloads = 0
-
-    def _stat(self) -> Stamp:
-        # inode catches an atomic replace (and a Secret volume's symlink swap) within one mtime tick.
-        out = []
-        for path in (self._cert, self._key):
-            st = path.stat()
-            out.append((st.st_mtime_ns, st.st_ino, st.st_size))
-        return tuple(out)
-
-    def _build(self) -> ssl.SSLContext:
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.set_alpn_protocols(["http/1.1"])
-        ctx.load_cert_chain(self._cert, self._key)
-        return ctx
-
-    def _on_client_hello(
-        self, conn: ssl.SSLObject | ssl.SSLSocket, _name: str | None, _ctx: ssl.SSLContext
-    ) -> None:
-        self.maybe_reload()
-        conn.context = self._current
-
-    def maybe_reload(self) -> bool:
-        """Load the files again if they changed since the last good load; True when a new cert is live."""
-        now = self._clock()
-        if now < self._next_check:
-            return False
-        self._next_check = now + self._interval
-        try:
-            stamp = self._stat()
-            if stamp == self._stamp:
-                return False
-            fresh = self._build()
-        except (OSError, ssl.SSLError) as err:
-            # Typically a rotation caught between writing the key and the cert: keep serving, retry later.
-            WEBHOOK_CERT_RELOADS.labels("failed").inc()
-            _log.warning(
-                "serving certificate reload failed", extra={"cert": str(self._cert), "error": str(err)}
-            )
-            return False
-        self._current, self._stamp = fresh, stamp
-        self.reloads += 1
-        WEBHOOK_CERT_RELOADS.labels("ok").inc()
-        _log.info("serving certificate reloaded", extra={"cert": str(self._cert)})
-        return True
+        super().__init__(certfile, keyfile, check_interval, clock, on_reload=_count)

@@ -1,4 +1,9 @@
-"""The real NVML backend, through pynvml (package nvidia-ml-py); every NVMLError becomes an NvmlError."""
+"""The real NVML backend, through pynvml (package nvidia-ml-py); every NVMLError becomes an NvmlError.
+
+pynvml's unversioned wrappers (e.g. nvmlDeviceGetComputeRunningProcesses) raise NVMLLibraryMismatchError,
+which is not an NVMLError, when the driver's libnvidia-ml lacks the versioned symbol they call; that too
+becomes NVML_ERROR_FUNCTION_NOT_FOUND here, so no raw pynvml exception reaches the agent.
+"""
 
 from __future__ import annotations
 
@@ -18,6 +23,8 @@ _CODES: dict[int, NvmlCode] = {int(getattr(pynvml, c.value)): c for c in NvmlCod
 
 def translate(exc: Exception) -> NvmlError:
     """An NVMLError (or anything raised while loading the library) as an NvmlError."""
+    if isinstance(exc, pynvml.NVMLLibraryMismatchError):
+        return NvmlError(NvmlCode.FUNCTION_NOT_FOUND, str(exc))
     value = getattr(exc, "value", None)
     code = _CODES.get(value, NvmlCode.OTHER) if isinstance(value, int) else NvmlCode.OTHER
     return NvmlError(code, str(exc))
@@ -26,8 +33,12 @@ def translate(exc: Exception) -> NvmlError:
 def _call(fn: Callable[..., T], *args: Any) -> T:
     try:
         return fn(*args)
-    except pynvml.NVMLError as exc:
+    except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
         raise translate(exc) from None
+
+
+# Codes meaning "this GPU or driver has no MPS process query", which leaves the plain compute list.
+_NO_MPS_QUERY = frozenset({NvmlCode.NOT_SUPPORTED, NvmlCode.FUNCTION_NOT_FOUND})
 
 
 class PynvmlBackend:
@@ -48,10 +59,12 @@ class PynvmlBackend:
         self._register_xid_events()
 
     def shutdown(self) -> None:
-        if self._events is not None:
-            _call(pynvml.nvmlEventSetFree, self._events)
-            self._events = None
-        _call(pynvml.nvmlShutdown)
+        events, self._events = self._events, None
+        try:
+            if events is not None:
+                _call(pynvml.nvmlEventSetFree, events)
+        finally:  # a failed free must not leave NVML initialized
+            _call(pynvml.nvmlShutdown)
 
     def driver_version(self) -> str:
         return str(_call(pynvml.nvmlSystemGetDriverVersion))
@@ -119,14 +132,28 @@ class PynvmlBackend:
         )
 
     def processes(self, index: int, mig_index: int | None = None) -> tuple[ProcessInfo, ...]:
+        """Compute processes plus MPS clients, one entry per pid.
+
+        NVML has a separate query for processes with an MPS compute context (a pod behind the MPS
+        server); the plain compute list may show only the nvidia-cuda-mps-server in their place. The
+        GPU suite (tests/gpu) records which list names an MPS client on a real GPU.
+        """
         h = self._handle(index) if mig_index is None else self._mig_handle(index, mig_index)
-        procs = _call(pynvml.nvmlDeviceGetComputeRunningProcesses, h)
-        return tuple(
-            ProcessInfo(
+        procs = list(_call(pynvml.nvmlDeviceGetComputeRunningProcesses, h))
+        try:
+            procs += _call(pynvml.nvmlDeviceGetMPSComputeRunningProcesses, h)
+        except NvmlError as exc:  # no MPS query on this GPU or driver: plain compute processes only
+            if exc.code not in _NO_MPS_QUERY:
+                raise
+        out: dict[int, ProcessInfo] = {}
+        for p in procs:
+            info = ProcessInfo(
                 pid=int(p.pid), used_mib=None if p.usedGpuMemory is None else int(p.usedGpuMemory) // MIB
             )
-            for p in procs
-        )
+            seen = out.get(info.pid)
+            if seen is None or (seen.used_mib is None and info.used_mib is not None):
+                out[info.pid] = info
+        return tuple(out.values())
 
     def _register_xid_events(self) -> None:
         # XIDs only arrive as events; a GPU that cannot register (NOT_SUPPORTED) simply reports none.

@@ -9,17 +9,21 @@ import webhook/extender/agent (import-linter contract), so an addon runs them as
 
 The addons, in order:
 
-* Definitions: the GPUNode CRD from deploy/crds/ and the extender/webhook/agent RBAC objects of the
-  rendered chart deploy/manifests/gpupack.yaml - the objects a real install creates. The components
+* Definitions: the GPUNode CRD from deploy/crds/, and the extender/webhook/agent RBAC objects and
+  ValidatingAdmissionPolicies (+ bindings) of the rendered chart deploy/manifests/gpupack.yaml - the objects
+  a real install creates; done once a dry-run pod with an allocation annotation is denied. The components
   authenticate as the ServiceAccounts gpupack-system/gpupack-{extender,webhook,agent} (identities.py), so
   the chart's bindings apply unchanged and a permission the chart lacks fails here as in a real cluster.
 * Components, launched together and each health-checked:
-  - extender on 127.0.0.1:`cluster.extender_port` (already the urlPrefix in the scheduler config),
+  - extender on 127.0.0.1:`cluster.extender_port` (already the urlPrefix in the scheduler config; HTTPS,
+    kube-scheduler's client certificate required) with probes and metrics on `cluster.extender_ops_port`,
     kubeconfig gpupack-extender; healthy when /readyz says it leads and its informers synced.
   - webhook over HTTPS on 127.0.0.1:`cluster.webhook_port` with the harness's serving cert; then the
     MutatingWebhookConfiguration of deploy/webhook/ with url + caBundle, polled with a dry-run pod create
     until the mutation shows (the apiserver picks configurations up asynchronously).
-  - one `agent run --sim` per node, kubeconfig gpupack-agent, with a simulated GPU set of the node's
+  - one `agent run --sim` per node, kubeconfig DIR/agents/<node>.kubeconfig: a gpupack-agent token bound
+    to a stand-in pod on that node (TokenRequest), so it carries the node-name extra the agent-own-node
+    policy checks (static token-file users cannot carry extras), with a simulated GPU set of the node's
     model and count: a sample from agent/data/sim/ when one is exactly that idle shape, else generated
     into DIR/sim/. The simulator derives GPU UUIDs from the node name, so one file serves every node of a
     shape. Done once every node's GPUNode is published.
@@ -27,6 +31,7 @@ The addons, in order:
 
 from __future__ import annotations
 
+import copy
 import functools
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -40,7 +45,7 @@ from app import catalog, names
 from app.admission import webhook_configuration
 
 from .binaries import repo_root
-from .identities import GPUPACK_NAMESPACE
+from .identities import GPUPACK_NAMESPACE, kubeconfig
 from .poll import WaitTimeoutError, wait_for
 from .ports import free_ports
 from .processes import ComponentSpec, HealthCheck
@@ -63,10 +68,13 @@ SIM_SAMPLES_RELPATH = Path("agent/data/sim")
 EXTENDER = "gpupack-extender"
 WEBHOOK = "gpupack-webhook"
 AGENT_PREFIX = "gpupack-agent-"
+AGENT_SERVICE_ACCOUNT = "gpupack-agent"
+AGENT_TOKEN_SECONDS = 7 * 24 * 3600  # a dev cluster rarely lives a week; `dev up` again mints new ones
 # The chart labels every object with the component it belongs to; the dev cluster runs these three
 # (its kube-scheduler runs as system:kube-scheduler, so the chart's scheduler bindings are not needed).
 COMPONENTS = ("extender", "webhook", "agent")
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
 COMPONENT_LABEL = "app.kubernetes.io/component"
 # Namespaces the webhook configuration excludes are no good for the probe; `default` always exists.
 PROBE_NAMESPACE = "default"
@@ -98,6 +106,100 @@ def rbac_objects(docs: Iterable[Any], components: Sequence[str] = COMPONENTS) ->
             out.append(doc)
     # Creating a binding before its role is fine for RBAC, but roles first reads better in an audit log.
     return sorted(out, key=lambda d: "Binding" in d["kind"])
+
+
+def policy_objects(docs: Iterable[Any], components: Sequence[str] = COMPONENTS) -> list[dict[str, Any]]:
+    """The ValidatingAdmissionPolicies of `components` and their bindings, policies first."""
+    out = [
+        doc
+        for doc in docs
+        if isinstance(doc, dict)
+        and doc.get("kind") in POLICY_KINDS
+        and ((doc.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL) in components
+    ]
+    # A binding whose policy does not exist yet is ignored until it does; policies first avoids the gap.
+    return sorted(out, key=lambda d: d["kind"].endswith("Binding"))
+
+
+def scoped_binding(
+    binding: Mapping[str, Any], *, namespace: str | None = None, object_names: Sequence[str] = ()
+) -> dict[str, Any]:
+    """A copy of a policy binding limited to one namespace and/or to named objects, under its own name.
+
+    The integration tier shares one apiserver between test modules: a test binds gpupack's policies
+    only to its own namespace or nodes, so the other modules' fixtures (pods created as the webhook
+    would leave them, agents with unbound tokens) keep working beside it.
+    """
+    if namespace is None and not object_names:
+        raise ValueError("scoped_binding needs a namespace or object names (else it binds cluster-wide)")
+    out = copy.deepcopy(dict(binding))
+    suffix = namespace or "-".join(object_names)
+    out["metadata"] = {**out["metadata"], "name": f"{out['metadata']['name']}-{suffix}"[:253]}
+    match: dict[str, Any] = {}
+    if namespace is not None:
+        match["namespaceSelector"] = {
+            "matchExpressions": [
+                {"key": "kubernetes.io/metadata.name", "operator": "In", "values": [namespace]}
+            ]
+        }
+    if object_names:
+        match["resourceRules"] = [
+            {
+                "apiGroups": ["*"],
+                "apiVersions": ["*"],
+                "operations": ["*"],
+                "resources": ["*/*"],  # resources and their subresources (nodes/status)
+                "resourceNames": list(object_names),
+            }
+        ]
+    out["spec"] = {**out["spec"], "matchResources": match}
+    return out
+
+
+def allocation_probe_pod(name: str = "gpupack-policy-probe") -> dict[str, Any]:
+    """A pod with an allocation annotation: the pod-allocation policy denies it to all but the extender."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "annotations": {names.ALLOC_NODE: "probe"}},
+        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+    }
+
+
+def agent_anchor_pod(node: str, service_account: str = AGENT_SERVICE_ACCOUNT) -> dict[str, Any]:
+    """The stand-in for a node's agent DaemonSet pod: what its ServiceAccount token gets bound to.
+
+    A token bound to a pod that runs on a node carries that node's name in the user's extra
+    `authentication.kubernetes.io/node-name`, which the agent-own-node admission policy checks.
+    """
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": f"{AGENT_PREFIX}{node}"[:253],
+            "namespace": GPUPACK_NAMESPACE,
+            "labels": {COMPONENT_LABEL: "agent"},
+        },
+        "spec": {
+            "nodeName": node,
+            "serviceAccountName": service_account,
+            "automountServiceAccountToken": False,
+            "containers": [{"name": "agent", "image": "gpupack"}],
+            "tolerations": [{"operator": "Exists"}],
+        },
+    }
+
+
+def bound_token_request(pod_name: str, pod_uid: str, expiration_s: int) -> dict[str, Any]:
+    """A TokenRequest for a ServiceAccount token bound to (and valid only while) that pod exists."""
+    return {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {
+            "expirationSeconds": expiration_s,
+            "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": pod_name, "uid": pod_uid},
+        },
+    }
 
 
 def sim_document(model: str, count: int) -> dict[str, Any]:
@@ -199,21 +301,27 @@ def agent_spec(
     )
 
 
-def extender_spec(port: int, kubeconfig: Path) -> ComponentSpec:
-    url = f"http://127.0.0.1:{port}"
+def extender_spec(
+    port: int, ops_port: int, kubeconfig: Path, tls: tuple[Path, Path, Path], extra: Sequence[str] = ()
+) -> ComponentSpec:
+    """The extender: kube-scheduler's verbs on `port` (mutual TLS: `tls` = cert, key, client CA), its
+    probes and metrics on `ops_port` (plain HTTP); `extra` flags (e.g. --policy) are appended."""
+    cert, key, client_ca = tls
     argv = gpupack_cli(
         "extender", "serve",
         "--kubeconfig", str(kubeconfig),
-        "--host", "127.0.0.1", "--port", str(port),
+        "--host", "127.0.0.1", "--port", str(port), "--ops-port", str(ops_port),
+        "--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(client_ca),
         "--lease-namespace", GPUPACK_NAMESPACE, "--lease-name", EXTENDER,
         "--identity", "gpupack-dev",
+        *extra,
     )  # fmt: skip
     return ComponentSpec(
         name=EXTENDER,
         argv=argv,
         # /readyz, not /healthz: only the leader with synced informers serves the scheduler correctly,
         # so that is what `dev up` waits for and what `dev status` reports.
-        health=HealthCheck(f"{url}/readyz"),
+        health=HealthCheck(f"http://127.0.0.1:{ops_port}/readyz"),
         ready_timeout_s=90,
     )
 
@@ -286,6 +394,61 @@ def install_rbac(api: Any, objects: Iterable[Mapping[str, Any]]) -> None:
             raise ValueError(f"not an RBAC kind: {kind}")
 
 
+def install_policies(api: Any, objects: Iterable[Mapping[str, Any]]) -> None:
+    from kubernetes import client
+
+    admission = client.AdmissionregistrationV1Api(api)
+    for obj in objects:
+        if obj["kind"] == "ValidatingAdmissionPolicy":
+            _create(functools.partial(admission.create_validating_admission_policy, obj))
+        elif obj["kind"] == "ValidatingAdmissionPolicyBinding":
+            _create(functools.partial(admission.create_validating_admission_policy_binding, obj))
+        else:
+            raise ValueError(f"not a policy kind: {obj['kind']}")
+
+
+def wait_for_pod_policy(api: Any, namespace: str, timeout_s: float = 30) -> None:
+    """Until the apiserver enforces the pod-allocation policy in `namespace` (it loads policies async)."""
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    core = client.CoreV1Api(api)
+
+    def denied() -> bool:
+        try:
+            core.create_namespaced_pod(namespace, allocation_probe_pod(), dry_run="All")
+        except ApiException as exc:
+            return exc.status in (403, 422) and names.ALLOC_NODE in str(exc.body)
+        return False
+
+    wait_for(denied, timeout_s, f"the pod-allocation admission policy in effect in {namespace}", interval=0.1)
+
+
+def agent_node_token(api: Any, node: str, expiration_s: int = AGENT_TOKEN_SECONDS) -> str:
+    """A gpupack-agent ServiceAccount token bound to a stand-in agent pod on `node` (created if missing).
+
+    It authenticates as system:serviceaccount:gpupack-system:gpupack-agent, like the static dev token,
+    plus the extra `authentication.kubernetes.io/node-name: <node>`: the identity a real DaemonSet pod gets.
+    """
+    from kubernetes import client
+    from kubernetes.client.rest import ApiException
+
+    core = client.CoreV1Api(api)
+    sa = {"metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": GPUPACK_NAMESPACE}}
+    _create(lambda: core.create_namespaced_service_account(GPUPACK_NAMESPACE, sa))
+    body = agent_anchor_pod(node)
+    name = body["metadata"]["name"]
+    try:
+        pod = core.create_namespaced_pod(GPUPACK_NAMESPACE, body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        pod = core.read_namespaced_pod(name, GPUPACK_NAMESPACE)
+    request = bound_token_request(name, pod.metadata.uid, expiration_s)
+    answer = core.create_namespaced_service_account_token(AGENT_SERVICE_ACCOUNT, GPUPACK_NAMESPACE, request)
+    return str(answer.status.token)
+
+
 # ---- the addons ----
 
 
@@ -297,19 +460,25 @@ class DevAddon(Protocol):
 
 
 class Definitions:
-    """The GPUNode CRD and the components' RBAC, before any component starts (each needs them at once)."""
+    """The GPUNode CRD, the components' RBAC and admission policies, before any component starts."""
 
-    name = "crd+rbac"
+    name = "crd+rbac+policies"
 
     def start(self, cluster: Cluster, nodes: Sequence[str], progress: Progress = _quiet) -> None:
         crd = yaml.safe_load(source_file(CRD_RELPATH).read_text())
-        objects = rbac_objects(yaml.safe_load_all(source_file(MANIFEST_RELPATH).read_text()))
+        docs = list(yaml.safe_load_all(source_file(MANIFEST_RELPATH).read_text()))
+        objects = rbac_objects(docs)
         missing = {c for c in ("extender", "agent") if not any(_component(o) == c for o in objects)}
         if missing:  # the chart moved its RBAC: fail here, not as a 403 deep in a component's log
             raise RuntimeError(f"{MANIFEST_RELPATH} holds no RBAC for {', '.join(sorted(missing))}")
+        policies = policy_objects(docs)
+        if not policies:
+            raise RuntimeError(f"{MANIFEST_RELPATH} holds no ValidatingAdmissionPolicy")
         with cluster.api_client() as api:
             install_crd(api, crd)
             install_rbac(api, objects)
+            install_policies(api, policies)
+            wait_for_pod_policy(api, PROBE_NAMESPACE)
 
 
 def _component(obj: Mapping[str, Any]) -> str:
@@ -333,7 +502,12 @@ class Components:
 
     def start(self, cluster: Cluster, nodes: Sequence[str], progress: Progress = _quiet) -> None:
         specs = [
-            extender_spec(cluster.extender_port, cluster.kubeconfig_for(EXTENDER)),
+            extender_spec(
+                cluster.extender_port,
+                cluster.extender_ops_port,
+                cluster.kubeconfig_for(EXTENDER),
+                cluster.extender_tls,
+            ),
             webhook_spec(
                 cluster.webhook_port, cluster.webhook_cert_file, cluster.webhook_key_file, cluster.ca_file
             ),
@@ -355,19 +529,30 @@ class Components:
         with cluster.api_client() as api:
             core = client.CoreV1Api(api)
             shapes = {n: node_shape(api.sanitize_for_serialization(core.read_node(n))) for n in nodes}
+            kubeconfigs = {n: self.agent_kubeconfig(cluster, api, n) for n in nodes}
         sims = {s: sim_file_for(s.model, s.gpus, samples, cluster.dir / "sim") for s in set(shapes.values())}
-        kubeconfig = cluster.kubeconfig_for("gpupack-agent")
         return [
             agent_spec(
                 n,
                 sim=sims[shapes[n]],
                 port=port,
-                kubeconfig=kubeconfig,
+                kubeconfig=kubeconfigs[n],
                 state_dir=cluster.dir,
                 heartbeat=self.agent_heartbeat,
             )
             for n, port in zip(nodes, free_ports(len(nodes)), strict=True)
         ]
+
+    @staticmethod
+    def agent_kubeconfig(cluster: Cluster, api: Any, node: str) -> Path:
+        """DIR/agents/<node>.kubeconfig with a token bound to that node (see agent_node_token)."""
+        user = f"system:serviceaccount:{GPUPACK_NAMESPACE}:{AGENT_SERVICE_ACCOUNT}"
+        doc = kubeconfig(cluster.api_url, str(cluster.ca_file), user, agent_node_token(api, node))
+        path = cluster.dir / "agents" / f"{node}.kubeconfig"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.touch(mode=0o600)
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path
 
     def register_webhook(self, cluster: Cluster) -> None:
         """Create the MutatingWebhookConfiguration; wait until a dry-run pod create comes back mutated."""

@@ -7,7 +7,9 @@ import fcntl
 import json
 import os
 import shutil
+import ssl
 import time
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -102,7 +104,7 @@ class Cluster:
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
-        ports = Ports(*free_ports(7))
+        ports = Ports(*free_ports(8))
         tokens = identities.new_tokens()
         layout.pki.write()
         _write_private(layout.tokens_csv, identities.token_csv(tokens))
@@ -115,7 +117,12 @@ class Cluster:
         rendered = schedconfig.render(
             template.read_text(),
             kubeconfig=str(layout.kubeconfig_for("scheduler")),
-            extender_url=f"http://127.0.0.1:{ports.extender}",
+            extender_url=f"https://127.0.0.1:{ports.extender}",
+            tls=schedconfig.ExtenderTLS(
+                ca_file=str(layout.pki.ca.cert),
+                cert_file=str(layout.pki.scheduler_client.cert),
+                key_file=str(layout.pki.scheduler_client.key),
+            ),
             overrides=scheduler_overrides,
         )
         layout.scheduler_config.write_text(yaml.safe_dump(rendered, sort_keys=False))
@@ -194,7 +201,44 @@ class Cluster:
 
     @property
     def extender_url(self) -> str:
-        return f"http://127.0.0.1:{self.ports.extender}"
+        """Mutual TLS: a caller needs `extender_client_cert` (as kube-scheduler has it) and `ca_file`."""
+        return f"https://127.0.0.1:{self.ports.extender}"
+
+    @property
+    def extender_ops_port(self) -> int:
+        """The extender's plain-HTTP port: /healthz, /readyz, /metrics only."""
+        return self.ports.extender_ops
+
+    @property
+    def extender_tls(self) -> tuple[Path, Path, Path]:
+        """(serving cert, serving key, client CA): the extender's --tls-cert, --tls-key, --client-ca."""
+        pki = self.layout.pki
+        return pki.extender.cert, pki.extender.key, pki.extender_client_ca.cert
+
+    @property
+    def extender_client_cert(self) -> tuple[Path, Path]:
+        """The scheduler's client certificate and key: what a test presents to call the extender."""
+        return self.layout.pki.scheduler_client.cert, self.layout.pki.scheduler_client.key
+
+    def extender_tls_flags(self) -> tuple[str, ...]:
+        """`gpupack extender serve` flags for this cluster's PKI and ops port (besides --port, --host)."""
+        cert, key, client_ca = self.extender_tls
+        return (
+            "--ops-port", str(self.ports.extender_ops),
+            "--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(client_ca),
+        )  # fmt: skip
+
+    def extender_opener(self) -> urllib.request.OpenerDirector:
+        """A urllib opener for the extender's HTTPS port, as kube-scheduler (never through a proxy)."""
+        return urllib.request.build_opener(
+            urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=self.extender_ssl_context())
+        )
+
+    def extender_ssl_context(self) -> ssl.SSLContext:
+        """A client context for the extender's HTTPS port: trusts `ca_file`, presents the scheduler's cert."""
+        ctx = ssl.create_default_context(cafile=str(self.ca_file))
+        ctx.load_cert_chain(*self.extender_client_cert)
+        return ctx
 
     @property
     def webhook_port(self) -> int:

@@ -105,7 +105,8 @@ def _summary(cluster: Cluster) -> str:
     else:
         lines.append("gpupack components not started (--no-components): GPU pods stay Pending")
     lines += [
-        f"extender port (scheduler calls it): {cluster.extender_port}   "
+        f"extender port (scheduler calls it, mutual TLS): {cluster.extender_port}   "
+        f"extender metrics: http://127.0.0.1:{cluster.extender_ops_port}/metrics",
         f"webhook port: {cluster.webhook_port}   logs: {cluster.layout.logs}",
         f"status: gpupack dev status{_dir_flag(cluster.dir)}",
         f"stop: gpupack dev down{_dir_flag(cluster.dir)}",

@@ -36,6 +36,9 @@ IDENTITIES: tuple[Identity, ...] = (
     Identity("gpupack-extender", *_service_account("gpupack-extender")),
     Identity("gpupack-webhook", *_service_account("gpupack-webhook")),
     Identity("gpupack-agent", *_service_account("gpupack-agent")),
+    # A cluster user with no rights of its own: tests grant it pod rights in one namespace (a Role), to
+    # prove what a tenant can and cannot do to gpupack's allocation metadata through the real apiserver.
+    Identity("tenant", "tenant", ("tenants",)),
 )
 IDENTITY_KEYS: tuple[str, ...] = tuple(i.key for i in IDENTITIES)
 

@@ -18,6 +18,7 @@ class Ports:
     kwok: int
     extender: int  # reserved for the extender; the scheduler config points here before it runs
     webhook: int  # reserved for the webhook's HTTPS server
+    extender_ops: int = 0  # the extender's plain-HTTP /healthz, /readyz, /metrics (0: older state.json)
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)

@@ -1,4 +1,6 @@
-"""The dev cluster's PKI: a CA, serving certs (apiserver, scheduler, webhook), the service-account key.
+"""The dev cluster's PKI: a CA, serving certs (apiserver, scheduler, webhook, extender), the
+service-account key, and the extender's client CA with the one client certificate it signs: the
+kube-scheduler's, which the extender requires (mutual TLS).
 
 The certificates themselves come from `app.certs`, as `gpupack certs` makes the webhook's.
 """
@@ -87,6 +89,21 @@ class Pki:
         return CertPaths(self.dir / "webhook.crt", self.dir / "webhook.key")
 
     @property
+    def extender(self) -> CertPaths:
+        """The extender's serving certificate (signed by `ca`, which the scheduler's caFile names)."""
+        return CertPaths(self.dir / "extender.crt", self.dir / "extender.key")
+
+    @property
+    def extender_client_ca(self) -> CertPaths:
+        """A CA of its own for the extender's callers, so no other certificate of `ca` gets in."""
+        return CertPaths(self.dir / "extender-client-ca.crt", self.dir / "extender-client-ca.key")
+
+    @property
+    def scheduler_client(self) -> CertPaths:
+        """kube-scheduler's client certificate for the extender (signed by `extender_client_ca`)."""
+        return CertPaths(self.dir / "scheduler-client.crt", self.dir / "scheduler-client.key")
+
+    @property
     def sa_key(self) -> Path:
         return self.dir / "sa.key"
 
@@ -102,9 +119,18 @@ class Pki:
             (self.apiserver, "kube-apiserver", APISERVER_SANS),
             (self.scheduler, "kube-scheduler", LOOPBACK_SANS),
             (self.webhook, "gpupack-webhook", LOOPBACK_SANS),
+            (self.extender, "gpupack-extender", LOOPBACK_SANS),
         ):
             serving = certs.to_pem(*issue_server_cert(ca_cert, ca_key, cn, sans))
             certs.write_pem(serving, paths.cert, paths.key)
+        client_ca_cert, client_ca_key = make_ca("gpupack-dev-extender-client-ca")
+        certs.write_pem(
+            certs.to_pem(client_ca_cert, client_ca_key),
+            self.extender_client_ca.cert,
+            self.extender_client_ca.key,
+        )
+        client = certs.issue_client_cert(client_ca_cert, client_ca_key, "kube-scheduler", days=_VALIDITY_DAYS)
+        certs.write_pem(certs.to_pem(*client), self.scheduler_client.cert, self.scheduler_client.key)
         sa = certs.new_key()
         certs.write_atomic(self.sa_key, certs.key_pem(sa), 0o600)
         pub = sa.public_key().public_bytes(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import string
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,20 @@ TEST_OVERRIDES: Mapping[str, Any] = {
     "podInitialBackoffSeconds": 1,
     "podMaxBackoffSeconds": 2,
 }
+
+
+@dataclass(frozen=True)
+class ExtenderTLS:
+    """The scheduler's side of mutual TLS with the extender (the Extender's tlsConfig)."""
+
+    ca_file: str  # verifies the extender's serving certificate
+    cert_file: str  # the scheduler's client certificate
+    key_file: str
+
+
+# Where the Helm chart mounts the scheduler's client Secret (tls.crt, tls.key, ca.crt) in its pods.
+CHART_TLS_DIR = "/etc/gpupack-scheduler/extender-client"
+CHART_TLS = ExtenderTLS(f"{CHART_TLS_DIR}/ca.crt", f"{CHART_TLS_DIR}/tls.crt", f"{CHART_TLS_DIR}/tls.key")
 
 
 def template_path(repo_root: Path) -> Path:
@@ -39,10 +54,17 @@ def render(
     *,
     kubeconfig: str,
     extender_url: str,
+    tls: ExtenderTLS,
     overrides: Mapping[str, Any] = TEST_OVERRIDES,
 ) -> dict[str, Any]:
     """Substitute the placeholders, parse, deep-merge `overrides`; KeyError on an unknown placeholder."""
-    text = string.Template(template).substitute(KUBECONFIG=kubeconfig, EXTENDER_URL=extender_url)
+    text = string.Template(template).substitute(
+        KUBECONFIG=kubeconfig,
+        EXTENDER_URL=extender_url,
+        EXTENDER_CA_FILE=tls.ca_file,
+        EXTENDER_CLIENT_CERT=tls.cert_file,
+        EXTENDER_CLIENT_KEY=tls.key_file,
+    )
     doc = yaml.safe_load(text)
     if not isinstance(doc, dict) or doc.get("kind") != "KubeSchedulerConfiguration":
         raise ValueError("scheduler config template is not a KubeSchedulerConfiguration")

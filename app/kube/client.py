@@ -58,6 +58,17 @@ class Timeouts:
         return (self.connect_s, server_timeout_s + self.watch_margin_s)
 
 
+# Everything below HTTP status level: urllib3 (MaxRetryError, ProtocolError, ReadTimeoutError, ...),
+# http.client (IncompleteRead, RemoteDisconnected), socket and TLS errors (OSError, ssl.SSLError), and
+# the client's own OpenApiException. A programming error (TypeError, ...) stays what it is.
+TRANSPORT_ERRORS = (
+    urllib3.exceptions.HTTPError,
+    http.client.HTTPException,
+    OSError,
+    kubernetes.client.exceptions.OpenApiException,
+)
+
+
 class Kube:
     """A thin synchronous client: send a Request, get the decoded JSON (or a KubeError)."""
 
@@ -91,7 +102,7 @@ class Kube:
         resp = self._call(req.method, req.path, req.body, req.query, req.content_type, self.timeouts.call())
         try:
             data = resp.data
-        except Exception as exc:  # any transport failure while reading: one KubeError
+        except TRANSPORT_ERRORS as exc:
             raise transport_error(exc) from None
         finally:
             resp.release_conn()
@@ -145,7 +156,7 @@ class Kube:
             )
         except ApiException as exc:
             raise _to_kube_error(exc) from None
-        except Exception as exc:  # urllib3, socket, ssl, the client: all one KubeError
+        except TRANSPORT_ERRORS as exc:
             raise transport_error(exc) from None
 
     def close(self) -> None:
@@ -175,7 +186,7 @@ def _lines(resp: Any, path: str) -> Iterator[str]:
     while True:
         try:
             chunk = next(stream, None)
-        except (http.client.HTTPException, OSError, urllib3.exceptions.HTTPError) as exc:
+        except TRANSPORT_ERRORS as exc:
             raise transport_error(exc) from None
         if chunk is None:
             break

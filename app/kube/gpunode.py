@@ -174,6 +174,9 @@ class GpuStatus:
     temperature_c: int | None = None
     power_mw: int | None = None
     processes: tuple[ProcessStatus, ...] = ()
+    # Memory used by processes that belong to no gpupack pod on this node (placement adds it to the
+    # reservations); None when NVML gave no per-process memory this time.
+    foreign_memory_mib: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {"uuid": self.uuid, "index": self.index, "healthy": self.healthy}
@@ -185,6 +188,7 @@ class GpuStatus:
             ("utilizationPercent", self.utilization_percent),
             ("temperatureC", self.temperature_c),
             ("powerMilliWatts", self.power_mw),
+            ("foreignMemoryMiB", self.foreign_memory_mib),
         ):
             if v is not None:
                 out[key] = v
@@ -207,6 +211,7 @@ class GpuStatus:
             utilization_percent=opt("utilizationPercent"),
             temperature_c=opt("temperatureC"),
             power_mw=opt("powerMilliWatts"),
+            foreign_memory_mib=opt("foreignMemoryMiB"),
             processes=tuple(
                 ProcessStatus.from_dict(p) for p in _get(d, "processes", list, []) if isinstance(p, dict)
             ),
@@ -340,25 +345,50 @@ class GPUNode:
         return self.status is None or self.status.is_stale(now)
 
     def to_model_node(self, now: float) -> Node:
-        """The placement view: shared GPUs with live free memory and health; unschedulable when stale."""
-        live = {g.uuid: g for g in self.status.gpus} if self.status else {}
-        gpus = tuple(
-            Gpu(
-                index=g.index,
-                model=g.model,
-                memory_mib=g.memory_mib,
-                uuid=g.uuid,
-                live_free_mib=live[g.uuid].memory_free_mib if g.uuid in live else None,
-                healthy=g.uuid in live and live[g.uuid].healthy,
+        """The placement view: shared GPUs with foreign usage, live readings and health.
+
+        Unschedulable when the heartbeat is stale or the node ignores NVIDIA_VISIBLE_DEVICES (gpupack
+        could not give a pod its GPU); `mps` says whether `isolation: mps` pods get MPS here.
+        """
+        status = self.status
+        live = {g.uuid: g for g in status.gpus} if status else {}
+        gpus = tuple(_model_gpu(g, live.get(g.uuid)) for g in self.spec.shared_gpus)
+        if status is None:
+            return Node(
+                name=self.name, gpus=gpus, schedulable=False, unschedulable_reason=stale_reason(None, 0, now)
             )
-            for g in self.spec.shared_gpus
+        reason = stale_reason(status.heartbeat_time or None, status.stale_after_seconds, now)
+        if not reason and status.env_device_selection == ENV_SELECTION_DISABLED:
+            reason = ENV_SELECTION_DISABLED_REASON
+        mps = status.mps.isolation == ISOLATION_MPS
+        return Node(
+            name=self.name,
+            gpus=gpus,
+            schedulable=not reason,
+            unschedulable_reason=reason,
+            mps=mps,
+            mps_reason="" if mps else f"MPS is {status.mps.state} on this node",
         )
-        reason = (
-            stale_reason(self.status.heartbeat_time or None, self.status.stale_after_seconds, now)
-            if self.status
-            else stale_reason(None, 0, now)
-        )
-        return Node(name=self.name, gpus=gpus, schedulable=not reason, unschedulable_reason=reason)
+
+
+ENV_SELECTION_DISABLED = "disabled"
+ENV_SELECTION_DISABLED_REASON = (
+    "the NVIDIA container toolkit on this node ignores NVIDIA_VISIBLE_DEVICES for unprivileged containers"
+    " (accept-nvidia-visible-devices-envvar-when-unprivileged = false), so gpupack cannot select GPUs here"
+)
+
+
+def _model_gpu(spec: GpuSpec, live: GpuStatus | None) -> Gpu:
+    return Gpu(
+        index=spec.index,
+        model=spec.model,
+        memory_mib=spec.memory_mib,
+        uuid=spec.uuid,
+        foreign_mib=max(0, live.foreign_memory_mib or 0) if live else 0,
+        live_free_mib=live.memory_free_mib if live else None,
+        utilization_percent=live.utilization_percent if live else None,
+        healthy=live is not None and live.healthy,
+    )
 
 
 def stale_reason(heartbeat: float | None, limit_s: float, now: float) -> str:

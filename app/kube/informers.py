@@ -240,6 +240,7 @@ class Informer:
         while True:
             req = requests.list_request(self.path, self.label_selector, self.config.page_limit, token)
             page = self.kube.send(req)
+            self._beat()  # a long paginated list is progress, not a stuck thread
             items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             rv = str(meta.get("resourceVersion", ""))

@@ -71,11 +71,17 @@ def _pointer(key: str) -> str:
     return key.replace("~", "~0").replace("/", "~1")
 
 
-def binding(namespace: str, name: str, uid: str, node: str) -> Request:
-    """Bind the pod to `node`; metadata.uid makes the apiserver refuse a re-created pod of the same name."""
+def binding(namespace: str, name: str, uid: str, node: str, resource_version: str = "") -> Request:
+    """Bind the pod to `node`; metadata.uid makes the apiserver refuse a re-created pod of the same name.
+
+    With `resource_version` the apiserver binds only a pod still at that version (else 409): passing the
+    version our allocation patch produced fences the Binding against any write since, by anyone.
+    """
     metadata: dict[str, str] = {"name": name, "namespace": namespace}
     if uid:
         metadata["uid"] = uid
+    if resource_version:
+        metadata["resourceVersion"] = resource_version
     body = {
         "apiVersion": "v1",
         "kind": "Binding",

@@ -1,4 +1,8 @@
-"""The extender's cluster cache: GPUNode inventory + pod-annotation allocations + assume holds -> Nodes."""
+"""The extender's cluster cache: GPUNode inventory + pod-annotation allocations + assume holds -> Nodes.
+
+Host CPU and memory come from Node allocatable minus the requests of every pod bound to the node, so
+placement scores with the same inputs as the simulator.
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app import log, names, request, units
+from app import hostres, log, names, request, units
+from app.hostres import HostResources
 from app.kube import gpunode
 from app.kube.assume import AssumeCache
 from app.kube.client import JsonDict
@@ -37,6 +42,7 @@ class PodInfo:
     alloc: Allocation | None  # counted allocation, None when it has none (or it no longer counts)
     demand: Demand | str = ""  # what it asks for, or why that cannot be read
     deleting: bool = False
+    host: HostResources = hostres.ZERO  # CPU and memory it requests (charged to its node once bound)
 
     @property
     def key(self) -> str:
@@ -49,13 +55,13 @@ class PodInfo:
 
 def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     """Reduce a pod to what placement needs; an allocation counts only while the pod may hold its GPU."""
-    meta = pod.get("metadata") or {}
-    spec = pod.get("spec") or {}
-    phase = str((pod.get("status") or {}).get("phase") or "Pending")
+    meta = request.as_object(pod.get("metadata"))
+    spec = request.as_object(pod.get("spec"))
+    phase = str(request.as_object(pod.get("status")).get("phase") or "Pending")
     node_name = str(spec.get("nodeName") or "")
     alloc: Allocation | None = None
     try:
-        alloc = Allocation.from_annotations(meta.get("annotations") or {})
+        alloc = Allocation.from_annotations(request.string_map(meta.get("annotations")))
     except ValueError as exc:
         LOG.warning("corrupt allocation annotations ignored", extra={"pod": _key(meta), "error": str(exc)})
     if alloc is not None and (phase in TERMINAL_PHASES or (node_name and node_name != alloc.node)):
@@ -73,19 +79,52 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         alloc=alloc,
         demand=demand_of(pod),
         deleting=bool(meta.get("deletionTimestamp")),
+        host=hostres.pod_requests(spec),
     )
+
+
+def is_gpupack_pod(pod: Mapping[str, Any]) -> bool:
+    """The pod is ours to account: managed, carrying an allocation, or asking for a gpupack resource.
+
+    Not the label alone: a label anyone could remove must not make a share be forgotten.
+    """
+    meta = request.as_object(pod.get("metadata"))
+    if request.string_map(meta.get("labels")).get(names.LABEL_MANAGED) == "true":
+        return True
+    ann = request.string_map(meta.get("annotations"))
+    if names.ALLOC_NODE in ann or request.wants_gpu(ann):
+        return True
+    return any(c.ours for c in request.containers_of(request.as_object(pod.get("spec"))))
+
+
+def _bound_host(pod: Mapping[str, Any]) -> tuple[str, HostResources] | None:
+    """(node, requests) for a pod that holds host resources on a node now, else None."""
+    spec = request.as_object(pod.get("spec"))
+    node = spec.get("nodeName")
+    phase = request.as_object(pod.get("status")).get("phase")
+    if not node or not isinstance(node, str) or phase in TERMINAL_PHASES:
+        return None
+    return node, hostres.pod_requests(spec)
 
 
 def _key(meta: Mapping[str, Any]) -> str:
     return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
-def _adjust(node: Node, alloc: Allocation, sign: int) -> Node:
-    gpus = tuple(
-        g.reserve(sign * alloc.milli, sign * alloc.memory_mib) if g.index in alloc.gpu_indexes else g
-        for g in node.gpus
-    )
-    return replace(node, gpus=gpus)
+def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int) -> Node:
+    if alloc is not None:
+        gpus = tuple(
+            g.reserve(sign * alloc.milli, sign * alloc.memory_mib) if g.index in alloc.gpu_indexes else g
+            for g in node.gpus
+        )
+        node = replace(node, gpus=gpus)
+    if host != hostres.ZERO and node.cpu_milli_free is not None and node.memory_mib_free is not None:
+        node = replace(
+            node,
+            cpu_milli_free=node.cpu_milli_free - sign * host.cpu_milli,
+            memory_mib_free=node.memory_mib_free - sign * host.memory_mib,
+        )
+    return node
 
 
 class ClusterCache:
@@ -104,7 +143,10 @@ class ClusterCache:
         self._base: dict[str, Node] = {}  # from GPUNode objects, nothing reserved
         self._heartbeat: dict[str, float | None] = {}
         self._stale_after: dict[str, int | None] = {}  # each agent's own limit, used when ours is None
-        self._pods: dict[str, PodInfo] = {}  # by uid
+        self._pods: dict[str, PodInfo] = {}  # gpupack pods by uid
+        self._allocatable: dict[str, HostResources] = {}  # node -> Node allocatable CPU and memory
+        self._bound: dict[str, tuple[str, HostResources]] = {}  # uid -> (node, requests), every bound pod
+        self._host_used: dict[str, HostResources] = {}  # node -> sum of its bound pods' requests
         self._by_node: dict[str, dict[str, Allocation]] = {}  # node -> uid -> counted pod allocation
         self._view: dict[str, Node] = {}  # base + pod allocations, rebuilt lazily per node
         self._order: list[str] = []
@@ -120,6 +162,37 @@ class ClusterCache:
     @property
     def pod_handler(self) -> _PodHandler:
         return _PodHandler(self)
+
+    @property
+    def node_handler(self) -> _NodeHandler:
+        return _NodeHandler(self)
+
+    def set_nodes(self, objs: Iterable[JsonDict]) -> None:
+        with self._lock:
+            self._allocatable.clear()
+            for obj in objs:
+                self._put_node(obj)
+            self._view.clear()
+
+    def upsert_node(self, obj: JsonDict) -> None:
+        with self._lock:
+            name = self._put_node(obj)
+            self._view.pop(name, None)
+
+    def delete_node(self, obj: JsonDict) -> None:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        with self._lock:
+            self._allocatable.pop(name, None)
+            self._view.pop(name, None)
+
+    def _put_node(self, obj: JsonDict) -> str:
+        name = str((obj.get("metadata") or {}).get("name", ""))
+        alloc = hostres.node_allocatable(obj)
+        if alloc is None:
+            self._allocatable.pop(name, None)
+        else:
+            self._allocatable[name] = alloc
+        return name
 
     def set_gpunodes(self, objs: Iterable[JsonDict]) -> None:
         with self._lock:
@@ -162,19 +235,37 @@ class ClusterCache:
         with self._lock:
             self._pods.clear()
             self._by_node.clear()
+            self._bound.clear()
+            self._host_used.clear()
             for obj in objs:
-                self._put_pod(pod_info(obj))
+                self._put_bound(obj)
+                if is_gpupack_pod(obj):
+                    self._put_pod(pod_info(obj))
             self._view.clear()
             live = set(self._pods)
             for uid in list(self.pending_reason):
                 if uid not in live:
                     del self.pending_reason[uid]
+            listed = dict(self._pods)
+        # A relist replaces the watch: where it shows a pod bound with the held allocation, that is
+        # the echo. (A hold whose pod is absent stays to its TTL: the list may predate the pod.)
+        for uid, held in self.assume.items().items():
+            info = listed.get(uid)
+            if info is not None and info.alloc == held and info.node_name:
+                self.assume.release(uid)
 
     def upsert_pod(self, obj: JsonDict) -> None:
-        info = pod_info(obj)
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        ours = is_gpupack_pod(obj)
+        info = pod_info(obj) if ours else None
         with self._lock:
-            self._drop_pod(info.uid)
-            self._put_pod(info)
+            self._drop_bound(uid)
+            self._put_bound(obj)
+            self._drop_pod(uid)
+            if info is not None:
+                self._put_pod(info)
+        if info is None:
+            return
         held = self.assume.get(info.uid)
         if held is not None and info.alloc == held and info.node_name:
             self.assume.release(info.uid)  # the watch echo shows the bound allocation: the hold is done
@@ -182,9 +273,32 @@ class ClusterCache:
     def delete_pod(self, obj: JsonDict) -> None:
         uid = str((obj.get("metadata") or {}).get("uid", ""))
         with self._lock:
+            self._drop_bound(uid)
             self._drop_pod(uid)
             self.pending_reason.pop(uid, None)
         self.assume.release(uid)
+
+    def _put_bound(self, obj: JsonDict) -> None:
+        bound = _bound_host(obj)
+        if bound is None:
+            return
+        uid = str((obj.get("metadata") or {}).get("uid", ""))
+        node, req = bound
+        self._bound[uid] = bound
+        self._host_used[node] = self._host_used.get(node, hostres.ZERO) + req
+        self._view.pop(node, None)
+
+    def _drop_bound(self, uid: str) -> None:
+        old = self._bound.pop(uid, None)
+        if old is None:
+            return
+        node, req = old
+        left = self._host_used.get(node, hostres.ZERO) - req
+        if left == hostres.ZERO:
+            self._host_used.pop(node, None)
+        else:
+            self._host_used[node] = left
+        self._view.pop(node, None)
 
     def _put_pod(self, info: PodInfo) -> None:
         self._pods[info.uid] = info
@@ -235,25 +349,34 @@ class ClusterCache:
                     set(names_), key=lambda n: (rank.get(n, last), node_order_key(n) if n not in rank else ())
                 )
             )
-            # Per node: allocations to add (+1) or take away (-1) on top of the pod-annotation view.
-            delta: dict[str, list[tuple[Allocation, int]]] = {}
+            # Per node: allocations and host requests to add (+1) or take away (-1) on top of the view.
+            delta: dict[str, list[tuple[Allocation | None, HostResources, int]]] = {}
+            zero = hostres.ZERO
             for uid, held in holds.items():
-                counted = self._pods[uid].alloc if uid in self._pods else None
-                if counted == held:
+                info = self._pods.get(uid)
+                counted = info.alloc if info is not None else None
+                if counted is not None and counted != held:
+                    delta.setdefault(counted.node, []).append((counted, zero, -1))
+                if uid == exclude_uid:
                     continue
-                if counted is not None:
-                    delta.setdefault(counted.node, []).append((counted, -1))
-                if uid != exclude_uid:
-                    delta.setdefault(held.node, []).append((held, +1))
+                add = None if counted == held else held
+                # A held pod's host request is charged once its bound pod shows up in the watch.
+                bound = self._bound.get(uid)
+                host = info.host if info is not None and (bound is None or bound[0] != held.node) else zero
+                if add is not None or host != zero:
+                    delta.setdefault(held.node, []).append((add, host, +1))
             own = self._pods.get(exclude_uid)
             if exclude_uid and exclude_uid not in holds and own is not None and own.alloc is not None:
-                delta.setdefault(own.alloc.node, []).append((own.alloc, -1))
+                delta.setdefault(own.alloc.node, []).append((own.alloc, zero, -1))
+            own_bound = self._bound.get(exclude_uid) if exclude_uid else None
+            if own_bound is not None:
+                delta.setdefault(own_bound[0], []).append((None, own_bound[1], -1))
             out: dict[str, Node | None] = {}
             for name in wanted:
                 node = self._materialize(name)
                 if node is not None:
-                    for alloc, sign in delta.get(name, ()):
-                        node = _adjust(node, alloc, sign)
+                    for alloc, host, sign in delta.get(name, ()):
+                        node = _adjust(node, alloc, host, sign)
                     node = self._with_heartbeat(node, now)
                 out[name] = node
             return out
@@ -276,6 +399,10 @@ class ClusterCache:
                 mem[i] = mem.get(i, 0) + alloc.memory_mib
         gpus = tuple(g.reserve(milli[g.index], mem[g.index]) if g.index in milli else g for g in base.gpus)
         node = replace(base, gpus=gpus)
+        allocatable = self._allocatable.get(name)
+        if allocatable is not None:
+            free = allocatable - self._host_used.get(name, hostres.ZERO)
+            node = replace(node, cpu_milli_free=free.cpu_milli, memory_mib_free=free.memory_mib)
         self._view[name] = node
         return node
 
@@ -352,12 +479,34 @@ class _PodHandler:
         self.cache.delete_pod(obj)
 
 
+class _NodeHandler:
+    def __init__(self, cache: ClusterCache) -> None:
+        self.cache = cache
+
+    def replace(self, objs: list[JsonDict]) -> None:
+        self.cache.set_nodes(objs)
+
+    def upsert(self, obj: JsonDict) -> None:
+        self.cache.upsert_node(obj)
+
+    def delete(self, obj: JsonDict) -> None:
+        self.cache.delete_node(obj)
+
+
 def demand_of(pod: Mapping[str, Any]) -> Demand | str:
-    """The pod's GPU demand: its annotations (app.request), else the extended resources it requests."""
-    meta = pod.get("metadata") or {}
-    ann: Mapping[str, str] = meta.get("annotations") or {}
+    """The pod's demand: GPUs from its annotations (app.request), else from the extended resources it
+    requests; CPU and memory from its containers, so placement scores exactly as the simulator does."""
+    demand = _gpu_demand_of(pod)
+    if isinstance(demand, str):
+        return demand
+    host = hostres.pod_requests(pod.get("spec"))
+    return replace(demand, cpu_milli=host.cpu_milli, host_memory_mib=host.memory_mib)
+
+
+def _gpu_demand_of(pod: Mapping[str, Any]) -> Demand | str:
+    ann = request.string_map(request.as_object(pod.get("metadata")).get("annotations"))
     if request.wants_gpu(ann):
-        parsed = request.parse(ann, request.containers_of(pod.get("spec") or {}))
+        parsed = request.parse(ann, request.containers_of(request.as_object(pod.get("spec"))))
         if isinstance(parsed, request.GpuRequest):
             return parsed.demand()
         return "; ".join(str(e) for e in parsed)
@@ -394,9 +543,11 @@ def _demand_from_resources(pod: Mapping[str, Any], ann: Mapping[str, str]) -> De
 def _resource_total(pod: Mapping[str, Any], resource: str) -> int | str:
     """Sum of a container resource over containers (limits = requests for extended resources)."""
     total = 0
-    for c in (pod.get("spec") or {}).get("containers") or []:
-        res = c.get("resources") or {}
-        raw = (res.get("limits") or {}).get(resource, (res.get("requests") or {}).get(resource))
+    for item in request.as_list(request.as_object(pod.get("spec")).get("containers")):
+        c = request.as_object(item)
+        res = request.as_object(c.get("resources"))
+        limits, asked = request.as_object(res.get("limits")), request.as_object(res.get("requests"))
+        raw = limits.get(resource, asked.get(resource))
         if raw is None:
             continue
         text = str(raw)

@@ -7,8 +7,11 @@ from collections.abc import Callable, Sequence
 from app.errors import PlacementReason
 from app.model import MILLI_PER_GPU, Demand, Gpu, Node
 
-# NVML's free memory moves while kernels run; keep some head-room so a pod that fits on paper does not OOM.
-LIVE_MARGIN_MIB = 256
+# Foreign processes (outside any gpupack pod) grow and shrink as they run; where a GPU has any, keep this
+# much head-room on top of what they use now. A GPU with no foreign usage needs none: gpupack pods are
+# held to their reservations, so a whole-GPU pod fits an idle GPU exactly.
+FOREIGN_MARGIN_MIB = 256
+LIVE_MARGIN_MIB = FOREIGN_MARGIN_MIB  # the name policies and callers pass around
 
 
 def share(milli: int) -> str:
@@ -16,24 +19,42 @@ def share(milli: int) -> str:
     return f"{milli / MILLI_PER_GPU:.2f}" if milli % 10 == 0 else f"{milli / MILLI_PER_GPU:.3f}"
 
 
-def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = LIVE_MARGIN_MIB) -> bool:
-    """One GPU can take one device's worth of `demand` (model, health, milli, reserved and live memory)."""
+def memory_room(gpu: Gpu, margin_mib: int = FOREIGN_MARGIN_MIB) -> int:
+    """MiB a new reservation may take: total - gpupack reservations - foreign usage - margin (if foreign)."""
+    return gpu.memory_free_mib - (margin_mib if gpu.foreign_mib > 0 else 0)
+
+
+def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> bool:
+    """One GPU can take one device's worth of `demand` (model, health, milli and memory room)."""
     if not gpu.healthy or not demand.accepts(gpu.model):
         return False
     milli, mib = demand.on(gpu.memory_mib)
-    if milli > gpu.milli_free or mib > gpu.memory_free_mib:
-        return False
-    return gpu.live_free_mib is None or mib <= gpu.live_free_mib - margin_mib
+    return milli <= gpu.milli_free and mib <= memory_room(gpu, margin_mib)
+
+
+def live_load(gpu: Gpu) -> tuple[int, int]:
+    """Sort key among GPUs a policy scores equal: least utilised, then most NVML-free memory.
+
+    Unknown readings (simulator, no agent data) sort as idle and empty, so ties fall to the index.
+    """
+    return (gpu.utilization_percent or 0, -(gpu.live_free_mib if gpu.live_free_mib is not None else 0))
 
 
 def fitting_gpus(node: Node, demand: Demand, margin_mib: int = LIVE_MARGIN_MIB) -> list[Gpu]:
-    """The node's GPUs that can each take one device of `demand`, in index order."""
-    return sorted((g for g in node.gpus if gpu_fits(g, demand, margin_mib)), key=lambda g: g.index)
+    """The node's GPUs that can each take one device of `demand`: least loaded first, then by index.
+
+    Policies keep the first of the GPUs they score equal, so this order is their tie-break.
+    """
+    return sorted((g for g in node.gpus if gpu_fits(g, demand, margin_mib)), key=tie_order)
+
+
+def tie_order(gpu: Gpu) -> tuple[int, int, int]:
+    return (*live_load(gpu), gpu.index)
 
 
 def best_fit(gpus: Sequence[Gpu], count: int) -> tuple[int, ...]:
-    """`count` GPU indexes with the least free compute (first index on ties)."""
-    return tuple(sorted(g.index for g in sorted(gpus, key=lambda g: (g.milli_free, g.index))[:count]))
+    """`count` GPU indexes with the least free compute (least loaded, then first index, on ties)."""
+    return tuple(sorted(g.index for g in sorted(gpus, key=lambda g: (g.milli_free, *tie_order(g)))[:count]))
 
 
 def node_misfit(node: Node, demand: Demand, margin_mib: int = LIVE_MARGIN_MIB) -> PlacementReason | None:
@@ -48,6 +69,8 @@ def node_misfit(node: Node, demand: Demand, margin_mib: int = LIVE_MARGIN_MIB) -
         return why(f"needs {demand.cpu_milli} CPU milli: {node.cpu_milli_free} free")
     if node.memory_mib_free is not None and demand.host_memory_mib > node.memory_mib_free:
         return why(f"needs {demand.host_memory_mib} MiB host memory: {node.memory_mib_free} MiB free")
+    if demand.count and demand.needs_mps and not node.mps:
+        return why(f"pod asks for isolation=mps, but {node.mps_reason or 'no MPS daemon serves this node'}")
     if demand.count == 0:
         return None
     if len(fitting_gpus(node, demand, margin_mib)) >= demand.count:
@@ -64,15 +87,10 @@ def _milli_check(g: Gpu, d: Demand, _: int) -> tuple[bool, int, int]:
     return need <= g.milli_free, need, g.milli_free
 
 
-def _memory_check(g: Gpu, d: Demand, _: int) -> tuple[bool, int, int]:
+def _memory_check(g: Gpu, d: Demand, margin: int) -> tuple[bool, int, int]:
     need = d.on(g.memory_mib)[1]
-    return need <= g.memory_free_mib, need, g.memory_free_mib
-
-
-def _live_check(g: Gpu, d: Demand, margin: int) -> tuple[bool, int, int]:
-    need = d.on(g.memory_mib)[1]
-    offer = need if g.live_free_mib is None else g.live_free_mib - margin
-    return need <= offer, need, offer
+    room = memory_room(g, margin)
+    return need <= room, need, room
 
 
 def _gpu_shortfall(node: Node, demand: Demand, margin_mib: int) -> PlacementReason:
@@ -88,7 +106,6 @@ def _gpu_shortfall(node: Node, demand: Demand, margin_mib: int) -> PlacementReas
     checks: tuple[tuple[_Check, Callable[[int], str]], ...] = (
         (_milli_check, share),
         (_memory_check, lambda v: f"{v} MiB"),
-        (_live_check, lambda v: f"{v} MiB (NVML free minus a {margin_mib} MiB margin)"),
     )
     for check, fmt in checks:
         results = [check(g, demand, margin_mib) for g in gpus]
@@ -100,9 +117,23 @@ def _gpu_shortfall(node: Node, demand: Demand, margin_mib: int) -> PlacementReas
                 rule = f"no GPU with {fmt(need)} free: best has {fmt(max(best, 0))}"
             else:
                 rule = f"needs {demand.count} GPUs with {fmt(need)} free: {len(passing)} have it"
+            if check is _memory_check:
+                rule += _foreign_note(gpus, margin_mib)
             return PlacementReason(node.name, None, rule)
         gpus = passing
     return PlacementReason(node.name, None, "no fitting GPU")  # unreachable while checks mirror gpu_fits
+
+
+def _foreign_note(gpus: Sequence[Gpu], margin_mib: int) -> str:
+    """Where foreign processes take memory, say so: it is the part of "free" users cannot see in our pods."""
+    foreign = [g for g in gpus if g.foreign_mib > 0]
+    if not foreign:
+        return ""
+    g = max(foreign, key=lambda g: g.foreign_mib)
+    return (
+        f" (gpu{g.index}: {g.memory_mib} MiB total, {g.memory_used_mib} MiB reserved by gpupack pods,"
+        f" {g.foreign_mib} MiB used by processes outside gpupack pods, {margin_mib} MiB margin)"
+    )
 
 
 class FitFilter:

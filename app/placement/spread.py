@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.model import MILLI_PER_GPU, Demand, Node
 from app.placement.base import Policy, registry
-from app.placement.fit import FitFilter, demand_milli, fitting_gpus
+from app.placement.fit import FitFilter, demand_milli, fitting_gpus, tie_order
 from app.placement.workload import TargetWorkload
 
 
@@ -19,7 +19,9 @@ class Spread(FitFilter):
         return after / (healthy * MILLI_PER_GPU)
 
     def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
-        gpus = sorted(fitting_gpus(node, demand, self.margin_mib), key=lambda g: (-g.milli_free, g.index))
+        gpus = sorted(
+            fitting_gpus(node, demand, self.margin_mib), key=lambda g: (-g.milli_free, *tie_order(g))
+        )
         return tuple(sorted(g.index for g in gpus[: demand.count]))
 
 

@@ -108,7 +108,7 @@ class _Cluster:
 
 def _signature(node: Node) -> tuple[object, ...]:
     gpus = tuple(
-        (g.model, g.memory_mib, g.milli_used, g.memory_used_mib, g.live_free_mib, g.healthy)
+        (g.model, g.memory_mib, g.milli_used, g.memory_used_mib, g.foreign_mib, g.live_free_mib, g.healthy)
         for g in node.gpus
     )
     return (node.cpu_milli_free, node.memory_mib_free, node.schedulable, gpus)
@@ -230,6 +230,32 @@ def simulate(
         alloc_pct=_discretise(alloc_sum, rows),
         frag_pct=_discretise(frag_sum, rows),
     )
+
+
+Where = tuple[int, tuple[int, ...]] | None  # (node position, GPU indexes), None when it did not fit
+
+
+def replay(
+    nodes: Sequence[Node], demands: Sequence[Demand], policy: Policy, workload: TargetWorkload
+) -> tuple[list[Where], list[Node]]:
+    """Place `demands` in exactly this order on `nodes` in this order (no shuffle, no inflation).
+
+    What a live cluster does with the same arrivals and no departures (the nodes' order is the
+    tie-break order, as the extender's natural name order is); returns where each went and the nodes after.
+    """
+    cluster = _Cluster(list(nodes), workload)
+    chooser = _IndexedChooser(cluster, policy)
+    out: list[Where] = []
+    for demand in demands:
+        i = chooser.choose(demand)
+        if i is None:
+            out.append(None)
+            continue
+        gpus = policy.choose_gpus(cluster.nodes[i], demand)
+        cluster.apply(i, demand, gpus)
+        chooser.changed(i)
+        out.append((i, gpus))
+    return out, cluster.nodes
 
 
 def _discretise(sums: list[float], rows: list[int]) -> tuple[float, ...]:

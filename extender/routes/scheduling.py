@@ -6,6 +6,7 @@ import time
 
 from fastapi import APIRouter, HTTPException
 
+from app import managed
 from app.kube.state import demand_of
 from app.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 from extender import scheduling
@@ -23,7 +24,8 @@ router = APIRouter(tags=["scheduling"])
 
 
 def _uid(args: ExtenderArgs) -> str:
-    return str((args.Pod.get("metadata") or {}).get("uid") or "")
+    meta = args.Pod.metadata
+    return meta.uid if meta is not None else ""
 
 
 @router.post("/filter")
@@ -35,8 +37,13 @@ def filter_(
         if not ready[0]:
             return ExtenderFilterResult(Error=f"gpupack extender not ready: {ready[1]}")
         names = args.node_names()
+        if (unmanaged := managed.unmanaged_reason(args.pod())) is not None:
+            # No node can fix this: the pod must be re-created through the webhook.
+            return ExtenderFilterResult(
+                NodeNames=[], FailedAndUnresolvableNodes=dict.fromkeys(names, unmanaged)
+            )
         uid = _uid(args)
-        demand = demand_of(args.Pod)
+        demand = demand_of(args.pod())
         out = scheduling.filter_nodes(
             names, cache.nodes(names, exclude_uid=uid), demand, policy, rt.decide_in_filter
         )
@@ -60,7 +67,7 @@ def prioritize(args: ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: Re
             raise HTTPException(503, f"gpupack extender not ready: {ready[1]}")
         names = args.node_names()
         uid = _uid(args)
-        demand = demand_of(args.Pod)
+        demand = demand_of(args.pod())
         scores = scheduling.prioritize(names, cache.nodes(names, exclude_uid=uid), demand, policy)
         return HostPriorityList([HostPriority(Host=n, Score=s) for n, s in scores])
     finally:

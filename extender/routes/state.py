@@ -24,6 +24,9 @@ def state(cache: StateDep) -> dict[str, Any]:
                 "name": name,
                 "schedulable": node.schedulable,
                 "reason": node.unschedulable_reason,
+                "mps": node.mps,
+                "cpuMilliFree": node.cpu_milli_free,
+                "memoryMiBFree": node.memory_mib_free,
                 "gpus": [
                     {
                         "index": g.index,
@@ -33,7 +36,9 @@ def state(cache: StateDep) -> dict[str, Any]:
                         "memoryMiB": g.memory_mib,
                         "milliAllocated": g.milli_used,
                         "memoryAllocatedMiB": g.memory_used_mib,
+                        "foreignMiB": g.foreign_mib,
                         "liveFreeMiB": g.live_free_mib,
+                        "utilizationPercent": g.utilization_percent,
                         "pods": sorted(pods.get((name, g.index), [])),
                     }
                     for g in node.gpus

@@ -12,6 +12,9 @@ Fixtures
         authenticate as ServiceAccounts gpupack-system/<name>; they have no RBAC until a test grants it)
       cluster.api_url, ca_file, ca_bundle (base64, for a webhook's caBundle)
       cluster.extender_port, webhook_port, webhook_cert_file, webhook_key_file (SAN IP:127.0.0.1)
+      the extender is called over mutual TLS: cluster.extender_tls_flags() (serve flags: TLS files and
+        --ops-port), extender_opener() (a urllib opener presenting the scheduler's client certificate),
+        extender_ops_port (plain HTTP /healthz, /readyz, /metrics)
       cluster.start_process(ComponentSpec(name, argv, health=HealthCheck(url, ca_file=...), env=...))
         -> ManagedProcess, healthy on return, output in cluster.log_path(name); cluster.stop_process(name).
         Whatever is still running is stopped at session end.

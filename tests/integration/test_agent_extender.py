@@ -13,6 +13,7 @@ import sys
 import urllib.parse
 import urllib.request
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,46 +45,51 @@ def installed(kube: Any, gpunode_crd: None) -> None:
     install_rbac(kube, rbac_objects(docs, components=("extender", "agent")))
 
 
+@dataclass(frozen=True)
+class Extender:
+    url: str  # https, as kube-scheduler calls it
+    opener: urllib.request.OpenerDirector  # presents the scheduler's client certificate
+
+
 @pytest.fixture(scope="module")
-def extender(cluster: Cluster, installed: None) -> Iterator[str]:
+def extender(cluster: Cluster, installed: None) -> Iterator[Extender]:
     """The extender where kube-scheduler calls it (binpack); staleness = each agent's staleAfterSeconds."""
     url = cluster.extender_url.rstrip("/")
     argv = (
         sys.executable, "-m", "app.cli", "extender", "serve",
         "--kubeconfig", str(cluster.kubeconfig_for(EXTENDER)),
-        "--host", "127.0.0.1", "--port", str(cluster.extender_port), "--policy", "binpack",
+        "--host", "127.0.0.1", "--port", str(cluster.extender_port), *cluster.extender_tls_flags(),
+        "--policy", "binpack",
         # The chart's Role allows only the Lease named gpupack-extender; one left by an extender another
         # module stopped expires within its own (short) duration.
         "--lease-namespace", GPUPACK_NAMESPACE, "--lease-duration", "3",
     )  # fmt: skip
-    cluster.start_process(
-        ComponentSpec(EXTENDER, argv, health=HealthCheck(f"{url}/readyz"), ready_timeout_s=90)
-    )
-    yield url
+    health = HealthCheck(f"http://127.0.0.1:{cluster.extender_ops_port}/readyz")
+    cluster.start_process(ComponentSpec(EXTENDER, argv, health=health, ready_timeout_s=90))
+    yield Extender(url, cluster.extender_opener())
     cluster.stop_process(EXTENDER)
 
 
-def _get(url: str) -> Any:
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(url, timeout=5) as resp:
+def _get(ext: Extender, path: str) -> Any:
+    with ext.opener.open(ext.url + path, timeout=5) as resp:
         return resp.read().decode()
 
 
-def state_of(url: str, node: str) -> dict[str, Any] | None:
+def state_of(ext: Extender, node: str) -> dict[str, Any] | None:
     """The extender's /state row for `node` (None until its informer has the GPUNode)."""
-    rows = json.loads(_get(f"{url}/state"))["nodes"]
+    rows = json.loads(_get(ext, "/state"))["nodes"]
     return next((r for r in rows if r["name"] == node), None)
 
 
-def explain(url: str, namespace: str, pod: str) -> dict[str, Any]:
+def explain(ext: Extender, namespace: str, pod: str) -> dict[str, Any]:
     out: dict[str, Any] = json.loads(
-        _get(f"{url}/explain?" + urllib.parse.urlencode({"pod": f"{namespace}/{pod}"}))
+        _get(ext, "/explain?" + urllib.parse.urlencode({"pod": f"{namespace}/{pod}"}))
     )
     return out
 
 
-def explain_row(url: str, namespace: str, pod: str, node: str) -> dict[str, Any]:
-    out = explain(url, namespace, pod)
+def explain_row(ext: Extender, namespace: str, pod: str, node: str) -> dict[str, Any]:
+    out = explain(ext, namespace, pod)
     return next(r for r in out["nodes"] if r["node"] == node)
 
 
@@ -96,7 +102,7 @@ def agents(cluster: Cluster, installed: None, tmp_path: Path) -> Iterator[SimAge
 
 @pytest.fixture
 def node_with_agent(
-    agents: SimAgents, extender: str, gpu_nodes: Callable[..., list[str]], namespace: str
+    agents: SimAgents, extender: Extender, gpu_nodes: Callable[..., list[str]], namespace: str
 ) -> Callable[[list[dict[str, Any]]], str]:
     """One kwok node in this test's pool with `gpus` simulated, its agent running, seen by the extender."""
 
@@ -115,22 +121,38 @@ def node_with_agent(
     return make
 
 
-def gpu_pod(name: str, namespace: str, fraction: str) -> dict[str, Any]:
+def gpu_pod(
+    name: str, namespace: str, fraction: str, count: int = 1, extra: dict[str, str] | None = None
+) -> dict[str, Any]:
     """A pod as the webhook leaves it: fraction annotation, managed label, gpu-milli request = limit."""
-    milli = {names.RESOURCE_GPU_MILLI: str(round(float(fraction) * 1000))}
+    milli = {names.RESOURCE_GPU_MILLI: str(round(float(fraction) * 1000) * count)}
+    ann = {names.GPU_FRACTION: fraction, names.GPU_FRACTION_NUM_DEVICES: str(count), **(extra or {})}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "name": name,
             "namespace": namespace,
-            "annotations": {names.GPU_FRACTION: fraction},
+            "annotations": ann,
             "labels": {names.LABEL_MANAGED: "true"},
         },
         "spec": {
             "nodeSelector": {POOL: namespace},
             "containers": [
-                {"name": "main", "image": "busybox", "resources": {"requests": milli, "limits": milli}}
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"requests": milli, "limits": milli},
+                    # the webhook's env: the extender places only pods that carry it
+                    "env": [
+                        {
+                            "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
+                            "valueFrom": {
+                                "fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}
+                            },
+                        }
+                    ],
+                }
             ],
         },
     }
@@ -191,10 +213,17 @@ def gpunode(kube: Any, name: str) -> GPUNode | None:
     return GPUNode.from_dict(obj)
 
 
-def test_live_memory_held_outside_gpupack_steers_placement(
+def gpu_row(url: str, node: str, index: int) -> dict[str, Any]:
+    return dict((state_of(url, node) or {"gpus": [{}] * (index + 1)})["gpus"][index])
+
+
+FOREIGN_NOTE = "used by processes outside gpupack pods"
+
+
+def test_memory_held_outside_gpupack_steers_placement(
     node_with_agent: Callable[[list[dict[str, Any]]], str],
     agents: SimAgents,
-    extender: str,
+    extender: Extender,
     core: Any,
     namespace: str,
 ) -> None:
@@ -202,31 +231,23 @@ def test_live_memory_held_outside_gpupack_steers_placement(
     foreign = int(MEM * 0.9)
     busy = {"model": MODEL, "processes": [{"pid": FOREIGN_PID, "used_mib": foreign}]}
     n = node_with_agent([busy, {"model": MODEL}])
-    wait_for(
-        lambda: (state_of(extender, n) or {"gpus": [{}]})["gpus"][0].get("liveFreeMiB") == MEM - foreign,
-        15,
-        "the extender sees GPU 0's live free memory",
-    )
+    wait_for(lambda: gpu_row(extender, n, 0).get("foreignMiB") == foreign, 15, "GPU 0's foreign usage seen")
 
-    # Best fit would pick GPU 0 (first index on a tie); live memory rules it out, so GPU 1 it is.
+    # Best fit would pick GPU 0 (first index on a tie); foreign memory rules it out, so GPU 1 it is.
     core.create_namespaced_pod(namespace, gpu_pod("a", namespace, "0.5"))
     node, alloc = wait_for(lambda: bound(core, namespace, "a"), 30, "pod a bound")
     assert (node, alloc.gpu_indexes, alloc.milli) == (n, (1,), 500)
 
-    # 0.6 fits neither: GPU 1 has 0.50 left, GPU 0 has the share but not the live memory.
+    # 0.6 fits neither: GPU 1 has 0.50 left, GPU 0 has the share but not the memory.
     core.create_namespaced_pod(namespace, gpu_pod("b", namespace, "0.6"))
     message = wait_for(lambda: unschedulable(core, namespace, "b"), 30, "pod b unschedulable")
     row = explain_row(extender, namespace, "b", n)
-    assert not row["fits"] and "NVML free" in row["reason"], row
-    assert "NVML free" in message, message  # kube-scheduler passes the extender's reason on
+    assert not row["fits"] and FOREIGN_NOTE in row["reason"], row
+    assert FOREIGN_NOTE in message, message  # kube-scheduler passes the extender's reason on
 
     # The process exits: once the agent reports it, pod b goes where it now fits - GPU 0, the only one.
     write_sim(agents.sim(n), [{"model": MODEL}, {"model": MODEL}])
-    wait_for(
-        lambda: (state_of(extender, n) or {"gpus": [{}]})["gpus"][0].get("liveFreeMiB") == MEM,
-        15,
-        "the extender sees GPU 0 free again",
-    )
+    wait_for(lambda: gpu_row(extender, n, 0).get("foreignMiB") == 0, 15, "GPU 0 free of foreign usage")
     # Only this node's row: other tests' nodes share the session cluster, and the pod's node affinity
     # (which /explain does not apply) keeps it in this test's pool.
     row = explain_row(extender, namespace, "b", n)
@@ -235,10 +256,87 @@ def test_live_memory_held_outside_gpupack_steers_placement(
     assert (node, alloc.gpu_indexes, alloc.milli) == (n, (0,), 600)
 
 
-def test_stale_agent_makes_its_node_unschedulable_until_it_returns(
+def test_whole_gpu_pods_schedule_on_idle_gpus(
+    node_with_agent: Callable[[list[dict[str, Any]]], str], extender: str, core: Any, namespace: str
+) -> None:
+    # Real GPUs report driver memory as used even when idle; it belongs to no process, so it is no
+    # reservation and no foreign usage either.
+    n = node_with_agent([{"model": MODEL, "base_used_mib": 420} for _ in range(3)])
+    assert gpu_row(extender, n, 0)["liveFreeMiB"] == MEM - 420
+    core.create_namespaced_pod(namespace, gpu_pod("one", namespace, "1"))
+    node, alloc = wait_for(lambda: bound(core, namespace, "one"), 30, "whole-GPU pod bound")
+    assert (node, alloc.gpu_indexes, alloc.milli, alloc.memory_mib) == (n, (0,), 1000, MEM)
+    core.create_namespaced_pod(namespace, gpu_pod("two", namespace, "1", count=2))
+    node, alloc = wait_for(lambda: bound(core, namespace, "two"), 30, "2-GPU pod bound")
+    assert (node, alloc.gpu_indexes, alloc.milli) == (n, (1, 2), 1000)
+
+
+def test_two_halves_share_a_gpu_when_the_first_uses_all_of_its_half(
     node_with_agent: Callable[[list[dict[str, Any]]], str],
     agents: SimAgents,
     extender: str,
+    core: Any,
+    namespace: str,
+) -> None:
+    n = node_with_agent([{"model": MODEL}])
+    first = core.create_namespaced_pod(namespace, gpu_pod("h1", namespace, "0.5"))
+    _, alloc = wait_for(lambda: bound(core, namespace, "h1"), 30, "first half bound")
+    # The first pod allocates every MiB of its half: NVML now shows half the GPU used.
+    proc = {"pid": 6001, "used_mib": alloc.memory_mib, "pod_uid": first.metadata.uid, "container": "main"}
+    write_sim(agents.sim(n), [{"model": MODEL, "processes": [proc]}])
+    wait_for(
+        lambda: gpu_row(extender, n, 0).get("liveFreeMiB") == MEM - alloc.memory_mib,
+        15,
+        "the extender sees the first pod's usage",
+    )
+    assert gpu_row(extender, n, 0)["foreignMiB"] == 0  # its own pod's usage is not foreign
+    core.create_namespaced_pod(namespace, gpu_pod("h2", namespace, "0.5"))
+    node, second = wait_for(lambda: bound(core, namespace, "h2"), 30, "second half bound")
+    assert (node, second.gpu_indexes) == (n, (0,))
+
+
+def test_foreign_process_blocks_a_second_half_on_a_16gib_gpu(
+    agents: SimAgents,
+    extender: str,
+    gpu_nodes: Callable[..., list[str]],
+    core: Any,
+    namespace: str,
+) -> None:
+    model = "V100M16"
+    total = catalog.lookup(model).memory_mib
+    (n,) = gpu_nodes(1, gpus_per_node=1, model=model, labels={POOL: namespace})
+    write_sim(agents.sim(n), [{"model": model}])
+    agents.start(n)
+    wait_for(lambda: (state_of(extender, n) or {}).get("schedulable"), 30, f"the extender sees {n}")
+    core.create_namespaced_pod(namespace, gpu_pod("idle", namespace, "0.5"))
+    wait_for(lambda: bound(core, namespace, "idle"), 30, "the idle 0.5 tenant bound")
+    foreign = 7987  # 7.8 GiB held by a process that belongs to no gpupack pod
+    write_sim(agents.sim(n), [{"model": model, "processes": [{"pid": FOREIGN_PID, "used_mib": foreign}]}])
+    wait_for(lambda: gpu_row(extender, n, 0).get("foreignMiB") == foreign, 15, "foreign usage seen")
+    core.create_namespaced_pod(namespace, gpu_pod("second", namespace, "0.5"))
+    message = wait_for(lambda: unschedulable(core, namespace, "second"), 30, "second 0.5 refused")
+    assert f"{foreign} MiB {FOREIGN_NOTE}" in message, message
+    assert f"{total} MiB total" in message, message
+
+
+def test_an_mps_pod_never_lands_on_a_node_without_mps(
+    node_with_agent: Callable[[list[dict[str, Any]]], str], extender: str, core: Any, namespace: str
+) -> None:
+    n = node_with_agent([{"model": MODEL}])  # the agents here run with --no-mps
+    assert (state_of(extender, n) or {}).get("mps") is False
+    core.create_namespaced_pod(namespace, gpu_pod("m", namespace, "0.5", extra={names.ISOLATION: "mps"}))
+    message = wait_for(lambda: unschedulable(core, namespace, "m"), 30, "mps pod refused")
+    assert "isolation=mps" in message and "MPS is disabled" in message, message
+    # Without an explicit isolation the pod co-locates (no MPS limits), as documented.
+    core.create_namespaced_pod(namespace, gpu_pod("plain", namespace, "0.5"))
+    node, _ = wait_for(lambda: bound(core, namespace, "plain"), 30, "plain pod bound")
+    assert node == n
+
+
+def test_stale_agent_makes_its_node_unschedulable_until_it_returns(
+    node_with_agent: Callable[[list[dict[str, Any]]], str],
+    agents: SimAgents,
+    extender: Extender,
     core: Any,
     namespace: str,
 ) -> None:

@@ -37,6 +37,7 @@ KUBE_VERSION = "v1.34.10"  # what tests/k8s/build.sh builds
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "defaults": (),
+    "helm-certs": ("webhook.certs.mode=helm",),
     "cert-manager+monitoring+evict": (
         "webhook.certs.mode=certManager",
         "monitoring.serviceMonitor.enabled=true",
@@ -170,8 +171,8 @@ def test_committed_manifests_and_copies_equal_a_fresh_render(helm: str) -> None:
 
 
 def test_helm_mode_puts_its_own_ca_in_the_webhook_configuration(helm: str) -> None:
-    objs = render(helm, "gpupack", "gpupack-system")
-    secret = next(o for o in objs if o["kind"] == "Secret")
+    objs = render(helm, "gpupack", "gpupack-system", ("webhook.certs.mode=helm",))
+    secret = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] == "gpupack-webhook-tls")
     mwc = next(o for o in objs if o["kind"] == "MutatingWebhookConfiguration")
     assert secret["metadata"]["name"] == "gpupack-webhook-tls"
     assert [w["clientConfig"]["caBundle"] for w in mwc["webhooks"]] == [secret["data"]["ca.crt"]]
@@ -283,6 +284,10 @@ RBAC_CASES = [
     ("extender", "update", "leases.coordination.k8s.io", "kube-system", "kube-scheduler", False),
     ("extender", "delete", "nodes", "", "n", False),
     ("extender", "delete", "pods", "team-a", "p", False),
+    # pods: patch only (the pod-allocation admission policy limits it to the allocation annotations)
+    ("extender", "update", "pods", "team-a", "p", False),
+    ("extender", "create", "pods", "team-a", "", False),
+    ("extender", "patch", "pods/status", "team-a", "p", False),
     ("extender", "patch", "gpunodes.gpupack.io", "", "n", False),
     ("extender", "list", "secrets", "", "", False),
     ("agent", "patch", "nodes", "", "n", True),
@@ -430,13 +435,13 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(  # noqa: PLR
                 "--interval", "1s", "--min-write-interval", "1s", "--no-mps",
             )  # fmt: skip
             _start(cluster, f"deploy-agent-{node}", argv, f"http://127.0.0.1:{port}/healthz")
-        ext_url = cluster.extender_url
         argv = (
             *py, "extender", "serve", "--kubeconfig", str(cluster.kubeconfig_for("gpupack-extender")),
-            "--host", "127.0.0.1", "--port", str(cluster.extender_port),
+            "--host", "127.0.0.1", "--port", str(cluster.extender_port), *cluster.extender_tls_flags(),
             "--lease-namespace", GPUPACK_NAMESPACE, "--lease-duration", "3",
         )  # fmt: skip
-        _start(cluster, "deploy-extender", argv, f"{ext_url}/readyz", timeout=90)
+        ext_ops = f"http://127.0.0.1:{cluster.extender_ops_port}"
+        _start(cluster, "deploy-extender", argv, f"{ext_ops}/readyz", timeout=90)
         hook = f"127.0.0.1:{cluster.webhook_port}"
         argv = (
             *py, "webhook", "serve",
@@ -461,7 +466,7 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(  # noqa: PLR
         )
         prom_cfg = tmp_path / "prometheus.yml"
         agents = {n: f"127.0.0.1:{p}" for n, p in agent_ports.items()}
-        cfg = prometheus_config(f"127.0.0.1:{cluster.extender_port}", hook, agents, str(cluster.ca_file))
+        cfg = prometheus_config(f"127.0.0.1:{cluster.extender_ops_port}", hook, agents, str(cluster.ca_file))
         prom_cfg.write_text(yaml.safe_dump(cfg))
         argv = (
             prometheus, f"--config.file={prom_cfg}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",

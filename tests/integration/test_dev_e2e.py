@@ -147,7 +147,7 @@ def running(core: Any, namespace: str, name: str, timeout: float = 60) -> Any:
 
 
 def extender_binds(dev: Dev) -> float:
-    port = dev.state["ports"]["extender"]
+    port = dev.state["ports"]["extender_ops"]  # the plain-HTTP port of /metrics and the probes
     opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))  # never proxy loopback
     with opener.open(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
         text = resp.read().decode()

@@ -5,21 +5,26 @@ from __future__ import annotations
 import json
 import os
 import signal
+import ssl
 import sys
 import threading
 import time
+import urllib.error
 import urllib.request
 from collections import defaultdict
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from app import catalog, names
+from app import catalog, names, units
 from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
 from app.devcluster.addons import install_rbac
+from app.devcluster.nodes import NODE_CPU, NODE_MEMORY
+from app.hostres import HostResources
 from app.kube import gpunode
 from app.kube.client import Kube
 from app.kube.state import demand_of, node_order_key
@@ -35,6 +40,7 @@ PROC = "gpupack-extender"
 EXTENDER_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch", "patch"]},
     {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["gpupack.io"], "resources": ["gpunodes"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 ]
@@ -77,11 +83,12 @@ def start_extender(cluster: Cluster, policy: str = "binpack") -> str:
     argv = (
         sys.executable, "-m", "app.cli", "extender", "serve",
         "--kubeconfig", str(cluster.kubeconfig_for("gpupack-extender")),
-        "--host", "127.0.0.1", "--port", port, "--policy", policy,
+        "--host", "127.0.0.1", "--port", port, *cluster.extender_tls_flags(), "--policy", policy,
         "--lease-namespace", LEASE_NS, "--lease-duration", "3",
         "--heartbeat-timeout", "86400",  # the GPUNodes here are written once, not kept alive by agents
     )  # fmt: skip
-    cluster.start_process(ComponentSpec(PROC, argv, health=HealthCheck(f"{url}/readyz"), ready_timeout_s=90))
+    health = HealthCheck(f"http://127.0.0.1:{cluster.extender_ops_port}/readyz")
+    cluster.start_process(ComponentSpec(PROC, argv, health=health, ready_timeout_s=90))
     return url
 
 
@@ -131,7 +138,22 @@ def gpu_pod(
         res = {names.RESOURCE_GPU_MEMORY_MIB: str(mem * count)}
     spec: dict[str, Any] = {
         "nodeSelector": {POOL: pool},
-        "containers": [{"name": "main", "image": "busybox", "resources": {"requests": res, "limits": res}}],
+        "containers": [
+            {
+                "name": "main",
+                "image": "busybox",
+                "resources": {"requests": res, "limits": res},
+                # the webhook's env: the extender places only pods that carry it
+                "env": [
+                    {
+                        "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
+                        "valueFrom": {
+                            "fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}
+                        },
+                    }
+                ],
+            }
+        ],
     }
     if scheduler:
         spec["schedulerName"] = scheduler
@@ -211,11 +233,16 @@ def mixed_pods(n: int) -> list[dict[str, int]]:
 def predict(
     nodes: Sequence[str], gpus: int, shapes: Sequence[dict[str, int]], policy: str
 ) -> list[Allocation | None]:
-    """The simulator's answer: `place` pod by pod over the same nodes in the same (natural) order."""
+    """The simulator's answer: `place` pod by pod over the same nodes in the same (natural) order.
+
+    The nodes offer the kwok nodes' allocatable CPU and memory, as the extender sees them.
+    """
+    host = HostResources(int(NODE_CPU) * 1000, units.memory_mib(NODE_MEMORY).mib)
     state = ClusterState()
     for name in sorted(nodes, key=node_order_key):
         gn = gpunode.GPUNode.from_dict(gpunode_body(name, gpus, beat=1.0))
-        state.nodes[name] = gn.to_model_node(1.0)
+        node = gn.to_model_node(1.0)
+        state.nodes[name] = replace(node, cpu_milli_free=host.cpu_milli, memory_mib_free=host.memory_mib)
     pol = registry.create(policy)
     out: list[Allocation | None] = []
     for s in shapes:
@@ -242,6 +269,8 @@ def test_packing_matches_the_simulator(
     shapes = mixed_pods(300)
     expected = predict(nodes, 8, shapes, "binpack")
     assert 0 < sum(e is None for e in expected) < 100  # the mix overflows the cluster
+    # Whole and multi-GPU pods are part of the mix, and the simulator places them on empty GPUs.
+    assert any(e is not None and e.milli == 1000 and len(e.gpu_indexes) == 2 for e in expected)
     for i, s in enumerate(shapes):
         name = f"p{i:03d}"
         core.create_namespaced_pod(namespace, gpu_pod(name, namespace, namespace, **s))
@@ -291,18 +320,42 @@ def test_sigkill_mid_burst_loses_and_duplicates_nothing(  # noqa: PLR0917  (pyte
         assert a.milli == milli, name
 
 
-def _post(url: str, body: dict[str, Any]) -> dict[str, Any]:
+def _post(cluster: Cluster, url: str, body: dict[str, Any]) -> dict[str, Any]:
+    """POST as kube-scheduler does: HTTPS with the scheduler's client certificate."""
     req = urllib.request.Request(
         url, json.dumps(body).encode(), {"Content-Type": "application/json"}, method="POST"
     )
-    opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-    with opener.open(req, timeout=10) as resp:
+    with cluster.extender_opener().open(req, timeout=10) as resp:
         out: dict[str, Any] = json.loads(resp.read())
         return out
 
 
-def test_two_binds_racing_for_the_last_share_one_wins(
-    extender: Callable[..., str], setup: Kube, core: Any, namespace: str, gpu_nodes: Any
+def test_extender_answers_only_the_schedulers_client_certificate(
+    cluster: Cluster, extender: Callable[..., str], namespace: str
+) -> None:
+    """/bind (and every other verb) without the client certificate: refused in the TLS handshake."""
+    url = extender("binpack")
+    args = {"PodName": "nobody", "PodNamespace": namespace, "PodUID": "", "Node": "n"}
+    req = urllib.request.Request(
+        f"{url}/bind", json.dumps(args).encode(), {"Content-Type": "application/json"}, method="POST"
+    )
+    no_cert = ssl.create_default_context(cafile=str(cluster.ca_file))  # trusts the server, presents nothing
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=no_cert)
+    )
+    with pytest.raises((ssl.SSLError, ConnectionError, urllib.error.URLError)) as err:
+        opener.open(req, timeout=10).read()
+    assert not isinstance(err.value, urllib.error.HTTPError)  # no HTTP status at all: TLS said no
+    # the same call with the scheduler's certificate is answered (the pod does not exist)
+    assert "not found" in _post(cluster, f"{url}/bind", args)["Error"].lower()
+    # probes and metrics stay on the plain ops port
+    plain = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+    with plain.open(f"http://127.0.0.1:{cluster.extender_ops_port}/metrics", timeout=10) as resp:
+        assert b"gpupack_extender_binds_total" in resp.read()
+
+
+def test_two_binds_racing_for_the_last_share_one_wins(  # noqa: PLR0917  (pytest fixtures)
+    cluster: Cluster, extender: Callable[..., str], setup: Kube, core: Any, namespace: str, gpu_nodes: Any
 ) -> None:
     (node,) = gpu_nodes(1, gpus_per_node=1, model=MODEL, labels={POOL: namespace})
     create_gpunodes(setup, [node], 1)
@@ -319,7 +372,7 @@ def test_two_binds_racing_for_the_last_share_one_wins(
     def bind(name: str) -> None:
         gate.wait()
         args = {"PodName": name, "PodNamespace": namespace, "PodUID": uids[name], "Node": node}
-        results[name] = _post(f"{url}/bind", args)["Error"]
+        results[name] = _post(cluster, f"{url}/bind", args)["Error"]
 
     threads = [threading.Thread(target=bind, args=(n,)) for n in uids]
     for t in threads:

@@ -68,7 +68,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.reply((extender if mode == "extender" else webhook)(verb, args))
 
 server = http.server.ThreadingHTTPServer(("127.0.0.1", port), Handler)
-if mode == "webhook":
+if "CERT" in os.environ:  # both: kube-scheduler calls extenders over HTTPS too
     ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     ctx.load_cert_chain(os.environ["CERT"], os.environ["KEY"])
     server.socket = ctx.wrap_socket(server.socket, server_side=True)
@@ -136,8 +136,15 @@ def test_gpu_pod_goes_through_the_configured_extender(
         ComponentSpec(
             "stub-extender",
             (sys.executable, str(stub), "extender", str(cluster.extender_port)),
-            health=HealthCheck(f"{cluster.extender_url}/healthz"),
-            env={"API": cluster.api_url, "TOKEN": cluster.token("admin"), "CA": str(cluster.ca_file)},
+            health=HealthCheck(f"{cluster.extender_url}/healthz", ca_file=str(cluster.ca_file)),
+            env={
+                "API": cluster.api_url,
+                "TOKEN": cluster.token("admin"),
+                "CA": str(cluster.ca_file),
+                # the extender's serving pair; the stub asks for no client certificate
+                "CERT": str(cluster.extender_tls[0]),
+                "KEY": str(cluster.extender_tls[1]),
+            },
         )
     )
     try:

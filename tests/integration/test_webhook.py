@@ -246,6 +246,52 @@ def test_pods_without_our_annotations_are_never_sent(webhook: Webhook, core: Any
     assert webhook.reviews() == before
 
 
+def _with(resources: dict[str, Any], init: bool = False) -> dict[str, Any]:
+    gpu = {"name": "warm" if init else "main", "image": "cuda", "resources": resources}
+    if init:
+        return {"containers": [{"name": "main", "image": "cuda"}], "initContainers": [gpu]}
+    return {"containers": [gpu]}
+
+
+MILLI = {names.RESOURCE_GPU_MILLI: "600"}
+
+
+@pytest.mark.parametrize(
+    ("spec", "resource", "where"),
+    [
+        pytest.param(
+            _with({"requests": MILLI, "limits": MILLI}),
+            names.RESOURCE_GPU_MILLI,
+            "container 'main'",
+            id="requests-and-limits",
+        ),
+        pytest.param(
+            _with({"limits": {names.RESOURCE_GPU_MEMORY_MIB: "4096"}}),
+            names.RESOURCE_GPU_MEMORY_MIB,
+            "container 'main'",
+            id="limits-only",
+        ),
+        pytest.param(
+            _with({"limits": MILLI}, init=True), names.RESOURCE_GPU_MILLI, "init container 'warm'", id="init"
+        ),
+    ],
+)
+def test_our_resources_without_annotations_are_refused_by_the_apiserver(
+    webhook: Webhook, core: Any, namespace: str, *, spec: dict[str, Any], resource: str, where: str
+) -> None:
+    """matchConditions send such pods to the webhook, which refuses them naming the resource and the fix."""
+    before = webhook.reviews()["denied"]
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_pod(namespace, pod("direct", {"team": "a"}, **spec))
+    assert err.value.status == 422
+    body = err.value.body
+    assert f'admission webhook \\"{HOOK}\\" denied the request: {resource}=' in body
+    assert f"requested by {where} without a GPU-share annotation" in body
+    assert f"annotate the pod with {names.GPU_FRACTION}" in body
+    assert webhook.reviews()["denied"] == before + 1
+    assert core.list_namespaced_pod(namespace).items == []
+
+
 def test_serving_cert_rotation_without_restart(cluster: Cluster, tmp_path: Path) -> None:
     """`gpupack certs` over the live files: new connections get the new cert, the process keeps running."""
     gpupack = (sys.executable, "-m", "app.cli")

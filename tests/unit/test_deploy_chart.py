@@ -7,6 +7,8 @@ integration tier checks it equals a fresh render), so these checks cover the cha
 from __future__ import annotations
 
 import copy
+import json
+import re
 import shlex
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,6 +17,7 @@ from typing import Any
 import pytest
 import yaml
 
+from app import names
 from app.cli import build_parser
 from app.devcluster import schedconfig
 
@@ -82,7 +85,8 @@ def test_scheduler_config_is_the_integration_tests_config(objects: list[dict[str
     want = schedconfig.render(
         schedconfig.template_path(REPO).read_text(),
         kubeconfig="",  # in-cluster
-        extender_url=f"http://gpupack-extender.{NS}.svc:8888",
+        extender_url=f"https://gpupack-extender.{NS}.svc:8888",
+        tls=schedconfig.CHART_TLS,  # where the scheduler pods mount Secret gpupack-scheduler-client
         overrides={"leaderElection": {"resourceName": "gpupack-scheduler", "resourceNamespace": NS}},
     )
     for profile in want["profiles"]:
@@ -202,7 +206,12 @@ def test_every_service_account_exists_and_webhook_has_no_token(objects: list[dic
                 assert (s["namespace"], s["name"]) in sas, o["metadata"]["name"]
     webhook = find(objects, "Deployment", "gpupack-webhook")["spec"]["template"]["spec"]
     assert webhook["automountServiceAccountToken"] is False
-    bound = {s["name"] for o in objects if o["kind"].endswith("Binding") for s in o["subjects"]}
+    bound = {
+        s["name"]
+        for o in objects
+        if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
+        for s in o["subjects"]
+    }
     assert "gpupack-webhook" not in bound
 
 
@@ -213,3 +222,73 @@ def test_disruption_budgets_select_their_workloads(objects: list[dict[str, Any]]
         workload = find(objects, "Deployment", b["metadata"]["name"])
         assert b["spec"]["selector"] == workload["spec"]["selector"]
         assert workload["spec"]["replicas"] > b["spec"]["minAvailable"]
+
+
+def _cel_list(policy: dict[str, Any], variable: str) -> list[str]:
+    """A CEL list-of-strings literal from the policy's variables, e.g. ['a', 'b'] -> ["a", "b"]."""
+    (expr,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == variable]
+    return re.findall(r"'([^']*)'", expr)
+
+
+def _service_account_user(objects: list[dict[str, Any]], kind: str, name: str) -> str:
+    spec = find(objects, kind, name)["spec"]["template"]["spec"]
+    return f"system:serviceaccount:{NS}:{spec['serviceAccountName']}"
+
+
+def test_pod_allocation_policy_guards_exactly_our_keys_for_the_extenders_identity(
+    objects: list[dict[str, Any]],
+) -> None:
+    policy = find(objects, "ValidatingAdmissionPolicy", "gpupack-pod-allocation")
+    assert _cel_list(policy, "allocationKeys") == list(names.ALLOCATION_ANNOTATIONS)
+    assert _cel_list(policy, "requestKeys") == list(names.USER_ANNOTATIONS)
+    (is_extender,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "isExtender"]
+    extender = _service_account_user(objects, "Deployment", "gpupack-extender")
+    assert is_extender == f"request.userInfo.username == '{extender}'"
+    rules = policy["spec"]["matchConstraints"]["resourceRules"]
+    assert rules == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["pods", "pods/status"],
+        }
+    ]
+    assert policy["spec"]["failurePolicy"] == "Fail"
+    assert all(v.get("reason") == "Forbidden" for v in policy["spec"]["validations"])
+    assert any(names.LABEL_MANAGED in v["expression"] for v in policy["spec"]["validations"])
+
+
+def test_agent_policy_matches_the_agents_identity_and_node_name_extra(objects: list[dict[str, Any]]) -> None:
+    policy = find(objects, "ValidatingAdmissionPolicy", "gpupack-agent-own-node")
+    (condition,) = policy["spec"]["matchConditions"]
+    assert condition["expression"] == (
+        f"request.userInfo.username == '{_service_account_user(objects, 'DaemonSet', 'gpupack-agent')}'"
+    )
+    resources = {r for rule in policy["spec"]["matchConstraints"]["resourceRules"] for r in rule["resources"]}
+    assert resources == {"nodes", "nodes/status", "gpunodes", "gpunodes/status"}
+    assert "authentication.kubernetes.io/node-name" in json.dumps(policy["spec"]["variables"])
+
+
+def test_every_policy_has_a_denying_binding(objects: list[dict[str, Any]]) -> None:
+    policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
+    bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
+    assert policies == {"gpupack-pod-allocation", "gpupack-agent-own-node"}
+    assert {b["spec"]["policyName"] for b in bindings} == policies
+    assert all(
+        b["spec"]["validationActions"] == ["Deny"] and "matchResources" not in b["spec"] for b in bindings
+    )
+
+
+def test_webhook_is_called_for_pods_with_our_resources_and_no_annotation() -> None:
+    """Without this, a pod requesting gpupack.io/* directly would skip the webhook's refusal."""
+    hook = load(REPO / "deploy/webhook/mutatingwebhookconfiguration.yaml")["webhooks"][0]
+    (condition,) = hook["matchConditions"]
+    expr = condition["expression"]
+    for needle in (
+        "object.spec.containers.exists(",
+        "object.spec.initContainers.exists(",
+        "requests",
+        "limits",
+    ):
+        assert needle in expr
+    assert expr.count("k.startsWith('gpupack.io/')") == 4

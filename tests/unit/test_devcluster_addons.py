@@ -27,6 +27,66 @@ def manifest_docs() -> list[dict[str, Any]]:
     return [d for d in yaml.safe_load_all((REPO / addons.MANIFEST_RELPATH).read_text()) if d]
 
 
+# ---- admission policies from the rendered chart ----
+
+
+def test_policies_come_from_the_chart_policies_before_bindings() -> None:
+    objs = addons.policy_objects(manifest_docs())
+    got = [(o["kind"], o["metadata"]["name"]) for o in objs]
+    assert sorted(got) == [
+        ("ValidatingAdmissionPolicy", "gpupack-agent-own-node"),
+        ("ValidatingAdmissionPolicy", "gpupack-pod-allocation"),
+        ("ValidatingAdmissionPolicyBinding", "gpupack-agent-own-node"),
+        ("ValidatingAdmissionPolicyBinding", "gpupack-pod-allocation"),
+    ]
+    kinds = [k for k, _ in got]
+    assert kinds == sorted(kinds, key=lambda k: k.endswith("Binding"))
+    assert addons.policy_objects(manifest_docs(), ("webhook",)) == []
+
+
+def test_scoped_binding_limits_a_copy_to_one_namespace_or_named_objects() -> None:
+    binding = {
+        "kind": "ValidatingAdmissionPolicyBinding",
+        "metadata": {"name": "gpupack-pod-allocation", "labels": {"a": "b"}},
+        "spec": {"policyName": "gpupack-pod-allocation", "validationActions": ["Deny"]},
+    }
+    original = copy.deepcopy(binding)
+    ns = addons.scoped_binding(binding, namespace="t-1")
+    assert binding == original
+    assert ns["metadata"] == {"name": "gpupack-pod-allocation-t-1", "labels": {"a": "b"}}
+    assert ns["spec"]["policyName"] == "gpupack-pod-allocation"
+    assert ns["spec"]["matchResources"] == {
+        "namespaceSelector": {
+            "matchExpressions": [{"key": "kubernetes.io/metadata.name", "operator": "In", "values": ["t-1"]}]
+        }
+    }
+    named = addons.scoped_binding(binding, object_names=["n1", "n2"])
+    assert named["metadata"]["name"] == "gpupack-pod-allocation-n1-n2"
+    (rule,) = named["spec"]["matchResources"]["resourceRules"]
+    assert rule["resourceNames"] == ["n1", "n2"] and rule["resources"] == ["*/*"]
+    with pytest.raises(ValueError, match="cluster-wide"):
+        addons.scoped_binding(binding)
+
+
+def test_agent_tokens_are_bound_to_a_pod_on_its_node() -> None:
+    pod = addons.agent_anchor_pod("gpu-0")
+    assert pod["metadata"]["namespace"] == "gpupack-system"
+    assert pod["spec"]["nodeName"] == "gpu-0"
+    assert pod["spec"]["serviceAccountName"] == "gpupack-agent"
+    assert pod["spec"]["automountServiceAccountToken"] is False
+    req = addons.bound_token_request(pod["metadata"]["name"], "uid-1", 3600)
+    assert req["spec"] == {
+        "expirationSeconds": 3600,
+        "boundObjectRef": {"kind": "Pod", "apiVersion": "v1", "name": "gpupack-agent-gpu-0", "uid": "uid-1"},
+    }
+
+
+def test_allocation_probe_pod_carries_an_allocation_annotation_only() -> None:
+    pod = addons.allocation_probe_pod()
+    assert set(pod["metadata"]["annotations"]) == {names.ALLOC_NODE}
+    assert "labels" not in pod["metadata"]
+
+
 # ---- RBAC from the rendered chart ----
 
 
@@ -181,14 +241,17 @@ def parse_cli(argv: tuple[str, ...]) -> Any:
 
 
 def test_component_argv_parse_with_the_real_cli(tmp_path: Path) -> None:
-    ext = parse_cli(addons.extender_spec(1111, tmp_path / "e.kubeconfig").argv)
-    assert (ext.command, ext.port, ext.host, ext.lease_namespace) == (
+    tls = (tmp_path / "e.crt", tmp_path / "e.key", tmp_path / "client-ca.crt")
+    ext = parse_cli(addons.extender_spec(1111, 1112, tmp_path / "e.kubeconfig", tls).argv)
+    assert (ext.command, ext.port, ext.ops_port, ext.host, ext.lease_namespace) == (
         "extender",
         1111,
+        1112,
         "127.0.0.1",
         "gpupack-system",
     )
     assert ext.kubeconfig == str(tmp_path / "e.kubeconfig")
+    assert (ext.tls_cert, ext.tls_key, ext.client_ca) == tuple(str(p) for p in tls)
     hook = parse_cli(addons.webhook_spec(2222, tmp_path / "c", tmp_path / "k", tmp_path / "ca").argv)
     assert (hook.command, hook.port, hook.cert, hook.key) == (
         "webhook",
@@ -212,8 +275,9 @@ def test_component_argv_parse_with_the_real_cli(tmp_path: Path) -> None:
 
 
 def test_extender_is_ready_only_as_leader_with_synced_informers(tmp_path: Path) -> None:
-    spec = addons.extender_spec(1111, tmp_path / "k")
-    assert spec.health is not None and spec.health.url == "http://127.0.0.1:1111/readyz"
+    spec = addons.extender_spec(1111, 1112, tmp_path / "k", (tmp_path / "c", tmp_path / "k", tmp_path / "a"))
+    # the plain ops port: the HTTPS port would need the scheduler's client certificate
+    assert spec.health is not None and spec.health.url == "http://127.0.0.1:1112/readyz"
 
 
 # ---- `dev up` flags and output ----

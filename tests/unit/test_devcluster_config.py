@@ -21,7 +21,10 @@ def _render(**kw: Any) -> dict[str, Any]:
     return schedconfig.render(
         TEMPLATE.read_text(),
         kubeconfig="/d/kubeconfigs/scheduler.kubeconfig",
-        extender_url="http://127.0.0.1:23456",
+        extender_url="https://127.0.0.1:23456",
+        tls=schedconfig.ExtenderTLS(
+            "/d/pki/ca.crt", "/d/pki/scheduler-client.crt", "/d/pki/scheduler-client.key"
+        ),
         **kw,
     )
 
@@ -32,12 +35,18 @@ def test_scheduler_config_extender_entry_is_exactly_the_contract() -> None:
     assert doc["clientConnection"] == {"kubeconfig": "/d/kubeconfigs/scheduler.kubeconfig"}
     (ext,) = doc["extenders"]
     assert ext == {
-        "urlPrefix": "http://127.0.0.1:23456",
+        "urlPrefix": "https://127.0.0.1:23456",
         "filterVerb": "filter",
         "prioritizeVerb": "prioritize",
         "bindVerb": "bind",
         "weight": 5,
-        "enableHTTPS": False,
+        # mutual TLS: the extender answers only the scheduler's client certificate
+        "enableHTTPS": True,
+        "tlsConfig": {
+            "caFile": "/d/pki/ca.crt",
+            "certFile": "/d/pki/scheduler-client.crt",
+            "keyFile": "/d/pki/scheduler-client.key",
+        },
         "nodeCacheCapable": True,
         "httpTimeout": "5s",
         "ignorable": False,
@@ -64,7 +73,12 @@ def test_scheduler_config_without_overrides_is_the_production_shape() -> None:
 
 def test_scheduler_config_rejects_unknown_placeholders() -> None:
     with pytest.raises(KeyError, match="NOPE"):
-        schedconfig.render("kind: KubeSchedulerConfiguration\nx: ${NOPE}\n", kubeconfig="", extender_url="")
+        schedconfig.render(
+            "kind: KubeSchedulerConfiguration\nx: ${NOPE}\n",
+            kubeconfig="",
+            extender_url="",
+            tls=schedconfig.CHART_TLS,
+        )
 
 
 def test_token_csv_rows_and_groups() -> None:
@@ -76,7 +90,8 @@ def test_token_csv_rows_and_groups() -> None:
         "tok-gpupack-agent,system:serviceaccount:gpupack-system:gpupack-agent,uid-gpupack-agent,"
         '"system:serviceaccounts,system:serviceaccounts:gpupack-system"'
     ) in rows
-    assert len(rows) == len(identities.IDENTITIES) == 6
+    assert 'tok-tenant,tenant,uid-tenant,"tenants"' in rows
+    assert len(rows) == len(identities.IDENTITIES) == 7
 
 
 def test_new_tokens_are_distinct_and_csv_safe() -> None:

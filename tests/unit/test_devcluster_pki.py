@@ -15,6 +15,7 @@ from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from app.devcluster import pki
+from app.tls import ReloadingContext
 
 
 def _sans(cert: x509.Certificate) -> tuple[list[str], list[str]]:
@@ -70,6 +71,9 @@ def test_private_keys_are_owner_only(written: pki.Pki) -> None:
         written.apiserver.key,
         written.webhook.key,
         written.scheduler.key,
+        written.extender.key,
+        written.extender_client_ca.key,
+        written.scheduler_client.key,
         written.sa_key,
     ):
         assert stat.S_IMODE(key.stat().st_mode) == 0o600, key
@@ -111,6 +115,58 @@ def test_webhook_cert_is_refused_for_another_host(written: pki.Pki) -> None:
 
 def test_write_creates_every_path(written: pki.Pki) -> None:
     paths: list[Path] = [written.sa_key, written.sa_pub]
-    for pair in (written.ca, written.apiserver, written.scheduler, written.webhook):
+    for pair in (
+        written.ca,
+        written.apiserver,
+        written.scheduler,
+        written.webhook,
+        written.extender,
+        written.extender_client_ca,
+        written.scheduler_client,
+    ):
         paths += [pair.cert, pair.key]
     assert all(p.is_file() and p.stat().st_size > 0 for p in paths)
+
+
+def _mutual(written: pki.Pki, client: pki.CertPaths | None) -> str:
+    """The extender's context (app.tls) against a client presenting `client`, over a socketpair."""
+    tls = ReloadingContext(
+        written.extender.cert, written.extender.key, client_ca=written.extender_client_ca.cert
+    )
+    client_ctx = ssl.create_default_context(cafile=str(written.ca.cert))
+    if client is not None:
+        client_ctx.load_cert_chain(client.cert, client.key)
+    a, b = socket.socketpair()
+    errors: list[BaseException] = []
+
+    def serve() -> None:
+        try:
+            with tls.context.wrap_socket(a, server_side=True) as conn:
+                conn.sendall(b"ok")
+        except (ssl.SSLError, OSError) as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        with client_ctx.wrap_socket(b, server_hostname="127.0.0.1") as conn:
+            return conn.recv(2).decode()
+    finally:
+        thread.join(5)
+        b.close()
+
+
+def test_extender_accepts_the_schedulers_client_cert(written: pki.Pki) -> None:
+    assert _mutual(written, written.scheduler_client) == "ok"
+
+
+@pytest.mark.parametrize("who", ["none", "scheduler-serving-cert", "webhook-serving-cert"])
+def test_extender_refuses_other_certificates_of_the_dev_ca(written: pki.Pki, who: str) -> None:
+    """Signed by the dev CA is not enough: only the extender's own client CA gets in."""
+    client = {
+        "none": None,
+        "scheduler-serving-cert": written.scheduler,
+        "webhook-serving-cert": written.webhook,
+    }
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        _mutual(written, client[who])

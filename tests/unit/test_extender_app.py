@@ -36,6 +36,13 @@ def gpunode(name: str, gpus: int = 2, mem: int = 16_384, model: str = "V100M16")
     return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
 
 
+# What the webhook gives the GPU container (the extender places only pods that carry it).
+GPU_ENV: JsonDict = {
+    "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
+    "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}},
+}
+
+
 def pod(
     name: str, milli: int = 500, count: int = 1, node: str = "", alloc: Allocation | None = None
 ) -> JsonDict:
@@ -54,7 +61,7 @@ def pod(
         },
         "spec": {
             "nodeName": node,
-            "containers": [{"name": "c", "resources": {"requests": res, "limits": res}}],
+            "containers": [{"name": "c", "resources": {"requests": res, "limits": res}, "env": [GPU_ENV]}],
         },
         "status": {"phase": "Running" if node else "Pending"},
     }
@@ -101,6 +108,9 @@ class FakeKube:
             p = self.pods[name]
             if p["spec"]["nodeName"]:
                 raise KubeError(409, "Conflict", "pod is already assigned to a node")
+            want_rv = req.body["metadata"].get("resourceVersion")
+            if want_rv and want_rv != p["metadata"]["resourceVersion"]:
+                raise KubeError(409, "Conflict", "Precondition failed: ResourceVersion in precondition")
             p["spec"]["nodeName"] = req.body["target"]["name"]
             self._bump(p)
             return {"kind": "Status", "status": "Success"}
@@ -183,6 +193,21 @@ def test_filter_invalid_request_is_unresolvable_everywhere() -> None:
     assert out["FailedAndUnresolvableNodes"]["n1"].startswith("invalid GPU request: gpu-fraction='nan'")
 
 
+def test_filter_refuses_a_pod_the_webhook_did_not_admit_and_says_why() -> None:
+    env = Env()
+    bare = pod("p")
+    del bare["metadata"]["labels"]
+    bare["spec"]["containers"][0].pop("env")
+    out = env.filter(bare, ["n1", "n2"])
+    assert out["NodeNames"] == []
+    assert set(out["FailedAndUnresolvableNodes"]) == {"n1", "n2"}
+    reason = out["FailedAndUnresolvableNodes"]["n1"]
+    assert reason.startswith("not admitted by the gpupack webhook: metadata.labels[gpupack.io/managed]='': ")
+    assert "containers[c].env[NVIDIA_VISIBLE_DEVICES]='<unset>'" in reason
+    # Nothing was held for it: the same nodes still take a webhook-made pod of the same size.
+    assert env.filter(pod("q"), ["n1", "n2"])["NodeNames"]
+
+
 def test_filter_accepts_full_node_objects_when_not_cache_capable() -> None:
     env = Env(decide=False)
     args = {"Pod": pod("p"), "Nodes": {"items": [{"metadata": {"name": "n2"}}]}, "NodeNames": None}
@@ -205,6 +230,7 @@ def test_bind_writes_allocation_with_precondition_then_binding() -> None:
     kinds = [(r.method, r.path.rsplit("/", 1)[-1]) for r in env.kube.sent]
     assert kinds == [("GET", "p"), ("PATCH", "p"), ("POST", "binding")]
     assert env.kube.sent[1].body["metadata"]["resourceVersion"] == "1"
+    assert env.kube.sent[2].body["metadata"]["resourceVersion"] == "101"  # what the patch produced
     stored = env.kube.pods["p"]
     assert Allocation.from_annotations(stored["metadata"]["annotations"]) == Allocation(
         "n1", (0,), ("GPU-n1-0",), 500, 8192
@@ -222,6 +248,25 @@ def test_bind_conflict_releases_the_hold() -> None:
     env.kube.fail["PATCH"] = KubeError(409, "Conflict", "the object has been modified")
     assert env.bind(p, "n1").startswith("writing allocation: 409 Conflict")
     assert len(env.cache.assume) == 0
+
+
+def test_a_write_by_anyone_between_patch_and_binding_fences_the_binding() -> None:
+    env = Env()
+    p = pod("p")
+    env.kube.add(p)
+    real = env.kube.send
+
+    def other_writer_in_between(req: Request) -> JsonDict:
+        if req.path.endswith("/binding"):  # e.g. a new leader re-allocated the pod to n2's GPU
+            env.kube.pods["p"]["metadata"]["annotations"][names.ALLOC_NODE] = "n2"
+            env.kube._bump(env.kube.pods["p"])
+        return real(req)
+
+    env.kube.send = other_writer_in_between  # type: ignore[method-assign]
+    assert env.bind(p, "n1").startswith("creating binding: 409 Conflict")
+    stored = env.kube.pods["p"]
+    assert stored["spec"]["nodeName"] == ""  # never bound to n1 under n2's allocation
+    assert stored["metadata"]["annotations"][names.ALLOC_NODE] == "n2"  # and the other write stands
 
 
 def test_failed_binding_removes_the_allocation_and_the_hold() -> None:

@@ -23,7 +23,7 @@ SCHEDULER_FILTER = (
 def test_filter_args_from_scheduler() -> None:
     args = ExtenderArgs.model_validate_json(SCHEDULER_FILTER)
     assert args.Nodes is None and args.node_names() == ["gpu-node-0", "gpu-node-1"]
-    assert args.Pod["metadata"]["uid"] == "6f0c"
+    assert args.pod()["metadata"]["uid"] == "6f0c"
 
 
 def test_filter_args_with_full_nodes_and_unknown_fields() -> None:

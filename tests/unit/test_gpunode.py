@@ -280,3 +280,36 @@ def test_to_model_node_for_the_extender() -> None:
 )
 def test_stale_reason(heartbeat: float | None, now: float, reason: str) -> None:
     assert gpunode.stale_reason(heartbeat, 90, now) == reason
+
+
+def test_foreign_memory_round_trips_and_reaches_placement() -> None:
+    from dataclasses import replace
+
+    gpu_a = replace(STATUS.gpus[0], foreign_memory_mib=7987)
+    status = replace(STATUS, gpus=(gpu_a, *STATUS.gpus[1:]))
+    assert status.to_dict()["gpus"][0]["foreignMemoryMiB"] == 7987
+    assert GPUNodeStatus.from_dict(status.to_dict()) == status
+    node = GPUNode("gpu-1", SPEC, status).to_model_node(T0)
+    assert [(g.foreign_mib, g.utilization_percent) for g in node.gpus] == [(7987, 12), (0, None)]
+    assert node.gpus[0].memory_free_mib == 40960 - 7987
+
+
+@pytest.mark.parametrize(
+    ("mps", "env", "schedulable", "has_mps"),
+    [
+        pytest.param(MpsStatus("running", "mps"), "allowed", True, True, id="mps-running"),
+        pytest.param(MpsStatus("disabled", "none"), "unknown", True, False, id="mps-disabled"),
+        pytest.param(MpsStatus("running", "mps"), "disabled", False, True, id="env-selection-disabled"),
+    ],
+)
+def test_model_node_knows_mps_and_env_device_selection(
+    mps: MpsStatus, env: str, schedulable: bool, has_mps: bool
+) -> None:
+    from dataclasses import replace
+
+    node = GPUNode("gpu-1", SPEC, replace(STATUS, mps=mps, env_device_selection=env)).to_model_node(T0)
+    assert (node.schedulable, node.mps) == (schedulable, has_mps)
+    if not has_mps:
+        assert node.mps_reason == "MPS is disabled on this node"
+    if not schedulable:
+        assert "NVIDIA_VISIBLE_DEVICES" in node.unschedulable_reason

@@ -3,17 +3,20 @@
 from __future__ import annotations
 
 import contextlib
+import http.client
 import json
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import kubernetes
 import pytest
+import urllib3
 
 from app.errors import KubeError
-from app.kube.client import Kube, Request, Timeouts
+from app.kube.client import Kube, Request, Timeouts, transport_error
 
 Script = Callable[[socket.socket], None]
 JsonEvent = dict[str, object]
@@ -224,3 +227,45 @@ def test_a_clean_watch_end_and_an_error_event(serve: Callable[[Script], Kube]) -
             seen.append(ev["object"]["metadata"]["name"])
     assert seen == ["a", "b"]  # the blank line between them is skipped
     assert err.value.is_gone
+
+
+POOL = urllib3.HTTPConnectionPool("127.0.0.1", 1)
+
+
+@pytest.mark.parametrize(
+    ("exc", "reason", "text"),
+    [
+        (urllib3.exceptions.ReadTimeoutError(POOL, "/x", "Read timed out."), "Timeout", "ReadTimeoutError"),
+        (
+            urllib3.exceptions.MaxRetryError(
+                POOL, "/x", urllib3.exceptions.NewConnectionError(None, "Connection refused")
+            ),
+            "Unreachable",
+            "Connection refused",
+        ),
+        (
+            urllib3.exceptions.MaxRetryError(POOL, "/x", urllib3.exceptions.ConnectTimeoutError("slow")),
+            "Timeout",
+            "ConnectTimeoutError: slow",
+        ),
+        (urllib3.exceptions.ProtocolError("Connection broken"), "Unreachable", "ProtocolError"),
+        (ssl.SSLError(1, "UNEXPECTED_EOF_WHILE_READING"), "Unreachable", "SSLError"),
+        (http.client.IncompleteRead(b"{", 10), "Unreachable", "IncompleteRead"),
+        (TimeoutError("timed out"), "Timeout", "timed out"),
+        (ConnectionResetError(104, "Connection reset by peer"), "Unreachable", "ConnectionResetError"),
+    ],
+    ids=[
+        "read-timeout",
+        "refused",
+        "connect-timeout",
+        "protocol",
+        "ssl",
+        "incomplete",
+        "socket-timeout",
+        "reset",
+    ],
+)
+def test_transport_errors_map_to_one_kube_error(exc: BaseException, reason: str, text: str) -> None:
+    err = transport_error(exc)
+    assert (err.code, err.reason) == (0, reason)
+    assert text in err.message

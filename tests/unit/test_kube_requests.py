@@ -56,6 +56,8 @@ def test_binding_body_targets_node_and_carries_uid() -> None:
         "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1"},
         "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
     }
+    fenced = requests.binding("ns", "p", "uid-1", "n1", resource_version="42")
+    assert fenced.body["metadata"]["resourceVersion"] == "42"
 
 
 def test_list_and_watch_queries() -> None:

@@ -101,6 +101,18 @@ def test_hold_counts_until_echo_and_replaces_a_stale_annotation() -> None:
     assert c.assume.get("u1") is None and used(c, "n1") == [0, 500]
 
 
+def test_a_relist_that_shows_the_binding_ends_the_hold_and_an_absent_pod_keeps_it() -> None:
+    c = cache()
+    c.set_gpunodes([gpunode("n1")])
+    c.assume.hold("u1", alloc("n1", 1))
+    c.assume.hold("u2", alloc("n1", 0))
+    c.set_pods([pod("p", "u1", allocation=alloc("n1", 1))])  # patched, not bound yet: still held
+    assert c.assume.get("u1") is not None
+    c.set_pods([pod("p", "u1", node="n1", allocation=alloc("n1", 1))])  # the relist carries the echo
+    assert c.assume.get("u1") is None and used(c, "n1") == [500, 500]
+    assert c.assume.get("u2") is not None  # absent from the list, which may predate the pod
+
+
 def test_exclude_uid_removes_the_pods_own_share() -> None:
     c = cache()
     c.set_gpunodes([gpunode("n1")])
@@ -219,3 +231,102 @@ def test_pod_info_pending_and_corrupt_allocation() -> None:
     p["metadata"]["annotations"][names.ALLOC_GPU_MILLI] = "lots"
     info = pod_info(p)
     assert info.alloc is None and info.pending and info.key == "ns/p"
+
+
+# --- host CPU and memory, and pods that are ours without the label ---
+
+
+def node_obj(name: str, cpu: str = "32", mem: str = "128Gi") -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"allocatable": {"cpu": cpu, "memory": mem, "pods": "110"}}}
+
+
+def plain_pod(uid: str, node: str, cpu: str, mem: str, phase: str = "Running") -> dict[str, Any]:
+    return {
+        "metadata": {"name": uid, "namespace": "ns", "uid": uid},
+        "spec": {
+            "nodeName": node,
+            "containers": [{"name": "c", "resources": {"requests": {"cpu": cpu, "memory": mem}}}],
+        },
+        "status": {"phase": phase},
+    }
+
+
+def host_free(c: ClusterCache, node: str, exclude: str = "") -> tuple[int | None, int | None]:
+    n = c.node(node, exclude_uid=exclude)
+    assert n is not None
+    return n.cpu_milli_free, n.memory_mib_free
+
+
+def test_node_cpu_and_memory_free_count_every_bound_pod() -> None:
+    c = cache()
+    c.set_gpunodes([gpunode("n1"), gpunode("n2")])
+    assert host_free(c, "n1") == (None, None)  # no Node object yet: not tracked
+    c.set_nodes([node_obj("n1"), node_obj("n2", cpu="8", mem="16Gi")])
+    c.set_pods(
+        [
+            plain_pod("a", "n1", "4", "8Gi"),
+            plain_pod("b", "n1", "500m", "1Gi"),
+            plain_pod("done", "n1", "8", "8Gi", phase="Succeeded"),
+            plain_pod("pending", "", "8", "8Gi", phase="Pending"),
+        ]
+    )
+    assert host_free(c, "n1") == (32_000 - 4500, 131_072 - 9216)
+    assert host_free(c, "n2") == (8000, 16_384)
+    c.upsert_pod(plain_pod("b", "n1", "500m", "1Gi", phase="Failed"))  # finished: frees its request
+    assert host_free(c, "n1") == (32_000 - 4000, 131_072 - 8192)
+    c.delete_pod(plain_pod("a", "n1", "4", "8Gi"))
+    assert host_free(c, "n1") == (32_000, 131_072)
+    c.upsert_node(node_obj("n1", cpu="16"))
+    assert host_free(c, "n1") == (16_000, 131_072)
+    # Plain pods are accounted for CPU only: they never become gpupack pods in the cache.
+    assert c.pods() == []
+
+
+def test_a_held_pod_is_charged_its_cpu_until_its_bound_pod_shows_up() -> None:
+    c = cache()
+    c.set_gpunodes([gpunode("n1")])
+    c.set_nodes([node_obj("n1")])
+    p = pod("p", "u1")
+    p["spec"]["containers"][0]["resources"]["requests"].update({"cpu": "6", "memory": "10Gi"})
+    c.set_pods([p])
+    info = c.pod("u1")
+    assert info is not None and isinstance(info.demand, Demand)
+    assert (info.demand.cpu_milli, info.demand.host_memory_mib) == (6000, 10_240)
+    c.assume.hold("u1", alloc("n1", 0))
+    assert host_free(c, "n1") == (26_000, 131_072 - 10_240)
+    assert host_free(c, "n1", exclude="u1") == (32_000, 131_072)  # its own hold never blocks it
+    bound = pod("p", "u1", node="n1", allocation=alloc("n1", 0), phase="Running")
+    bound["spec"]["containers"][0]["resources"]["requests"].update({"cpu": "6", "memory": "10Gi"})
+    c.upsert_pod(bound)  # the watch echo: charged through the bound pod now, once
+    assert host_free(c, "n1") == (26_000, 131_072 - 10_240)
+    assert used(c, "n1") == [500, 0]
+
+
+def test_removing_the_managed_label_does_not_forget_the_share() -> None:
+    c = cache()
+    c.set_gpunodes([gpunode("n1")])
+    p = pod("p", "u1", node="n1", allocation=alloc("n1", 0, milli=600), phase="Running")
+    p["metadata"]["labels"] = {names.LABEL_MANAGED: "true"}
+    c.set_pods([p])
+    assert used(c, "n1") == [600, 0]
+    del p["metadata"]["labels"]
+    c.upsert_pod(p)
+    assert used(c, "n1") == [600, 0]
+
+
+def test_an_explicit_mps_isolation_makes_mps_required() -> None:
+    p = pod("p", "u1")
+    assert isinstance(d := demand_of(p), Demand) and not d.needs_mps
+    p["metadata"]["annotations"][names.ISOLATION] = "mps"
+    assert isinstance(d := demand_of(p), Demand) and d.needs_mps
+    p["metadata"]["annotations"][names.ISOLATION] = "none"
+    assert isinstance(d := demand_of(p), Demand) and not d.needs_mps
+
+
+def test_the_demand_the_verbs_parse_carries_the_pods_cpu_and_memory() -> None:
+    # filter, prioritize and bind parse the pod in the scheduler's request with demand_of: without its
+    # CPU, policies that weigh node CPU (binpack, fragaware) would score differently from the simulator.
+    p = pod("p", "u1", milli=160)
+    p["spec"]["containers"][0]["resources"]["requests"].update({"cpu": "6", "memory": "22888Mi"})
+    p["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {"cpu": "8"}}}]
+    assert demand_of(p) == Demand(count=1, milli=160, cpu_milli=8000, host_memory_mib=22888)

@@ -258,6 +258,7 @@ def test_memory_request_with_everything() -> None:
         memory_mib=8192,
         models=("V100M32", "A100-40GB"),
         isolation=Isolation.NONE,
+        isolation_explicit=True,
     )
     assert req.resource == (names.RESOURCE_GPU_MEMORY_MIB, 16384)
     assert req.demand() == Demand(count=2, memory_mib=8192, models=frozenset({"V100M32", "A100-40GB"}))

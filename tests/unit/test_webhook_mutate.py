@@ -458,7 +458,12 @@ def test_property_mutation_is_consistent_and_idempotent(obj: dict[str, Any], sch
     first = mutate.decide(review, cfg)
     event(first.outcome.value)
     if not request.wants_gpu(obj["metadata"]["annotations"]):
-        assert first.outcome is WebhookOutcome.SKIPPED and "patch" not in first.response["response"]
+        ours = [r for c in request.containers_of(obj["spec"]) for r, _ in c.ours]
+        if ours:  # our resources without our annotations: refused, naming each resource
+            assert first.outcome is WebhookOutcome.DENIED
+            assert all(r in first.response["response"]["status"]["message"] for r in ours)
+        else:
+            assert first.outcome is WebhookOutcome.SKIPPED and "patch" not in first.response["response"]
         return
     if first.outcome is WebhookOutcome.DENIED:
         assert first.response["response"]["status"]["message"]
@@ -483,3 +488,81 @@ def test_property_mutation_is_consistent_and_idempotent(obj: dict[str, Any], sch
         for want in mutate.node_requirements(req):
             assert want in term["matchExpressions"]
     assert decoded(mutate.review(review_of(out), cfg)) == []
+
+
+# --- our extended resources without our annotations: refused, naming the resource and the fix ---
+
+
+@pytest.mark.parametrize(
+    ("containers", "extra_spec", "resource", "where"),
+    [
+        pytest.param(
+            [{"name": "main", "resources": {"requests": {names.RESOURCE_GPU_MILLI: "600"}}}],
+            {},
+            names.RESOURCE_GPU_MILLI,
+            "container 'main'",
+            id="requests",
+        ),
+        pytest.param(
+            [{"name": "main", "resources": {"limits": {names.RESOURCE_GPU_MEMORY_MIB: "4096"}}}],
+            {},
+            names.RESOURCE_GPU_MEMORY_MIB,
+            "container 'main'",
+            id="limits",
+        ),
+        pytest.param(
+            [{"name": "main"}],
+            {
+                "initContainers": [
+                    {"name": "setup", "resources": {"limits": {names.RESOURCE_GPU_MILLI: "1k"}}}
+                ]
+            },
+            names.RESOURCE_GPU_MILLI,
+            "init container 'setup'",
+            id="init-container",
+        ),
+    ],
+)
+def test_our_resources_without_annotations_are_refused(
+    containers: list[dict[str, Any]], extra_spec: dict[str, Any], resource: str, where: str
+) -> None:
+    decision = mutate.decide(review_of(pod({"app": "x"}, *containers, **extra_spec)), Settings())
+    assert decision.outcome is WebhookOutcome.DENIED
+    inner = decision.response["response"]
+    assert inner["allowed"] is False and "patch" not in inner
+    message = inner["status"]["message"]
+    assert message.startswith(f"{resource}=")
+    assert f"requested by {where} without a GPU-share annotation" in message
+    assert f"annotate the pod with {names.GPU_FRACTION}" in message and names.GPU_MEMORY in message
+
+
+def test_pod_without_our_resources_or_annotations_is_still_skipped() -> None:
+    obj = pod(None, {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1"}}})
+    assert mutate.decide(review_of(obj), Settings()).outcome is WebhookOutcome.SKIPPED
+
+
+def test_our_resource_on_a_non_gpu_container_is_refused() -> None:
+    """Only the GPU container carries the share; another container's own request would go unaccounted."""
+    obj = pod(
+        {names.GPU_FRACTION: "0.5"},
+        {"name": "main"},
+        {"name": "side", "resources": {"requests": {names.RESOURCE_GPU_MILLI: "500"}}},
+    )
+    decision = mutate.decide(review_of(obj), Settings())
+    assert decision.outcome is WebhookOutcome.DENIED
+    assert decision.messages == (
+        f"{names.RESOURCE_GPU_MILLI}='500': requested by container 'side', which is not the GPU container "
+        f"('main'); remove it: the gpupack webhook sets {names.RESOURCE_GPU_MILLI} on the GPU container "
+        f"from {names.GPU_FRACTION} or {names.GPU_MEMORY}",
+    )
+
+
+def test_our_resource_on_the_gpu_container_is_rewritten_not_refused() -> None:
+    obj = pod(
+        {names.GPU_FRACTION: "0.5"},
+        {"name": "main", "resources": {"limits": {names.RESOURCE_GPU_MILLI: "1"}}},
+    )
+    decision = mutate.decide(review_of(obj), Settings())
+    assert decision.outcome is WebhookOutcome.MUTATED
+    out = apply_patch(obj, decoded(decision.response))
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {names.RESOURCE_GPU_MILLI: "500"}

@@ -46,7 +46,64 @@ imagePullSecrets:
 {{- end -}}
 
 {{- define "gpupack.extenderURL" -}}
-http://{{ include "gpupack.fullname" . }}-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}
+https://{{ include "gpupack.fullname" . }}-extender.{{ .Release.Namespace }}.svc:{{ .Values.extender.port }}
+{{- end -}}
+
+{{/* extender.certs.mode, "" meaning webhook.certs.mode. */}}
+{{- define "gpupack.extenderCertsMode" -}}
+{{- .Values.extender.certs.mode | default .Values.webhook.certs.mode -}}
+{{- end -}}
+
+{{/*
+Where kube-scheduler's pods mount Secret <fullname>-scheduler-client (tls.crt, tls.key, ca.crt); the same
+paths as schedconfig.CHART_TLS in app/devcluster/schedconfig.py (a unit test compares the two).
+*/}}
+{{- define "gpupack.schedulerTLSDir" -}}
+/etc/gpupack-scheduler/extender-client
+{{- end -}}
+
+{{/*
+Helm-generated certificates that survive upgrades and renew themselves. Call with
+(dict "root" $ "secret" NAME "ca" CA "cn" CN "dns" LIST "ips" LIST "days" N): the data (base64 tls.crt,
+tls.key) and the renew-after time for a Secret NAME, as YAML. The Secret found in the cluster is kept while
+its annotation gpupack.io/renew-after lies in the future; otherwise a new certificate is issued from CA
+(a sprig certificate, e.g. from buildCustomCert) and renews after 2/3 of `days`.
+*/}}
+{{- define "gpupack.renewedCert" -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .secret -}}
+{{- $data := ($existing.data | default dict) -}}
+{{- $renewAfter := (($existing.metadata | default dict).annotations | default dict | dig "gpupack.io/renew-after" "") -}}
+{{- $due := true -}}
+{{- if and $renewAfter (index $data "tls.crt") (index $data "tls.key") -}}
+{{- $due = le ((toDate "2006-01-02T15:04:05Z07:00" $renewAfter) | unixEpoch | atoi) (now | unixEpoch | atoi) -}}
+{{- end -}}
+{{- if $due -}}
+{{- $cert := genSignedCert .cn .ips .dns (int .days) .ca -}}
+tls.crt: {{ $cert.Cert | b64enc }}
+tls.key: {{ $cert.Key | b64enc }}
+renewAfter: {{ dateInZone "2006-01-02T15:04:05Z07:00" (now | dateModify (printf "%dh" (div (mul (int .days) 48) 3))) "UTC" | quote }}
+{{- else -}}
+tls.crt: {{ index $data "tls.crt" }}
+tls.key: {{ index $data "tls.key" }}
+renewAfter: {{ $renewAfter | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+A CA kept in Secret NAME (tls.crt, tls.key; never mounted by any pod) across upgrades, generated when
+missing. Call with (dict "root" $ "secret" NAME "cn" CN); returns YAML with base64 tls.crt and tls.key.
+*/}}
+{{- define "gpupack.keptCA" -}}
+{{- $existing := lookup "v1" "Secret" .root.Release.Namespace .secret -}}
+{{- $data := ($existing.data | default dict) -}}
+{{- if and (index $data "tls.crt") (index $data "tls.key") -}}
+tls.crt: {{ index $data "tls.crt" }}
+tls.key: {{ index $data "tls.key" }}
+{{- else -}}
+{{- $ca := genCA .cn 3650 -}}
+tls.crt: {{ $ca.Cert | b64enc }}
+tls.key: {{ $ca.Key | b64enc }}
+{{- end -}}
 {{- end -}}
 
 {{- define "gpupack.webhookSecret" -}}
@@ -66,14 +123,17 @@ prometheus.io/path: /metrics
 {{/*
 The KubeSchedulerConfiguration: files/kube-scheduler-config.yaml (a byte-for-byte copy of
 deploy/scheduler/kube-scheduler-config.yaml, the file the integration tests run) with its two
-placeholders substituted - ${KUBECONFIG} = "" (in-cluster) and ${EXTENDER_URL} = the extender Service -
-then the profile's schedulerName and the leader-election Lease set for this deployment.
+placeholders substituted - ${KUBECONFIG} = "" (in-cluster), ${EXTENDER_URL} = the extender Service (https),
+${EXTENDER_CA_FILE} / ${EXTENDER_CLIENT_CERT} / ${EXTENDER_CLIENT_KEY} = the mounted Secret
+<fullname>-scheduler-client - then the profile's schedulerName and the leader-election Lease set for this deployment.
 Call with (dict "root" $ "schedulerName" "..." "lease" true|false).
 */}}
 {{- define "gpupack.schedulerConfig" -}}
 {{- $root := .root -}}
 {{- $text := $root.Files.Get "files/kube-scheduler-config.yaml" -}}
 {{- $text = $text | replace "${KUBECONFIG}" "" | replace "${EXTENDER_URL}" (include "gpupack.extenderURL" $root) -}}
+{{- $tlsDir := include "gpupack.schedulerTLSDir" $root -}}
+{{- $text = $text | replace "${EXTENDER_CA_FILE}" (printf "%s/ca.crt" $tlsDir) | replace "${EXTENDER_CLIENT_CERT}" (printf "%s/tls.crt" $tlsDir) | replace "${EXTENDER_CLIENT_KEY}" (printf "%s/tls.key" $tlsDir) -}}
 {{- $cfg := fromYaml $text -}}
 {{- $profiles := list -}}
 {{- range $cfg.profiles -}}

@@ -1,0 +1,100 @@
+"""Did the gpupack webhook admit this pod? The extender places only pods that carry its marks (pure).
+
+A pod can reach the extender without the webhook: one created where the webhook does not run (its
+excluded namespaces), or while it was not registered. Such a pod has no `gpupack.io/managed` label, so
+the extender's informer would never see it and its share would be forgotten once the bind hold expires;
+and without the webhook's env, a CUDA image's default `NVIDIA_VISIBLE_DEVICES=all` would expose every
+GPU of the node. So the extender refuses it, with the reasons below, instead of placing it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Any, Final
+
+from app import names, request
+from app.errors import RequestError
+
+NO_GPU: Final = "void"  # what the webhook gives every container but the GPU container
+GPU_UUIDS_FIELD: Final = f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"
+FIX: Final = (
+    f"create the pod with a {names.GPU_FRACTION} or {names.GPU_MEMORY} annotation, "
+    "in a namespace the gpupack webhook serves"
+)
+
+
+def unmanaged_errors(pod: Mapping[str, Any]) -> tuple[RequestError, ...]:
+    """Every mark of the webhook the pod lacks; empty for a pod the webhook mutated."""
+    meta = pod.get("metadata") or {}
+    spec = pod.get("spec") or {}
+    errors: list[RequestError] = []
+    label = (meta.get("labels") or {}).get(names.LABEL_MANAGED)
+    if label != "true":
+        errors.append(
+            RequestError(
+                f"metadata.labels[{names.LABEL_MANAGED}]",
+                "" if label is None else str(label),
+                f'must be "true" (set by the gpupack webhook); {FIX}',
+            )
+        )
+    errors += _env_errors(spec)
+    return tuple(errors)
+
+
+def unmanaged_reason(pod: Mapping[str, Any]) -> str | None:
+    """The scheduler-facing text for `unmanaged_errors`, or None for a gpupack pod."""
+    errors = unmanaged_errors(pod)
+    if not errors:
+        return None
+    return "not admitted by the gpupack webhook: " + "; ".join(str(e) for e in errors)
+
+
+def _env_errors(spec: Mapping[str, Any]) -> Iterable[RequestError]:
+    for key, init in (("containers", False), ("initContainers", True)):
+        for c in spec.get(key) or ():
+            name = str(c.get("name", ""))
+            where = f"{key}[{name}].env[{names.ENV_NVIDIA_VISIBLE_DEVICES}]"
+            entry = _last_env(c.get("env") or (), names.ENV_NVIDIA_VISIBLE_DEVICES)
+            gpu = bool(request.gpupack_resources(c.get("resources") or {}))
+            if gpu and not init:
+                if _field_path(entry) != GPU_UUIDS_FIELD:
+                    yield RequestError(
+                        where, _describe(entry), f"must be the fieldRef {GPU_UUIDS_FIELD}; {FIX}"
+                    )
+            elif gpu:
+                resources = ", ".join(r for r, _ in request.gpupack_resources(c.get("resources") or {}))
+                yield RequestError(
+                    f"{key}[{name}].resources", resources, "an init container never gets a GPU share"
+                )
+            elif entry is None or entry.get("value") != NO_GPU or "valueFrom" in entry:
+                yield RequestError(
+                    where,
+                    _describe(entry),
+                    f"must be {NO_GPU!r} in a container without a GPU share, or it may see every GPU; {FIX}",
+                )
+
+
+def _last_env(env: Iterable[Mapping[str, Any]], name: str) -> Mapping[str, Any] | None:
+    """The entry the kubelet applies: the last one with that name."""
+    found = None
+    for entry in env:
+        if entry.get("name") == name:
+            found = entry
+    return found
+
+
+def _field_path(entry: Mapping[str, Any] | None) -> str | None:
+    if entry is None:
+        return None
+    ref = (entry.get("valueFrom") or {}).get("fieldRef") or {}
+    return str(ref["fieldPath"]) if "fieldPath" in ref else None
+
+
+def _describe(entry: Mapping[str, Any] | None) -> str:
+    if entry is None:
+        return "<unset>"
+    if (path := _field_path(entry)) is not None:
+        return f"fieldRef {path}"
+    if "valueFrom" in entry:
+        return "valueFrom"
+    return str(entry.get("value", ""))

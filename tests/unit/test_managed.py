@@ -1,0 +1,134 @@
+"""app.managed: the extender's check that a pod carries the webhook's marks (label, allocation env)."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app import managed, names
+from app.errors import RequestError
+
+GOLDEN = Path(__file__).parents[1] / "golden" / "webhook"
+# Every pod the webhook mutated in the golden cases, exactly as its patch leaves it.
+MUTATED = {
+    case.name.removesuffix(".output.json"): out["mutated_object"]
+    for case in sorted(GOLDEN.glob("*.output.json"))
+    if "mutated_object" in (out := json.loads(case.read_text()))
+}
+
+UUIDS_REF = {
+    "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
+    "valueFrom": {"fieldRef": {"apiVersion": "v1", "fieldPath": managed.GPU_UUIDS_FIELD}},
+}
+VOID = {"name": names.ENV_NVIDIA_VISIBLE_DEVICES, "value": "void"}
+
+
+def gpu_pod(**spec: Any) -> dict[str, Any]:
+    res = {names.RESOURCE_GPU_MILLI: "500"}
+    return {
+        "metadata": {"name": "p", "labels": {names.LABEL_MANAGED: "true"}},
+        "spec": {
+            "containers": [
+                {"name": "main", "env": [UUIDS_REF], "resources": {"requests": res, "limits": res}}
+            ],
+            **spec,
+        },
+    }
+
+
+def test_golden_cases_include_mutated_pods() -> None:
+    assert len(MUTATED) >= 3
+
+
+@pytest.mark.parametrize("case", sorted(MUTATED))
+def test_every_pod_the_webhook_mutates_is_managed(case: str) -> None:
+    assert managed.unmanaged_errors(MUTATED[case]) == ()
+    assert managed.unmanaged_reason(MUTATED[case]) is None
+
+
+def test_a_pod_that_skipped_the_webhook_is_refused_with_every_reason() -> None:
+    res = {names.RESOURCE_GPU_MILLI: "600"}
+    bare = {
+        "metadata": {"name": "p"},
+        "spec": {"containers": [{"name": "main", "resources": {"limits": res}}]},
+    }
+    assert managed.unmanaged_errors(bare) == (
+        RequestError(
+            "metadata.labels[gpupack.io/managed]",
+            "",
+            f'must be "true" (set by the gpupack webhook); {managed.FIX}',
+        ),
+        RequestError(
+            "containers[main].env[NVIDIA_VISIBLE_DEVICES]",
+            "<unset>",
+            f"must be the fieldRef {managed.GPU_UUIDS_FIELD}; {managed.FIX}",
+        ),
+    )
+    reason = managed.unmanaged_reason(bare)
+    assert reason is not None
+    assert reason.startswith("not admitted by the gpupack webhook: metadata.labels[gpupack.io/managed]='': ")
+
+
+@pytest.mark.parametrize(
+    ("edit", "field", "value"),
+    [
+        pytest.param(
+            lambda p: p["metadata"]["labels"].update({names.LABEL_MANAGED: "false"}),
+            "metadata.labels[gpupack.io/managed]",
+            "false",
+            id="label-false",
+        ),
+        pytest.param(
+            lambda p: p["spec"]["containers"][0]["env"].append(
+                {"name": names.ENV_NVIDIA_VISIBLE_DEVICES, "value": "all"}
+            ),
+            "containers[main].env[NVIDIA_VISIBLE_DEVICES]",
+            "all",
+            id="gpu-container-all-after-ref",
+        ),
+        pytest.param(
+            lambda p: p["spec"]["containers"].append({"name": "side", "image": "cuda"}),
+            "containers[side].env[NVIDIA_VISIBLE_DEVICES]",
+            "<unset>",
+            id="other-container-unset",
+        ),
+        pytest.param(
+            lambda p: p["spec"].update({"initContainers": [{"name": "init", "env": [UUIDS_REF]}]}),
+            "initContainers[init].env[NVIDIA_VISIBLE_DEVICES]",
+            f"fieldRef {managed.GPU_UUIDS_FIELD}",
+            id="init-container-shares-the-gpu",
+        ),
+        pytest.param(
+            lambda p: p["spec"].update(
+                {
+                    "initContainers": [
+                        {
+                            "name": "init",
+                            "env": [VOID],
+                            "resources": {"limits": {names.RESOURCE_GPU_MILLI: "1"}},
+                        }
+                    ]
+                }
+            ),
+            "initContainers[init].resources",
+            names.RESOURCE_GPU_MILLI,
+            id="init-container-with-our-resource",
+        ),
+    ],
+)
+def test_each_missing_mark_is_named(edit: Any, field: str, value: str) -> None:
+    pod = copy.deepcopy(gpu_pod())
+    assert managed.unmanaged_errors(pod) == ()
+    edit(pod)
+    errors = managed.unmanaged_errors(pod)
+    assert [(e.field, e.value) for e in errors] == [(field, value)]
+
+
+def test_other_containers_with_void_pass() -> None:
+    pod = gpu_pod(initContainers=[{"name": "init", "env": [VOID]}])
+    pod["spec"]["containers"].append({"name": "side", "env": [{"name": "X", "value": "1"}, VOID]})
+    assert managed.unmanaged_errors(pod) == ()

@@ -1,0 +1,102 @@
+"""Memory fit counts reservations and foreign usage, not raw NVML free; MPS is required where asked;
+live load breaks ties between GPUs the policy scores equal."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.model import Demand, Gpu, Node
+from app.placement import Placement, place, registry
+from app.placement.fit import FOREIGN_MARGIN_MIB, gpu_fits, memory_room
+
+MIB = 40_960
+POLICIES = ("binpack", "spread", "fgd", "fragaware")
+
+
+def gpu(
+    i: int, *, milli: int = 0, live_free: int | None = None, foreign: int = 0, util: int | None = None
+) -> Gpu:
+    return Gpu(
+        index=i,
+        model="A100-40GB",
+        memory_mib=MIB,
+        uuid=f"GPU-{i}",
+        milli_used=milli,
+        memory_used_mib=milli * MIB // 1000,
+        live_free_mib=live_free,
+        foreign_mib=foreign,
+        utilization_percent=util,
+    )
+
+
+def test_a_whole_gpu_fits_an_idle_gpu_even_though_nvml_shows_driver_memory_used() -> None:
+    idle = gpu(0, live_free=MIB - 500)
+    assert gpu_fits(idle, Demand(count=1, milli=1000))
+    node = Node("n", (idle, gpu(1, live_free=MIB - 500)))
+    for name in POLICIES:
+        got = place([node], Demand(count=2, milli=1000), registry.create(name))
+        assert isinstance(got, Placement), name
+        assert got.gpus == (0, 1)
+
+
+def test_a_second_half_fits_when_the_first_half_uses_all_its_memory() -> None:
+    # The first 0.5 pod really uses its 20 GiB: NVML free is 20 GiB, and that is not counted again.
+    busy = gpu(0, milli=500, live_free=MIB // 2)
+    assert gpu_fits(busy, Demand(count=1, milli=500))
+
+
+def test_foreign_memory_and_its_margin_are_reserved() -> None:
+    g = Gpu(0, "V100M16", 16_384, milli_used=500, memory_used_mib=8192, foreign_mib=7987)
+    assert memory_room(g) == 16_384 - 8192 - 7987 - FOREIGN_MARGIN_MIB
+    assert not gpu_fits(g, Demand(count=1, milli=500))
+    assert gpu_fits(g, Demand(count=1, memory_mib=16_384 - 8192 - 7987 - FOREIGN_MARGIN_MIB))
+    assert not gpu_fits(g, Demand(count=1, memory_mib=16_384 - 8192 - 7987 - FOREIGN_MARGIN_MIB + 1))
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_mps_pods_skip_nodes_without_mps_with_a_reason(name: str) -> None:
+    no_mps = Node("a", (gpu(0),), mps=False, mps_reason="MPS is disabled on this node")
+    with_mps = Node("b", (gpu(0),))
+    pol = registry.create(name)
+    demand = Demand(count=1, milli=500, needs_mps=True)
+    reason = pol.filter(no_mps, demand)
+    assert reason is not None
+    assert reason.rule == "pod asks for isolation=mps, but MPS is disabled on this node"
+    got = place([no_mps, with_mps], demand, pol)
+    assert isinstance(got, Placement)
+    assert got.node.name == "b"
+    # Without an explicit isolation=mps the node still takes the pod (co-location, best effort).
+    assert pol.filter(no_mps, Demand(count=1, milli=500)) is None
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_live_load_breaks_ties_between_equal_gpus(name: str) -> None:
+    pol = registry.create(name)
+    demand = Demand(count=1, milli=250)
+    # Four empty GPUs: every policy scores them equal; the one least utilised wins, then most free.
+    node = Node(
+        "n",
+        (
+            gpu(0, util=80),
+            gpu(1, util=10, live_free=1000),
+            gpu(2, util=10, live_free=30_000),
+            gpu(3, util=50),
+        ),
+    )
+    got = place([node], demand, pol)
+    assert isinstance(got, Placement)
+    assert got.gpus == (2,)
+    # With no live readings (the simulator) ties go to the lowest index.
+    plain = Node("n", tuple(gpu(i) for i in range(4)))
+    got = place([plain], demand, pol)
+    assert isinstance(got, Placement)
+    assert got.gpus == (0,)
+
+
+@pytest.mark.parametrize("name", ("binpack", "fgd", "fragaware"))
+def test_live_load_never_overrides_the_policy(name: str) -> None:
+    # Packing policies put a 0.25 on the half-used GPU even if it is the busiest one.
+    node = Node("n", (gpu(0, util=5), gpu(1, milli=500, util=95)))
+    got = place([node], Demand(count=1, milli=250), registry.create(name))
+    assert isinstance(got, Placement)
+    assert got.gpus == (1,)
