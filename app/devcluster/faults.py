@@ -16,7 +16,6 @@ import socket
 import struct
 import threading
 import time
-import urllib.request
 import uuid
 from collections import defaultdict
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -426,8 +425,7 @@ def publish_gpunodes(
     """A GPUNode per node as a healthy agent reports it (every GPU idle), for rigs that run no agents.
 
     `live_memory=False` publishes no NVML memory reading (as when NVML could not be read), so only the
-    reservations decide: with a reading, placement keeps a margin below NVML free memory, and a whole-GPU
-    share (1.0 reserves all of the GPU's memory) then fits no GPU at all.
+    reservations decide.
     """
     from app.kube.client import Kube
 
@@ -481,7 +479,9 @@ class ExtenderRig:
         self.policy = policy
         self.lease_duration_s = lease_duration_s
         self.heartbeat_timeout_s = heartbeat_timeout_s
-        self.ports = free_ports(replicas)
+        ports = free_ports(2 * replicas)
+        self.ports = ports[:replicas]  # HTTPS, client certificate required: what kube-scheduler calls
+        self.ops_ports = ports[replicas:]  # plain HTTP: healthz, readyz, metrics
         self.apis = [
             TcpProxy(fixed("127.0.0.1", cluster.ports.apiserver), name=f"extender-{i}-api")
             for i in range(replicas)
@@ -496,16 +496,22 @@ class ExtenderRig:
         return f"{EXTENDER_PREFIX}{i}"
 
     def url(self, i: int) -> str:
-        return f"http://127.0.0.1:{self.ports[i]}"
+        return f"https://127.0.0.1:{self.ports[i]}"
+
+    def ops_url(self, i: int) -> str:
+        return f"http://127.0.0.1:{self.ops_ports[i]}"
 
     def process(self, i: int) -> ManagedProcess:
         return self.cluster.process(self.name(i))
 
     def _spec(self, i: int, kubeconfig: Path) -> ComponentSpec:
+        cert, key, client_ca = self.cluster.extender_tls
         argv = gpupack_cli(
             "extender", "serve",
             "--kubeconfig", str(kubeconfig),
-            "--host", "127.0.0.1", "--port", str(self.ports[i]), "--policy", self.policy,
+            "--host", "127.0.0.1", "--port", str(self.ports[i]), "--ops-port", str(self.ops_ports[i]),
+            "--tls-cert", str(cert), "--tls-key", str(key), "--client-ca", str(client_ca),
+            "--policy", self.policy,
             "--lease-namespace", GPUPACK_NAMESPACE, "--lease-name", EXTENDER,
             "--lease-duration", str(self.lease_duration_s),
             "--identity", f"{self.name(i)}-{uuid.uuid4().hex[:6]}",
@@ -513,11 +519,11 @@ class ExtenderRig:
         )  # fmt: skip
         # Liveness, not readiness: a standby is never Ready, yet it is up.
         return ComponentSpec(
-            self.name(i), argv, health=HealthCheck(f"{self.url(i)}/healthz"), ready_timeout_s=90
+            self.name(i), argv, health=HealthCheck(f"{self.ops_url(i)}/healthz"), ready_timeout_s=90
         )
 
     def ready(self, i: int, timeout_s: float = 0.5) -> bool:
-        return HealthCheck(f"{self.url(i)}/readyz").probe(timeout=timeout_s)[0]
+        return HealthCheck(f"{self.ops_url(i)}/readyz").probe(timeout=timeout_s)[0]
 
     def leader(self) -> int | None:
         """The replica whose /readyz passes (the leader with live informers), None while there is none."""
@@ -594,9 +600,8 @@ class ExtenderRig:
         self.process(i).send_signal(signal.SIGCONT)
 
     def held(self, i: int) -> int:
-        """Holds in replica i's assume cache (its /state `held`)."""
-        opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
-        with opener.open(f"{self.url(i)}/state", timeout=5) as resp:
+        """Holds in replica i's assume cache (its /state `held`, asked as kube-scheduler would)."""
+        with self.cluster.extender_opener().open(f"{self.url(i)}/state", timeout=5) as resp:
             return int(json.loads(resp.read())["held"])
 
     def stop(self) -> None:

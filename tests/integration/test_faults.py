@@ -63,7 +63,20 @@ def gpu_pod(name: str, namespace: str, milli: int = 0, mem: int = 0, count: int 
         "spec": {
             "nodeSelector": {POOL: namespace},
             "containers": [
-                {"name": "main", "image": "busybox", "resources": {"requests": res, "limits": res}}
+                {
+                    "name": "main",
+                    "image": "busybox",
+                    "resources": {"requests": res, "limits": res},
+                    # the webhook's env: the extender places only pods that carry it
+                    "env": [
+                        {
+                            "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
+                            "valueFrom": {
+                                "fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}
+                            },
+                        }
+                    ],
+                }
             ],
         },
     }
@@ -191,9 +204,7 @@ def rigs(cluster: Cluster, definitions: None) -> Iterator[Callable[..., Extender
 def pool(cluster: Cluster, gpu_nodes: Callable[..., list[str]], namespace: str) -> list[str]:
     """Three 4-GPU nodes for this test's pods only, their GPUNodes published."""
     nodes = gpu_nodes(3, gpus_per_node=GPUS, model=MODEL, labels={POOL: namespace})
-    # No live memory reading: with one, the placement margin below NVML free memory keeps a 1.0 share
-    # off every GPU (see publish_gpunodes), and these tests are about shares, not that margin.
-    publish_gpunodes(cluster.kubeconfig, nodes, GPUS, MODEL, live_memory=False)
+    publish_gpunodes(cluster.kubeconfig, nodes, GPUS, MODEL)
     return nodes
 
 
