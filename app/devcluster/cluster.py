@@ -366,7 +366,17 @@ class Cluster:
             old.stop()
         spec = ComponentSpec(name, old.argv, health=old.health, env=dict(env or {}), ready_timeout_s=180)
         self.processes = [p for p in self.processes if p.name != name]
-        return self.start_process(spec, progress)
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return self.start_process(spec, progress)
+            except ComponentError as exc:
+                # The port is ours, but for a moment after the kill it may still be held (another
+                # harness probing for free ports, a socket not yet released): try again, briefly.
+                if "address already in use" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                _log.warning("port still in use, restarting again", extra={"component": name})
+                time.sleep(0.5)
 
     def stop(self) -> None:
         """Stop every recorded process, newest first; raise ComponentError if any survives SIGKILL."""
