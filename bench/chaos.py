@@ -289,8 +289,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             core = client.CoreV1Api(api)
             Definitions().start(cluster, [])
             nodes = cluster.create_gpu_nodes(args.nodes, GPUS, MODEL, prefix="chaos-")
-            # Without a live memory reading: with one, a 1.0 share fits no GPU (publish_gpunodes).
-            publish_gpunodes(cluster.kubeconfig, nodes, GPUS, MODEL, live_memory=False)
+            publish_gpunodes(cluster.kubeconfig, nodes, GPUS, MODEL)
             say(f"{len(nodes)} nodes x {GPUS} {MODEL}, GPUNodes published")
             cluster.start_process(
                 webhook_spec(
