@@ -15,7 +15,7 @@ import pytest
 
 from app import names
 from app.devcluster import ComponentSpec, processes, wait_for
-from app.devcluster.faults import ReadyPicker, TcpProxy, audit, fixed, kubeconfig_via
+from app.devcluster.faults import ExtenderRig, ReadyPicker, TcpProxy, audit, fixed, kubeconfig_via
 
 
 def pod(
@@ -251,3 +251,24 @@ def test_managed_process_stop_and_cont_freeze_the_group(tmp_path: Path) -> None:
         assert not proc.alive()
     finally:
         proc.stop(grace_s=1)
+
+
+def test_sever_upstream_cuts_only_the_connections_to_that_upstream(echo: int) -> None:
+    other = socket.create_server(("127.0.0.1", 0))  # accepts (kernel backlog), never answers
+    targets = iter([("127.0.0.1", echo), other.getsockname()])
+    with TcpProxy(lambda: next(targets)) as proxy, connect(proxy) as to_echo, connect(proxy) as to_other:
+        assert roundtrip(to_echo, b"a") == b"a"
+        wait_for(lambda: proxy.connections == 2, 5, "both connections proxied")
+        assert proxy.sever_upstream(other.getsockname()) == 1
+        assert proxy.connections == 1
+        assert roundtrip(to_echo, b"still") == b"still"
+        to_other.settimeout(3)
+        with pytest.raises(OSError):
+            if to_other.recv(1) == b"":
+                raise ConnectionResetError("closed")
+    other.close()
+
+
+def test_rig_needs_at_least_one_replica() -> None:
+    with pytest.raises(ValueError, match="replicas=0: must be >= 1"):
+        ExtenderRig(None, replicas=0)  # type: ignore[arg-type]
