@@ -345,6 +345,39 @@ class Cluster:
         self.processes = [p for p in self.processes if p.name != name]
         self.save()
 
+    def restart_process(
+        self,
+        name: str,
+        *,
+        crash: bool = True,
+        env: Mapping[str, str] | None = None,
+        progress: Progress = _quiet,
+    ) -> ManagedProcess:
+        """Stop a recorded process (SIGKILL when `crash`, else SIGTERM first) and start the same argv again.
+
+        Same argv means the same port, certificates, flags and data directory: etcd keeps its data, a
+        restarted kube-apiserver serves what it served. Waits until healthy; `env` as at the first start
+        (it is not recorded in state.json; the control-plane components need none).
+        """
+        old = self.process(name)
+        if crash:
+            old.kill()
+        else:
+            old.stop()
+        spec = ComponentSpec(name, old.argv, health=old.health, env=dict(env or {}), ready_timeout_s=180)
+        self.processes = [p for p in self.processes if p.name != name]
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                return self.start_process(spec, progress)
+            except ComponentError as exc:
+                # The port is ours, but for a moment after the kill it may still be held (another
+                # harness probing for free ports, a socket not yet released): try again, briefly.
+                if "address already in use" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                _log.warning("port still in use, restarting again", extra={"component": name})
+                time.sleep(0.5)
+
     def stop(self) -> None:
         """Stop every recorded process, newest first; raise ComponentError if any survives SIGKILL."""
         failures: list[str] = []

@@ -169,6 +169,28 @@ class ManagedProcess:
     def _gone(self) -> bool:
         return not self.alive() and not group_members(self.pid)
 
+    def send_signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to the whole group (SIGSTOP freezes it, SIGCONT resumes it); no-op once it is gone."""
+        if self._gone():
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            return
+        _log.info("component signalled", extra={"component": self.name, "pid": self.pid, "signal": sig.name})
+
+    def kill(self, timeout_s: float = 10.0) -> None:
+        """SIGKILL the group at once, as a crash would, and wait until every member is gone."""
+        self.send_signal(signal.SIGKILL)
+        try:
+            wait_for(self._gone, timeout_s, f"{self.name} exit after SIGKILL", interval=0.05)
+        except WaitTimeoutError:
+            raise ComponentError(
+                f"{self.name}: still running after SIGKILL: {group_members(self.pid)}"
+            ) from None
+        if self.popen is not None:
+            self.popen.poll()
+
     def stop(self, grace_s: float = 10.0) -> None:
         """SIGTERM the group, wait up to `grace_s`, then SIGKILL; raise if anything of the group survives."""
         # Signal the group only while it is provably ours: the leader still has its recorded start time,
