@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from fastapi import APIRouter, HTTPException
+from fastapi import APIRouter, HTTPException, Response
 
 from app import managed
 from app.kube.state import demand_of
@@ -23,6 +23,12 @@ from extender.schemas import (
 router = APIRouter(tags=["scheduling"])
 
 
+# A replica that is not Ready (a standby, or a leader whose view is not live) asks kube-scheduler to drop
+# the connection: the scheduler keeps extender connections alive, and a Service only routes new ones, so
+# without this it would keep asking the standby after a failover instead of reaching the new leader.
+CLOSE = {"Connection": "close"}
+
+
 def _uid(args: ExtenderArgs) -> str:
     meta = args.Pod.metadata
     return meta.uid if meta is not None else ""
@@ -30,11 +36,18 @@ def _uid(args: ExtenderArgs) -> str:
 
 @router.post("/filter")
 def filter_(
-    args: ExtenderArgs, rt: RuntimeDep, cache: StateDep, policy: PolicyDep, ready: ReadyDep
+    args: ExtenderArgs,
+    rt: RuntimeDep,
+    cache: StateDep,
+    policy: PolicyDep,
+    ready: ReadyDep,
+    *,
+    response: Response,
 ) -> ExtenderFilterResult:
     t0 = time.perf_counter()
     try:
         if not ready[0]:
+            response.headers.update(CLOSE)
             return ExtenderFilterResult(Error=f"gpupack extender not ready: {ready[1]}")
         names = args.node_names()
         if (unmanaged := managed.unmanaged_reason(args.pod())) is not None:
@@ -64,7 +77,7 @@ def prioritize(args: ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: Re
     try:
         if not ready[0]:
             # The scheduler ignores prioritize errors, so a non-200 just means "no opinion".
-            raise HTTPException(503, f"gpupack extender not ready: {ready[1]}")
+            raise HTTPException(503, f"gpupack extender not ready: {ready[1]}", headers=CLOSE)
         names = args.node_names()
         uid = _uid(args)
         demand = demand_of(args.pod())
@@ -75,11 +88,14 @@ def prioritize(args: ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: Re
 
 
 @router.post("/bind")
-def bind(args: ExtenderBindingArgs, binder: BinderDep, ready: ReadyDep) -> ExtenderBindingResult:
+def bind(
+    args: ExtenderBindingArgs, binder: BinderDep, ready: ReadyDep, *, response: Response
+) -> ExtenderBindingResult:
     t0 = time.perf_counter()
     try:
         if not ready[0]:
             EXTENDER_BINDS.labels(BindOutcome.ERROR.value).inc()
+            response.headers.update(CLOSE)
             return ExtenderBindingResult(Error=f"gpupack extender not ready: {ready[1]}")
         result = binder.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
         EXTENDER_BINDS.labels(result.outcome.value).inc()

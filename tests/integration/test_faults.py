@@ -40,9 +40,8 @@ SHAPES: tuple[dict[str, int], ...] = (
 )  # fmt: skip
 BURST = 16  # about 8.6 GPUs of 12: room for every pod, not for a share handed out twice
 HOLDS_NOT_RELEASED_ON_RELIST = (
-    "defect (app/kube/state.py ClusterCache.set_pods): a relist replaces the pods but releases no hold, so "
-    "a bind whose watch echo fell into a cut watch keeps its hold until the assume TTL (120 s); upsert_pod "
-    "releases a hold once the pod shows the same allocation bound, a relist should do the same"
+    "holds left after the fault: a relist (ClusterCache.set_pods) must release a hold once it shows the pod "
+    "bound with the held allocation, as the watch echo does, or it lingers until the assume TTL (120 s)"
 )
 SETTLE_S = 120  # from the end of a fault until every pod is bound (scheduler backoff is 1-2 s here)
 
@@ -228,8 +227,7 @@ def test_extender_cut_from_the_apiserver_mid_burst(
     assert cut >= 2, "the extender's two watches at least went through the proxy"
     burst.join()
     assert_promise_kept(core, namespace, rig, BURST, holds=False)
-    if not holds_drained(rig):
-        pytest.xfail(HOLDS_NOT_RELEASED_ON_RELIST)
+    assert holds_drained(rig), HOLDS_NOT_RELEASED_ON_RELIST
 
 
 def test_bind_slower_than_the_scheduler_timeout(
@@ -288,8 +286,7 @@ def freeze_the_leader_mid_burst(rig: ExtenderRig, core: Any, namespace: str, pro
     # The resumed replica found its lease gone: it stays a standby, so there is still one leader.
     wait_for(lambda: not rig.ready(old, timeout_s=2), 10, "the old leader not Ready after SIGCONT")
     assert rig.ready(new)
-    if not holds_drained(rig):  # the new leader relisted when it took over
-        pytest.xfail(HOLDS_NOT_RELEASED_ON_RELIST)
+    assert holds_drained(rig), HOLDS_NOT_RELEASED_ON_RELIST  # the new leader relisted when it took over
 
 
 def test_leader_frozen_mid_burst_and_the_lease_handed_over(
@@ -299,13 +296,6 @@ def test_leader_frozen_mid_burst_and_the_lease_handed_over(
     freeze_the_leader_mid_burst(rigs(replicas=2, drain=True), core, namespace)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="defect (extender/routes/scheduling.py): a replica that is not the leader answers kube-scheduler "
-    "'not the leader' on the connection the scheduler keeps alive and never closes it, so after a failover "
-    "with the old leader still up the scheduler keeps asking the standby (a Service never moves an open "
-    "connection); a replica that is not Ready should answer with Connection: close",
-)
 def test_failover_behind_a_plain_service(
     rigs: Callable[..., ExtenderRig], pool: list[str], core: Any, namespace: str
 ) -> None:

@@ -453,6 +453,20 @@ def test_not_ready_refuses_scheduling_verbs() -> None:
     assert env.filter(pod("p"), ["n1"])["Error"] == "gpupack extender not ready: not the leader"
     assert env.client.post("/prioritize", json={"Pod": pod("p"), "NodeNames": ["n1"]}).status_code == 503
     assert env.bind(pod("p"), "n1") == "gpupack extender not ready: not the leader"
+    # Each refusal asks the scheduler to drop its kept-alive connection, so its next call goes through
+    # the Service to whichever replica leads now.
+    for path, body in (
+        ("/filter", {"Pod": pod("p"), "NodeNames": ["n1"]}),
+        ("/prioritize", {"Pod": pod("p"), "NodeNames": ["n1"]}),
+        ("/bind", {"PodName": "p", "PodNamespace": "ns", "PodUID": "u", "Node": "n1"}),
+    ):
+        assert env.client.post(path, json=body).headers.get("connection") == "close", path
+    env.runtime.ready = lambda: (True, "ready")  # type: ignore[method-assign]
+    assert (
+        env.client.post("/filter", json={"Pod": pod("p"), "NodeNames": ["n1"]}).headers.get("connection")
+        != "close"
+    )
+    env.runtime.ready = lambda: (False, "not the leader")  # type: ignore[method-assign]
     r = env.client.get("/readyz")
     assert r.status_code == 503 and r.json()["reason"] == "not the leader"
     assert env.client.get("/healthz").status_code == 200
