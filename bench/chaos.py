@@ -418,11 +418,10 @@ def main() -> int:
     ap.add_argument("--lease", type=int, default=3, help="extender lease duration, seconds")
     ap.add_argument("--settle", type=float, default=240, help="seconds to wait for the last binds")
     ap.add_argument(
-        "--no-drain",
-        dest="drain",
-        action="store_false",
-        help="route like a plain Service: keep the scheduler's open connection on a replica that stopped "
-        "leading (the extender does not close it itself yet, so binds stall after such a failover)",
+        "--drain",
+        action="store_true",
+        help="also make the router drop its connections to a replica that stopped leading; by default it "
+        "routes like a plain Service; the extender closes the scheduler's connection itself when not Ready",
     )
     ap.add_argument("--out", default=str(REPO / "bench/results/chaos.json"))
     args = ap.parse_args()
