@@ -16,7 +16,7 @@ from app import managed, names, request, units
 from app.errors import RequestError
 from app.metrics import WebhookOutcome
 from app.request import GpuRequest, Isolation
-from webhook import pipe
+from webhook import hami, pipe
 from webhook.settings import Settings
 
 Json = Any  # a decoded JSON value
@@ -51,6 +51,14 @@ def decide(body: Mapping[str, Json], settings: Settings) -> Decision:
     if req.get("operation") != "CREATE" or not is_pod or not isinstance(pod, Mapping):
         return Decision(WebhookOutcome.SKIPPED, _answer(uid, {"allowed": True}))
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    taken: list[Op] = []
+    told: tuple[str, ...] = ()
+    if settings.hami_takeover and not request.wants_gpu(annotations) and hami.asks(pod):
+        takeover = hami.take_over(pod)
+        if isinstance(takeover, tuple):
+            return _deny(uid, takeover)
+        pod, taken, told = takeover.pod, takeover.ops, takeover.warnings
+        annotations = pod["metadata"]["annotations"]
     containers = request.containers_of(pod.get("spec") or {})
     if not request.wants_gpu(annotations):
         # Our resources without our annotations: refused, never guessed (see README, "Requesting GPUs").
@@ -61,17 +69,17 @@ def decide(body: Mapping[str, Json], settings: Settings) -> Decision:
     parsed = request.parse(annotations, containers)
     if isinstance(parsed, tuple):
         return _deny(uid, parsed)
-
     if errors := clashes(pod, parsed, settings):
         return _deny(uid, errors)
-    ops = pod_patch(pod, parsed, settings)
+    ops = taken + pod_patch(pod, parsed, settings)
+    warnings = told + parsed.warnings
     response: dict[str, Json] = {"allowed": True}
     if ops:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()
-    if parsed.warnings:
-        response["warnings"] = list(parsed.warnings)
-    return Decision(WebhookOutcome.MUTATED, _answer(uid, response), parsed.warnings, len(ops))
+    if warnings:
+        response["warnings"] = list(warnings)
+    return Decision(WebhookOutcome.MUTATED, _answer(uid, response), warnings, len(ops))
 
 
 def _deny(uid: str, errors: Sequence[RequestError]) -> Decision:
