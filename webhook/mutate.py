@@ -115,8 +115,14 @@ def pod_patch(pod: Mapping[str, Json], req: GpuRequest, settings: Settings) -> l
             ops += _missing_ops(path, container, "env", gpu_env(req, pipe_dir))
             ops += _resource_ops(path, container, req)
             if pipe_mount and pipe_mount.add_mount:
+                # Mounts are not keyed by name (one volume may be mounted twice), so append as planned.
                 mount = {"name": pipe_mount.volume, "mountPath": pipe_mount.path}
-                ops += _missing_ops(path, container, "volumeMounts", [mount])
+                mounts = container.get("volumeMounts")
+                ops.append(
+                    {"op": "add", "path": f"{path}/volumeMounts/-", "value": mount}
+                    if mounts
+                    else {"op": "add", "path": f"{path}/volumeMounts", "value": [mount]}
+                )
         else:
             ops += _missing_ops(path, container, "env", [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, NO_GPU)])
     if pipe_mount and pipe_mount.add_volume:

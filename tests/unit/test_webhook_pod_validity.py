@@ -231,3 +231,17 @@ def test_our_volume_name_taken_by_another_volume_gets_a_free_name() -> None:
     assert out["spec"]["containers"][0]["volumeMounts"] == [
         {"name": f"{mutate.MPS_VOLUME}-2", "mountPath": HOST_DIR}
     ]
+
+
+def test_pipe_volume_mounted_only_with_a_subpath_gets_a_whole_mount_too() -> None:
+    mounts = [{"name": "mps", "mountPath": "/var/run/mps", "subPath": "x"}]
+    obj = {
+        "metadata": {"name": "p", "annotations": {names.GPU_FRACTION: "0.5"}},
+        "spec": {
+            "containers": [{"name": "app", "volumeMounts": mounts}],
+            "volumes": [{"name": "mps", "hostPath": {"path": HOST_DIR}}],
+        },
+    }
+    out = apply_patch(obj, decoded(mutate.review(review_of(obj), Settings())))
+    assert out["spec"]["volumes"] == obj["spec"]["volumes"]
+    assert out["spec"]["containers"][0]["volumeMounts"] == [*mounts, {"name": "mps", "mountPath": HOST_DIR}]
