@@ -26,6 +26,17 @@ MEMORY: Final = "nvidia.com/gpumem"
 MEMORY_PERCENTAGE: Final = "nvidia.com/gpumem-percentage"
 CORES: Final = "nvidia.com/gpucores"
 SHARES: Final = (MEMORY, MEMORY_PERCENTAGE, CORES)  # in the order they are taken
+_KEYS: Final = "['nvidia.com/gpumem', 'nvidia.com/gpumem-percentage', 'nvidia.com/gpucores']"
+_ASKS: Final = (
+    f"has(c.resources) && ((has(c.resources.requests) && c.resources.requests.exists(k, k in {_KEYS})) || "
+    f"(has(c.resources.limits) && c.resources.limits.exists(k, k in {_KEYS})))"
+)
+# The CEL clause the chart ORs into the webhook's matchCondition when webhook.hamiTakeover is on: the pods
+# `asks` is true for.
+MATCH_CONDITION: Final = (
+    f"object.spec.containers.exists(c, {_ASKS}) || "
+    f"(has(object.spec.initContainers) && object.spec.initContainers.exists(c, {_ASKS}))"
+)
 MAX_MEMORY_MIB: Final = 1 << 20  # 1 TiB: a typo guard; our own rule then checks it against real GPUs
 
 Op = dict[str, Any]
