@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from app import names, request
+from app import names, request, units
 from app.errors import RequestError
 
 GPU: Final = "nvidia.com/gpu"
@@ -73,16 +73,17 @@ def take_over(pod: Mapping[str, Any]) -> Takeover | tuple[RequestError, ...]:
     values = _shares(container)
     errors = [err for key, raw in values.items() if (err := _check(where, key, raw)) is not None]
     raw_count = _resource(container, GPU)
-    if raw_count is not None and not _integer(raw_count, 1, 16):
+    if raw_count is not None and _integer(raw_count, 1, 16) is None:
         errors.append(RequestError(f"{where}.resources[{GPU}]", raw_count, "must be an integer from 1 to 16"))
     if errors:
         return tuple(errors)
     used = next(key for key in SHARES if key in values)
+    amount = _integer(values[used], 1, MAX_MEMORY_MIB)
     if used == MEMORY:
-        ours = {names.GPU_MEMORY: values[MEMORY]}
+        ours = {names.GPU_MEMORY: str(amount)}
     else:
-        ours = {names.GPU_FRACTION: _fraction(values[used])}
-    ours[names.GPU_FRACTION_NUM_DEVICES] = raw_count or "1"
+        ours = {names.GPU_FRACTION: _fraction(int(amount or 0))}
+    ours[names.GPU_FRACTION_NUM_DEVICES] = str(_integer(raw_count, 1, 16)) if raw_count else "1"
     ours[names.GPU_FRACTION_CONTAINER_NAME] = str(container.get("name"))
     written = ", ".join(
         f"{k}={v}" for k, v in ([(GPU, raw_count)] if raw_count else []) + list(values.items())
@@ -122,23 +123,27 @@ def _shares(container: Mapping[str, Any]) -> dict[str, str]:
     return {key: raw for key in SHARES if (raw := _resource(container, key)) is not None}
 
 
-def _integer(raw: str, low: int, high: int) -> bool:
-    return raw.isascii() and raw.isdigit() and low <= int(raw) <= high
+def _integer(raw: str, low: int, high: int) -> int | None:
+    """The whole number a quantity stands for, within [low, high]; the apiserver stores "3000" as "3k"."""
+    value = units.quantity_value(raw)
+    if value is None or value.denominator != 1 or not low <= value <= high:
+        return None
+    return int(value)
 
 
 def _check(where: str, key: str, raw: str) -> RequestError | None:
-    if key == MEMORY and not _integer(raw, 1, MAX_MEMORY_MIB):
+    if key == MEMORY and _integer(raw, 1, MAX_MEMORY_MIB) is None:
         return RequestError(
             f"{where}.resources[{key}]", raw, "must be a whole number of MiB per GPU, e.g. 4096"
         )
-    if key != MEMORY and not _integer(raw, 1, 100):
+    if key != MEMORY and _integer(raw, 1, 100) is None:
         return RequestError(f"{where}.resources[{key}]", raw, "must be an integer percentage from 1 to 100")
     return None
 
 
-def _fraction(percent: str) -> str:
-    """A HAMi percentage as our gpu-fraction: "30" → "0.3", "100" → "1"."""
-    value = (Decimal(int(percent)) / 100).normalize()
+def _fraction(percent: int) -> str:
+    """A HAMi percentage as our gpu-fraction: 30 → "0.3", 100 → "1"."""
+    value = (Decimal(percent) / 100).normalize()
     return format(value, "f")
 
 

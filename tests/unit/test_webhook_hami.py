@@ -42,6 +42,12 @@ def hami_pod(limits: dict[str, str], *, init: bool = False, **meta: Any) -> dict
             id="gpumem-percentage",
         ),
         pytest.param(
+            {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3k"},
+            {"gpu-memory": "3000", "gpu-fraction-num-devices": "1"},
+            [],
+            id="gpumem-as-the-apiserver-stores-it",
+        ),
+        pytest.param(
             {"nvidia.com/gpucores": "100"},
             {"gpu-fraction": "1", "gpu-fraction-num-devices": "1"},
             [],
