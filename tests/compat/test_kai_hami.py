@@ -11,14 +11,21 @@ each container is resolved from the stored pod. Deliberate differences are refus
 
 from __future__ import annotations
 
+import json
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, given, settings
 from kubernetes.client.rest import ApiException
 
 from app import names
 from app.devcluster import wait_for
 from app.model import Allocation
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
+import test_webhook_pod_validity as validity  # the unit tier's pod generator
 
 QUEUE = {"kai.scheduler/queue": "default-queue"}
 PIPE = "/tmp/nvidia-mps"
@@ -250,3 +257,20 @@ def test_hami_share_in_two_containers_is_refused_with_our_message(
         core.create_namespaced_pod(namespace, body)
     assert "gpupack gives one container per pod a GPU share" in str(err.value.body)
     assert "spec.containers[b].resources" in str(err.value.body)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+@given(obj=validity.pods())
+def test_generated_pods_pass_the_real_apiservers_validation_after_our_mutation(
+    gpupack: str, core: Any, obj: dict[str, Any]
+) -> None:
+    """The unit tier's generated pods (arbitrary volumes, mounts, env, init containers and sidecars),
+    created with server-side dry run: the apiserver validates what our patch made, or our webhook refused
+    naming the clash; never a Kubernetes validation error about something the user did not write."""
+    try:
+        created = core.create_namespaced_pod("default", obj, dry_run="All")
+    except ApiException as exc:
+        message = json.loads(exc.body)["message"]
+        assert message.startswith('admission webhook "pods.webhook.gpupack.io" denied the request: '), message
+        return
+    assert (created.metadata.labels or {}).get(names.LABEL_MANAGED) == "true"

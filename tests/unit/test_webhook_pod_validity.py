@@ -78,7 +78,7 @@ _ENV_VALUES = st.sampled_from(["all", "void", HOST_DIR, "/var/run/mps", "1"])
 
 
 @st.composite
-def _pods(draw: st.DrawFn) -> dict[str, Any]:
+def pods(draw: st.DrawFn) -> dict[str, Any]:
     vnames = draw(st.lists(st.sampled_from(_VOLUME_NAMES), unique=True, max_size=4))
     volumes = [{"name": n, **draw(_VOLUME_SOURCES)} for n in vnames]
 
@@ -125,7 +125,7 @@ def _gpu_container(pod: dict[str, Any]) -> dict[str, Any]:
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(obj=_pods())
+@given(obj=pods())
 def test_mutated_pod_is_valid_and_keeps_everything_the_user_wrote(obj: dict[str, Any]) -> None:
     assert apiserver_errors(obj) == []  # the generator writes only pods the apiserver accepts
     cfg = Settings()
