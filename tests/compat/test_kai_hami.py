@@ -17,12 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from hypothesis import HealthCheck, given, settings
 from kubernetes.client.rest import ApiException
 
 from app import names
 from app.devcluster import wait_for
 from app.model import Allocation
+from webhook import hami
+
+from .conftest import REPO, chart_webhook_configuration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 import test_webhook_pod_validity as validity  # the unit tier's pod generator
@@ -274,3 +278,13 @@ def test_generated_pods_pass_the_real_apiservers_validation_after_our_mutation(
         assert message.startswith('admission webhook "pods.webhook.gpupack.io" denied the request: '), message
         return
     assert (created.metadata.labels or {}).get(names.LABEL_MANAGED) == "true"
+
+
+def test_chart_hami_clause_is_the_webhooks() -> None:
+    """The chart ORs webhook.hami.MATCH_CONDITION into the contract's matchCondition, only when asked."""
+    base = yaml.safe_load((REPO / "deploy/webhook/mutatingwebhookconfiguration.yaml").read_text())
+    (want,) = base["webhooks"][0]["matchConditions"]
+    (on,) = chart_webhook_configuration("webhook.hamiTakeover=true")["webhooks"][0]["matchConditions"]
+    (off,) = chart_webhook_configuration()["webhooks"][0]["matchConditions"]
+    assert on == {**want, "expression": f"{want['expression']} || {hami.MATCH_CONDITION}"}
+    assert off == want
