@@ -42,7 +42,8 @@ class PodInfo:
     allocation: Allocation | None
     allocation_error: str = ""
     gpu_container: str = ""
-    containers: Mapping[str, str] = field(default_factory=dict)  # runtime container ID → container name
+    # runtime container ID → container name, init containers included
+    containers: Mapping[str, str] = field(default_factory=dict)
 
 
 def pod_info(pod: Mapping[str, Any]) -> PodInfo:
@@ -60,7 +61,9 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         spec_containers[0] if spec_containers else ""
     )
     ids: dict[str, str] = {}
-    for st in pod.get("status", {}).get("containerStatuses") or []:
+    status = pod.get("status", {})
+    # The GPU container may be an init container (a sidecar runs beside the others), so theirs count too.
+    for st in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
         cid = str(st.get("containerID", ""))
         if cid:
             ids[cid.split("://", 1)[-1]] = st.get("name", "")

@@ -37,7 +37,7 @@ def unmanaged_errors(pod: Mapping[str, Any]) -> tuple[RequestError, ...]:
                 f'must be "true" (set by the gpupack webhook); {FIX}',
             )
         )
-    errors += _env_errors(spec)
+    errors += _env_errors(spec, _gpu_container(request.string_map(meta.get("annotations")), spec))
     return tuple(errors)
 
 
@@ -49,29 +49,41 @@ def unmanaged_reason(pod: Mapping[str, Any]) -> str | None:
     return "not admitted by the gpupack webhook: " + "; ".join(str(e) for e in errors)
 
 
-def _env_errors(spec: Mapping[str, Any]) -> Iterable[RequestError]:
-    for key, init in (("containers", False), ("initContainers", True)):
+def _gpu_container(annotations: Mapping[str, str], spec: Mapping[str, Any]) -> str | None:
+    """The container the request names (gpu-fraction-container-name, else the first regular one);
+    None for a pod without a GPU-share annotation."""
+    if not request.wants_gpu(annotations):
+        return None
+    first = [c.name for c in request.containers_of(spec) if not c.init][:1]
+    return annotations.get(names.GPU_FRACTION_CONTAINER_NAME) or (first[0] if first else "")
+
+
+def _env_errors(spec: Mapping[str, Any], target: str | None) -> Iterable[RequestError]:
+    for key in ("containers", "initContainers"):
         for item in request.as_list(spec.get(key)):
             c = request.as_object(item)
             name = str(c.get("name", ""))
             where = f"{key}[{name}].env[{names.ENV_NVIDIA_VISIBLE_DEVICES}]"
             entry = _last_env(request.as_list(c.get("env")), names.ENV_NVIDIA_VISIBLE_DEVICES)
             gpu = bool(request.gpupack_resources(request.as_object(c.get("resources"))))
-            if gpu and not init:
+            if gpu and target is not None and name != target:
+                resources = ", ".join(
+                    r for r, _ in request.gpupack_resources(request.as_object(c.get("resources")))
+                )
+                yield RequestError(
+                    f"{key}[{name}].resources",
+                    resources,
+                    f"only the GPU container ({target!r}) carries a gpupack share; {FIX}",
+                )
+            elif gpu:  # the GPU container: a regular or an init container (gpu-fraction-container-name)
                 if _field_path(entry) != GPU_UUIDS_FIELD:
                     yield RequestError(
-                        where, _describe(entry), f"must be the fieldRef {GPU_UUIDS_FIELD}; {FIX}"
+                        where, describe_env(entry), f"must be the fieldRef {GPU_UUIDS_FIELD}; {FIX}"
                     )
-            elif gpu:
-                ours = request.gpupack_resources(request.as_object(c.get("resources")))
-                resources = ", ".join(r for r, _ in ours)
-                yield RequestError(
-                    f"{key}[{name}].resources", resources, "an init container never gets a GPU share"
-                )
             elif entry is None or entry.get("value") != NO_GPU or "valueFrom" in entry:
                 yield RequestError(
                     where,
-                    _describe(entry),
+                    describe_env(entry),
                     f"must be {NO_GPU!r} in a container without a GPU share, or it may see every GPU; {FIX}",
                 )
 
@@ -92,7 +104,8 @@ def _field_path(entry: Mapping[str, Any] | None) -> str | None:
     return str(ref["fieldPath"]) if "fieldPath" in ref else None
 
 
-def _describe(entry: Mapping[str, Any] | None) -> str:
+def describe_env(entry: Mapping[str, Any] | None) -> str:
+    """An env entry as a message shows it: its value, its fieldRef, or `<unset>`."""
     if entry is None:
         return "<unset>"
     if (path := _field_path(entry)) is not None:

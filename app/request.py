@@ -41,7 +41,7 @@ class Container:
 class GpuRequest:
     """A valid GPU request: `count` GPUs, each giving `milli` compute share or `memory_mib` memory."""
 
-    container: str  # the container that gets the GPU
+    container: str  # the container that gets the GPU (a regular or an init container)
     count: int
     milli: int | None  # set for a gpu-fraction request
     memory_mib: int | None  # set for a gpu-memory request
@@ -170,6 +170,11 @@ class _View:
     def regular(self) -> tuple[str, ...]:
         return tuple(c.name for c in self.containers if not c.init)
 
+    @property
+    def target(self) -> str | None:
+        """The GPU container: the one the annotation names, else the first regular container."""
+        return self.get(names.GPU_FRACTION_CONTAINER_NAME) or (self.regular[0] if self.regular else None)
+
 
 # --- rules: one function per rule, each yields errors naming the annotation, raw value and rule ---
 
@@ -213,15 +218,19 @@ def _num_devices(v: _View) -> Iterable[RequestError]:
 
 
 def _container_name(v: _View) -> Iterable[RequestError]:
+    """Any container may get the share, init containers (sidecars included) too, as in KAI-Scheduler."""
     raw = v.get(names.GPU_FRACTION_CONTAINER_NAME)
+    every = tuple(c.name for c in v.containers)
     if not v.regular:
         yield RequestError(
             names.GPU_FRACTION_CONTAINER_NAME, raw or "", "the pod has no container to give the GPU to"
         )
-    elif raw is not None and raw not in v.regular:
-        known = ", ".join(repr(n) for n in v.regular) or "none"
+    elif raw is not None and raw not in every:
+        known = ", ".join(repr(n) for n in every)
         yield RequestError(
-            names.GPU_FRACTION_CONTAINER_NAME, raw, f"must name one of the pod's containers ({known})"
+            names.GPU_FRACTION_CONTAINER_NAME,
+            raw,
+            f"must name one of the pod's containers or init containers ({known})",
         )
 
 
@@ -246,9 +255,9 @@ def _gpu_models(v: _View) -> Iterable[RequestError]:
 
 def _gpupack_resources_only_on_the_gpu_container(v: _View) -> Iterable[RequestError]:
     """The webhook writes our resource on the GPU container; one elsewhere would be an unaccounted share."""
-    target = v.get(names.GPU_FRACTION_CONTAINER_NAME) or (v.regular[0] if v.regular else None)
+    target = v.target
     for c in v.containers:
-        if c.init or c.name != target:
+        if c.name != target:
             for resource, raw in c.ours:
                 yield RequestError(
                     resource,

@@ -24,6 +24,12 @@ def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, henc
         "--mps-pipe-host-dir", default=None, help="host dir of the MPS pipe (default /tmp/nvidia-mps)"
     )
     serve.add_argument(
+        "--hami-takeover",
+        action="store_true",
+        help="rewrite pods that ask for HAMi's nvidia.com/gpumem, gpumem-percentage or gpucores into a "
+        "gpupack GPU share (the webhook configuration's matchConditions must send them too)",
+    )
+    serve.add_argument(
         "--cert-check-interval", type=float, default=1.0, help="seconds between cert file checks"
     )
     serve.add_argument("--log-level", default="info")
@@ -59,6 +65,7 @@ def _serve(args: argparse.Namespace) -> int:
     settings = Settings(
         scheduler_name=args.scheduler_name or None,
         mps_pipe_host_dir=args.mps_pipe_host_dir or names.MPS_PIPE_DIRECTORY,
+        hami_takeover=args.hami_takeover,
     )
     config = uvicorn.Config(
         create_app(settings),

@@ -12,16 +12,17 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from app import names, request, units
+from app import managed, names, request, units
 from app.errors import RequestError
 from app.metrics import WebhookOutcome
 from app.request import GpuRequest, Isolation
+from webhook import hami, pipe
 from webhook.settings import Settings
 
 Json = Any  # a decoded JSON value
 Op = dict[str, Json]
 
-MPS_VOLUME: Final = "gpupack-mps-pipe"
+MPS_VOLUME: Final = pipe.VOLUME
 NO_GPU: Final = "void"  # NVIDIA container toolkit: expose no GPU, even where the image defaults to "all"
 _REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
 
@@ -50,6 +51,14 @@ def decide(body: Mapping[str, Json], settings: Settings) -> Decision:
     if req.get("operation") != "CREATE" or not is_pod or not isinstance(pod, Mapping):
         return Decision(WebhookOutcome.SKIPPED, _answer(uid, {"allowed": True}))
     annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    taken: list[Op] = []
+    told: tuple[str, ...] = ()
+    if settings.hami_takeover and not request.wants_gpu(annotations) and hami.asks(pod):
+        takeover = hami.take_over(pod)
+        if isinstance(takeover, tuple):
+            return _deny(uid, takeover)
+        pod, taken, told = takeover.pod, takeover.ops, takeover.warnings
+        annotations = pod["metadata"]["annotations"]
     containers = request.containers_of(pod.get("spec") or {})
     if not request.wants_gpu(annotations):
         # Our resources without our annotations: refused, never guessed (see README, "Requesting GPUs").
@@ -60,15 +69,17 @@ def decide(body: Mapping[str, Json], settings: Settings) -> Decision:
     parsed = request.parse(annotations, containers)
     if isinstance(parsed, tuple):
         return _deny(uid, parsed)
-
-    ops = pod_patch(pod, parsed, settings)
+    if errors := clashes(pod, parsed, settings):
+        return _deny(uid, errors)
+    ops = taken + pod_patch(pod, parsed, settings)
+    warnings = told + parsed.warnings
     response: dict[str, Json] = {"allowed": True}
     if ops:
         response["patchType"] = "JSONPatch"
         response["patch"] = base64.b64encode(json.dumps(ops, separators=(",", ":")).encode()).decode()
-    if parsed.warnings:
-        response["warnings"] = list(parsed.warnings)
-    return Decision(WebhookOutcome.MUTATED, _answer(uid, response), parsed.warnings, len(ops))
+    if warnings:
+        response["warnings"] = list(warnings)
+    return Decision(WebhookOutcome.MUTATED, _answer(uid, response), warnings, len(ops))
 
 
 def _deny(uid: str, errors: Sequence[RequestError]) -> Decision:
@@ -86,42 +97,115 @@ def _answer(uid: str, response: dict[str, Json]) -> dict[str, Json]:
 
 
 def pod_patch(pod: Mapping[str, Json], req: GpuRequest, settings: Settings) -> list[Op]:
-    """The JSONPatch ops that bring `pod` in line with `req`; empty when it already is."""
+    """The JSONPatch ops that bring `pod` in line with `req`; empty when it already is.
+
+    The pod must have passed `clashes` (no env of ours set otherwise, a pipe mount we can add or reuse).
+    """
     spec = pod["spec"]
-    mps = req.isolation is Isolation.MPS
     ops = _label_ops(pod.get("metadata") or {})
-    for i, container in enumerate(spec["containers"]):
-        path = f"/spec/containers/{i}"
-        if container["name"] == req.container:
-            ops += _list_ops(path, container, "env", gpu_env(req))
+    pipe_mount: pipe.PipeMount | None = None
+    for path, where, container in containers(spec):
+        if container.get("name") == req.container:
+            if req.isolation is Isolation.MPS:
+                planned = pipe.plan(spec, container, where, settings.mps_pipe_host_dir)
+                if isinstance(planned, RequestError):
+                    raise ValueError(str(planned))
+                pipe_mount = planned
+            pipe_dir = pipe_mount.path if pipe_mount else names.MPS_PIPE_DIRECTORY
+            ops += _missing_ops(path, container, "env", gpu_env(req, pipe_dir))
             ops += _resource_ops(path, container, req)
-            if mps:
-                mount = {"name": MPS_VOLUME, "mountPath": names.MPS_PIPE_DIRECTORY}
-                ops += _list_ops(path, container, "volumeMounts", [mount])
+            if pipe_mount and pipe_mount.add_mount:
+                # Mounts are not keyed by name (one volume may be mounted twice), so append as planned.
+                mount = {"name": pipe_mount.volume, "mountPath": pipe_mount.path}
+                mounts = container.get("volumeMounts")
+                ops.append(
+                    {"op": "add", "path": f"{path}/volumeMounts/-", "value": mount}
+                    if mounts
+                    else {"op": "add", "path": f"{path}/volumeMounts", "value": [mount]}
+                )
         else:
-            ops += _list_ops(path, container, "env", [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, NO_GPU)])
-    for i, container in enumerate(spec.get("initContainers") or ()):
-        ops += _list_ops(
-            f"/spec/initContainers/{i}", container, "env", [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, NO_GPU)]
-        )
-    if mps:
+            ops += _missing_ops(path, container, "env", [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, NO_GPU)])
+    if pipe_mount and pipe_mount.add_volume:
         volume = {
-            "name": MPS_VOLUME,
+            "name": pipe_mount.volume,
             "hostPath": {"path": settings.mps_pipe_host_dir, "type": "DirectoryOrCreate"},
         }
-        ops += _list_ops("/spec", spec, "volumes", [volume])
+        ops += _missing_ops("/spec", spec, "volumes", [volume])
     ops += _affinity_ops(spec, node_requirements(req))
     if settings.scheduler_name and spec.get("schedulerName") != settings.scheduler_name:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name})
     return ops
 
 
-def gpu_env(req: GpuRequest) -> list[dict[str, Json]]:
+def containers(spec: Mapping[str, Json]) -> list[tuple[str, str, Mapping[str, Json]]]:
+    """(JSON pointer, field path for messages, container) of every regular, then every init container."""
+    out = []
+    for key in ("containers", "initContainers"):
+        for i, c in enumerate(spec.get(key) or ()):
+            out.append((f"/spec/{key}/{i}", f"spec.{key}[{c.get('name')}]", c))
+    return out
+
+
+def clashes(pod: Mapping[str, Json], req: GpuRequest, settings: Settings) -> tuple[RequestError, ...]:
+    """What in the pod the mutation would have to overwrite or duplicate: we refuse rather than do either.
+
+    - An env var we set, written by the user with another value (the last entry of a name is the one
+      that counts): overwriting it would silently change their pod, keeping it would break the share.
+    - A mount of some other volume where the GPU container's MPS pipe mount goes (see webhook.pipe).
+    """
+    spec = pod["spec"]
+    errors: list[RequestError] = []
+    for _, where, container in containers(spec):
+        if container.get("name") != req.container:
+            errors += _env_clashes(where, container, [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, NO_GPU)], req)
+            continue
+        pipe_dir = names.MPS_PIPE_DIRECTORY
+        if req.isolation is Isolation.MPS:
+            planned = pipe.plan(spec, container, where, settings.mps_pipe_host_dir)
+            if isinstance(planned, RequestError):
+                errors.append(planned)
+            else:
+                pipe_dir = planned.path
+        errors += _env_clashes(where, container, gpu_env(req, pipe_dir), req)
+    return tuple(errors)
+
+
+def _env_clashes(
+    where: str, container: Mapping[str, Json], wanted: Sequence[dict[str, Json]], req: GpuRequest
+) -> list[RequestError]:
+    have = {e.get("name"): e for e in container.get("env") or () if isinstance(e, Mapping)}
+    gpu = container.get("name") == req.container
+    errors = []
+    for item in wanted:
+        entry = have.get(item["name"])
+        if entry is None or _covers(entry, item):
+            continue
+        if not gpu:
+            rule = (
+                f"must be {NO_GPU!r} or unset: only the GPU container ({req.container!r}) gets a GPU, "
+                "and gpupack sets it so this one sees none; remove it"
+            )
+        elif item["name"] == names.ENV_MPS_PIPE_DIRECTORY:
+            rule = (
+                f"must be {item['value']!r} or unset: gpupack points it at the container's mount of the "
+                "node's MPS pipe directory; remove it"
+            )
+        else:
+            rule = (
+                "is set by gpupack on the GPU container from the pod's allocation (the gpupack.io/* "
+                "annotations written when it is scheduled); remove it"
+            )
+        errors.append(RequestError(f"{where}.env[{item['name']}]", managed.describe_env(entry), rule))
+    return errors
+
+
+def gpu_env(req: GpuRequest, pipe_dir: str = names.MPS_PIPE_DIRECTORY) -> list[dict[str, Json]]:
     """Env for the GPU container. Values come from the allocation annotations the extender writes at bind.
 
     Both *_VISIBLE_DEVICES use the GPU UUIDs: the toolkit renumbers the devices it exposes from 0, so
     a host index in CUDA_VISIBLE_DEVICES would name the wrong GPU, while CUDA accepts UUIDs either way.
-    A missing annotation resolves to "", which both read as "no GPU" (fails closed).
+    A missing annotation resolves to "", which both read as "no GPU" (fails closed). `pipe_dir` is where
+    the container mounts the node's MPS pipe directory.
     """
     env = [
         _field(names.ENV_NVIDIA_VISIBLE_DEVICES, names.ALLOC_GPU_UUIDS),
@@ -133,7 +217,7 @@ def gpu_env(req: GpuRequest) -> list[dict[str, Json]]:
         env += [
             _field(names.ENV_MPS_THREAD_PERCENTAGE, names.ALLOC_THREAD_PERCENTAGE),
             _field(names.ENV_MPS_MEMORY_LIMIT, names.ALLOC_MPS_MEMORY_LIMIT),
-            _value(names.ENV_MPS_PIPE_DIRECTORY, names.MPS_PIPE_DIRECTORY),
+            _value(names.ENV_MPS_PIPE_DIRECTORY, pipe_dir),
         ]
     return env
 
@@ -183,21 +267,20 @@ def _label_ops(meta: Mapping[str, Json]) -> list[Op]:
     return []
 
 
-def _list_ops(path: str, parent: Mapping[str, Json], key: str, wanted: Sequence[dict[str, Json]]) -> list[Op]:
-    """Make each wanted item (keyed by "name") present in parent[key]: add it, or replace a stale one."""
+def _missing_ops(
+    path: str, parent: Mapping[str, Json], key: str, wanted: Sequence[dict[str, Json]]
+) -> list[Op]:
+    """Append each wanted item (keyed by "name") that parent[key] lacks; never touch the user's items.
+
+    An item of that name with other content is a clash, refused before the patch is made (`clashes`).
+    """
     items = parent.get(key)
     if not items:
         return [{"op": "add", "path": f"{path}/{key}", "value": list(wanted)}]
-    # The last entry with a name is the one that takes effect (env), so that is the one to compare.
-    index = {item.get("name"): i for i, item in enumerate(items)}
-    ops: list[Op] = []
-    for item in wanted:
-        i = index.get(item["name"])
-        if i is None:
-            ops.append({"op": "add", "path": f"{path}/{key}/-", "value": item})
-        elif not _covers(items[i], item):
-            ops.append({"op": "replace", "path": f"{path}/{key}/{i}", "value": item})
-    return ops
+    have = {item.get("name") for item in items if isinstance(item, Mapping)}
+    return [
+        {"op": "add", "path": f"{path}/{key}/-", "value": item} for item in wanted if item["name"] not in have
+    ]
 
 
 def _same_quantity(have: Json, want: int) -> bool:

@@ -114,7 +114,7 @@ def test_created_pod_comes_back_mutated(webhook: Webhook, core: Any, namespace: 
         "frac",
         annotations,
         containers=[
-            {"name": "proxy", "image": "envoy", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}]},
+            {"name": "proxy", "image": "envoy"},
             {"name": "trainer", "image": "cuda", "env": [{"name": "LR", "value": "0.1"}]},
         ],
         initContainers=[{"name": "fetch", "image": "busybox"}],

@@ -116,6 +116,18 @@ def test_gpu_container_named_by_annotation() -> None:
     assert v.violations == ()
 
 
+def test_init_container_named_by_annotation_is_the_gpu_container() -> None:
+    """KAI's example gives the share to an init container; its runtime ID comes from initContainerStatuses."""
+    p = pod("a", alloc(0), containers={"c-main": "main"}, ann={"gpu-fraction-container-name": "gpu-init"})
+    p["status"]["initContainerStatuses"] = [{"name": "gpu-init", "containerID": "containerd://c-init"}]
+    ok = verify.verify(node((0, 1, 10)), {1: PodRef("a", "c-init")}, pods(p))
+    assert ok.violations == ()
+    bad = verify.verify(
+        node((0, 1, 10), (0, 2, 10)), {1: PodRef("a", "c-init"), 2: PodRef("a", "c-main")}, pods(p)
+    )
+    assert [(v.kind, v.pids) for v in bad.violations] == [(Kind.WRONG_CONTAINER, (2,))]
+
+
 def test_gpupack_pod_without_allocation_and_with_a_corrupt_one() -> None:
     corrupt = pod("b", None, ann={"gpupack.io/node": "n1", "gpupack.io/gpu-indexes": "x"})
     v = verify.verify(

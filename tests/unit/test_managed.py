@@ -114,9 +114,9 @@ def test_a_pod_that_skipped_the_webhook_is_refused_with_every_reason() -> None:
                     ]
                 }
             ),
-            "initContainers[init].resources",
-            names.RESOURCE_GPU_MILLI,
-            id="init-container-with-our-resource",
+            "initContainers[init].env[NVIDIA_VISIBLE_DEVICES]",
+            "void",
+            id="init-container-with-our-resource-but-no-gpu-env",
         ),
     ],
 )
@@ -131,4 +131,30 @@ def test_each_missing_mark_is_named(edit: Any, field: str, value: str) -> None:
 def test_other_containers_with_void_pass() -> None:
     pod = gpu_pod(initContainers=[{"name": "init", "env": [VOID]}])
     pod["spec"]["containers"].append({"name": "side", "env": [{"name": "X", "value": "1"}, VOID]})
+    assert managed.unmanaged_errors(pod) == ()
+
+
+def test_init_container_with_the_gpu_share_passes() -> None:
+    """gpu-fraction-container-name may name an init container: it carries the share and the fieldRef."""
+    pod = copy.deepcopy(gpu_pod())
+    main = pod["spec"]["containers"][0]
+    init = {"name": "gpu-init", "env": main["env"], "resources": main["resources"]}
+    pod["spec"]["containers"][0] = {"name": "main-app", "env": [VOID]}
+    pod["spec"]["initContainers"] = [init, {"name": "sidecar", "restartPolicy": "Always", "env": [VOID]}]
+    assert managed.unmanaged_errors(pod) == ()
+
+
+def test_share_on_a_container_the_request_does_not_name_is_refused() -> None:
+    """Only the GPU container carries our resource: one elsewhere would be charged twice at node level."""
+    pod = copy.deepcopy(gpu_pod())
+    main = pod["spec"]["containers"][0]
+    pod["metadata"]["annotations"] = {
+        names.GPU_FRACTION: "0.5",
+        names.GPU_FRACTION_CONTAINER_NAME: "gpu-init",
+    }
+    pod["spec"]["initContainers"] = [{"name": "gpu-init", "env": main["env"], "resources": main["resources"]}]
+    errors = managed.unmanaged_errors(pod)
+    assert [(e.field, e.value) for e in errors] == [("containers[main].resources", names.RESOURCE_GPU_MILLI)]
+    assert "only the GPU container ('gpu-init') carries a gpupack share" in errors[0].rule
+    pod["spec"]["containers"][0] = {"name": "main", "env": [VOID]}
     assert managed.unmanaged_errors(pod) == ()

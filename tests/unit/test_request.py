@@ -156,13 +156,13 @@ def test_memory_checked_against_the_listed_models() -> None:
             id="num-devices-non-ascii",
         ),
         pytest.param(
-            {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_CONTAINER_NAME: "trainer"},
+            {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_CONTAINER_NAME: "trainr"},
             (Container("main"), Container("sidecar"), Container("trainer", init=True)),
             [
-                "gpu-fraction-container-name='trainer': "
-                "must name one of the pod's containers ('main', 'sidecar')"
+                "gpu-fraction-container-name='trainr': "
+                "must name one of the pod's containers or init containers ('main', 'sidecar', 'trainer')"
             ],
-            id="container-name-unknown-or-init",
+            id="container-name-unknown",
         ),
         pytest.param(
             {names.GPU_FRACTION: "0.5"},

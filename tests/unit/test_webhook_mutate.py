@@ -206,8 +206,8 @@ def test_mps_pipe_host_dir_is_configurable() -> None:
     ]
 
 
-def test_user_env_that_would_escape_is_overridden() -> None:
-    """A user's NVIDIA_VISIBLE_DEVICES=all would expose every GPU; ours replaces it in place."""
+def test_user_env_of_ours_is_refused_not_overwritten() -> None:
+    """A user's NVIDIA_VISIBLE_DEVICES=all would expose every GPU; we neither overwrite nor keep it."""
     obj = pod(
         {names.GPU_FRACTION: "0.5"},
         {
@@ -215,10 +215,24 @@ def test_user_env_that_would_escape_is_overridden() -> None:
             "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "X", "value": "1"}],
         },
     )
+    decision = mutate.decide(review_of(obj), Settings())
+    assert decision.outcome is WebhookOutcome.DENIED
+    assert decision.messages == (
+        "spec.containers[main].env[NVIDIA_VISIBLE_DEVICES]='all': is set by gpupack on the GPU container "
+        "from the pod's allocation (the gpupack.io/* annotations written when it is scheduled); remove it",
+    )
+
+
+def test_user_env_equal_to_ours_is_kept() -> None:
+    obj = pod(
+        {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_CONTAINER_NAME: "main"},
+        {"name": "main", "env": [{"name": "CUDA_MPS_PIPE_DIRECTORY", "value": "/tmp/nvidia-mps"}]},
+        {"name": "side", "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]},
+    )
     out = apply_patch(obj, decoded(mutate.review(review_of(obj), Settings())))
-    env = out["spec"]["containers"][0]["env"]
-    assert env[0]["name"] == "NVIDIA_VISIBLE_DEVICES" and "value" not in env[0]
-    assert env[1] == {"name": "X", "value": "1"}
+    main, side = out["spec"]["containers"]
+    assert [e["name"] for e in main["env"]].count("CUDA_MPS_PIPE_DIRECTORY") == 1
+    assert side["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
 
 
 def test_every_user_term_keeps_its_own_expressions() -> None:
@@ -384,7 +398,7 @@ _ANNOTATION_VALUES = {
     names.GPU_FRACTION: (["0.5", "1", "0.01"], ["1.5", "nan", ""]),
     names.GPU_MEMORY: (["4096", "8Gi", "500M"], ["0", "1e3"]),
     names.GPU_FRACTION_NUM_DEVICES: (["1", "2"], ["0"]),
-    names.GPU_FRACTION_CONTAINER_NAME: (["c0"], ["c2", "init0"]),
+    names.GPU_FRACTION_CONTAINER_NAME: (["c0", "init0"], ["c2"]),
     names.GPU_MODEL: (["T4", "T4|A10", "Tesla T4"], ["a b", ""]),
     names.ISOLATION: (["mps", "none"], ["x"]),
 }
@@ -476,7 +490,7 @@ def test_property_mutation_is_consistent_and_idempotent(obj: dict[str, Any], sch
     assert out["metadata"]["labels"][names.LABEL_MANAGED] == "true"
     for c in out["spec"]["containers"] + out["spec"].get("initContainers", []):
         env = {e["name"]: e for e in c["env"]}  # last one wins, as in the kubelet
-        if c["name"] == req.container and c in out["spec"]["containers"]:
+        if c["name"] == req.container:
             # An equal quantity the user already wrote ("1k" for 1000) is kept as written.
             got = {p: units.quantity_value(str(c["resources"][p][resource])) for p in ("requests", "limits")}
             assert got == {"requests": amount, "limits": amount}

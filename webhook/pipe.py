@@ -1,0 +1,79 @@
+"""Where the GPU container reaches the node's MPS pipe directory: the user's own mount, or ours (pure).
+
+A pod written for KAI-Scheduler's MPS mode already mounts the host's `/tmp/nvidia-mps` itself, under any
+volume name and at any path. Adding a second mount of it would make the pod invalid (`mountPath must be
+unique`) or mount the pipe twice, so such a mount is reused and CUDA_MPS_PIPE_DIRECTORY points at it.
+Only where the container has none do we add a volume (under a name no volume of the pod has yet) and a
+mount at names.MPS_PIPE_DIRECTORY; a user mount of some *other* volume at that path is refused.
+"""
+
+from __future__ import annotations
+
+import posixpath
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from app import names, request
+from app.errors import RequestError
+
+VOLUME: Final = "gpupack-mps-pipe"  # the name of the volume we add, or the stem of a free one
+
+
+@dataclass(frozen=True, slots=True)
+class PipeMount:
+    """The GPU container's mount of the pipe directory, and what the patch must add to get it."""
+
+    volume: str  # the name of the hostPath volume
+    path: str  # the mount path in the container: the value of CUDA_MPS_PIPE_DIRECTORY
+    add_volume: bool  # the pod has no volume of the host dir yet
+    add_mount: bool  # the GPU container does not mount it yet
+
+
+def _norm(path: object) -> str:
+    return posixpath.normpath(path) if isinstance(path, str) and path else ""
+
+
+def host_dir_volumes(spec: Mapping[str, Any], host_dir: str) -> tuple[str, ...]:
+    """The names of the pod's hostPath volumes of `host_dir` (trailing slashes and `.` do not matter)."""
+    out = []
+    for item in request.as_list(spec.get("volumes")):
+        volume = request.as_object(item)
+        host_path = request.as_object(volume.get("hostPath")).get("path")
+        if _norm(host_path) == _norm(host_dir) and isinstance(volume.get("name"), str):
+            out.append(volume["name"])
+    return tuple(out)
+
+
+def free_volume_name(spec: Mapping[str, Any]) -> str:
+    """VOLUME, or VOLUME-2, -3, ...: the first that no volume of the pod is called."""
+    taken = {request.as_object(v).get("name") for v in request.as_list(spec.get("volumes"))}
+    name, n = VOLUME, 1
+    while name in taken:
+        n += 1
+        name = f"{VOLUME}-{n}"
+    return name
+
+
+def plan(
+    spec: Mapping[str, Any], container: Mapping[str, Any], where: str, host_dir: str
+) -> PipeMount | RequestError:
+    """How `container` (at field path `where`) gets the pipe dir, or why it cannot without a clash."""
+    volumes = host_dir_volumes(spec, host_dir)
+    mounts = [request.as_object(m) for m in request.as_list(container.get("volumeMounts"))]
+    for mount in mounts:
+        whole_dir = not mount.get("subPath") and not mount.get("subPathExpr")
+        if mount.get("name") in volumes and whole_dir and isinstance(mount.get("mountPath"), str):
+            return PipeMount(str(mount["name"]), mount["mountPath"], add_volume=False, add_mount=False)
+    for mount in mounts:
+        if _norm(mount.get("mountPath")) == _norm(names.MPS_PIPE_DIRECTORY):
+            return RequestError(
+                f"{where}.volumeMounts[{mount.get('name')}]",
+                str(mount.get("mountPath")),
+                f"is where gpupack mounts the node's MPS pipe directory (hostPath {host_dir}) for the GPU "
+                f"share; make that volume a hostPath of {host_dir} (any name and path work: gpupack then "
+                "uses your mount), mount it elsewhere, or annotate the pod gpupack.io/isolation: none",
+            )
+    if volumes:
+        return PipeMount(volumes[0], names.MPS_PIPE_DIRECTORY, add_volume=False, add_mount=True)
+    return PipeMount(free_volume_name(spec), names.MPS_PIPE_DIRECTORY, add_volume=True, add_mount=True)
