@@ -35,6 +35,10 @@ class KubeApi(Protocol):
 class Handler(Protocol):
     """Receives the informer's view of the objects; called from the informer's thread."""
 
+    def listing(self) -> None:
+        """A full list starts now: whatever `replace` later lacks was gone by then."""
+        ...
+
     def replace(self, objs: list[JsonDict]) -> None: ...
 
     def upsert(self, obj: JsonDict) -> None: ...
@@ -234,6 +238,7 @@ class Informer:
 
     def list_all(self) -> None:
         """Fetch every page, then hand the complete set to the handler at once."""
+        self.handler.listing()
         items: list[JsonDict] = []
         token = ""
         rv = ""

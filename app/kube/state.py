@@ -129,11 +129,12 @@ def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int
 
 @dataclass(frozen=True, slots=True)
 class Handler:
-    """What an informer feeds: the cache's three methods for one collection."""
+    """What an informer feeds: the cache's methods for one collection."""
 
     replace: Callable[[list[JsonDict]], None]
     upsert: Callable[[JsonDict], None]
     delete: Callable[[JsonDict], None]
+    listing: Callable[[], None] = lambda: None
 
 
 class ClusterCache:
@@ -153,6 +154,7 @@ class ClusterCache:
         self._heartbeat: dict[str, float | None] = {}
         self._stale_after: dict[str, int | None] = {}  # each agent's own limit, used when ours is None
         self._pods: dict[str, PodInfo] = {}  # gpupack pods by uid
+        self._pods_listed_at: float | None = None  # assume-cache time the running pod list started
         self._allocatable: dict[str, HostResources] = {}  # node -> Node allocatable CPU and memory
         self._bound: dict[str, tuple[str, HostResources]] = {}  # uid -> (node, requests), every bound pod
         self._host_used: dict[str, HostResources] = {}  # node -> sum of its bound pods' requests
@@ -170,7 +172,7 @@ class ClusterCache:
 
     @property
     def pod_handler(self) -> Handler:
-        return Handler(self.set_pods, self.upsert_pod, self.delete_pod)
+        return Handler(self.set_pods, self.upsert_pod, self.delete_pod, self.pods_listing)
 
     @property
     def node_handler(self) -> Handler:
@@ -245,13 +247,20 @@ class ClusterCache:
         self._order = sorted(self._base, key=node_order_key)
         self._rank = {name: i for i, name in enumerate(self._order)}
 
+    def pods_listing(self) -> None:
+        """The pod informer starts a full list (see `set_pods`)."""
+        self._pods_listed_at = self.assume.now()
+
     def set_pods(self, objs: Iterable[JsonDict]) -> None:
+        listed_at, self._pods_listed_at = self._pods_listed_at, None
+        present: set[str] = set()
         with self._lock:
             self._pods.clear()
             self._by_node.clear()
             self._bound.clear()
             self._host_used.clear()
             for obj in objs:
+                present.add(str((obj.get("metadata") or {}).get("uid", "")))
                 self._put_bound(obj)
                 if is_gpupack_pod(obj):
                     self._put_pod(pod_info(obj))
@@ -262,7 +271,11 @@ class ClusterCache:
                     del self.pending_reason[uid]
             listed = dict(self._pods)
         # A relist replaces the watch: where it shows a pod bound with the held allocation, that is
-        # the echo. (A hold whose pod is absent stays to its TTL: the list may predate the pod.)
+        # the echo; a pod it lacks although its hold is older than the list was deleted meanwhile.
+        if listed_at is not None:
+            gone = self.assume.release_absent(present, listed_at)
+            if gone:
+                LOG.info("holds of deleted pods released at relist", extra={"pods": len(gone)})
         for uid, held in self.assume.items().items():
             info = listed.get(uid)
             if info is not None and info.alloc == held and info.node_name:

@@ -344,3 +344,22 @@ def test_a_node_update_that_keeps_allocatable_keeps_the_cached_view() -> None:
     c.upsert_node(node_obj("n1", cpu="16"))
     assert c.node("n1") is not first
     assert host_free(c, "n1")[0] == 16_000
+
+
+def test_a_relist_releases_holds_of_pods_deleted_before_it_started() -> None:
+    ttl = [0.0]
+    c = cache(ttl_now=ttl)
+    c.set_gpunodes([gpunode("n1")])
+    c.set_pods([pod("gone", "u1"), pod("kept", "u2")])
+    c.assume.hold("u1", alloc("n1", 0))  # its pod is deleted while the watch is cut
+    c.assume.hold("u2", alloc("n1", 1))  # its pod is still pending: the hold must stay
+    ttl[0] = 5.0
+    c.pods_listing()
+    ttl[0] = 6.0
+    c.assume.hold("u3", alloc("n1", 1, milli=250))  # bound after the list started: not in it yet
+    c.set_pods([pod("kept", "u2")])
+    assert set(c.assume.items()) == {"u2", "u3"}
+    assert used(c, "n1") == [0, 750]
+    # A list the cache was not told about (e.g. `gpupack top`'s one-off) releases nothing.
+    c.set_pods([])
+    assert set(c.assume.items()) == {"u2", "u3"}
