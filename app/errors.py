@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 
 
 @dataclass(frozen=True, slots=True)
@@ -17,6 +18,14 @@ class RequestError:
         return f"{self.field}={self.value!r}: {self.rule}"
 
 
+class ReasonKind(StrEnum):
+    """What kind of refusal a placement reason is, so no reader has to parse its sentence."""
+
+    CAPACITY = "capacity"  # not enough free share, GPU memory, CPU or host memory: departures could help
+    MODEL = "model"  # no GPU of an acceptable model
+    NODE = "node"  # the node's state: agent silent, no (healthy) GPUs, no MPS, GPUs not selectable
+
+
 @dataclass(frozen=True, slots=True)
 class PlacementReason:
     """Why a node (or one GPU on it) cannot take a request."""
@@ -24,6 +33,7 @@ class PlacementReason:
     node: str
     gpu: int | None  # GPU index, or None when the reason is about the whole node
     rule: str
+    kind: ReasonKind = ReasonKind.NODE
 
     def __str__(self) -> str:
         where = self.node if self.gpu is None else f"{self.node}/gpu{self.gpu}"

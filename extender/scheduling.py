@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import PlacementReason
+from app.errors import PlacementReason, ReasonKind
 from app.metrics import PendingReason
 from app.model import Demand, Node
 from app.placement import Placement, Policy, normalize_scores, place, score_nodes
@@ -19,14 +19,16 @@ def reason_text(reason: PlacementReason) -> str:
     return reason.rule if reason.gpu is None else f"gpu{reason.gpu}: {reason.rule}"
 
 
-def classify(rule: str) -> PendingReason:
+_PENDING = {
+    ReasonKind.CAPACITY: PendingReason.NO_FIT,
+    ReasonKind.MODEL: PendingReason.MODEL,
+    ReasonKind.NODE: PendingReason.UNSCHEDULABLE,
+}
+
+
+def classify(reason: PlacementReason) -> PendingReason:
     """Reason class of a refusal for the pending-pods metric: capacity, model, or node state."""
-    text = rule.lower()
-    if " free" in text or "needs" in text:
-        return PendingReason.NO_FIT
-    if "model" in text:
-        return PendingReason.MODEL
-    return PendingReason.UNSCHEDULABLE
+    return _PENDING[reason.kind]
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +74,7 @@ def filter_nodes(
         if reason is None:
             passed.append(node)
             continue
-        cls = classify(reason.rule)
+        cls = classify(reason)
         classes.add(cls)
         (failed if cls is PendingReason.NO_FIT else unresolvable)[name] = reason_text(reason)
     if not passed:

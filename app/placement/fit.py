@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from app.errors import PlacementReason
+from app.errors import PlacementReason, ReasonKind
 from app.model import MILLI_PER_GPU, Demand, Gpu, Node
 
 # Foreign processes (outside any gpupack pod) grow and shrink as they run; where a GPU has any, keep this
@@ -60,15 +60,18 @@ def best_fit(gpus: Sequence[Gpu], count: int) -> tuple[int, ...]:
 def node_misfit(node: Node, demand: Demand, margin_mib: int = LIVE_MARGIN_MIB) -> PlacementReason | None:
     """None when `node` can take `demand`; otherwise the first rule it breaks."""
 
-    def why(rule: str) -> PlacementReason:
-        return PlacementReason(node.name, None, rule)
+    def why(rule: str, kind: ReasonKind = ReasonKind.NODE) -> PlacementReason:
+        return PlacementReason(node.name, None, rule, kind)
 
     if not node.schedulable:
         return why(node.unschedulable_reason or "node is not schedulable")
     if node.cpu_milli_free is not None and demand.cpu_milli > node.cpu_milli_free:
-        return why(f"needs {demand.cpu_milli} CPU milli: {node.cpu_milli_free} free")
+        return why(f"needs {demand.cpu_milli} CPU milli: {node.cpu_milli_free} free", ReasonKind.CAPACITY)
     if node.memory_mib_free is not None and demand.host_memory_mib > node.memory_mib_free:
-        return why(f"needs {demand.host_memory_mib} MiB host memory: {node.memory_mib_free} MiB free")
+        return why(
+            f"needs {demand.host_memory_mib} MiB host memory: {node.memory_mib_free} MiB free",
+            ReasonKind.CAPACITY,
+        )
     if demand.count and demand.needs_mps and not node.mps:
         return why(f"pod asks for isolation=mps, but {node.mps_reason or 'no MPS daemon serves this node'}")
     if demand.count == 0:
@@ -102,7 +105,9 @@ def _gpu_shortfall(node: Node, demand: Demand, margin_mib: int) -> PlacementReas
     gpus = [g for g in gpus if demand.accepts(g.model)]
     if not gpus:
         wanted = "|".join(sorted(demand.models))
-        return PlacementReason(node.name, None, f"GPU model {node.model} is not one of {wanted}")
+        return PlacementReason(
+            node.name, None, f"GPU model {node.model} is not one of {wanted}", ReasonKind.MODEL
+        )
     checks: tuple[tuple[_Check, Callable[[int], str]], ...] = (
         (_milli_check, share),
         (_memory_check, lambda v: f"{v} MiB"),
@@ -119,9 +124,10 @@ def _gpu_shortfall(node: Node, demand: Demand, margin_mib: int) -> PlacementReas
                 rule = f"needs {demand.count} GPUs with {fmt(need)} free: {len(passing)} have it"
             if check is _memory_check:
                 rule += _foreign_note(gpus, margin_mib)
-            return PlacementReason(node.name, None, rule)
+            return PlacementReason(node.name, None, rule, ReasonKind.CAPACITY)
         gpus = passing
-    return PlacementReason(node.name, None, "no fitting GPU")  # unreachable while checks mirror gpu_fits
+    # Unreachable while the checks mirror gpu_fits.
+    return PlacementReason(node.name, None, "no fitting GPU", ReasonKind.CAPACITY)
 
 
 def _foreign_note(gpus: Sequence[Gpu], margin_mib: int) -> str:

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.errors import PlacementReason
+from app.errors import PlacementReason, ReasonKind
 from app.model import Demand, Gpu, Node
 from app.placement import (
     Placement,
@@ -215,8 +215,8 @@ def test_place_returns_every_reason_when_nothing_fits() -> None:
     nodes = [make_node("a", [900]), make_node("b", [1000, 1000])]
     got = place(nodes, frac(200), policy("fragaware"))
     assert got == (
-        PlacementReason("a", None, "no GPU with 0.20 free: best has 0.10"),
-        PlacementReason("b", None, "no GPU with 0.20 free: best has 0.00"),
+        PlacementReason("a", None, "no GPU with 0.20 free: best has 0.10", ReasonKind.CAPACITY),
+        PlacementReason("b", None, "no GPU with 0.20 free: best has 0.00", ReasonKind.CAPACITY),
     )
 
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
+from app.errors import ReasonKind
 from app.model import Demand, Gpu, Node
 from app.placement import Placement, place, registry
-from app.placement.fit import FOREIGN_MARGIN_MIB, gpu_fits, memory_room
+from app.placement.fit import FOREIGN_MARGIN_MIB, gpu_fits, memory_room, node_misfit
 
 MIB = 40_960
 POLICIES = ("binpack", "spread", "fgd", "fragaware")
@@ -100,3 +101,49 @@ def test_live_load_never_overrides_the_policy(name: str) -> None:
     got = place([node], Demand(count=1, milli=250), registry.create(name))
     assert isinstance(got, Placement)
     assert got.gpus == (1,)
+
+
+@pytest.mark.parametrize(
+    ("node", "demand", "kind"),
+    [
+        pytest.param(
+            Node("n", (gpu(0, milli=900),)), Demand(count=1, milli=500), ReasonKind.CAPACITY, id="share"
+        ),
+        pytest.param(
+            Node("n", (gpu(0, foreign=40_000),)),
+            Demand(count=1, memory_mib=4096),
+            ReasonKind.CAPACITY,
+            id="memory",
+        ),
+        pytest.param(
+            Node("n", (gpu(0),), cpu_milli_free=100),
+            Demand(count=1, milli=500, cpu_milli=200),
+            ReasonKind.CAPACITY,
+            id="cpu",
+        ),
+        pytest.param(
+            Node("n", (gpu(0),)),
+            Demand(count=1, milli=500, models=frozenset({"T4"})),
+            ReasonKind.MODEL,
+            id="model",
+        ),
+        pytest.param(
+            Node(
+                "n", (gpu(0),), schedulable=False, unschedulable_reason="gpupack agent heartbeat is 99s old"
+            ),
+            Demand(count=1, milli=500),
+            ReasonKind.NODE,
+            id="stale",
+        ),
+        pytest.param(
+            Node("n", (gpu(0),), mps=False),
+            Demand(count=1, milli=500, needs_mps=True),
+            ReasonKind.NODE,
+            id="no-mps",
+        ),
+        pytest.param(Node("n", ()), Demand(count=1, milli=500), ReasonKind.NODE, id="no-gpus"),
+    ],
+)
+def test_every_refusal_carries_its_kind(node: Node, demand: Demand, kind: ReasonKind) -> None:
+    reason = node_misfit(node, demand)
+    assert reason is not None and reason.kind is kind, reason
