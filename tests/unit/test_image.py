@@ -140,9 +140,11 @@ def test_default_base_is_the_official_python_slim_image_pinned_to_a_patch_releas
 def test_runtime_stage_carries_oci_labels() -> None:
     final = stages(DOCKERFILE.read_text())[-1]
     labels = " ".join(rest for word, rest in final if word == "LABEL")
-    for key in ("title", "description", "version", "revision", "licenses", "source"):
+    for key in ("title", "description", "version", "revision", "licenses"):
         assert f"org.opencontainers.image.{key}=" in labels
     assert pyproject()["project"]["license"]["text"] in labels
     args = [rest for word, rest in final if word == "ARG"]
     versions = [a.partition("=")[2] for a in args if a.startswith("VERSION=")]
     assert versions == [pyproject()["project"]["version"]]
+    chart = yaml.safe_load((REPO / "deploy/helm/gpupack/Chart.yaml").read_text())
+    assert versions == [chart["appVersion"]]  # the chart's image tag defaults to its appVersion
