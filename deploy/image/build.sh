@@ -33,6 +33,9 @@ MIRRORS=(
 PYTHON=${PYTHON:-python3}
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/gpupack/image
 mkdir -p "$cache"
+# One build at a time per cache (two would write the same base tarball and wheel directory).
+exec 9>"$cache/.lock"
+flock 9
 step=0; total=4
 progress() { step=$((step + 1)); echo "[image $step/$total] $*" >&2; }
 since() { echo "$(( $(date +%s) - $1 ))s"; }
@@ -107,6 +110,8 @@ t0=$(date +%s)
   --build-arg BASE_IMAGE="$base" --build-arg REVISION="$revision" \
   --build-arg PIP_ARGS="--no-index --find-links=/wheels" --volume "$wheels:/wheels:ro" \
   -t "$image" "$repo" >&2
+# The previous build of the tag is now untagged: drop it, or the cache grows by an image per build.
+"${B[@]}" rmi --prune >/dev/null 2>&1 || true
 # Smoke test: the entrypoint runs as the image's user.
 ctr=$("${B[@]}" from --pull=never "$image")
 trap '"${B[@]}" rm "$ctr" >/dev/null 2>&1 || true' EXIT
