@@ -27,7 +27,9 @@ COPY webhook /src/webhook
 COPY extender /src/extender
 COPY agent /src/agent
 # A regular (not editable) install: the venv is self-contained and /src stays behind in this stage.
+# Nothing installs at run time, so pip and setuptools (a fifth of the venv) stay behind too.
 RUN /opt/gpupack/bin/pip install ${PIP_ARGS} --no-deps /src \
+ && /opt/gpupack/bin/pip uninstall --yes --quiet pip setuptools \
  && /opt/gpupack/bin/python -m compileall -q /opt/gpupack \
  && /opt/gpupack/bin/gpupack --help > /dev/null
 
