@@ -1,4 +1,5 @@
-"""A real local control plane (etcd, kube-apiserver, kube-scheduler, kwok) for tests and `gpupack dev`."""
+"""A real local control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) for tests
+and `gpupack dev`."""
 
 from .binaries import BinariesError, ensure_binaries
 from .cluster import Cluster, ComponentStatus, default_dir

@@ -1,4 +1,5 @@
-"""Find (or build, via tests/k8s/build.sh) etcd, kube-apiserver, kube-scheduler and kwok."""
+"""Find (or build, via tests/k8s/build.sh) the control-plane binaries: etcd, kube-apiserver, kube-scheduler,
+kube-controller-manager and kwok."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import subprocess
 from pathlib import Path
 from typing import IO
 
-BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
+BINARIES = ("etcd", "kube-apiserver", "kube-scheduler", "kube-controller-manager", "kwok")
 ENV_BIN = "GPUPACK_K8S_BIN"
 
 
@@ -29,7 +30,7 @@ def check_dir(bin_dir: Path) -> Path:
 
 
 def ensure_binaries(progress: IO[str] | None = None) -> Path:
-    """The directory holding the four binaries.
+    """The directory holding the control-plane binaries (BINARIES).
 
     $GPUPACK_K8S_BIN wins. Otherwise run the checkout's tests/k8s/build.sh, which returns at once when its
     cache is warm and builds from the Go module proxy when cold (minutes). Its progress goes to `progress`

@@ -104,7 +104,7 @@ class Cluster:
                 shutil.rmtree(path)
             elif path.exists():
                 path.unlink()
-        ports = Ports(*free_ports(8))
+        ports = Ports(*free_ports(9))
         tokens = identities.new_tokens()
         layout.pki.write()
         _write_private(layout.tokens_csv, identities.token_csv(tokens))

@@ -1,4 +1,5 @@
-"""The control-plane components as data: argv and health check for etcd, apiserver, scheduler, kwok."""
+"""The control-plane components as data: argv and health check for etcd, apiserver, controller-manager,
+scheduler and kwok."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from .processes import ComponentSpec, HealthCheck
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.0/16"
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
-CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-scheduler", "kwok")
+CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
 def etcd(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
@@ -59,9 +60,10 @@ def apiserver(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
             f"--service-account-key-file={pki.sa_pub}",
             f"--service-account-signing-key-file={pki.sa_key}",
             f"--service-cluster-ip-range={SERVICE_CIDR}",
-            # No kube-controller-manager runs. So nobody creates `default` ServiceAccounts (with the
-            # ServiceAccount plugin every pod create would fail), and nobody lifts the not-ready taint that
-            # TaintNodesByCondition puts on every new Node (kwok marks nodes Ready, but not their taints).
+            # Off although kube-controller-manager runs: with the ServiceAccount plugin a pod created right
+            # after its namespace fails until the serviceaccount controller has made `default` there, and
+            # TaintNodesByCondition keeps every new Node unschedulable until the node lifecycle controller
+            # has seen kwok mark it Ready. Tests create namespaces and nodes and use them at once.
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             "--allow-privileged=true",
             f"--cert-dir={layout.apiserver_cert_dir}",
@@ -71,6 +73,40 @@ def apiserver(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
         # /readyz is readable anonymously (system:public-info-viewer), so no token lands in state.json.
         health=HealthCheck(f"https://127.0.0.1:{ports.apiserver}/readyz", ca_file=str(pki.ca.cert)),
         ready_timeout_s=180,  # first start on 2 busy cores: bootstrap RBAC + CRD/aggregator post-start hooks
+    )
+
+
+def controller_manager(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
+    """The controllers a cluster enables by default (`*`), each as its own kube-system ServiceAccount."""
+    pki = layout.pki
+    return ComponentSpec(
+        name="kube-controller-manager",
+        argv=(
+            str(bins / "kube-controller-manager"),
+            f"--kubeconfig={layout.kubeconfig_for('controller-manager')}",
+            "--controllers=*",
+            # As kubeadm runs it: each controller gets its own ServiceAccount token (TokenRequest), so the
+            # bootstrap RBAC roles (system:controller:*) decide what each may do.
+            "--use-service-account-credentials=true",
+            # The token controller signs legacy ServiceAccount token Secrets with the key the apiserver
+            # verifies (--service-account-key-file), and publishes the CA in kube-root-ca.crt ConfigMaps.
+            f"--service-account-private-key-file={pki.sa_key}",
+            f"--root-ca-file={pki.ca.cert}",
+            # The CSR signer (kubelet client/serving certificates) signs with the cluster CA.
+            f"--cluster-signing-cert-file={pki.ca.cert}",
+            f"--cluster-signing-key-file={pki.ca.key}",
+            f"--service-cluster-ip-range={SERVICE_CIDR}",
+            f"--cluster-cidr={POD_CIDR}",
+            # One instance per cluster: leader election would only delay a restart by a lease period.
+            "--leader-elect=false",
+            "--bind-address=127.0.0.1",
+            f"--secure-port={ports.controller_manager}",
+            f"--tls-cert-file={pki.controller_manager.cert}",
+            f"--tls-private-key-file={pki.controller_manager.key}",
+            "--v=1",
+        ),
+        health=HealthCheck(f"https://127.0.0.1:{ports.controller_manager}/healthz", ca_file=str(pki.ca.cert)),
+        ready_timeout_s=90,
     )
 
 
@@ -119,6 +155,7 @@ def control_plane(bins: Path, layout: Layout, ports: Ports) -> list[ComponentSpe
     return [
         etcd(bins, layout, ports),
         apiserver(bins, layout, ports),
+        controller_manager(bins, layout, ports),
         scheduler(bins, layout, ports),
         kwok(bins, layout, ports),
     ]

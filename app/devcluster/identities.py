@@ -30,6 +30,9 @@ IDENTITIES: tuple[Identity, ...] = (
     Identity("admin", "admin", ("system:masters",)),
     # The bootstrap RBAC policy binds this exact user name to the scheduler's ClusterRoles.
     Identity("scheduler", "system:kube-scheduler", ()),
+    # Likewise for this one; with --use-service-account-credentials it only reads, creates ServiceAccounts
+    # and asks for their tokens, and each controller then runs as its own kube-system ServiceAccount.
+    Identity("controller-manager", "system:kube-controller-manager", ()),
     # kwok stands in for every kubelet (node status, leases, pod status, pod deletion); system:masters
     # keeps its permissions from being a moving part of the tests.
     Identity("kwok", "kwok", ("system:masters",)),

@@ -19,6 +19,7 @@ class Ports:
     extender: int  # reserved for the extender; the scheduler config points here before it runs
     webhook: int  # reserved for the webhook's HTTPS server
     extender_ops: int = 0  # the extender's plain-HTTP /healthz, /readyz, /metrics (0: older state.json)
+    controller_manager: int = 0  # kube-controller-manager's HTTPS /healthz (0: older state.json)
 
     def to_json(self) -> dict[str, int]:
         return asdict(self)

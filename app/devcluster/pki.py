@@ -1,5 +1,5 @@
-"""The dev cluster's PKI: a CA, serving certs (apiserver, scheduler, webhook, extender), the
-service-account key, and the extender's client CA with the one client certificate it signs: the
+"""The dev cluster's PKI: a CA, serving certs (apiserver, scheduler, controller-manager, webhook,
+extender), the service-account key, and the extender's client CA with the one client certificate it signs: the
 kube-scheduler's, which the extender requires (mutual TLS).
 
 The certificates themselves come from `app.certs`, as `gpupack certs` makes the webhook's.
@@ -85,6 +85,11 @@ class Pki:
         return CertPaths(self.dir / "scheduler.crt", self.dir / "scheduler.key")
 
     @property
+    def controller_manager(self) -> CertPaths:
+        """kube-controller-manager's serving certificate (its /healthz), as the scheduler's."""
+        return CertPaths(self.dir / "controller-manager.crt", self.dir / "controller-manager.key")
+
+    @property
     def webhook(self) -> CertPaths:
         return CertPaths(self.dir / "webhook.crt", self.dir / "webhook.key")
 
@@ -118,6 +123,7 @@ class Pki:
         for paths, cn, sans in (
             (self.apiserver, "kube-apiserver", APISERVER_SANS),
             (self.scheduler, "kube-scheduler", LOOPBACK_SANS),
+            (self.controller_manager, "kube-controller-manager", LOOPBACK_SANS),
             (self.webhook, "gpupack-webhook", LOOPBACK_SANS),
             (self.extender, "gpupack-extender", LOOPBACK_SANS),
         ):

@@ -4,12 +4,17 @@ Every test collected under tests/integration/ is marked `integration` automatica
 
 Fixtures
   cluster    (session)  app.devcluster.Cluster running etcd, kube-apiserver (own CA, RBAC, static tokens),
-                        kube-scheduler (deploy/scheduler/kube-scheduler-config.yaml, extender at
-                        cluster.extender_url - nothing listens there until a test starts one) and kwok.
+                        kube-controller-manager (every default controller: Deployments/ReplicaSets/Jobs make
+                        pods, namespaces are finalized, ResourceQuota and PDB status computed, garbage
+                        collection, ServiceAccount tokens), kube-scheduler
+                        (deploy/scheduler/kube-scheduler-config.yaml, extender at cluster.extender_url -
+                        nothing listens there until a test starts one) and kwok. The ServiceAccount and
+                        TaintNodesByCondition admission plugins stay off (see components.apiserver).
     To start gpupack components against it:
       cluster.kubeconfig, kubeconfig_for(identity), token(identity), api_client(identity) - identities:
-        admin, scheduler, kwok, gpupack-extender, gpupack-webhook, gpupack-agent (the gpupack ones
-        authenticate as ServiceAccounts gpupack-system/<name>; they have no RBAC until a test grants it)
+        admin, scheduler, controller-manager, kwok, gpupack-extender, gpupack-webhook, gpupack-agent, tenant
+        (the gpupack ones authenticate as ServiceAccounts gpupack-system/<name>; they have no RBAC until a
+        test grants it)
       cluster.api_url, ca_file, ca_bundle (base64, for a webhook's caBundle)
       cluster.extender_port, webhook_port, webhook_cert_file, webhook_key_file (SAN IP:127.0.0.1)
       the extender is called over mutual TLS: cluster.extender_tls_flags() (serve flags: TLS files and
@@ -20,8 +25,8 @@ Fixtures
         Whatever is still running is stopped at session end.
   kube       (session)  kubernetes ApiClient as admin.
   core       (session)  CoreV1Api as admin.
-  namespace  (function) a fresh namespace name; its pods are force-deleted afterwards (the namespace itself
-                        stays Terminating: no kube-controller-manager runs, so nothing finalizes it).
+  namespace  (function) a fresh namespace name; afterwards its pods are force-deleted and the namespace is
+                        deleted (the namespace controller then removes what is left; nobody waits for it).
   gpu_nodes  (function) factory gpu_nodes(count, gpus_per_node=8, model="A100-40GB", labels=None) -> names;
                         creates kwok GPU nodes (unique names), waits until Ready, deletes them afterwards.
   gpunode_crd (session) the GPUNode CRD from deploy/crds, created (an existing one is kept) and Established.

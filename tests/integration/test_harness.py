@@ -296,7 +296,9 @@ def test_dev_up_is_idempotent_daemonized_and_down_leaves_no_process(
         assert up.returncode == 0, up.stderr
         assert f"kubectl --kubeconfig {d}/kubeconfig get nodes" in up.stdout
         procs = json.loads(state.read_text())["processes"]
-        assert [p["name"] for p in procs] == ["etcd", "kube-apiserver", "kube-scheduler", "kwok"]
+        assert [p["name"] for p in procs] == [
+            "etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok",
+        ]  # fmt: skip
         # `up` has exited; its processes live on, each leading its own session (not tied to our terminal).
         for p in procs:
             assert pid_alive(p["pid"], p["ticks"]), p["name"]
@@ -313,7 +315,7 @@ def test_dev_up_is_idempotent_daemonized_and_down_leaves_no_process(
 
         status = run_gpupack("dev", "status", "--dir", str(d), env=env, timeout=240)
         assert status.returncode == 0, status.stdout
-        assert status.stdout.count("healthy") == 4
+        assert status.stdout.count("healthy") == 5  # one line per process
     finally:
         down = run_gpupack("dev", "down", "--dir", str(d), env=env, timeout=120)
     assert down.returncode == 0, down.stderr

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, kube-scheduler, etcd and kwok for one pinned Kubernetes version into a
-# per-version cache dir. Skips the build when the cached binaries answer --version.
+# Build kube-apiserver, kube-scheduler, kube-controller-manager, etcd and kwok for one pinned Kubernetes
+# version into a per-version cache dir. Skips the build when the cached binaries answer --version.
 # GPUPACK_K8S_BIN=/path/with/binaries skips building altogether.
 # Prints the bin dir as the last line of stdout.
 set -euo pipefail
@@ -10,7 +10,7 @@ ETCDV=3.6.4   # = the go.etcd.io/etcd/server/v3 version in go.mod
 here=$(cd "$(dirname "$0")" && pwd)
 
 if [ -n "${GPUPACK_K8S_BIN:-}" ]; then
-  for b in kube-apiserver kube-scheduler etcd kwok; do
+  for b in kube-apiserver kube-scheduler kube-controller-manager etcd kwok; do
     [ -x "$GPUPACK_K8S_BIN/$b" ] || { echo "GPUPACK_K8S_BIN=$GPUPACK_K8S_BIN: missing executable $b" >&2; exit 2; }
   done
   echo "$GPUPACK_K8S_BIN"; exit 0
@@ -23,7 +23,7 @@ ok() { # ok NAME EXPECTED-VERSION-LINE-REGEX (anchored, so v1.34.10 does not acc
   local v
   [ -x "$cache/$1" ] && v=$("$cache/$1" --version 2>/dev/null) && grep -qE -- "^$2\$" <<<"$v"
 }
-step=0; total=4
+step=0; total=5
 progress() { step=$((step + 1)); echo "[k8s-bins $step/$total] $*" >&2; }
 
 export CGO_ENABLED=0 GOFLAGS=-trimpath GOTOOLCHAIN=${GOTOOLCHAIN:-local}
@@ -48,6 +48,7 @@ build() { # build NAME PKG VERSION-CHECK LDFLAGS
 build etcd go.etcd.io/etcd/server/v3 "etcd Version: $ETCDV" ""
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "Kubernetes $KV" "$V"
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "Kubernetes $KV" "$V"
+build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "Kubernetes $KV" "$V"
 if ok kwok "kwok version $KWOKV .*"; then progress "kwok: cached"; else
   progress "kwok: go install sigs.k8s.io/kwok/cmd/kwok@$KWOKV"
   t0=$(date +%s)

@@ -14,5 +14,6 @@ go mod edit -go=1.24.0 -godebug=default=go1.24
 grep -oE 'k8s\.io/[A-Za-z0-9._-]+ => \./staging/' "$MOD" | awk '{print $1}' | sort -u |
   while read -r m; do go mod edit -replace "$m=$m@$SV"; done
 go get -tool "k8s.io/kubernetes/cmd/kube-apiserver@$KV" "k8s.io/kubernetes/cmd/kube-scheduler@$KV" \
+             "k8s.io/kubernetes/cmd/kube-controller-manager@$KV" \
              "go.etcd.io/etcd/server/v3@$ETCDV"
 go mod tidy

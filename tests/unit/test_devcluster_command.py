@@ -52,5 +52,5 @@ def test_bad_binaries_dir_is_named_exit_2(
     assert main(["up", "--dir", str(tmp_path / "dev")]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
         f"gpupack dev up: GPUPACK_K8S_BIN={tmp_path / 'nope'}: missing executables: "
-        "etcd, kube-apiserver, kube-scheduler, kwok"
+        "etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok"
     )

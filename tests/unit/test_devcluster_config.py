@@ -91,7 +91,8 @@ def test_token_csv_rows_and_groups() -> None:
         '"system:serviceaccounts,system:serviceaccounts:gpupack-system"'
     ) in rows
     assert 'tok-tenant,tenant,uid-tenant,"tenants"' in rows
-    assert len(rows) == len(identities.IDENTITIES) == 7
+    assert "tok-controller-manager,system:kube-controller-manager,uid-controller-manager" in rows
+    assert len(rows) == len(identities.IDENTITIES) == 8
 
 
 def test_new_tokens_are_distinct_and_csv_safe() -> None:
@@ -113,13 +114,16 @@ def test_kubeconfig_points_at_server_ca_and_token() -> None:
     assert yaml.safe_load(yaml.safe_dump(doc)) == doc
 
 
-PORTS = Ports(etcd=1, etcd_peer=2, apiserver=3, scheduler=4, kwok=5, extender=6, webhook=7)
+PORTS = Ports(
+    etcd=1, etcd_peer=2, apiserver=3, scheduler=4, kwok=5, extender=6, webhook=7, extender_ops=8,
+    controller_manager=9,
+)  # fmt: skip
 
 
 def test_control_plane_order_and_flags(tmp_path: Path) -> None:
     specs = components.control_plane(Path("/bin"), Layout(tmp_path), PORTS)
     assert [s.name for s in specs] == list(components.CONTROL_PLANE)
-    etcd, api, sched, kwok = specs
+    etcd, api, kcm, sched, kwok = specs
     assert "--listen-client-urls=http://127.0.0.1:1" in etcd.argv
     assert "--initial-cluster=default=http://127.0.0.1:2" in etcd.argv
     assert etcd.health is not None and etcd.health.url == "http://127.0.0.1:1/health"
@@ -129,10 +133,42 @@ def test_control_plane_order_and_flags(tmp_path: Path) -> None:
     assert "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition" in api.argv
     assert f"--token-auth-file={tmp_path / 'tokens.csv'}" in api.argv
     assert api.health is not None and api.health.token is None  # nothing secret is recorded in state.json
+    assert f"--kubeconfig={tmp_path / 'kubeconfigs' / 'controller-manager.kubeconfig'}" in kcm.argv
+    assert "--controllers=*" in kcm.argv
+    assert kcm.health is not None and kcm.health.url == "https://127.0.0.1:9/healthz"
     assert f"--config={tmp_path / 'kube-scheduler-config.yaml'}" in sched.argv
     assert sched.health is not None and sched.health.url == "https://127.0.0.1:4/readyz"
     assert "--manage-nodes-with-annotation-selector=kwok.x-k8s.io/node=fake" in kwok.argv
     assert "--server-address=127.0.0.1:5" in kwok.argv
+
+
+def _flag(argv: tuple[str, ...], name: str) -> str:
+    values = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
+    assert len(values) == 1, f"--{name} given {len(values)} times in {argv}"
+    return values[0]
+
+
+def test_controller_manager_signs_tokens_with_the_key_the_apiserver_checks(tmp_path: Path) -> None:
+    """Token controller and apiserver must agree on the ServiceAccount key pair, and both trust one CA."""
+    layout = Layout(tmp_path)
+    api = components.apiserver(Path("/bin"), layout, PORTS)
+    kcm = components.controller_manager(Path("/bin"), layout, PORTS)
+    signing_key = _flag(api.argv, "service-account-signing-key-file")
+    assert _flag(kcm.argv, "service-account-private-key-file") == signing_key == str(layout.pki.sa_key)
+    assert _flag(api.argv, "service-account-key-file") == str(layout.pki.sa_pub)
+    assert _flag(kcm.argv, "root-ca-file") == _flag(api.argv, "client-ca-file") == str(layout.pki.ca.cert)
+    assert _flag(kcm.argv, "cluster-signing-key-file") == str(layout.pki.ca.key)
+    assert _flag(kcm.argv, "tls-cert-file") == str(layout.pki.controller_manager.cert)
+    assert _flag(kcm.argv, "secure-port") == "9"
+    # kubeadm's shape: every controller acts as its own ServiceAccount, bound by the bootstrap RBAC roles.
+    assert _flag(kcm.argv, "use-service-account-credentials") == "true"
+
+
+def test_controller_manager_identity_is_the_bootstrap_rbac_user() -> None:
+    """The bootstrap ClusterRoleBinding system:kube-controller-manager names exactly this user."""
+    ident = {i.key: i for i in identities.IDENTITIES}["controller-manager"]
+    assert ident.user == "system:kube-controller-manager"
+    assert ident.groups == ()  # no system:masters: RBAC is a moving part here, as in a real cluster
 
 
 def test_layout_generated_paths_stay_inside_the_directory(tmp_path: Path) -> None:

@@ -119,6 +119,7 @@ def test_write_creates_every_path(written: pki.Pki) -> None:
         written.ca,
         written.apiserver,
         written.scheduler,
+        written.controller_manager,
         written.webhook,
         written.extender,
         written.extender_client_ca,
