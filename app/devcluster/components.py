@@ -11,6 +11,7 @@ from .processes import ComponentSpec, HealthCheck
 SERVICE_CIDR = "10.0.0.0/24"
 POD_CIDR = "10.244.0.0/16"
 KWOK_NODE_ANNOTATION = ("kwok.x-k8s.io/node", "fake")
+KWOK_NODE_LEASE_S = 40  # the kubelet's default nodeLeaseDurationSeconds
 CONTROL_PLANE = ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler", "kwok")
 
 
@@ -141,6 +142,10 @@ def kwok(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
             f"--config={layout.kwok_config}",
             "--manage-all-nodes=false",
             f"--manage-nodes-with-annotation-selector={key}={value}",
+            # Renew a Lease per fake node, as a kubelet does: kube-controller-manager's node lifecycle
+            # controller otherwise sees no heartbeat after the first status and taints every kwok node
+            # unreachable (NoSchedule, then NoExecute) about 50 s after it was created.
+            f"--node-lease-duration-seconds={KWOK_NODE_LEASE_S}",
             f"--cidr={POD_CIDR}",
             "--node-ip=10.244.0.1",
             f"--server-address=127.0.0.1:{ports.kwok}",

@@ -280,3 +280,26 @@ def test_service_account_tokens_are_signed_with_the_key_the_apiserver_trusts(
     with client.ApiClient(cfg) as api:
         review = client.AuthenticationV1Api(api).create_self_subject_review({})
     assert review.status.user_info.username == f"system:serviceaccount:{namespace}:default"
+
+
+def test_kwok_nodes_renew_their_lease_so_the_node_lifecycle_controller_leaves_them_ready(
+    cluster: Cluster, gpu_nodes: Callable[..., list[str]]
+) -> None:
+    # Without a renewed Lease (or status heartbeat) the controller marks a node Unknown and taints it
+    # unreachable about 50 s after creation, and long tests then see their pods refused.
+    (node,) = gpu_nodes(1, gpus_per_node=1)
+    with cluster.api_client() as api:
+        coord = client.CoordinationV1Api(api)
+
+        def renew_time() -> Any:
+            try:
+                return coord.read_namespaced_lease(node, "kube-node-lease").spec.renew_time
+            except ApiException as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        first = wait_for(renew_time, 30, f"{node}'s Lease in kube-node-lease")
+        wait_for(lambda: (renew_time() or first) > first, 30, f"{node}'s Lease renewed")
+        taints = client.CoreV1Api(api).read_node(node).spec.taints or []
+        assert not [t.key for t in taints if t.key.startswith("node.kubernetes.io/")], taints
