@@ -21,6 +21,7 @@ import pytest
 import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from podshapes import webhook_pod
 from simagents import SimAgents, write_sim
 
 from app import catalog, names
@@ -124,38 +125,13 @@ def node_with_agent(
 def gpu_pod(
     name: str, namespace: str, fraction: str, count: int = 1, extra: dict[str, str] | None = None
 ) -> dict[str, Any]:
-    """A pod as the webhook leaves it: fraction annotation, managed label, gpu-milli request = limit."""
-    milli = {names.RESOURCE_GPU_MILLI: str(round(float(fraction) * 1000) * count)}
-    ann = {names.GPU_FRACTION: fraction, names.GPU_FRACTION_NUM_DEVICES: str(count), **(extra or {})}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "annotations": ann,
-            "labels": {names.LABEL_MANAGED: "true"},
-        },
-        "spec": {
-            "nodeSelector": {POOL: namespace},
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox",
-                    "resources": {"requests": milli, "limits": milli},
-                    # the webhook's env: the extender places only pods that carry it
-                    "env": [
-                        {
-                            "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
-                            "valueFrom": {
-                                "fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}
-                            },
-                        }
-                    ],
-                }
-            ],
-        },
-    }
+    """A pod as the webhook leaves it (tests/integration/podshapes.py), on this test's pool of nodes."""
+    milli = round(float(fraction) * 1000)
+    pod = webhook_pod(
+        name, pool=(POOL, namespace), milli=milli, count=count, namespace=namespace, annotations=extra
+    )
+    pod["metadata"]["annotations"][names.GPU_FRACTION] = fraction  # as the user wrote it
+    return pod
 
 
 def bound(core: Any, namespace: str, name: str) -> tuple[str, Allocation] | None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
+from podshapes import webhook_pod
 
 from app import names
 from app.devcluster import Cluster, wait_for
@@ -46,38 +47,11 @@ def deployment(name: str, node: str, replicas: int) -> dict[str, Any]:
 
 
 def fraction_pod(name: str, milli: int) -> dict[str, Any]:
-    """A pod as the webhook leaves it for `gpu-fraction`: annotation, managed label, gpu-milli request=limit.
+    """A pod as the webhook leaves it for `gpu-fraction` (tests/integration/podshapes.py).
 
     Its pool selector matches no node, so it stays Pending: the quota counts it all the same.
     """
-    res = {names.RESOURCE_GPU_MILLI: str(milli)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "annotations": {names.GPU_FRACTION: f"{milli / 1000:.2f}", names.GPU_FRACTION_NUM_DEVICES: "1"},
-            "labels": {names.LABEL_MANAGED: "true"},
-        },
-        "spec": {
-            "nodeSelector": {"gpupack.test/pool": "none"},
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox",
-                    "resources": {"requests": res, "limits": res},
-                    "env": [
-                        {
-                            "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
-                            "valueFrom": {
-                                "fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}
-                            },
-                        }
-                    ],
-                }
-            ],
-        },
-    }
+    return webhook_pod(name, pool=("gpupack.test/pool", "none"), milli=milli)
 
 
 def running_pods(core: Any, namespace: str, selector: str) -> list[Any]:

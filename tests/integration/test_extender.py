@@ -19,8 +19,9 @@ from typing import Any
 
 import pytest
 import yaml
+from podshapes import webhook_pod
 
-from app import catalog, names, units
+from app import catalog, units
 from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
 from app.devcluster.addons import install_rbac
 from app.devcluster.nodes import NODE_CPU, NODE_MEMORY
@@ -128,46 +129,10 @@ def create_gpunodes(kube: Kube, nodes: Sequence[str], gpus: int) -> None:
 def gpu_pod(
     name: str, namespace: str, pool: str, *, milli: int = 0, mem: int = 0, count: int = 1, scheduler: str = ""
 ) -> dict[str, Any]:
-    """A pod as the webhook leaves it: annotations, managed label, extended resource requests = limits."""
-    ann = {names.GPU_FRACTION_NUM_DEVICES: str(count)}
-    if milli:
-        ann[names.GPU_FRACTION] = f"{milli / 1000:.2f}"
-        res = {names.RESOURCE_GPU_MILLI: str(milli * count)}
-    else:
-        ann[names.GPU_MEMORY] = str(mem)
-        res = {names.RESOURCE_GPU_MEMORY_MIB: str(mem * count)}
-    spec: dict[str, Any] = {
-        "nodeSelector": {POOL: pool},
-        "containers": [
-            {
-                "name": "main",
-                "image": "busybox",
-                "resources": {"requests": res, "limits": res},
-                # the webhook's env: the extender places only pods that carry it
-                "env": [
-                    {
-                        "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
-                        "valueFrom": {
-                            "fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}
-                        },
-                    }
-                ],
-            }
-        ],
-    }
-    if scheduler:
-        spec["schedulerName"] = scheduler
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "namespace": namespace,
-            "annotations": ann,
-            "labels": {names.LABEL_MANAGED: "true"},
-        },
-        "spec": spec,
-    }
+    """A pod as the webhook leaves it (tests/integration/podshapes.py), on this test's pool of nodes."""
+    return webhook_pod(
+        name, pool=(POOL, pool), milli=milli, mem=mem, count=count, namespace=namespace, scheduler=scheduler
+    )
 
 
 def outcome(core: Any, namespace: str, name: str) -> str | None:

@@ -24,8 +24,9 @@ from typing import Any
 
 import pytest
 from kubernetes.client.rest import ApiException
+from podshapes import webhook_pod
 
-from app import catalog, names
+from app import catalog
 from app.devcluster import Cluster, wait_for
 from app.devcluster.addons import Definitions
 from app.devcluster.faults import Audit, ExtenderRig, audit, publish_gpunodes
@@ -47,38 +48,8 @@ SETTLE_S = 120  # from the end of a fault until every pod is bound (scheduler ba
 
 
 def gpu_pod(name: str, namespace: str, milli: int = 0, mem: int = 0, count: int = 1) -> dict[str, Any]:
-    """A pod as the webhook leaves it: request annotations, managed label, extended resource = limit."""
-    ann = {names.GPU_FRACTION_NUM_DEVICES: str(count)}
-    if milli:
-        ann[names.GPU_FRACTION] = f"{milli / 1000:.2f}"
-        res = {names.RESOURCE_GPU_MILLI: str(milli * count)}
-    else:
-        ann[names.GPU_MEMORY] = str(mem)
-        res = {names.RESOURCE_GPU_MEMORY_MIB: str(mem * count)}
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": ann, "labels": {names.LABEL_MANAGED: "true"}},
-        "spec": {
-            "nodeSelector": {POOL: namespace},
-            "containers": [
-                {
-                    "name": "main",
-                    "image": "busybox",
-                    "resources": {"requests": res, "limits": res},
-                    # the webhook's env: the extender places only pods that carry it
-                    "env": [
-                        {
-                            "name": names.ENV_NVIDIA_VISIBLE_DEVICES,
-                            "valueFrom": {
-                                "fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}
-                            },
-                        }
-                    ],
-                }
-            ],
-        },
-    }
+    """A pod as the webhook leaves it (tests/integration/podshapes.py), on this test's pool of nodes."""
+    return webhook_pod(name, pool=(POOL, namespace), milli=milli, mem=mem, count=count)
 
 
 def pods_json(core: Any, namespace: str) -> list[dict[str, Any]]:
