@@ -242,11 +242,13 @@ def throughput(n_pods: int, rounds: int, n_nodes: int) -> dict[str, Any]:
             url = str(conf["extenders"][0]["urlPrefix"]).rstrip("/")
             argv = (
                 sys.executable, "-m", "app.cli", "extender", "serve", "--kubeconfig", str(cluster.kubeconfig),
-                "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], "--policy", "fragaware",
-                "--lease-namespace", "gpupack-system", "--lease-duration", "3",
+                "--host", "127.0.0.1", "--port", url.rsplit(":", 1)[1], *cluster.extender_tls_flags(),
+                "--policy", "fragaware", "--lease-namespace", "gpupack-system", "--lease-duration", "3",
                 "--heartbeat-timeout", "86400", "--log-level", "warning",
             )  # fmt: skip
-            cluster.start_process(ComponentSpec("extender", argv, health=HealthCheck(f"{url}/readyz")))
+            # kube-scheduler calls the verbs over mutual TLS; probes use the plain ops port.
+            health = HealthCheck(f"http://127.0.0.1:{cluster.extender_ops_port}/readyz")
+            cluster.start_process(ComponentSpec("extender", argv, health=health))
             results: dict[str, list[float]] = {"plain": [], "gpupack": []}
             for r in range(rounds):
                 for kind in ("plain", "gpupack"):
