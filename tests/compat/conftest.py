@@ -28,11 +28,9 @@ from app import names
 from app.admission import webhook_configuration
 from app.devcluster import (
     GPUPACK_NAMESPACE,
-    BinariesError,
     Cluster,
     ComponentSpec,
     HealthCheck,
-    ensure_binaries,
     wait_for,
 )
 from app.devcluster.addons import (
@@ -55,6 +53,7 @@ for extra in ("tests/integration", "tests/helm"):  # simagents, render (helm)
         sys.path.insert(0, str(REPO / extra))
 
 import render  # noqa: E402
+from controlplane import attach_log_tails, running_cluster  # noqa: E402
 from simagents import SimAgents, write_sim  # noqa: E402
 
 
@@ -85,28 +84,13 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if report.failed and _active and HERE in item.path.parents:
-        tails = _active[0].log_tails(lines=25)
-        report.sections.append(
-            ("control-plane logs (tail)", "\n".join(f"---- {name}\n{text}" for name, text in tails.items()))
-        )
+    attach_log_tails(report, item, HERE, _active)
     return report
 
 
 @pytest.fixture(scope="package")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    try:
-        bins = ensure_binaries()
-    except BinariesError as exc:
-        pytest.fail(f"compat tier needs Kubernetes binaries and they cannot be built:\n{exc}", pytrace=False)
-    c = Cluster.prepare(tmp_path_factory.mktemp("compat-cluster"), bins)
-    c.start()
-    _active.append(c)
-    try:
-        yield c
-    finally:
-        _active.remove(c)
-        c.stop()
+    yield from running_cluster(tmp_path_factory, "compat-cluster", "compat tier", _active)
 
 
 @pytest.fixture(scope="package")

@@ -49,9 +49,10 @@ from typing import Any
 
 import pytest
 import yaml
+from controlplane import attach_log_tails, running_cluster
 from kubernetes import client
 
-from app.devcluster import BinariesError, Cluster, ensure_binaries
+from app.devcluster import Cluster
 from app.devcluster.addons import CRD_RELPATH, gpupack_cli, install_crd
 
 HERE = Path(__file__).parent
@@ -70,30 +71,13 @@ def pytest_runtest_makereport(
     item: pytest.Item, call: pytest.CallInfo[None]
 ) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     report = yield
-    if report.failed and _active and HERE in item.path.parents:
-        tails = _active[0].log_tails(lines=25)
-        report.sections.append(
-            ("control-plane logs (tail)", "\n".join(f"---- {name}\n{text}" for name, text in tails.items()))
-        )
+    attach_log_tails(report, item, HERE, _active)
     return report
 
 
 @pytest.fixture(scope="session")
 def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    try:
-        bins = ensure_binaries()
-    except BinariesError as exc:
-        pytest.fail(
-            f"integration tier needs Kubernetes binaries and they cannot be built:\n{exc}", pytrace=False
-        )
-    c = Cluster.prepare(tmp_path_factory.mktemp("devcluster"), bins)
-    c.start()
-    _active.append(c)
-    try:
-        yield c
-    finally:
-        _active.remove(c)
-        c.stop()  # raises if any process survives SIGKILL
+    yield from running_cluster(tmp_path_factory, "devcluster", "integration tier", _active)
 
 
 @pytest.fixture(scope="session")
