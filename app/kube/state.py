@@ -70,6 +70,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     # An annotated pod that is not bound yet still counts: its bind may be in flight in a replica that
     # just lost leadership, or its extender died between the patch and the Binding. Counting it can only
     # delay a placement, never hand a GPU out twice; its own next bind overwrites it.
+    host = hostres.pod_requests(spec)
     return PodInfo(
         uid=str(meta.get("uid") or ""),
         namespace=str(meta.get("namespace") or ""),
@@ -77,9 +78,9 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         node_name=node_name,
         phase=phase,
         alloc=alloc,
-        demand=demand_of(pod),
+        demand=demand_of(pod, host),
         deleting=bool(meta.get("deletionTimestamp")),
-        host=hostres.pod_requests(spec),
+        host=host,
     )
 
 
@@ -97,14 +98,17 @@ def is_gpupack_pod(pod: Mapping[str, Any]) -> bool:
     return any(c.ours for c in request.containers_of(request.as_object(pod.get("spec"))))
 
 
-def _bound_host(pod: Mapping[str, Any]) -> tuple[str, HostResources] | None:
-    """(node, requests) for a pod that holds host resources on a node now, else None."""
+def _bound_host(pod: Mapping[str, Any], host: HostResources | None) -> tuple[str, HostResources] | None:
+    """(node, requests) for a pod that holds host resources on a node now, else None.
+
+    `host` is the pod's request when the caller computed it already.
+    """
     spec = request.as_object(pod.get("spec"))
     node = spec.get("nodeName")
     phase = request.as_object(pod.get("status")).get("phase")
     if not node or not isinstance(node, str) or phase in TERMINAL_PHASES:
         return None
-    return node, hostres.pod_requests(spec)
+    return node, host if host is not None else hostres.pod_requests(spec)
 
 
 def _key(meta: Mapping[str, Any]) -> str:
@@ -261,9 +265,10 @@ class ClusterCache:
             self._host_used.clear()
             for obj in objs:
                 present.add(str((obj.get("metadata") or {}).get("uid", "")))
-                self._put_bound(obj)
-                if is_gpupack_pod(obj):
-                    self._put_pod(pod_info(obj))
+                info = pod_info(obj) if is_gpupack_pod(obj) else None
+                self._put_bound(obj, info)
+                if info is not None:
+                    self._put_pod(info)
             self._view.clear()
             live = set(self._pods)
             for uid in list(self.pending_reason):
@@ -287,7 +292,7 @@ class ClusterCache:
         info = pod_info(obj) if ours else None
         with self._lock:
             self._drop_bound(uid)
-            self._put_bound(obj)
+            self._put_bound(obj, info)
             self._drop_pod(uid)
             if info is not None:
                 self._put_pod(info)
@@ -305,8 +310,8 @@ class ClusterCache:
             self.pending_reason.pop(uid, None)
         self.assume.release(uid)
 
-    def _put_bound(self, obj: JsonDict) -> None:
-        bound = _bound_host(obj)
+    def _put_bound(self, obj: JsonDict, info: PodInfo | None) -> None:
+        bound = _bound_host(obj, info.host if info is not None else None)
         if bound is None:
             return
         uid = str((obj.get("metadata") or {}).get("uid", ""))
@@ -478,13 +483,15 @@ class ClusterCache:
             self.pending_reason.pop(uid, None)
 
 
-def demand_of(pod: Mapping[str, Any]) -> Demand | str:
+def demand_of(pod: Mapping[str, Any], host: HostResources | None = None) -> Demand | str:
     """The pod's demand: GPUs from its annotations (app.request), else from the extended resources it
-    requests; CPU and memory from its containers, so placement scores exactly as the simulator does."""
+    requests; CPU and memory from its containers (or `host`, when the caller computed them already), so
+    placement scores exactly as the simulator does."""
     demand = _gpu_demand_of(pod)
     if isinstance(demand, str):
         return demand
-    host = hostres.pod_requests(pod.get("spec"))
+    if host is None:
+        host = hostres.pod_requests(pod.get("spec"))
     return replace(demand, cpu_milli=host.cpu_milli, host_memory_mib=host.memory_mib)
 
 
