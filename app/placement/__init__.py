@@ -2,13 +2,13 @@
 
 from app.placement import binpack, fragaware, spread
 from app.placement.base import DEFAULT_POLICY, Policy, Registry, registry
-from app.placement.fit import LIVE_MARGIN_MIB, node_misfit
+from app.placement.fit import FOREIGN_MARGIN_MIB, node_misfit
 from app.placement.place import Placement, normalize_scores, place, score_nodes, to_allocation
 from app.placement.workload import PodShape, TargetWorkload, default_workload
 
 __all__ = [
     "DEFAULT_POLICY",
-    "LIVE_MARGIN_MIB",
+    "FOREIGN_MARGIN_MIB",
     "Placement",
     "PodShape",
     "Policy",

@@ -11,7 +11,6 @@ from app.model import MILLI_PER_GPU, Demand, Gpu, Node
 # much head-room on top of what they use now. A GPU with no foreign usage needs none: gpupack pods are
 # held to their reservations, so a whole-GPU pod fits an idle GPU exactly.
 FOREIGN_MARGIN_MIB = 256
-LIVE_MARGIN_MIB = FOREIGN_MARGIN_MIB  # the name policies and callers pass around
 
 
 def share(milli: int) -> str:
@@ -40,7 +39,7 @@ def live_load(gpu: Gpu) -> tuple[int, int]:
     return (gpu.utilization_percent or 0, -(gpu.live_free_mib if gpu.live_free_mib is not None else 0))
 
 
-def fitting_gpus(node: Node, demand: Demand, margin_mib: int = LIVE_MARGIN_MIB) -> list[Gpu]:
+def fitting_gpus(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> list[Gpu]:
     """The node's GPUs that can each take one device of `demand`: least loaded first, then by index.
 
     Policies keep the first of the GPUs they score equal, so this order is their tie-break.
@@ -57,7 +56,7 @@ def best_fit(gpus: Sequence[Gpu], count: int) -> tuple[int, ...]:
     return tuple(sorted(g.index for g in sorted(gpus, key=lambda g: (g.milli_free, *tie_order(g)))[:count]))
 
 
-def node_misfit(node: Node, demand: Demand, margin_mib: int = LIVE_MARGIN_MIB) -> PlacementReason | None:
+def node_misfit(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> PlacementReason | None:
     """None when `node` can take `demand`; otherwise the first rule it breaks."""
 
     def why(rule: str, kind: ReasonKind = ReasonKind.NODE) -> PlacementReason:
@@ -145,7 +144,7 @@ def _foreign_note(gpus: Sequence[Gpu], margin_mib: int) -> str:
 class FitFilter:
     """The filter every built-in policy shares: node state, host resources, then per-GPU fit."""
 
-    margin_mib: int = LIVE_MARGIN_MIB
+    margin_mib: int = FOREIGN_MARGIN_MIB
 
     def filter(self, node: Node, demand: Demand) -> PlacementReason | None:
         return node_misfit(node, demand, self.margin_mib)
