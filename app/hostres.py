@@ -7,12 +7,13 @@ cluster the extender derives them from Node allocatable minus the requests of ev
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 from app import units
+from app.request import as_list, as_object
 
 MIB = 1 << 20
 
@@ -45,15 +46,8 @@ def _value(raw: Any) -> Fraction:
 
 def _requests(container: Any) -> HostResources:
     """One container's CPU (milli) and memory (MiB) requests, rounded up."""
-    if not isinstance(container, Mapping):
-        return ZERO
-    res = container.get("resources")
-    if not isinstance(res, Mapping):
-        return ZERO
-    requests = res.get("requests")
-    limits = res.get("limits")
-    requests = requests if isinstance(requests, Mapping) else {}
-    limits = limits if isinstance(limits, Mapping) else {}
+    res = as_object(as_object(container).get("resources"))
+    requests, limits = as_object(res.get("requests")), as_object(res.get("limits"))
 
     def value(name: str) -> Fraction:
         # A limit without a request defaults the request to the limit (the apiserver does it too).
@@ -66,47 +60,30 @@ def _max(a: HostResources, b: HostResources) -> HostResources:
     return HostResources(max(a.cpu_milli, b.cpu_milli), max(a.memory_mib, b.memory_mib))
 
 
-def _total(items: Iterable[HostResources]) -> HostResources:
-    out = ZERO
-    for r in items:
-        out = out + r
-    return out
-
-
 def pod_requests(spec: Any) -> HostResources:
     """A pod's effective request, as kube-scheduler's NodeResourcesFit computes it.
 
     max(regular containers + restartable (sidecar) init containers, each plain init container plus the
     sidecars started before it) + pod overhead. CPU rounds up to a milli-core, memory up to a MiB.
     """
-    if not isinstance(spec, Mapping):
-        return ZERO
-    containers = spec.get("containers")
-    inits = spec.get("initContainers")
-    containers = containers if isinstance(containers, list) else []
-    inits = inits if isinstance(inits, list) else []
-    running = _total(_requests(c) for c in containers)
+    spec = as_object(spec)
+    running = sum((_requests(c) for c in as_list(spec.get("containers"))), ZERO)
     sidecars = ZERO
     init_peak = ZERO
-    for c in inits:
+    for c in as_list(spec.get("initContainers")):
         req = _requests(c)
-        if isinstance(c, Mapping) and c.get("restartPolicy") == "Always":
+        if as_object(c).get("restartPolicy") == "Always":
             sidecars = sidecars + req
             init_peak = _max(init_peak, sidecars)
         else:
             init_peak = _max(init_peak, sidecars + req)
-    total = _max(running + sidecars, init_peak)
-    overhead = spec.get("overhead")
-    if isinstance(overhead, Mapping):
-        total = total + _requests({"resources": {"requests": overhead}})
-    return total
+    return _max(running + sidecars, init_peak) + _requests({"resources": {"requests": spec.get("overhead")}})
 
 
 def node_allocatable(node: Mapping[str, Any]) -> HostResources | None:
     """A Node's allocatable CPU (milli, rounded down) and memory (MiB, rounded down); None if not reported."""
-    status = node.get("status")
-    alloc = status.get("allocatable") if isinstance(status, Mapping) else None
-    if not isinstance(alloc, Mapping) or "cpu" not in alloc:
+    alloc = as_object(as_object(node.get("status")).get("allocatable"))
+    if "cpu" not in alloc:
         return None
     return HostResources(
         math.floor(_value(alloc.get("cpu")) * 1000), math.floor(_value(alloc.get("memory")) / MIB)
