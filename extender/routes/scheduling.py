@@ -6,8 +6,7 @@ import time
 
 from fastapi import APIRouter, HTTPException, Response
 
-from app import managed
-from app.kube.state import demand_of
+from app import managed, request
 from app.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 from extender import scheduling
 from extender.deps import BinderDep, PolicyDep, ReadyDep, RuntimeDep, StateDep
@@ -56,7 +55,7 @@ def filter_(
                 NodeNames=[], FailedAndUnresolvableNodes=dict.fromkeys(names, unmanaged)
             )
         uid = _uid(args)
-        demand = demand_of(args.pod())
+        demand = request.pod_demand(args.pod())
         out = scheduling.filter_nodes(
             names, cache.nodes(names, exclude_uid=uid), demand, policy, rt.decide_in_filter
         )
@@ -80,7 +79,7 @@ def prioritize(args: ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: Re
             raise HTTPException(503, f"gpupack extender not ready: {ready[1]}", headers=CLOSE)
         names = args.node_names()
         uid = _uid(args)
-        demand = demand_of(args.pod())
+        demand = request.pod_demand(args.pod())
         scores = scheduling.prioritize(names, cache.nodes(names, exclude_uid=uid), demand, policy)
         return HostPriorityList([HostPriority(Host=n, Score=s) for n, s in scores])
     finally:
