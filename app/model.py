@@ -215,6 +215,12 @@ class ClusterState:
 
     nodes: dict[str, Node] = field(default_factory=dict)
 
+    @property
+    def packing_efficiency(self) -> float:
+        """Allocated share on the GPUs in use over those GPUs (0 when none is in use)."""
+        used = [g.milli_used for node in self.nodes.values() for g in node.gpus if g.milli_used > 0]
+        return sum(used) / (len(used) * MILLI_PER_GPU) if used else 0.0
+
     def apply(self, alloc: Allocation) -> None:
         """Reserve an allocation's share on its GPUs (no fit check: the allocation already happened)."""
         self._change(alloc, +1)

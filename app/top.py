@@ -43,10 +43,9 @@ def render(state: ClusterState, pods: Mapping[tuple[str, int], list[str]]) -> st
                 f"{mem:>15} {len(here)}{'' if g.healthy else '  (unhealthy)'}{flag}"
             )
             flag = ""
-    eff = used / (in_use * MILLI_PER_GPU) if in_use else 0.0
     lines.append(
         f"\n{total} GPUs: {used / MILLI_PER_GPU:.2f} allocated, {in_use} in use, {total - in_use} free; "
-        f"packing efficiency {eff:.1%}"
+        f"packing efficiency {state.packing_efficiency:.1%}"
     )
     return "\n".join(lines)
 

@@ -20,6 +20,7 @@ from typing import Any, Final
 
 from app import names, objects, units
 from app.errors import RequestError
+from app.jsonpointer import pointer
 
 GPU: Final = "nvidia.com/gpu"
 MEMORY: Final = "nvidia.com/gpumem"
@@ -147,20 +148,16 @@ def _fraction(percent: int) -> str:
     return format(value, "f")
 
 
-def _pointer(key: str) -> str:
-    return "/" + key.replace("~", "~0").replace("/", "~1")
-
-
 def _annotation_ops(meta: Mapping[str, Any], ours: Mapping[str, str]) -> list[Op]:
     if not meta.get("annotations"):
         return [{"op": "add", "path": "/metadata/annotations", "value": dict(ours)}]
-    return [{"op": "add", "path": "/metadata/annotations" + _pointer(k), "value": v} for k, v in ours.items()]
+    return [{"op": "add", "path": "/metadata/annotations" + pointer(k), "value": v} for k, v in ours.items()]
 
 
 def _removal_ops(ptr: str, container: Mapping[str, Any]) -> list[Op]:
     res = objects.as_object(container.get("resources"))
     return [
-        {"op": "remove", "path": f"{ptr}/resources/{part}" + _pointer(key)}
+        {"op": "remove", "path": f"{ptr}/resources/{part}" + pointer(key)}
         for part in ("requests", "limits")
         for key in (GPU, *SHARES)
         if key in objects.as_object(res.get(part))

@@ -114,3 +114,11 @@ def test_node_charge_host_keeps_untracked_resources_untracked() -> None:
     assert tracked.charge_host(1500, 1024) == Node("n1", (), cpu_milli_free=2500, memory_mib_free=7168)
     assert tracked.charge_host(1500, 1024).charge_host(-1500, -1024) == tracked
     assert _node().charge_host(1500, 1024) == _node()
+
+
+def test_packing_efficiency_counts_only_gpus_in_use() -> None:
+    state = ClusterState({"n1": _node()})
+    assert state.packing_efficiency == 0.0
+    state.apply(Allocation("n1", (0,), (), 1000, 15109))
+    state.apply(Allocation("n1", (1,), (), 250, 3777))
+    assert state.packing_efficiency == (1000 + 250) / 2000
