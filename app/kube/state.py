@@ -13,17 +13,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app import hostres, log, names, objects, request
-from app.errors import RequestError
+from app import hostres, log, objects
 from app.hostres import HostResources
 from app.kube import gpunode
 from app.kube.assume import AssumeCache
 from app.kube.client import JsonDict
-from app.model import Allocation, ClusterState, Demand, Node
+from app.model import Allocation, ClusterState, Node
+from app.pods import TERMINAL_PHASES, PodInfo, is_gpupack_pod, pod_info
 
 LOG = log.get("gpupack.state")
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
 
 def node_order_key(name: str) -> tuple[Any, ...]:
@@ -31,72 +29,13 @@ def node_order_key(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
-@dataclass(frozen=True, slots=True)
-class PodInfo:
-    """What the cache keeps of one managed pod."""
-
-    uid: str
-    namespace: str
-    name: str
-    node_name: str  # spec.nodeName, "" while pending
-    phase: str
-    alloc: Allocation | None  # counted allocation, None when it has none (or it no longer counts)
-    demand: Demand | tuple[RequestError, ...]  # what it asks for, or every rule its request breaks
-    deleting: bool = False
-    host: HostResources = hostres.ZERO  # CPU and memory it requests (charged to its node once bound)
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def pending(self) -> bool:
-        return not self.node_name and self.phase not in TERMINAL_PHASES and not self.deleting
-
-
-def pod_info(pod: Mapping[str, Any]) -> PodInfo:
-    """Reduce a pod to what placement needs; an allocation counts only while the pod may hold its GPU."""
-    meta = objects.as_object(pod.get("metadata"))
-    spec = objects.as_object(pod.get("spec"))
-    phase = str(objects.as_object(pod.get("status")).get("phase") or "Pending")
-    node_name = str(spec.get("nodeName") or "")
-    alloc: Allocation | None = None
-    try:
-        alloc = Allocation.from_annotations(objects.string_map(meta.get("annotations")))
-    except ValueError as exc:
-        LOG.warning("corrupt allocation annotations ignored", extra={"pod": _key(meta), "error": str(exc)})
-    if alloc is not None and (phase in TERMINAL_PHASES or (node_name and node_name != alloc.node)):
-        # Finished pods free their share; an annotation naming another node than the binding is stale.
-        alloc = None
-    # An annotated pod that is not bound yet still counts: its bind may be in flight in a replica that
-    # just lost leadership, or its extender died between the patch and the Binding. Counting it can only
-    # delay a placement, never hand a GPU out twice; its own next bind overwrites it.
-    host = hostres.pod_requests(spec)
-    return PodInfo(
-        uid=str(meta.get("uid") or ""),
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        node_name=node_name,
-        phase=phase,
-        alloc=alloc,
-        demand=request.pod_demand(pod, host),
-        deleting=bool(meta.get("deletionTimestamp")),
-        host=host,
-    )
-
-
-def is_gpupack_pod(pod: Mapping[str, Any]) -> bool:
-    """The pod is ours to account: managed, carrying an allocation, or asking for a gpupack resource.
-
-    Not the label alone: a label anyone could remove must not make a share be forgotten.
-    """
-    meta = objects.as_object(pod.get("metadata"))
-    if objects.string_map(meta.get("labels")).get(names.LABEL_MANAGED) == "true":
-        return True
-    ann = objects.string_map(meta.get("annotations"))
-    if names.ALLOC_NODE in ann or request.wants_gpu(ann):
-        return True
-    return any(c.ours for c in request.containers_of(objects.as_object(pod.get("spec"))))
+def _read(pod: Mapping[str, Any]) -> PodInfo:
+    info = pod_info(pod)
+    if info.allocation_error:
+        LOG.warning(
+            "corrupt allocation annotations ignored", extra={"pod": info.key, "error": info.allocation_error}
+        )
+    return info
 
 
 def _bound_host(pod: Mapping[str, Any], host: HostResources | None) -> tuple[str, HostResources] | None:
@@ -110,10 +49,6 @@ def _bound_host(pod: Mapping[str, Any], host: HostResources | None) -> tuple[str
     if not node or not isinstance(node, str) or phase in TERMINAL_PHASES:
         return None
     return node, host if host is not None else hostres.pod_requests(spec)
-
-
-def _key(meta: Mapping[str, Any]) -> str:
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
 
 
 def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int) -> Node:
@@ -256,7 +191,7 @@ class ClusterCache:
             self._host_used.clear()
             for obj in objs:
                 present.add(str((obj.get("metadata") or {}).get("uid", "")))
-                info = pod_info(obj) if is_gpupack_pod(obj) else None
+                info = _read(obj) if is_gpupack_pod(obj) else None
                 self._put_bound(obj, info)
                 if info is not None:
                     self._put_pod(info)
@@ -280,7 +215,7 @@ class ClusterCache:
     def upsert_pod(self, obj: JsonDict) -> None:
         uid = str((obj.get("metadata") or {}).get("uid", ""))
         ours = is_gpupack_pod(obj)
-        info = pod_info(obj) if ours else None
+        info = _read(obj) if ours else None
         with self._lock:
             self._drop_bound(uid)
             self._put_bound(obj, info)

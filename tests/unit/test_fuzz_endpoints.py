@@ -22,9 +22,10 @@ from app.errors import KubeError
 from app.kube.assume import AssumeCache
 from app.kube.client import JsonDict, Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.kube.state import ClusterCache, pod_info
+from app.kube.state import ClusterCache
 from app.model import Demand
 from app.placement import registry
+from app.pods import pod_info
 from app.request import containers_of, pod_demand
 from extender.binder import Binder
 from extender.config import Settings as ExtenderSettings

@@ -10,8 +10,9 @@ from app import names
 from app.errors import RequestError
 from app.kube.assume import AssumeCache
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.kube.state import ClusterCache, node_order_key, pod_info
+from app.kube.state import ClusterCache, node_order_key
 from app.model import Allocation, Demand
+from app.pods import pod_info
 from app.request import pod_demand
 
 NOW = 1_700_000_000.0
