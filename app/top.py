@@ -8,9 +8,9 @@ from collections.abc import Mapping
 
 from app.errors import KubeError
 from app.kube import paths, requests
+from app.kube.cache import ClusterCache
 from app.kube.client import Kube
 from app.kube.informers import KubeApi
-from app.kube.state import ClusterCache
 from app.model import MILLI_PER_GPU, ClusterState
 
 BAR_WIDTH = 20

@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 from app import catalog, names  # noqa: E402
 from app.kube import gpunode  # noqa: E402
 from app.kube.assume import AssumeCache  # noqa: E402
-from app.kube.state import ClusterCache  # noqa: E402
+from app.kube.cache import ClusterCache  # noqa: E402
 from app.model import Allocation, Demand  # noqa: E402
 from app.placement import registry  # noqa: E402
 

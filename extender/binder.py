@@ -15,12 +15,12 @@ from typing import Any
 from app import log, request
 from app.errors import KubeError
 from app.kube import requests
+from app.kube.cache import ClusterCache
 from app.kube.informers import KubeApi
-from app.kube.state import ClusterCache
 from app.metrics import BindOutcome
 from app.model import Allocation, Demand
 from app.placement import Policy, to_allocation
-from extender.scheduling import NO_GPUNODE, invalid_request, reason_text
+from extender.verbs import NO_GPUNODE, invalid_request, reason_text
 
 LOG = log.get("gpupack.extender.bind")
 

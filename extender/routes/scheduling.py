@@ -8,7 +8,7 @@ from fastapi import APIRouter, HTTPException, Response
 
 from app import managed, request
 from app.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
-from extender import scheduling
+from extender import verbs
 from extender.deps import BinderDep, PolicyDep, ReadyDep, RuntimeDep, StateDep
 from extender.schemas import (
     ExtenderArgs,
@@ -56,7 +56,7 @@ def filter_(
             )
         uid = _uid(args)
         demand = request.pod_demand(args.pod())
-        out = scheduling.filter_nodes(
+        out = verbs.filter_nodes(
             names, cache.nodes(names, exclude_uid=uid), demand, policy, rt.decide_in_filter
         )
         if out.refusal is not None:
@@ -80,7 +80,7 @@ def prioritize(args: ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: Re
         names = args.node_names()
         uid = _uid(args)
         demand = request.pod_demand(args.pod())
-        scores = scheduling.prioritize(names, cache.nodes(names, exclude_uid=uid), demand, policy)
+        scores = verbs.prioritize(names, cache.nodes(names, exclude_uid=uid), demand, policy)
         return HostPriorityList([HostPriority(Host=n, Score=s) for n, s in scores])
     finally:
         EXTENDER_REQUEST_SECONDS.labels(ExtenderVerb.PRIORITIZE.value).observe(time.perf_counter() - t0)

@@ -27,8 +27,8 @@ from app.devcluster.addons import install_rbac
 from app.devcluster.nodes import NODE_CPU, NODE_MEMORY
 from app.hostres import HostResources
 from app.kube import gpunode
+from app.kube.cache import node_order_key
 from app.kube.client import Kube
-from app.kube.state import node_order_key
 from app.model import Allocation, ClusterState, Demand
 from app.placement import Placement, place, registry, to_allocation
 from app.request import pod_demand

@@ -20,9 +20,9 @@ from hypothesis import strategies as st
 from app import names
 from app.errors import KubeError
 from app.kube.assume import AssumeCache
+from app.kube.cache import ClusterCache
 from app.kube.client import JsonDict, Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.kube.state import ClusterCache
 from app.model import Demand
 from app.placement import registry
 from app.pods import pod_info

@@ -9,8 +9,8 @@ import pytest
 from app import names
 from app.errors import RequestError
 from app.kube.assume import AssumeCache
+from app.kube.cache import ClusterCache, node_order_key
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.kube.state import ClusterCache, node_order_key
 from app.model import Allocation, Demand
 from app.pods import pod_info
 from app.request import pod_demand

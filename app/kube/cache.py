@@ -21,7 +21,7 @@ from app.kube.client import JsonDict
 from app.model import Allocation, ClusterState, Node
 from app.pods import TERMINAL_PHASES, PodInfo, is_gpupack_pod, pod_info
 
-LOG = log.get("gpupack.state")
+LOG = log.get("gpupack.cache")
 
 
 def node_order_key(name: str) -> tuple[Any, ...]:
