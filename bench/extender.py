@@ -50,15 +50,7 @@ GPU_ENV: dict[str, Any] = {
 
 
 def gpunode_obj(name: str, beat: float) -> dict[str, Any]:
-    mem = catalog.lookup(MODEL).memory_mib
-    uuids = [f"GPU-{name}-{i}" for i in range(GPUS)]
-    spec = gpunode.GPUNodeSpec(
-        node_name=name, gpus=tuple(gpunode.GpuSpec(u, i, MODEL, MODEL, mem) for i, u in enumerate(uuids))
-    )
-    status = gpunode.GPUNodeStatus(
-        heartbeat_time=beat,
-        gpus=tuple(gpunode.GpuStatus(u, i, True, memory_free_mib=mem) for i, u in enumerate(uuids)),
-    )
+    spec, status = gpunode.idle(name, MODEL, GPUS, beat)
     return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
 
 
