@@ -11,9 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app import hostres, names, objects, request
-from app.errors import RequestError
 from app.hostres import HostResources
-from app.model import Allocation, Demand
+from app.model import Allocation
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -29,7 +28,7 @@ class PodInfo:
     phase: str = "Pending"
     allocation: Allocation | None = None  # as recorded in the pod's annotations
     allocation_error: str = ""  # why the recorded allocation cannot be read ("" when it can, or is absent)
-    demand: Demand | tuple[RequestError, ...] = ()  # what it asks for, or every rule its request breaks
+    demand: request.PodDemand = ()  # what it asks for, or every rule its request breaks
     deleting: bool = False
     host: HostResources = hostres.ZERO  # CPU and memory it requests (charged to its node once bound)
     gpu_container: str = ""  # the container that gets the GPU

@@ -17,6 +17,8 @@ from app.objects import as_list, as_object, string_map
 MAX_DEVICES: Final = 16  # more GPUs than any node we know of carries; a typo guard, not a policy
 WHOLE_GPU_RESOURCE: Final = "nvidia.com/gpu"
 
+PodDemand = Demand | tuple[RequestError, ...]  # what a pod asks for, or every rule its request breaks
+
 # A Kubernetes label value (the node label gpupack.io/gpu-model is matched with `In`).
 _LABEL_VALUE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
 
@@ -145,9 +147,7 @@ def parse(
     return _build(view)
 
 
-def pod_demand(
-    pod: Mapping[str, Any], host: HostResources | None = None
-) -> Demand | tuple[RequestError, ...]:
+def pod_demand(pod: Mapping[str, Any], host: HostResources | None = None) -> PodDemand:
     """What a pod asks of a node, or every rule its request breaks.
 
     The GPU share comes from the annotations (`parse`, the webhook's rules); a pod without them is read
@@ -172,9 +172,7 @@ def pod_demand(
     return replace(demand, cpu_milli=host.cpu_milli, host_memory_mib=host.memory_mib)
 
 
-def _resource_demand(
-    annotations: Mapping[str, str], containers: Sequence[Container]
-) -> Demand | tuple[RequestError, ...]:
+def _resource_demand(annotations: Mapping[str, str], containers: Sequence[Container]) -> PodDemand:
     """A pod's GPU demand from the gpupack resources of its regular containers (limits = requests)."""
     raw_count = annotations.get(names.GPU_FRACTION_NUM_DEVICES, "1")
     try:

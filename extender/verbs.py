@@ -27,8 +27,6 @@ PENDING_REASON = {
     ReasonKind.NODE: PendingReason.UNSCHEDULABLE,
 }
 
-Demandish = Demand | tuple[RequestError, ...]  # what the pod asks for, or every rule its request breaks
-
 
 def invalid_request(errors: tuple[RequestError, ...]) -> str:
     """The scheduler's text for a pod whose GPU request cannot be read."""
@@ -46,7 +44,7 @@ class FilterOutcome:
 def filter_nodes(
     names: Sequence[str],
     nodes: Mapping[str, Node | None],
-    demand: Demandish,
+    demand: request.PodDemand,
     policy: Policy,
     decide: bool,
 ) -> FilterOutcome:
@@ -104,7 +102,7 @@ def ordered(nodes: Mapping[str, Node | None]) -> list[Node]:
 
 
 def prioritize(
-    names: Sequence[str], nodes: Mapping[str, Node | None], demand: Demandish, policy: Policy
+    names: Sequence[str], nodes: Mapping[str, Node | None], demand: request.PodDemand, policy: Policy
 ) -> list[tuple[str, int]]:
     """0..10 per node in `names` order: the policy's raw score, min-max normalised; unfit nodes get 0."""
     if not isinstance(demand, Demand):
@@ -115,7 +113,7 @@ def prioritize(
     return [(n, scaled[n]) for n in names]
 
 
-def explain(nodes: Mapping[str, Node | None], demand: Demandish, policy: Policy) -> dict[str, Any]:
+def explain(nodes: Mapping[str, Node | None], demand: request.PodDemand, policy: Policy) -> dict[str, Any]:
     """Why each node would or would not get the pod, and where it would go now."""
     if not isinstance(demand, Demand):
         return {"demand": None, "error": request.render(demand), "choice": None, "nodes": []}
