@@ -1,15 +1,36 @@
-"""Pure builders for every API call the extender makes: bodies, paths and queries, no I/O."""
+"""API calls as values (pure): the `Request` that `app.kube.client.Kube.send` sends, and its builders.
+
+Every call gpupack makes is built here (or by a module beside it) as a `Request` of method, path, body,
+query and content type, so tests check the exact call and nothing below `app.kube.client` does I/O.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from app import names
 from app.kube import paths
-from app.kube.client import JSON_PATCH, MERGE_PATCH, Request
 from app.model import Allocation
+
+JsonDict = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One API call, built by pure code and sent by `Kube.send`."""
+
+    method: str
+    path: str
+    body: Any = None
+    query: Mapping[str, str | int | bool] = field(default_factory=dict)
+    content_type: str = "application/json"
+
 
 MANAGED_SELECTOR = f"{names.LABEL_MANAGED}=true"
 

@@ -1,17 +1,17 @@
-"""Exact API requests built by app.kube.requests (pure)."""
+"""Exact API calls built by app.kube.calls (pure)."""
 
 from __future__ import annotations
 
 from app import names
-from app.kube import requests
-from app.kube.client import JSON_PATCH, MERGE_PATCH
+from app.kube import calls
+from app.kube.calls import JSON_PATCH, MERGE_PATCH
 from app.model import Allocation
 
 ALLOC = Allocation(node="n1", gpu_indexes=(0, 3), gpu_uuids=("GPU-a", "GPU-b"), milli=250, memory_mib=4096)
 
 
 def test_allocation_patch_is_merge_patch_with_resource_version_precondition() -> None:
-    req = requests.allocation_patch("team-a", "train-1", "4711", ALLOC)
+    req = calls.allocation_patch("team-a", "train-1", "4711", ALLOC)
     assert req.method == "PATCH"
     assert req.path == "/api/v1/namespaces/team-a/pods/train-1"
     assert req.content_type == MERGE_PATCH
@@ -32,7 +32,7 @@ def test_allocation_patch_is_merge_patch_with_resource_version_precondition() ->
 
 
 def test_clear_allocation_nulls_every_allocation_key() -> None:
-    req = requests.clear_allocation_patch("ns", "p", "9")
+    req = calls.clear_allocation_patch("ns", "p", "9")
     assert req.content_type == MERGE_PATCH
     assert req.body == {
         "metadata": {"resourceVersion": "9", "annotations": dict.fromkeys(names.ALLOCATION_ANNOTATIONS)}
@@ -40,7 +40,7 @@ def test_clear_allocation_nulls_every_allocation_key() -> None:
 
 
 def test_allocation_json_patch_tests_resource_version_first_and_escapes_slashes() -> None:
-    req = requests.allocation_json_patch("ns", "p", "12", ALLOC)
+    req = calls.allocation_json_patch("ns", "p", "12", ALLOC)
     assert req.content_type == JSON_PATCH
     assert req.body[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "12"}
     assert req.body[1] == {"op": "add", "path": "/metadata/annotations/gpupack.io~1node", "value": "n1"}
@@ -48,7 +48,7 @@ def test_allocation_json_patch_tests_resource_version_first_and_escapes_slashes(
 
 
 def test_binding_body_targets_node_and_carries_uid() -> None:
-    req = requests.binding("ns", "p", "uid-1", "n1")
+    req = calls.binding("ns", "p", "uid-1", "n1")
     assert (req.method, req.path) == ("POST", "/api/v1/namespaces/ns/pods/p/binding")
     assert req.body == {
         "apiVersion": "v1",
@@ -56,19 +56,19 @@ def test_binding_body_targets_node_and_carries_uid() -> None:
         "metadata": {"name": "p", "namespace": "ns", "uid": "uid-1"},
         "target": {"apiVersion": "v1", "kind": "Node", "name": "n1"},
     }
-    fenced = requests.binding("ns", "p", "uid-1", "n1", resource_version="42")
+    fenced = calls.binding("ns", "p", "uid-1", "n1", resource_version="42")
     assert fenced.body["metadata"]["resourceVersion"] == "42"
 
 
 def test_list_and_watch_queries() -> None:
-    req = requests.list_request("/api/v1/pods", requests.MANAGED_SELECTOR, 500, "tok")
+    req = calls.list_request("/api/v1/pods", calls.MANAGED_SELECTOR, 500, "tok")
     assert req.query == {"labelSelector": "gpupack.io/managed=true", "limit": 500, "continue": "tok"}
-    assert requests.list_request("/x").query == {}
-    assert requests.watch_query("", "77") == {"resourceVersion": "77"}
+    assert calls.list_request("/x").query == {}
+    assert calls.watch_query("", "77") == {"resourceVersion": "77"}
 
 
 def test_lease_update_carries_resource_version_and_microtimes() -> None:
-    spec = requests.lease_spec("me", 15, 0.0, 1.5, 2)
+    spec = calls.lease_spec("me", 15, 0.0, 1.5, 2)
     assert spec == {
         "holderIdentity": "me",
         "leaseDurationSeconds": 15,
@@ -76,15 +76,15 @@ def test_lease_update_carries_resource_version_and_microtimes() -> None:
         "renewTime": "1970-01-01T00:00:01.500000Z",
         "leaseTransitions": 2,
     }
-    req = requests.update_lease("sys", "l", "33", spec)
+    req = calls.update_lease("sys", "l", "33", spec)
     assert (req.method, req.path) == ("PUT", "/apis/coordination.k8s.io/v1/namespaces/sys/leases/l")
     assert req.body["metadata"] == {"name": "l", "namespace": "sys", "resourceVersion": "33"}
-    create = requests.create_lease("sys", "l", spec)
+    create = calls.create_lease("sys", "l", spec)
     assert (create.method, create.path) == ("POST", "/apis/coordination.k8s.io/v1/namespaces/sys/leases")
 
 
 def test_time_round_trip_and_bad_input() -> None:
-    assert requests.parse_time(requests.micro_time(1234.25)) == 1234.25
-    assert requests.parse_time("2024-01-01T00:00:00Z") == 1704067200.0
-    assert requests.parse_time("yesterday") is None
-    assert requests.parse_time(None) is None
+    assert calls.parse_time(calls.micro_time(1234.25)) == 1234.25
+    assert calls.parse_time("2024-01-01T00:00:00Z") == 1704067200.0
+    assert calls.parse_time("yesterday") is None
+    assert calls.parse_time(None) is None
