@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from app import names
 from app.kube import paths
@@ -110,6 +110,37 @@ def binding(namespace: str, name: str, uid: str, node: str, resource_version: st
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
     return Request("POST", paths.pod_binding(namespace, name), body)
+
+
+# REST plurals of the kinds gpupack creates from whole objects (manifests, dev-cluster bodies).
+PLURALS: Final[Mapping[str, str]] = {
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
+    "CustomResourceDefinition": "customresourcedefinitions",
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+    "Namespace": "namespaces",
+    "Node": "nodes",
+    "Pod": "pods",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "ServiceAccount": "serviceaccounts",
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+}
+
+
+def create(obj: Mapping[str, Any], namespace: str | None = None, *, dry_run: bool = False) -> Request:
+    """POST a whole object to its collection, named by its apiVersion, kind and namespace.
+
+    The namespace is `namespace`, else the object's metadata.namespace; none for a cluster-scoped kind.
+    `dry_run` asks the apiserver to admit (mutate, validate) the object without storing it.
+    """
+    kind = str(obj.get("kind", ""))
+    if kind not in PLURALS:
+        raise ValueError(f"kind={kind!r}: must be one of {', '.join(sorted(PLURALS))}")
+    namespace = namespace or (obj.get("metadata") or {}).get("namespace")
+    path = paths.collection(str(obj.get("apiVersion", "")), PLURALS[kind], namespace)
+    return Request("POST", path, dict(obj), query={"dryRun": "All"} if dry_run else {})
 
 
 def list_query(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import ssl
 from collections.abc import Iterator, Mapping
@@ -145,6 +146,14 @@ class Kube:
 
     def close(self) -> None:
         self._api.close()
+
+
+def api_client(kubeconfig: str | os.PathLike[str]) -> kubernetes.client.ApiClient:
+    """The `kubernetes` ApiClient of a kubeconfig file, for harnesses that hand it on (`Kube(api)` sends).
+
+    The dev cluster gives it to tests and benchmarks, which may use the library's typed APIs on it.
+    """
+    return kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
 
 
 _TIMEOUTS = (urllib3.exceptions.TimeoutError, socket.timeout, TimeoutError)
