@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import pytest
+
 from app import names
 from app.kube import calls
 from app.kube.calls import JSON_PATCH, MERGE_PATCH
@@ -88,3 +92,51 @@ def test_time_round_trip_and_bad_input() -> None:
     assert calls.parse_time("2024-01-01T00:00:00Z") == 1704067200.0
     assert calls.parse_time("yesterday") is None
     assert calls.parse_time(None) is None
+
+
+def _obj(api_version: str, kind: str, namespace: str | None = None) -> dict[str, Any]:
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"namespace": namespace} if namespace else {},
+    }
+
+
+RBAC, ADMISSION = "rbac.authorization.k8s.io/v1", "admissionregistration.k8s.io/v1"
+
+
+@pytest.mark.parametrize(
+    ("obj", "namespace", "path"),
+    [
+        pytest.param(_obj("v1", "Namespace"), None, "/api/v1/namespaces", id="cluster-scoped-core"),
+        pytest.param(_obj("v1", "Pod", "a"), None, "/api/v1/namespaces/a/pods", id="namespaced-core"),
+        pytest.param(_obj("v1", "Pod", "a"), "b", "/api/v1/namespaces/b/pods", id="namespace-argument-wins"),
+        pytest.param(
+            _obj(RBAC, "RoleBinding", "s"),
+            None,
+            f"/apis/{RBAC}/namespaces/s/rolebindings",
+            id="namespaced-group",
+        ),
+        pytest.param(
+            _obj(ADMISSION, "ValidatingAdmissionPolicy"),
+            None,
+            "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+            id="cluster-scoped-group",
+        ),
+    ],
+)
+def test_create_posts_the_object_to_its_collection(
+    obj: dict[str, Any], namespace: str | None, path: str
+) -> None:
+    req = calls.create(obj, namespace)
+    assert (req.method, req.path, req.body, dict(req.query)) == ("POST", path, obj, {})
+
+
+def test_create_dry_run_asks_the_apiserver_not_to_store() -> None:
+    req = calls.create({"apiVersion": "v1", "kind": "Pod", "metadata": {}}, "ns", dry_run=True)
+    assert (req.path, dict(req.query)) == ("/api/v1/namespaces/ns/pods", {"dryRun": "All"})
+
+
+def test_create_refuses_a_kind_it_has_no_collection_for() -> None:
+    with pytest.raises(ValueError, match=r"^kind='Deployment': must be one of ClusterRole, "):
+        calls.create({"apiVersion": "apps/v1", "kind": "Deployment"})
