@@ -21,7 +21,8 @@ COPY pyproject.toml /src/
 RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("/src/pyproject.toml", "rb"))["project"]["dependencies"]))' \
     > /tmp/requirements.txt
 RUN /opt/gpupack/bin/pip install ${PIP_ARGS} -r /tmp/requirements.txt
-COPY README.md LICENSE /src/
+COPY README.md /src/
+COPY LICENSE /src/
 COPY app /src/app
 COPY webhook /src/webhook
 COPY extender /src/extender
