@@ -21,7 +21,7 @@ from app import names
 from app.errors import KubeError
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
-from app.kube.client import JsonDict, Request
+from app.kube.calls import JsonDict, Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
 from app.model import Demand
 from app.placement import registry
