@@ -100,14 +100,13 @@ def latency(n_nodes: int, calls: int, policy_name: str) -> dict[str, Any]:
     from extender.binder import Binder
     from extender.config import Settings
     from extender.main import create_app
-    from extender.memo import MemoPolicy
     from extender.runtime import StaticRuntime
 
     rng = random.Random(7)
     t0 = time.perf_counter()
     cache, node_names = build_cache(n_nodes, rng)
     build_s = time.perf_counter() - t0
-    policy = MemoPolicy(registry.create(policy_name))  # as KubeRuntime wires it
+    policy = registry.create(policy_name)
     rt = StaticRuntime(cache, policy, Binder(_NoKube(), cache, policy))
     http = TestClient(create_app(Settings(policy=policy_name), runtime=rt))
     filter_ms: list[float] = []

@@ -9,6 +9,7 @@ from fastapi import Depends, Request
 from app.kube.cache import ClusterCache
 from app.placement import Policy
 from extender.binder import Binder
+from extender.rankings import Rankings
 from extender.runtime import Runtime
 
 
@@ -28,6 +29,10 @@ def get_policy(rt: RuntimeDep) -> Policy:
     return rt.policy
 
 
+def get_rankings(rt: RuntimeDep) -> Rankings:
+    return rt.rankings
+
+
 def get_binder(rt: RuntimeDep) -> Binder:
     return rt.binder
 
@@ -38,5 +43,6 @@ def get_readiness(rt: RuntimeDep) -> tuple[bool, str]:
 
 StateDep = Annotated[ClusterCache, Depends(get_cache)]
 PolicyDep = Annotated[Policy, Depends(get_policy)]
+RankingsDep = Annotated[Rankings, Depends(get_rankings)]
 BinderDep = Annotated[Binder, Depends(get_binder)]
 ReadyDep = Annotated[tuple[bool, str], Depends(get_readiness)]

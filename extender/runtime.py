@@ -18,7 +18,7 @@ from app.placement import Policy, registry
 from extender import stats
 from extender.binder import Binder
 from extender.config import Settings
-from extender.memo import MemoPolicy
+from extender.rankings import Rankings
 
 LOG = log.get("gpupack.extender")
 
@@ -28,6 +28,7 @@ class Runtime(Protocol):
 
     cache: ClusterCache
     policy: Policy
+    rankings: Rankings  # the policy's verdicts on the cache's nodes, per demand shape
     binder: Binder
     decide_in_filter: bool
 
@@ -57,6 +58,7 @@ class StaticRuntime:
     ) -> None:
         self.cache = cache
         self.policy = policy
+        self.rankings = Rankings(cache, policy)
         self.binder = binder
         self.decide_in_filter = decide_in_filter
 
@@ -84,7 +86,8 @@ class KubeRuntime:
         self.decide_in_filter = settings.decide_in_filter
         self._clock = clock
         self.cache = ClusterCache(AssumeCache(settings.assume_ttl_s), settings.heartbeat_timeout_s)
-        self.policy: Policy = MemoPolicy(registry.create(settings.policy))
+        self.policy: Policy = registry.create(settings.policy)
+        self.rankings = Rankings(self.cache, self.policy)
         cfg = InformerConfig(
             resync_s=settings.resync_s,
             watch_timeout_s=settings.watch_timeout_s,

@@ -11,6 +11,7 @@ from app.errors import PlacementReason, ReasonKind, RequestError
 from app.metrics import PendingReason
 from app.model import Demand, Node
 from app.placement import Placement, Policy, normalize_scores, place, score_nodes
+from app.placement.ranking import Standings
 
 NO_GPUNODE = "no GPUNode object for this node: the gpupack agent does not run here"
 
@@ -41,59 +42,42 @@ class FilterOutcome:
     refusal: PendingReason | None = None  # set when no node passed
 
 
-def filter_nodes(
-    names: Sequence[str],
-    nodes: Mapping[str, Node | None],
-    demand: request.PodDemand,
-    policy: Policy,
-    decide: bool,
-) -> FilterOutcome:
-    """Which of `names` can take `demand`; with `decide`, only the node `place` picks passes.
+def refuse_invalid(names: Sequence[str], errors: tuple[RequestError, ...]) -> FilterOutcome:
+    """No node can take a pod whose GPU request cannot be read."""
+    return FilterOutcome(
+        [], unresolvable=dict.fromkeys(names, invalid_request(errors)), refusal=PendingReason.INVALID
+    )
 
-    `nodes` must be in the order placement breaks ties in (ClusterCache.nodes: natural name order).
-    """
-    if not isinstance(demand, Demand):
-        msg = invalid_request(demand)
-        return FilterOutcome([], unresolvable=dict.fromkeys(names, msg), refusal=PendingReason.INVALID)
-    passed: list[Node] = []
-    failed: dict[str, str] = {}
-    unresolvable: dict[str, str] = {}
-    classes: set[PendingReason] = set()
-    # Walk `nodes` (natural name order, as ClusterCache gives them) so `passed` is already in the
-    # order place() breaks ties in; names the mapping lacks have no GPUNode.
+
+def filter_nodes(names: Sequence[str], standings: Standings, policy_name: str, decide: bool) -> FilterOutcome:
+    """Which of `names` can take the demand `standings` judged; with `decide`, only `place`'s node passes."""
     wanted = set(names)
-    for name in [n for n in names if n not in nodes]:
-        unresolvable[name] = NO_GPUNODE
-        classes.add(PendingReason.UNSCHEDULABLE)
-    for name, node in nodes.items():
-        if name not in wanted:
-            continue
-        if node is None:
-            unresolvable[name] = NO_GPUNODE
-            classes.add(PendingReason.UNSCHEDULABLE)
-            continue
-        reason = policy.filter(node, demand)
-        if reason is None:
-            passed.append(node)
-            continue
+    rank = standings.rank
+    failed: dict[str, str] = {}
+    unresolvable = dict.fromkeys(wanted - rank.keys(), NO_GPUNODE)
+    classes = {PendingReason.UNSCHEDULABLE} if unresolvable else set()
+    refused = standings.refusals(wanted)
+    for name, reason in refused.items():
         cls = PENDING_REASON[reason.kind]
         classes.add(cls)
         (failed if cls is PendingReason.NO_FIT else unresolvable)[name] = reason_text(reason)
-    if not passed:
+    fitting = wanted - unresolvable.keys() - failed.keys()
+    # Nodes without a verdict although ranked cannot occur: the ranking and `rank` come from one frame.
+    if not fitting:
         # The most actionable class wins: capacity first, then model, then node state.
         precedence = (PendingReason.NO_FIT, PendingReason.MODEL, PendingReason.UNSCHEDULABLE)
         refusal = next((c for c in precedence if c in classes), PendingReason.UNSCHEDULABLE)
         return FilterOutcome([], failed, unresolvable, refusal)
-    if decide and len(passed) > 1:
-        chosen = place(passed, demand, policy)
-        assert isinstance(chosen, Placement)  # every node in `passed` passed filter
-        best = chosen.node.name
-        # No per-node score here: it would double the cost of filter on big clusters; /explain has them.
-        for node in passed:
-            if node.name != best:
-                failed[node.name] = f"fits, but policy {policy.name} places it on {best} (see /explain)"
+    if decide and len(fitting) > 1:
+        best = standings.best(fitting)
+        assert best is not None  # every node in `fitting` passed filter
+        fitting.discard(best)
+        # No per-node score here: the answer would grow by a number per node; /explain has them.
+        failed.update(
+            dict.fromkeys(fitting, f"fits, but policy {policy_name} places it on {best} (see /explain)")
+        )
         return FilterOutcome([best], failed, unresolvable)
-    return FilterOutcome([n.name for n in passed], failed, unresolvable)
+    return FilterOutcome(sorted(fitting, key=rank.__getitem__), failed, unresolvable)
 
 
 def ordered(nodes: Mapping[str, Node | None]) -> list[Node]:
@@ -101,14 +85,12 @@ def ordered(nodes: Mapping[str, Node | None]) -> list[Node]:
     return [n for n in nodes.values() if n is not None]
 
 
-def prioritize(
-    names: Sequence[str], nodes: Mapping[str, Node | None], demand: request.PodDemand, policy: Policy
-) -> list[tuple[str, int]]:
+def prioritize(names: Sequence[str], standings: Standings) -> list[tuple[str, int]]:
     """0..10 per node in `names` order: the policy's raw score, min-max normalised; unfit nodes get 0."""
-    if not isinstance(demand, Demand):
-        return [(n, 0) for n in names]
-    raw: dict[str, float | None] = dict.fromkeys(names)
-    raw.update(score_nodes(ordered({n: nodes.get(n) for n in names}), demand, policy))
+    raw: dict[str, float | None] = {}
+    for name in names:
+        v = standings.verdict(name)
+        raw[name] = v.score if v is not None and v.reason is None else None
     scaled = normalize_scores(raw)
     return [(n, scaled[n]) for n in names]
 

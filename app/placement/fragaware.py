@@ -37,6 +37,8 @@ class FragAware(FitFilter):
         self.workload = workload
         self.name = name
         self.options = options or FragOptions()
+        if self.options.settle_weight:
+            workload.settled_waste()  # built once (~0.1 s) here, not inside the first scheduling call
 
     def score(self, node: Node, demand: Demand) -> float:
         return self._evaluate(node, demand)[0]

@@ -10,8 +10,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
-from itertools import accumulate
 from importlib import resources
+from itertools import accumulate
 from typing import Any
 
 from app.model import MILLI_PER_GPU, Demand

@@ -8,8 +8,9 @@ from fastapi import APIRouter, HTTPException, Response
 
 from app import managed, request
 from app.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
+from app.model import Demand
 from extender import schemas, verbs
-from extender.deps import BinderDep, PolicyDep, ReadyDep, RuntimeDep, StateDep
+from extender.deps import BinderDep, RankingsDep, ReadyDep, RuntimeDep, StateDep
 
 router = APIRouter(tags=["scheduling"])
 
@@ -30,7 +31,7 @@ def filter_(
     args: schemas.ExtenderArgs,
     rt: RuntimeDep,
     cache: StateDep,
-    policy: PolicyDep,
+    rankings: RankingsDep,
     ready: ReadyDep,
     *,
     response: Response,
@@ -48,9 +49,11 @@ def filter_(
             )
         uid = _uid(args)
         demand = request.pod_demand(args.pod())
-        out = verbs.filter_nodes(
-            names, cache.nodes(names, exclude_uid=uid), demand, policy, rt.decide_in_filter
-        )
+        if isinstance(demand, Demand):
+            with rankings.standings(demand, exclude_uid=uid) as standings:
+                out = verbs.filter_nodes(names, standings, rankings.policy.name, rt.decide_in_filter)
+        else:
+            out = verbs.refuse_invalid(names, demand)
         if out.refusal is not None:
             cache.note_refusal(uid, out.refusal)
         else:
@@ -64,7 +67,7 @@ def filter_(
 
 @router.post("/prioritize")
 def prioritize(
-    args: schemas.ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: ReadyDep
+    args: schemas.ExtenderArgs, rankings: RankingsDep, ready: ReadyDep
 ) -> schemas.HostPriorityList:
     t0 = time.perf_counter()
     try:
@@ -72,9 +75,12 @@ def prioritize(
             # The scheduler ignores prioritize errors, so a non-200 just means "no opinion".
             raise HTTPException(503, f"gpupack extender not ready: {ready[1]}", headers=CLOSE)
         names = args.node_names()
-        uid = _uid(args)
         demand = request.pod_demand(args.pod())
-        scores = verbs.prioritize(names, cache.nodes(names, exclude_uid=uid), demand, policy)
+        if isinstance(demand, Demand):
+            with rankings.standings(demand, exclude_uid=_uid(args)) as standings:
+                scores = verbs.prioritize(names, standings)
+        else:
+            scores = [(n, 0) for n in names]
         return schemas.HostPriorityList([schemas.HostPriority(Host=n, Score=s) for n, s in scores])
     finally:
         EXTENDER_REQUEST_SECONDS.labels(ExtenderVerb.PRIORITIZE.value).observe(time.perf_counter() - t0)

@@ -55,39 +55,3 @@ def test_top_renders_bars_and_totals() -> None:
     assert "[##########----------]" in lines[1] and lines[1].endswith(" 2")
     assert "2 GPUs: 0.50 allocated, 1 in use, 1 free; packing efficiency 50.0%" in out
     assert bar(1200) == "[####################]!"
-
-
-def test_memo_policy_answers_like_the_policy_and_never_reuses_a_changed_node() -> None:
-    from dataclasses import replace
-
-    from app.model import Demand
-    from app.placement import registry
-    from extender.memo import MemoPolicy
-
-    calls: list[str] = []
-    inner = registry.create("binpack")
-
-    class Counting:
-        name = inner.name
-
-        def filter(self, node: Node, demand: Demand) -> object:
-            calls.append("filter")
-            return inner.filter(node, demand)
-
-        def score(self, node: Node, demand: Demand) -> float:
-            calls.append("score")
-            return inner.score(node, demand)
-
-        def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
-            return inner.choose_gpus(node, demand)
-
-    memo = MemoPolicy(Counting())  # type: ignore[arg-type]
-    node = state((600, 0)).nodes["n0"]
-    d = Demand(count=1, milli=500)
-    assert memo.filter(node, d) is None and memo.score(node, d) == inner.score(node, d)
-    assert memo.filter(node, d) is None and memo.score(node, d) == inner.score(node, d)
-    assert calls == ["filter", "score"]
-    full = replace(node, gpus=tuple(replace(g, milli_used=1000) for g in node.gpus))
-    reason = memo.filter(full, d)
-    assert reason is not None and reason.rule == "no GPU with 0.50 free: best has 0.00"
-    assert calls == ["filter", "score", "filter"]
