@@ -57,10 +57,10 @@ def filter_nodes(names: Sequence[str], standings: Standings, policy_name: str, d
     unresolvable = dict.fromkeys(wanted - rank.keys(), NO_GPUNODE)
     classes = {PendingReason.UNSCHEDULABLE} if unresolvable else set()
     refused = standings.refusals(wanted)
-    for name, reason in refused.items():
+    for name, (reason, text) in refused.items():
         cls = PENDING_REASON[reason.kind]
         classes.add(cls)
-        (failed if cls is PendingReason.NO_FIT else unresolvable)[name] = reason_text(reason)
+        (failed if cls is PendingReason.NO_FIT else unresolvable)[name] = text
     fitting = wanted - unresolvable.keys() - failed.keys()
     # Nodes without a verdict although ranked cannot occur: the ranking and `rank` come from one frame.
     if not fitting:

@@ -126,6 +126,7 @@ class ClusterCache:
         # Names whose view changed, in order; token t (see frame()) has seen the log up to t - _log_start.
         self._log: list[str] = []
         self._log_start = 0
+        self._quiet = False  # set while a relist rebuilds: it compares once at the end instead
         self.pending_reason: dict[str, str] = {}  # uid -> reason class of the last refusal
 
     # --- fed by the informers ---
@@ -144,10 +145,11 @@ class ClusterCache:
 
     def set_nodes(self, objs: Iterable[JsonDict]) -> None:
         with self._lock:
+            before = dict(self._allocatable)
             self._allocatable.clear()
             for obj in objs:
                 self._put_node(obj)
-            self._changed_all()
+            self._changed_where(before, self._allocatable)
 
     def upsert_node(self, obj: JsonDict) -> None:
         name = obj_name(obj)
@@ -176,13 +178,13 @@ class ClusterCache:
 
     def set_gpunodes(self, objs: Iterable[JsonDict]) -> None:
         with self._lock:
-            self._base.clear()
+            before, self._base = self._base, {}
             self._heartbeat.clear()
             self._stale_after.clear()
             self._fresh_until.clear()
             for obj in objs:
                 self._put_gpunode(obj)
-            self._changed_all()
+            self._changed_where(before, self._base)
             self._reorder()
 
     def upsert_gpunode(self, obj: JsonDict) -> None:
@@ -229,8 +231,22 @@ class ClusterCache:
         self._order = order
         self._rank = {name: i for i, name in enumerate(order)}
 
+    def _changed_where(
+        self,
+        before: Mapping[str, object],
+        after: Mapping[str, object],
+        norm: Callable[[Any], object] = lambda v: v,
+    ) -> None:
+        """A relist replaced `before` with `after` (one input of the views): only nodes whose entry differs
+        change, so a relist that finds what the watch already delivered invalidates nothing."""
+        for name in before.keys() | after.keys():
+            if norm(before.get(name)) != norm(after.get(name)):
+                self._changed(name)
+
     def _changed(self, name: str) -> None:
-        """`name`'s view is out of date: rebuild it on next read, and tell readers of `changes`."""
+        """`name`'s view is out of date: rebuild it on next read, and tell frame() readers."""
+        if self._quiet:
+            return
         self._view.pop(name, None)
         self._log.append(name)
         if len(self._log) > CHANGE_LOG_LIMIT:
@@ -250,17 +266,20 @@ class ClusterCache:
         listed_at, self._pods_listed_at = self._pods_listed_at, None
         present: set[str] = set()
         with self._lock:
-            self._pods.clear()
-            self._by_node.clear()
-            self._bound.clear()
-            self._host_used.clear()
-            for obj in objs:
-                present.add(str((obj.get("metadata") or {}).get("uid", "")))
-                info = _read(obj) if is_gpupack_pod(obj) else None
-                self._put_bound(obj, info)
-                if info is not None:
-                    self._put_pod(info)
-            self._changed_all()
+            by_node, host_used = self._by_node, self._host_used
+            self._pods, self._by_node, self._bound, self._host_used = {}, {}, {}, {}
+            self._quiet = True  # one comparison after the list instead of a change per pod
+            try:
+                for obj in objs:
+                    present.add(str((obj.get("metadata") or {}).get("uid", "")))
+                    info = _read(obj) if is_gpupack_pod(obj) else None
+                    self._put_bound(obj, info)
+                    if info is not None:
+                        self._put_pod(info)
+            finally:
+                self._quiet = False
+            self._changed_where(by_node, self._by_node, lambda d: d or None)
+            self._changed_where(host_used, self._host_used)
             live = set(self._pods)
             for uid in list(self.pending_reason):
                 if uid not in live:

@@ -10,7 +10,7 @@ share, a stale heartbeat). Its `best` is `place`'s choice: the highest score, ti
 from __future__ import annotations
 
 from bisect import bisect_left, insort
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from app.errors import PlacementReason
@@ -37,18 +37,26 @@ def judge(node: Node, demand: Demand, policy: Policy) -> Verdict:
 
 
 Entry = tuple[float, int, str]  # (-score, rank, name): sorted ascending, the best node comes first
+Refusal = tuple[PlacementReason, str]  # a refusal and its text, rendered once per node state
+
+
+def _rule(reason: PlacementReason) -> str:
+    return reason.rule
 
 
 class Ranking:
     """Verdicts on every node for one demand, updated from the names that changed since `token`."""
 
-    def __init__(self, demand: Demand, policy: Policy) -> None:
+    def __init__(
+        self, demand: Demand, policy: Policy, describe: Callable[[PlacementReason], str] = _rule
+    ) -> None:
         self.demand = demand
         self.policy = policy
+        self.describe = describe  # a refusal's text, as the caller shows it
         self.token: int | None = None  # the change-log position the verdicts reflect; None: nothing yet
         self.rank: Mapping[str, int] = {}
         self.verdicts: dict[str, Verdict] = {}
-        self.refused: dict[str, PlacementReason] = {}
+        self.refused: dict[str, Refusal] = {}
         self._fitting: list[Entry] = []
 
     def update(
@@ -68,7 +76,7 @@ class Ranking:
                 if v.reason is None:
                     fitting.append((-v.score, rank[name], name))
                 else:
-                    self.refused[name] = v.reason
+                    self.refused[name] = (v.reason, self.describe(v.reason))
             fitting.sort()
             self._fitting = fitting
         else:
@@ -94,7 +102,7 @@ class Ranking:
         if v.reason is None:
             insort(self._fitting, (-v.score, self.rank[name], name))
         else:
-            self.refused[name] = v.reason
+            self.refused[name] = (v.reason, self.describe(v.reason))
 
     def best(self, names: Collection[str], skip: Collection[str]) -> Entry | None:
         """The first fitting entry among `names` that is not in `skip`."""
@@ -129,8 +137,8 @@ class Standings:
             return self.adjusted[name]
         return self.ranking.verdicts.get(name)
 
-    def refusals(self, names: Collection[str]) -> dict[str, PlacementReason]:
-        """Why each node of `names` that does not fit refuses."""
+    def refusals(self, names: Collection[str]) -> dict[str, Refusal]:
+        """Why each node of `names` that does not fit refuses, with the text."""
         refused, adjusted = self.ranking.refused, self.adjusted
         if len(refused) <= len(names):
             out = {n: r for n, r in refused.items() if n in names and n not in adjusted}
@@ -138,7 +146,7 @@ class Standings:
             out = {n: r for n in names if n not in adjusted and (r := refused.get(n)) is not None}
         for n, v in adjusted.items():
             if v is not None and v.reason is not None and n in names:
-                out[n] = v.reason
+                out[n] = (v.reason, self.ranking.describe(v.reason))
         return out
 
     def best(self, names: Collection[str]) -> str | None:

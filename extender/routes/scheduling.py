@@ -26,8 +26,10 @@ def _uid(args: schemas.ExtenderArgs) -> str:
     return meta.uid if meta is not None else ""
 
 
+# filter and prioritize compute for a few milliseconds and never wait on I/O, so they run on the event
+# loop (`async def`) rather than behind a thread-pool hop; bind waits on the API server and stays `def`.
 @router.post("/filter")
-def filter_(
+async def filter_(
     args: schemas.ExtenderArgs,
     rt: RuntimeDep,
     cache: StateDep,
@@ -66,7 +68,7 @@ def filter_(
 
 
 @router.post("/prioritize")
-def prioritize(
+async def prioritize(
     args: schemas.ExtenderArgs, rankings: RankingsDep, ready: ReadyDep
 ) -> schemas.HostPriorityList:
     t0 = time.perf_counter()

@@ -452,3 +452,30 @@ def test_frame_names_what_changed_and_what_one_request_sees_differently() -> Non
     assert set(c.frame(later.token).adjusted) == {"n1", "n2", "n10"}
     c.upsert_gpunode(gpunode("n3"))  # a new node moves the order: readers start over
     assert c.frame(later.token).full
+
+
+def test_a_relist_that_finds_what_the_watch_delivered_changes_no_view() -> None:
+    c = cache()
+    objs = [gpunode("n1"), gpunode("n2"), gpunode("n3")]
+    pods = [
+        pod("a", "ua", node="n1", allocation=alloc("n1", 0), phase="Running"),
+        pod("b", "ub", node="n2", allocation=alloc("n2", 1), phase="Running"),
+    ]
+    c.set_gpunodes(objs)
+    c.set_pods(pods)
+    start = c.frame(None)
+    views = {n: c.node(n) for n in ("n1", "n2", "n3")}
+    c.set_gpunodes(objs)
+    c.set_pods(pods)
+    c.set_nodes([])
+    assert c.frame(start.token).changed == {}
+    assert all(c.node(n) is views[n] for n in views)
+    # A relist that shows a pod gone and another GPU's inventory changed touches just those nodes.
+    sick = gpunode("n3")
+    sick["status"]["gpus"][0]["healthy"] = False
+    c.set_gpunodes([objs[0], objs[1], sick])
+    c.set_pods(pods[:1])
+    c.set_nodes([{"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "8", "memory": "64Gi"}}}])
+    after = c.frame(start.token)
+    assert not after.full and set(after.changed) == {"n1", "n2", "n3"}
+    assert used(c, "n2") == [0, 0] and c.node("n1") is not views["n1"]
