@@ -16,6 +16,7 @@ from app.kube.informers import Informer, InformerConfig, KubeApi
 from app.kube.lease import LeaderElector, LeaseConfig
 from app.metrics import ExtenderGauges, PendingReason
 from app.placement import Policy, registry
+from app.pods import slim_pod
 from extender import stats
 from extender.binder import Binder
 from extender.config import Settings
@@ -49,6 +50,22 @@ def gauges_of(rt: Runtime) -> ExtenderGauges:
         if p.pending
     ]
     return stats.gauges(cache.snapshot(), cache.allocations(), pending, rt.is_leader())
+
+
+def informers(
+    kube: KubeApi, cache: ClusterCache, cfg: InformerConfig, clock: Callable[[], float] = time.monotonic
+) -> tuple[Informer, Informer, Informer]:
+    """The informers that feed `cache`: GPUNodes, pods and Nodes."""
+    return (
+        Informer(
+            kube, paths.gpunodes(), cache.gpunode_handler, name=names.GPUNODE_PLURAL, config=cfg, clock=clock
+        ),
+        # Every pod, not only managed ones: node CPU and memory free count all pods' requests, and a
+        # share must stay counted even if someone strips the managed label. Only what gpupack reads of
+        # each pod is kept (a fifth of a listed pod), so 50 000 pods list in bounded memory.
+        Informer(kube, paths.pods(), cache.pod_handler, name="pods", config=cfg, clock=clock, slim=slim_pod),
+        Informer(kube, paths.nodes(), cache.node_handler, name="nodes", config=cfg, clock=clock),
+    )
 
 
 def settle_heap() -> None:
@@ -105,20 +122,7 @@ class KubeRuntime:
             live_within_s=settings.live_within_s,
             stuck_after_s=max(300.0, 3 * settings.live_within_s),
         )
-        self.informers = (
-            Informer(
-                kube,
-                paths.gpunodes(),
-                self.cache.gpunode_handler,
-                name=names.GPUNODE_PLURAL,
-                config=cfg,
-                clock=clock,
-            ),
-            # Every pod, not only managed ones: node CPU and memory free count all pods' requests, and a
-            # share must stay counted even if someone strips the managed label.
-            Informer(kube, paths.pods(), self.cache.pod_handler, name="pods", config=cfg, clock=clock),
-            Informer(kube, paths.nodes(), self.cache.node_handler, name="nodes", config=cfg, clock=clock),
-        )
+        self.informers = informers(kube, self.cache, cfg, clock)
         self._leader_since: float | None = None
         self._settled = False  # the heap was frozen since the last time the replica became ready
         self.elector = LeaderElector(

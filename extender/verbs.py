@@ -49,7 +49,7 @@ def refuse_invalid(names: Sequence[str], errors: tuple[RequestError, ...]) -> Fi
     )
 
 
-def filter_nodes(names: Sequence[str], standings: Standings, policy_name: str, decide: bool) -> FilterOutcome:
+def filter_nodes(names: Sequence[str], standings: Standings, decide: bool) -> FilterOutcome:
     """Which of `names` can take the demand `standings` judged; with `decide`, only `place`'s node passes."""
     wanted = set(names)
     rank = standings.rank
@@ -71,11 +71,9 @@ def filter_nodes(names: Sequence[str], standings: Standings, policy_name: str, d
     if decide and len(fitting) > 1:
         best = standings.best(fitting)
         assert best is not None  # every node in `fitting` passed filter
-        fitting.discard(best)
-        # No per-node score here: the answer would grow by a number per node; /explain has them.
-        failed.update(
-            dict.fromkeys(fitting, f"fits, but policy {policy_name} places it on {best} (see /explain)")
-        )
+        # The other fitting nodes are left out of the answer: kube-scheduler drops nodes an extender does
+        # not return, and their statuses would be read only if no node passed. A line per node would make
+        # the answer (and kube-scheduler's decoding of it) grow with the cluster for nothing.
         return FilterOutcome([best], failed, unresolvable)
     return FilterOutcome(sorted(fitting, key=rank.__getitem__), failed, unresolvable)
 

@@ -53,7 +53,7 @@ async def filter_(
         demand = request.pod_demand(args.pod())
         if isinstance(demand, Demand):
             with rankings.standings(demand, exclude_uid=uid) as standings:
-                out = verbs.filter_nodes(names, standings, rankings.policy.name, rt.decide_in_filter)
+                out = verbs.filter_nodes(names, standings, rt.decide_in_filter)
         else:
             out = verbs.refuse_invalid(names, demand)
         if out.refusal is not None:

@@ -54,11 +54,7 @@ def literal_filter(
     if decide and len(passed) > 1:
         chosen = place(passed, demand, policy)
         assert isinstance(chosen, Placement)
-        best = chosen.node.name
-        for node in passed:
-            if node.name != best:
-                failed[node.name] = f"fits, but policy {policy.name} places it on {best} (see /explain)"
-        return [best], failed, unresolvable
+        return [chosen.node.name], failed, unresolvable
     return [n.name for n in passed], failed, unresolvable
 
 
@@ -186,13 +182,13 @@ def answers_agree(world: World, rankings: Rankings, policy: Policy, demand: Dema
     nodes = world.cache.nodes(names, exclude_uid=uid)
     for decide in (True, False):
         with rankings.standings(demand, exclude_uid=uid) as standings:
-            fast = verbs.filter_nodes(names, standings, policy.name, decide)
+            fast = verbs.filter_nodes(names, standings, decide)
         passed, failed, unresolvable = literal_filter(nodes, demand, policy, decide)
         assert (fast.passed, fast.failed, fast.unresolvable) == (passed, failed, unresolvable)
         assert fast.refusal is None if passed else fast.refusal is not None
     chosen = place([n for n in nodes.values() if n is not None], demand, policy)
     with rankings.standings(demand, exclude_uid=uid) as standings:
-        best = verbs.filter_nodes(names, standings, policy.name, True)
+        best = verbs.filter_nodes(names, standings, True)
         scores = verbs.prioritize(names, standings)
     assert best.passed == ([chosen.node.name] if isinstance(chosen, Placement) else [])
     raw: dict[str, float | None] = dict.fromkeys(names)
@@ -216,7 +212,7 @@ def test_rankings_decide_exactly_like_place_as_the_cluster_changes(name: str) ->
         # Half the time the pod is bound where the policy put it, as after a real bind.
         if rng.random() < 0.5 and demand.milli is not None:
             with rankings.standings(demand) as standings:
-                out = verbs.filter_nodes(world.nodes, standings, policy.name, True)
+                out = verbs.filter_nodes(world.nodes, standings, True)
             if out.passed:
                 node = world.cache.node(out.passed[0])
                 assert node is not None
@@ -230,6 +226,6 @@ def test_a_refused_pod_gets_the_most_actionable_reason_class() -> None:
     rankings = Rankings(world.cache, policy)
     huge = Demand(count=16, milli=1000)  # no node has 16 GPUs: capacity on every node
     with rankings.standings(huge) as standings:
-        out: FilterOutcome = verbs.filter_nodes(["n0", "gone"], standings, policy.name, True)
+        out: FilterOutcome = verbs.filter_nodes(["n0", "gone"], standings, True)
     assert out.passed == [] and out.refusal is verbs.PendingReason.NO_FIT
     assert out.unresolvable == {"gone": NO_GPUNODE} and set(out.failed) == {"n0"}
