@@ -67,8 +67,8 @@ def node_misfit(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB
         return why(Shortfall.NO_MPS, detail=node.mps_reason)
     if demand.count == 0:
         return None
-    if len(fitting_gpus(node, demand, margin_mib)) >= demand.count:
-        return None
+    if sum(1 for g in node.gpus if gpu_fits(g, demand, margin_mib)) >= demand.count:
+        return None  # counted, not sorted: which GPUs is the policy's choice, later
     return _gpu_shortfall(node, demand, margin_mib)
 
 
