@@ -61,21 +61,21 @@ def filter_nodes(names: Sequence[str], standings: Standings, decide: bool) -> Fi
         cls = PENDING_REASON[reason.kind]
         classes.add(cls)
         (failed if cls is PendingReason.NO_FIT else unresolvable)[name] = text
-    fitting = wanted - unresolvable.keys() - failed.keys()
-    # Nodes without a verdict although ranked cannot occur: the ranking and `rank` come from one frame.
-    if not fitting:
+    if decide:
+        # The other fitting nodes are left out of the answer: kube-scheduler drops nodes an extender does
+        # not return, and their statuses would be read only if no node passed. A line per node would make
+        # the answer (and kube-scheduler's decoding of it) grow with the cluster for nothing.
+        best = standings.best(wanted)
+        passed = [] if best is None else [best]
+    else:
+        fitting = wanted - unresolvable.keys() - failed.keys()
+        passed = sorted(fitting, key=rank.__getitem__)
+    if not passed:
         # The most actionable class wins: capacity first, then model, then node state.
         precedence = (PendingReason.NO_FIT, PendingReason.MODEL, PendingReason.UNSCHEDULABLE)
         refusal = next((c for c in precedence if c in classes), PendingReason.UNSCHEDULABLE)
         return FilterOutcome([], failed, unresolvable, refusal)
-    if decide and len(fitting) > 1:
-        best = standings.best(fitting)
-        assert best is not None  # every node in `fitting` passed filter
-        # The other fitting nodes are left out of the answer: kube-scheduler drops nodes an extender does
-        # not return, and their statuses would be read only if no node passed. A line per node would make
-        # the answer (and kube-scheduler's decoding of it) grow with the cluster for nothing.
-        return FilterOutcome([best], failed, unresolvable)
-    return FilterOutcome(sorted(fitting, key=rank.__getitem__), failed, unresolvable)
+    return FilterOutcome(passed, failed, unresolvable)
 
 
 def ordered(nodes: Mapping[str, Node | None]) -> list[Node]:

@@ -123,6 +123,7 @@ class ClusterCache:
         self._order: list[str] = []
         self._rank: dict[str, int] = {}  # name -> position in _order, so sorting a request is cheap
         self._fresh_until: dict[str, float] = {}  # name -> heartbeat + staleness limit (-inf: none yet)
+        self._earliest_stale = -math.inf  # no entry of _fresh_until is lower (frame() recomputes it)
         # Names whose view changed, in order; token t (see frame()) has seen the log up to t - _log_start.
         self._log: list[str] = []
         self._log_start = 0
@@ -214,7 +215,9 @@ class ClusterCache:
         self._heartbeat[node.name] = heartbeat
         self._stale_after[node.name] = stale_after
         limit = self._heartbeat_limit(node.name)
-        self._fresh_until[node.name] = -math.inf if heartbeat is None else heartbeat + limit
+        until = -math.inf if heartbeat is None else heartbeat + limit
+        self._fresh_until[node.name] = until
+        self._earliest_stale = min(self._earliest_stale, until)  # a lower bound; frame() tightens it
         return node.name
 
     def _heartbeat_limit(self, name: str) -> float:
@@ -410,7 +413,9 @@ class ClusterCache:
             touched = set(delta)
             # A heartbeat this close to its limit is judged exactly, as nodes() does; the rest are fresh.
             soon = now + STALE_CHECK_AHEAD_S
-            touched.update(name for name, until in self._fresh_until.items() if until <= soon)
+            if soon >= self._earliest_stale:  # else no heartbeat is near its limit: skip the pass
+                self._earliest_stale = min(self._fresh_until.values(), default=math.inf)
+                touched.update(name for name, until in self._fresh_until.items() if until <= soon)
             adjusted: dict[str, Node | None] = {}
             for name in touched:
                 view = self._materialize(name)
