@@ -53,6 +53,10 @@ NODE_ANNOTATION_CAPACITY_CHANGED: Final = f"{DOMAIN}/capacity-changed-at"
 RESOURCE_GPU_MILLI: Final = f"{DOMAIN}/gpu-milli"
 RESOURCE_GPU_MEMORY_MIB: Final = f"{DOMAIN}/gpu-memory-mib"
 RESOURCE_PREFIX: Final = f"{DOMAIN}/"  # every extended resource of ours starts with it
+# Quota-only resources (app.quota): the webhook charges every GPU request to both; no node advertises them,
+# kube-scheduler ignores them (ignoredByScheduler) and a namespace's ResourceQuota caps them.
+RESOURCE_QUOTA_GPU_MILLI: Final = f"{DOMAIN}/quota-gpu-milli"
+RESOURCE_QUOTA_GPU_MEMORY_MIB: Final = f"{DOMAIN}/quota-gpu-memory-mib"
 
 # --- env vars the webhook adds to the GPU container ---
 ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"

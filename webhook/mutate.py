@@ -12,7 +12,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from app import managed, names, request, units
+from app import managed, names, quota, request, units
 from app.errors import RequestError
 from app.jsonpointer import pointer
 from app.metrics import WebhookOutcome
@@ -284,26 +284,38 @@ def _same_quantity(have: Json, want: int) -> bool:
     return units.quantity_value(str(have)) == want
 
 
-def _resource_ops(path: str, container: Mapping[str, Json], req: GpuRequest) -> list[Op]:
-    """Request and limit our extended resource (they must be equal); drop the other one a stale pass set."""
+def gpu_resources(req: GpuRequest) -> dict[str, int]:
+    """Every gpupack resource the GPU container requests: the one placement reads, and the quota charge."""
     name, amount = req.resource
-    other = names.RESOURCE_GPU_MEMORY_MIB if name == names.RESOURCE_GPU_MILLI else names.RESOURCE_GPU_MILLI
+    return {name: amount, **quota.charge(req).resources()}
+
+
+def _resource_ops(path: str, container: Mapping[str, Json], req: GpuRequest) -> list[Op]:
+    """Request and limit our extended resources (they must be equal), with the values the request implies.
+
+    gpupack.io/* resources are the webhook's to set: any other one on the GPU container (the other kind a
+    stale pass set, a charge the user wrote to shrink their quota use) is removed, a wrong value replaced.
+    """
+    wanted = gpu_resources(req)
+    quantities = {k: str(v) for k, v in wanted.items()}
     resources = container.get("resources")
     if not resources:
-        value = {"requests": {name: str(amount)}, "limits": {name: str(amount)}}
+        value = {"requests": quantities, "limits": dict(quantities)}
         return [{"op": "add", "path": f"{path}/resources", "value": value}]
     ops: list[Op] = []
     for part in ("requests", "limits"):
         current = resources.get(part)
         if not current:
-            ops.append({"op": "add", "path": f"{path}/resources/{part}", "value": {name: str(amount)}})
+            ops.append({"op": "add", "path": f"{path}/resources/{part}", "value": dict(quantities)})
             continue
-        if other in current:
-            ops.append({"op": "remove", "path": f"{path}/resources/{part}" + pointer(other)})
-        if not _same_quantity(current.get(name), amount):
-            ops.append(
-                {"op": "add", "path": f"{path}/resources/{part}" + pointer(name), "value": str(amount)}
-            )
+        for key in current:
+            if str(key).startswith(names.RESOURCE_PREFIX) and key not in wanted:
+                ops.append({"op": "remove", "path": f"{path}/resources/{part}" + pointer(key)})
+        for name, amount in wanted.items():
+            if not _same_quantity(current.get(name), amount):
+                ops.append(
+                    {"op": "add", "path": f"{path}/resources/{part}" + pointer(name), "value": str(amount)}
+                )
     return ops
 
 
