@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from app import names, quota
 from app.errors import KubeError
 from app.kube import calls, paths
 from app.kube.cache import ClusterCache
@@ -50,6 +51,34 @@ def render(state: ClusterState, pods: Mapping[tuple[str, int], list[str]]) -> st
     return "\n".join(lines)
 
 
+def render_quota(uses: Sequence[quota.QuotaUse], namespace: str | None = None) -> str:
+    """One line per gpupack resource a namespace's ResourceQuota caps: used against hard, with a bar.
+
+    Share resources (`*-milli`) read in GPUs, memory in MiB; a bar past its end ends in '!' (a quota
+    lowered below what its namespace already uses).
+    """
+    where = f"namespace {namespace}" if namespace else "any namespace"
+    if not uses:
+        return f"no ResourceQuota on {names.RESOURCE_PREFIX}* resources in {where}"
+    width = max(len(u.resource) for u in uses)
+    lines = [
+        f"{'NAMESPACE':<20} {'QUOTA':<16} {'RESOURCE':<{width}} {'USED':<{BAR_WIDTH + 2}} {'USED/HARD':>22}"
+    ]
+    for u in uses:
+        scale, digits, unit = (MILLI_PER_GPU, 2, "GPUs") if u.resource.endswith("-milli") else (1, 0, "MiB")
+        amount = f"{float(u.used / scale):.{digits}f}/{float(u.hard / scale):.{digits}f} {unit}"
+        lines.append(
+            f"{u.namespace:<20} {u.quota:<16} {u.resource:<{width}} {bar(round(u.ratio * MILLI_PER_GPU))} "
+            f"{amount:>22} {u.ratio:>5.0%}"
+        )
+    return "\n".join(lines)
+
+
+def quota_view(kube: KubeApi, namespace: str | None) -> str:
+    """GPU quota use per namespace (every namespace when `namespace` is None), from one list of quotas."""
+    return render_quota(quota.uses(_list(kube, paths.resource_quotas(namespace), "")), namespace)
+
+
 def collect(kube: KubeApi) -> ClusterCache:
     """One list of GPUNodes and gpupack pods into a cache (no watch)."""
     cache = ClusterCache()
@@ -72,6 +101,7 @@ def _list(kube: KubeApi, path: str, selector: str) -> list[dict[str, object]]:
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = sub.add_parser("top", help="per-GPU allocation bars from GPUNodes and pod annotations")
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.add_argument("--namespace", help="GPU quota use of this namespace (default: of every namespace)")
     p.set_defaults(func=run)
 
 
@@ -79,8 +109,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         kube = Kube.connect(args.kubeconfig)
         cache = collect(kube)
+        quotas = quota_view(kube, args.namespace)
     except KubeError as exc:
         print(f"gpupack top: {exc}", file=sys.stderr)
         return 1
     print(render(cache.snapshot(), cache.pods_by_gpu()))
+    print(f"\n{quotas}")
     return 0

@@ -9,6 +9,7 @@ caps every request kind: the apiserver refuses the pod that would pass it, at cr
 from __future__ import annotations
 
 import json
+import os
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -128,7 +129,9 @@ def test_one_gpu_of_quota_runs_two_halves_and_refuses_the_third(  # noqa: PLR091
     wait_for(lambda: used(core, namespace, key) == parse_quantity(hard), 60, "quota status.used = one GPU")
 
 
-def test_both_request_kinds_draw_on_one_share_quota(core: Any, namespace: str, pool: str) -> None:
+def test_both_request_kinds_draw_on_one_share_quota(
+    cluster: Cluster, core: Any, namespace: str, pool: str, run_gpupack: Callable[..., Any]
+) -> None:
     create_quota(core, namespace, {MILLI: "1000", MEMORY: "40960"})
     core.create_namespaced_pod(
         namespace, user_pod("frac", pool, {names.GPU_FRACTION: "0.5", names.GPU_MODEL: A100})
@@ -146,6 +149,19 @@ def test_both_request_kinds_draw_on_one_share_quota(core: Any, namespace: str, p
         f"requested: {MEMORY}=8192,{MILLI}=100, used: {MEMORY}=40960,{MILLI}=1k, "
         f"limited: {MEMORY}=40960,{MILLI}=1k"
     )
+
+    # `gpupack top --namespace` shows the namespace against its quota, once the controller has counted.
+    wait_for(lambda: used(core, namespace, MILLI) == 1000, 60, "quota status.used = one GPU")
+    kubeconfig = str(cluster.kubeconfig)
+    out = run_gpupack(
+        "top", "--kubeconfig", kubeconfig, "--namespace", namespace, env=dict(os.environ), timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    rows = [line.split() for line in out.stdout.splitlines() if line.startswith(namespace)]
+    assert rows == [
+        [namespace, "gpu", MEMORY, "[####################]", "40960/40960", "MiB", "100%"],
+        [namespace, "gpu", MILLI, "[####################]", "1.00/1.00", "GPUs", "100%"],
+    ]
 
 
 def test_whole_and_multi_gpu_pods_are_charged_per_gpu(core: Any, namespace: str, pool: str) -> None:
