@@ -16,7 +16,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "app.top",
     "extender.command",
     "webhook.command",
-    "agent.main",
+    "agent.command",
 )
 
 Handler = Callable[[argparse.Namespace], int]

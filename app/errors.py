@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -16,6 +17,29 @@ class RequestError:
 
     def __str__(self) -> str:
         return f"{self.field}={self.value!r}: {self.rule}"
+
+
+@dataclass(frozen=True, slots=True)
+class SettingError:
+    """A service setting (set by one command-line flag) that breaks one rule."""
+
+    field: str  # the settings field, e.g. "ops_port"
+    flag: str  # the flag that sets it, e.g. "--ops-port"
+    value: str  # as given; strings quoted, so an empty one shows as ''
+    rule: str  # "must be in 1..65535"
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value}: {self.rule}"
+
+    def as_flag(self) -> str:
+        """The error as the user typed it: "--ops-port=0: must be in 1..65535"."""
+        return f"{self.flag}={self.value}: {self.rule}"
+
+
+def setting_error(field: str, value: object, rule: str, flags: Mapping[str, str]) -> SettingError:
+    """The error for `field`, whose flag is `flags[field]` or else the field name in kebab case."""
+    shown = repr(value) if isinstance(value, str) else str(value)
+    return SettingError(field, flags.get(field, "--" + field.replace("_", "-")), shown, rule)
 
 
 class ReasonKind(StrEnum):

@@ -17,9 +17,9 @@ from app.errors import KubeError
 from app.kube import requests
 from app.kube.informers import KubeApi
 from app.kube.state import ClusterCache, demand_of
-from app.metrics import BindOutcome
 from app.model import Allocation
 from app.placement import Policy, to_allocation
+from extender.metrics import BindOutcome
 from extender.scheduling import NO_GPUNODE, reason_text
 
 LOG = log.get("gpupack.extender.bind")

@@ -12,13 +12,12 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException
 
 from app import log, wire
 from app.kube.client import Kube
-from app.metrics import ExtenderStateCollector
 from app.tls import ReloadingContext
+from extender import metrics
 from extender.config import Settings
 from extender.routes import ops, scheduling, state
 from extender.runtime import KubeRuntime, Runtime, gauges_of
@@ -49,9 +48,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         title="gpupack extender", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.runtime = rt
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExtenderStateCollector(lambda: gauges_of(rt)))
-    app.state.metrics_registry = registry
+    app.state.metrics_registry = metrics.registry(lambda: gauges_of(rt))
     for router in (scheduling.router, ops.router, state.router):
         app.include_router(router)
     app.add_exception_handler(RequestValidationError, _malformed)  # type: ignore[arg-type]

@@ -7,9 +7,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from app.errors import PlacementReason, ReasonKind
-from app.metrics import PendingReason
 from app.model import Demand, Node
 from app.placement import Placement, Policy, normalize_scores, place, score_nodes
+from extender.metrics import PendingReason
 
 NO_GPUNODE = "no GPUNode object for this node: the gpupack agent does not run here"
 

@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 
 from app import tls
-from app.metrics import WEBHOOK_CERT_RELOADS
+from webhook.metrics import WEBHOOK_CERT_RELOADS
 
 
 def _count(result: str) -> None:

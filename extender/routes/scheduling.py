@@ -8,9 +8,9 @@ from fastapi import APIRouter, HTTPException, Response
 
 from app import managed
 from app.kube.state import demand_of
-from app.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 from extender import scheduling
 from extender.deps import BinderDep, PolicyDep, ReadyDep, RuntimeDep, StateDep
+from extender.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 from extender.schemas import (
     ExtenderArgs,
     ExtenderBindingArgs,

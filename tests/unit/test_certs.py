@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
-from prometheus_client import REGISTRY
 
 from app import certs, cli
+from webhook import metrics as webhook_metrics
 from webhook.tls import ReloadingContext
 
 DNS = certs.service_dns_names("gpupack-webhook", "gpupack-system")
@@ -45,8 +45,11 @@ def handshake(server_ctx: ssl.SSLContext, ca_file: Path, hostname: str = "127.0.
     raise AssertionError("handshake did not finish")
 
 
+METRICS = webhook_metrics.registry()
+
+
 def reloads(result: str) -> float:
-    return REGISTRY.get_sample_value("gpupack_webhook_cert_reloads_total", {"result": result}) or 0.0
+    return METRICS.get_sample_value("gpupack_webhook_cert_reloads_total", {"result": result}) or 0.0
 
 
 def test_bundle_files_and_cert_fields(tmp_path: Path) -> None:

@@ -1,0 +1,48 @@
+"""The webhook's Prometheus series (gpupack_webhook_*), served only by the webhook's /metrics."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from prometheus_client import CollectorRegistry, Counter, Histogram
+
+from app.metrics import FAST_HANDLER_BUCKETS, component_registry, precreate
+
+
+class WebhookOutcome(StrEnum):
+    """What one AdmissionReview ended as."""
+
+    MUTATED = "mutated"  # a GPU pod, allowed (with a patch, or none when a reinvocation finds it done)
+    SKIPPED = "skipped"  # not ours: no gpu-fraction/gpu-memory annotation, not a pod CREATE
+    DENIED = "denied"  # a GPU pod whose annotations break a rule
+    ERROR = "error"  # malformed review (4xx) or a webhook bug
+
+
+class CertReload(StrEnum):
+    OK = "ok"
+    FAILED = "failed"
+
+
+WEBHOOK_REVIEWS = Counter(
+    "gpupack_webhook_reviews_total", "AdmissionReviews answered, by outcome.", ["outcome"], registry=None
+)
+precreate(WEBHOOK_REVIEWS, WebhookOutcome)
+# The apiserver's timeout for us is 5 s (timeoutSeconds); a review takes well under a millisecond.
+WEBHOOK_REVIEW_SECONDS = Histogram(
+    "gpupack_webhook_review_duration_seconds",
+    "Time to answer one AdmissionReview, from parsed body to response.",
+    buckets=FAST_HANDLER_BUCKETS,
+    registry=None,
+)
+WEBHOOK_CERT_RELOADS = Counter(
+    "gpupack_webhook_cert_reloads_total",
+    "Serving certificate reloads after the files changed, by result.",
+    ["result"],
+    registry=None,
+)
+precreate(WEBHOOK_CERT_RELOADS, CertReload)
+
+
+def registry() -> CollectorRegistry:
+    """A registry of the webhook's series (and the process's runtime ones) only."""
+    return component_registry(WEBHOOK_REVIEWS, WEBHOOK_REVIEW_SECONDS, WEBHOOK_CERT_RELOADS)
