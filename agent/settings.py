@@ -6,7 +6,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from app import names
-from app.errors import SettingError, setting_error
+from app.errors import SettingError
+from app.settings import Checker
 
 # Settings fields whose flag is not just the field name in kebab case.
 FLAGS = {
@@ -45,24 +46,18 @@ class Settings:
         return max(3 * self.interval_s, 30.0)
 
     def validate(self) -> list[SettingError]:
-        errors: list[SettingError] = []
-
-        def bad(field: str, value: object, rule: str) -> None:
-            errors.append(setting_error(field, value, rule, FLAGS))
-
+        check = Checker(FLAGS)
         if not self.node:
-            bad("node", self.node, "required: pass --node or set NODE_NAME")
-        if self.sim is not None and not self.sim.is_file():
-            bad("sim", str(self.sim), "must name a simulated GPU set file")
+            check.bad("node", self.node, "required: pass --node or set NODE_NAME")
+        if self.sim is not None:
+            check.readable_file("sim", str(self.sim), "must name a simulated GPU set file")
         for field in ("heartbeat_s", "interval_s", "min_write_interval_s"):
-            if getattr(self, field) <= 0:
-                bad(field, getattr(self, field), "must be a positive duration like 30s, 500ms, 2m")
+            check.positive(field, getattr(self, field), "must be a positive duration like 30s, 500ms, 2m")
         if self.memory_threshold_mib < 0:
-            bad("memory_threshold_mib", self.memory_threshold_mib, "must be >= 0")
-        if not 0 <= self.port < 65536:
-            bad("port", self.port, "must be in 0..65535 (0: no /metrics and /healthz)")
+            check.bad("memory_threshold_mib", self.memory_threshold_mib, "must be >= 0")
+        check.port("port", self.port, zero="no /metrics and /healthz")
         if not 1 <= self.mps_thread_percentage <= 100:
-            bad("mps_thread_percentage", self.mps_thread_percentage, "must be in 1..100")
-        if self.mps_pinned_mem_limit_mib is not None and self.mps_pinned_mem_limit_mib < 1:
-            bad("mps_pinned_mem_limit_mib", self.mps_pinned_mem_limit_mib, "must be >= 1")
-        return errors
+            check.bad("mps_thread_percentage", self.mps_thread_percentage, "must be in 1..100")
+        if self.mps_pinned_mem_limit_mib is not None:
+            check.positive("mps_pinned_mem_limit_mib", self.mps_pinned_mem_limit_mib, "must be >= 1")
+        return check.errors

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -34,12 +33,6 @@ class SettingError:
     def as_flag(self) -> str:
         """The error as the user typed it: "--ops-port=0: must be in 1..65535"."""
         return f"{self.flag}={self.value}: {self.rule}"
-
-
-def setting_error(field: str, value: object, rule: str, flags: Mapping[str, str]) -> SettingError:
-    """The error for `field`, whose flag is `flags[field]` or else the field name in kebab case."""
-    shown = repr(value) if isinstance(value, str) else str(value)
-    return SettingError(field, flags.get(field, "--" + field.replace("_", "-")), shown, rule)
 
 
 class ReasonKind(StrEnum):

@@ -106,25 +106,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
     )
 
 
-# Settings fields whose flag is not just the field name in kebab case.
-_FLAGS = {
-    "tls_cert_file": "--tls-cert",
-    "tls_key_file": "--tls-key",
-    "client_ca_file": "--client-ca",
-    "cert_check_interval_s": "--cert-check-interval",
-    "lease_duration_s": "--lease-duration",
-    "heartbeat_timeout_s": "--heartbeat-timeout",
-}
-
-
-def as_flag(error: str) -> str:
-    """A settings error ("ops_port=0: ...") as the user typed it ("--ops-port=0: ...")."""
-    field, sep, rest = error.partition("=")
-    if not sep or not field.isidentifier():
-        return error
-    return _FLAGS.get(field, "--" + field.replace("_", "-")) + sep + rest
-
-
 def serve(args: argparse.Namespace) -> int:
     from extender.main import serve as run
 
@@ -132,7 +113,7 @@ def serve(args: argparse.Namespace) -> int:
     errors = settings.validate() + settings.serving_errors()
     if errors:
         for e in errors:
-            print(f"gpupack extender serve: {as_flag(e)}", file=sys.stderr)
+            print(f"gpupack extender serve: {e.as_flag()}", file=sys.stderr)
         return 2
     run(settings)
     return 0

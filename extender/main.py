@@ -29,7 +29,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     """The ASGI app. Without `runtime`, one is built from `settings` (API access, informers, lease)."""
     errors = settings.validate()
     if errors:
-        raise ValueError("invalid extender settings: " + "; ".join(errors))
+        raise ValueError("invalid extender settings: " + "; ".join(map(str, errors)))
     rt: Runtime = runtime if runtime is not None else KubeRuntime(Kube.connect(settings.kubeconfig), settings)
 
     @asynccontextmanager
@@ -93,7 +93,7 @@ def servers(app: FastAPI, settings: Settings) -> tuple[uvicorn.Server, uvicorn.S
     """(main, ops): `app` on `port` behind mutual TLS, its probes and metrics on `ops_port` in plain HTTP."""
     cert, key, client_ca = settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file
     if not (cert and key and client_ca):
-        raise ValueError("invalid extender settings: " + "; ".join(settings.serving_errors()))
+        raise ValueError("invalid extender settings: " + "; ".join(map(str, settings.serving_errors())))
     tls = ReloadingContext(cert, key, check_interval=settings.cert_check_interval_s, client_ca=client_ca)
     common: dict[str, Any] = {"host": settings.host, "log_config": None, "access_log": False}
     main = uvicorn.Server(

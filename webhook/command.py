@@ -60,17 +60,28 @@ def _serve(args: argparse.Namespace) -> int:
     from webhook.settings import Settings
     from webhook.tls import ReloadingContext
 
-    log.setup(args.log_level)
-    tls = ReloadingContext(args.cert, args.key, check_interval=args.cert_check_interval)
     settings = Settings(
         scheduler_name=args.scheduler_name or None,
         mps_pipe_host_dir=args.mps_pipe_host_dir or names.MPS_PIPE_DIRECTORY,
         hami_takeover=args.hami_takeover,
-    )
-    config = uvicorn.Config(
-        create_app(settings),
+        cert_file=args.cert,
+        key_file=args.key,
         host=args.host,
         port=args.port,
+        cert_check_interval_s=args.cert_check_interval,
+        log_level=args.log_level,
+    )
+    errors = settings.validate()
+    if errors:
+        for e in errors:
+            print(f"gpupack webhook serve: {e.as_flag()}", file=sys.stderr)
+        return 2
+    log.setup(settings.log_level)
+    tls = ReloadingContext(args.cert, args.key, check_interval=settings.cert_check_interval_s)
+    config = uvicorn.Config(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
         ssl_context_factory=lambda _config, _default: tls.context,
         access_log=False,  # one structured line per review is logged by the app itself
         log_config=None,  # keep log.setup()'s JSON handler

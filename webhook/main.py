@@ -26,6 +26,9 @@ _log = log.get("gpupack.webhook")
 
 def create_app(settings: Settings, ready: Callable[[], bool] | None = None) -> FastAPI:
     """The app; `ready` (default: always) decides /readyz."""
+    errors = settings.validate()
+    if errors:
+        raise ValueError("invalid webhook settings: " + "; ".join(map(str, errors)))
     app = FastAPI(title="gpupack admission webhook", docs_url=None, redoc_url=None)
     registry = webhook_metrics.registry()
     app.state.metrics_registry = registry
