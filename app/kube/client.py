@@ -28,7 +28,6 @@ JsonDict = dict[str, Any]
 
 MERGE_PATCH = "application/merge-patch+json"
 JSON_PATCH = "application/json-patch+json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
 
 
 @dataclass(frozen=True, slots=True)
