@@ -12,9 +12,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from agent.settings import Settings
+from agent.settings import FLAGS, Settings
 from app import log, names
 from app.kube.client import Kube, Request
+from app.settings import from_args
 
 _log = log.get("gpupack.agent")
 
@@ -67,27 +68,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    return Settings(
-        node=args.node,
-        kubeconfig=args.kubeconfig,
-        sim=args.sim,
-        heartbeat_s=args.heartbeat,
-        interval_s=args.interval,
-        min_write_interval_s=args.min_write_interval,
-        memory_threshold_mib=args.memory_threshold_mib,
-        host=args.host,
-        port=args.port,
-        proc_root=args.proc_root,
-        toolkit_config=args.toolkit_config,
-        evict_on_violation=args.evict_on_violation,
-        mps=args.mps,
-        mps_binary=args.mps_binary,
-        mps_pipe_dir=args.mps_pipe_dir,
-        mps_log_dir=args.mps_log_dir,
-        mps_thread_percentage=args.mps_thread_percentage,
-        mps_pinned_mem_limit_mib=args.mps_pinned_mem_limit_mib,
-        log_level=args.log_level,
-    )
+    return from_args(Settings, args, FLAGS)
 
 
 def run_command(args: argparse.Namespace) -> int:

@@ -2,10 +2,32 @@
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
 import os
 from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from app.errors import SettingError
+
+S = TypeVar("S")
+
+
+def flag_of(field: str, flags: Mapping[str, str]) -> str:
+    """The command-line flag that sets `field`: `flags[field]`, else the field name in kebab case."""
+    return flags.get(field, "--" + field.replace("_", "-"))
+
+
+def from_args(cls: type[S], args: argparse.Namespace, flags: Mapping[str, str], **computed: Any) -> S:
+    """A settings dataclass from parsed flags: each field from its flag's value (see `flag_of`), a flag
+    left unset (None) keeping the field's default; `computed` gives the fields no single flag sets."""
+    given: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        dest = flag_of(f.name, flags).removeprefix("--").replace("-", "_")
+        value = getattr(args, dest if hasattr(args, dest) else f.name, None)
+        if value is not None:
+            given[f.name] = value
+    return cls(**{**given, **computed})
 
 
 class Checker:
@@ -17,8 +39,7 @@ class Checker:
 
     def bad(self, field: str, value: object, rule: str) -> None:
         shown = repr(value) if isinstance(value, str) else str(value)
-        flag = self.flags.get(field, "--" + field.replace("_", "-"))
-        self.errors.append(SettingError(field, flag, shown, rule))
+        self.errors.append(SettingError(field, flag_of(field, self.flags), shown, rule))
 
     def port(self, field: str, value: int, *, zero: str = "") -> None:
         """1..65535, or also 0 when `zero` says what 0 means."""

@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from app.placement import DEFAULT_POLICY, registry
-from extender.config import Settings
+from app.settings import from_args
+from extender.config import FLAGS, Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,29 +81,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    extra = {"identity": args.identity} if args.identity else {}
     duration = args.lease_duration
-    return Settings(
-        kubeconfig=args.kubeconfig,
-        host=args.host,
-        port=args.port,
-        ops_port=args.ops_port,
-        tls_cert_file=args.tls_cert,
-        tls_key_file=args.tls_key,
-        client_ca_file=args.client_ca,
-        cert_check_interval_s=args.cert_check_interval,
-        policy=args.policy,
-        decide_in_filter=args.decide_in_filter,
-        lease_namespace=args.lease_namespace,
-        lease_name=args.lease_name,
-        lease_duration_s=duration,
-        renew_deadline_s=duration * 2 / 3,
-        retry_period_s=max(0.2, duration / 7.5),
-        heartbeat_timeout_s=args.heartbeat_timeout,
-        watch_timeout_s=args.watch_timeout,
-        live_within_s=args.live_within,
-        log_level=args.log_level,
-        **extra,
+    # The lease's timing follows its duration in client-go's proportions (15 s: renew 10 s, retry 2 s).
+    return from_args(
+        Settings, args, FLAGS, renew_deadline_s=duration * 2 / 3, retry_period_s=max(0.2, duration / 7.5)
     )
 
 

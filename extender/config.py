@@ -18,6 +18,8 @@ FLAGS = {
     "cert_check_interval_s": "--cert-check-interval",
     "lease_duration_s": "--lease-duration",
     "heartbeat_timeout_s": "--heartbeat-timeout",
+    "watch_timeout_s": "--watch-timeout",
+    "live_within_s": "--live-within",
 }
 
 

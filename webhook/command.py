@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app import certs, log
+from app import certs, log, names
+from app.settings import from_args
+from webhook.settings import FLAGS, Settings
 
 
 def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, hence Any
@@ -52,32 +54,34 @@ def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, henc
     gen.set_defaults(func=_certs)
 
 
+def settings_from(args: argparse.Namespace) -> Settings:
+    # An empty --scheduler-name or --mps-pipe-host-dir (an unset chart value) means the default.
+    return from_args(
+        Settings,
+        args,
+        FLAGS,
+        scheduler_name=args.scheduler_name or None,
+        mps_pipe_host_dir=args.mps_pipe_host_dir or names.MPS_PIPE_DIRECTORY,
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app import names
+    from app.tls import ReloadingContext
     from webhook.main import create_app
-    from webhook.settings import Settings
-    from webhook.tls import ReloadingContext
+    from webhook.metrics import count_cert_reload
 
-    settings = Settings(
-        scheduler_name=args.scheduler_name or None,
-        mps_pipe_host_dir=args.mps_pipe_host_dir or names.MPS_PIPE_DIRECTORY,
-        hami_takeover=args.hami_takeover,
-        cert_file=args.cert,
-        key_file=args.key,
-        host=args.host,
-        port=args.port,
-        cert_check_interval_s=args.cert_check_interval,
-        log_level=args.log_level,
-    )
+    settings = settings_from(args)
     errors = settings.validate()
     if errors:
         for e in errors:
             print(f"gpupack webhook serve: {e.as_flag()}", file=sys.stderr)
         return 2
     log.setup(settings.log_level)
-    tls = ReloadingContext(args.cert, args.key, check_interval=settings.cert_check_interval_s)
+    tls = ReloadingContext(
+        args.cert, args.key, check_interval=settings.cert_check_interval_s, on_reload=count_cert_reload
+    )
     config = uvicorn.Config(
         create_app(settings),
         host=settings.host,

@@ -43,6 +43,11 @@ WEBHOOK_CERT_RELOADS = Counter(
 precreate(WEBHOOK_CERT_RELOADS, CertReload)
 
 
+def count_cert_reload(result: str) -> None:
+    """app.tls.ReloadingContext's on_reload: one reload of the serving certificate, "ok" or "failed"."""
+    WEBHOOK_CERT_RELOADS.labels(result).inc()
+
+
 def registry() -> CollectorRegistry:
     """A registry of the webhook's series (and the process's runtime ones) only."""
     return component_registry(WEBHOOK_REVIEWS, WEBHOOK_REVIEW_SECONDS, WEBHOOK_CERT_RELOADS)

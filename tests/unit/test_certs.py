@@ -12,8 +12,9 @@ from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from app import certs, cli
+from app.tls import ReloadingContext
 from webhook import metrics as webhook_metrics
-from webhook.tls import ReloadingContext
+from webhook.metrics import count_cert_reload
 
 DNS = certs.service_dns_names("gpupack-webhook", "gpupack-system")
 
@@ -137,7 +138,11 @@ def test_rotated_cert_is_served_to_new_connections(tmp_path: Path) -> None:
     certs.write_bundle(tmp_path, DNS, ["127.0.0.1"])
     now = [0.0]
     tls = ReloadingContext(
-        tmp_path / "tls.crt", tmp_path / "tls.key", check_interval=5.0, clock=lambda: now[0]
+        tmp_path / "tls.crt",
+        tmp_path / "tls.key",
+        check_interval=5.0,
+        clock=lambda: now[0],
+        on_reload=count_cert_reload,
     )
     first = handshake(tls.context, tmp_path / "ca.crt")
 
@@ -156,7 +161,9 @@ def test_rotated_cert_is_served_to_new_connections(tmp_path: Path) -> None:
 
 def test_half_written_rotation_keeps_the_old_cert_then_recovers(tmp_path: Path) -> None:
     certs.write_bundle(tmp_path, DNS, ["127.0.0.1"])
-    tls = ReloadingContext(tmp_path / "tls.crt", tmp_path / "tls.key", check_interval=0.0)
+    tls = ReloadingContext(
+        tmp_path / "tls.crt", tmp_path / "tls.key", check_interval=0.0, on_reload=count_cert_reload
+    )
     first = handshake(tls.context, tmp_path / "ca.crt")
     good_key = (tmp_path / "tls.key").read_bytes()
 

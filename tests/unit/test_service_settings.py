@@ -104,3 +104,39 @@ def test_agent_settings_report_every_error_with_its_flag(tmp_path: Path) -> None
         "--node", "--sim", "--interval", "--port", "--mps-thread-percentage", "--mps-pinned-mem-limit-mib",
     ]  # fmt: skip
     assert errors[0].as_flag() == "--node='': required: pass --node or set NODE_NAME"
+
+
+def test_extender_and_webhook_flags_become_settings() -> None:
+    from app.cli import build_parser
+    from extender.command import settings_from as extender_settings_from
+
+    args = build_parser().parse_args(
+        ["extender", "serve", "--tls-cert", "c", "--lease-duration", "30", "--watch-timeout", "20"]
+    )
+    ext = extender_settings_from(args)
+    assert (ext.tls_cert_file, ext.tls_key_file, ext.lease_duration_s, ext.watch_timeout_s) == (
+        "c",
+        None,
+        30,
+        20,
+    )
+    assert (ext.renew_deadline_s, ext.retry_period_s) == (20.0, 4.0)
+    assert ext.identity == ExtenderSettings().identity  # unset: $POD_NAME, else host-pid
+    errors = ExtenderSettings(watch_timeout_s=0, live_within_s=0).validate()
+    assert [e.flag for e in errors] == ["--watch-timeout"]
+
+
+def test_webhook_flags_become_settings() -> None:
+    from app.cli import build_parser
+    from webhook.command import settings_from as webhook_settings_from
+
+    base = ["webhook", "serve", "--cert", "c.pem", "--key", "k.pem", "--cert-check-interval", "2"]
+    hook = webhook_settings_from(
+        build_parser().parse_args([*base, "--scheduler-name", "", "--hami-takeover"])
+    )
+    assert (hook.cert_file, hook.key_file, hook.cert_check_interval_s) == ("c.pem", "k.pem", 2.0)
+    assert (hook.scheduler_name, hook.mps_pipe_host_dir, hook.hami_takeover) == (
+        None,
+        "/tmp/nvidia-mps",
+        True,
+    )
