@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from agent.nvml.base import NvmlCode
 from agent.verify import Kind
-from app.metrics import component_registry, precreate
+from app.metrics import component_registry, counter, gauge
 
 
 class AgentWrite(StrEnum):
@@ -33,59 +33,43 @@ class AgentWriteResult(StrEnum):
     ERROR = "error"
 
 
-_GPU = ["gpu", "uuid"]  # the NVML index and UUID (bounded by the node's GPUs); Prometheus adds the node
-_POD = ["namespace", "pod", "gpu"]  # pods on this node only, removed when the pod's processes go
+_GPU = ("gpu", "uuid")  # the NVML index and UUID (bounded by the node's GPUs); Prometheus adds the node
+_POD = ("namespace", "pod", "gpu")  # pods on this node only, removed when the pod's processes go
 
-GPU_MEMORY_USED_MIB = Gauge(
-    "gpupack_agent_gpu_memory_used_mib", "GPU memory in use, by NVML, whoever uses it.", _GPU, registry=None
+GPU_MEMORY_USED_MIB = gauge(
+    "gpupack_agent_gpu_memory_used_mib", "GPU memory in use, by NVML, whoever uses it.", *_GPU
 )
-GPU_MEMORY_TOTAL_MIB = Gauge("gpupack_agent_gpu_memory_total_mib", "GPU memory size.", _GPU, registry=None)
-GPU_UTILIZATION_RATIO = Gauge(
-    "gpupack_agent_gpu_utilization_ratio",
-    "Share of time a kernel ran (NVML sample period).",
-    _GPU,
-    registry=None,
+GPU_MEMORY_TOTAL_MIB = gauge("gpupack_agent_gpu_memory_total_mib", "GPU memory size.", *_GPU)
+GPU_UTILIZATION_RATIO = gauge(
+    "gpupack_agent_gpu_utilization_ratio", "Share of time a kernel ran (NVML sample period).", *_GPU
 )
-GPU_HEALTHY = Gauge("gpupack_agent_gpu_healthy", "1 if the GPU is healthy, else 0.", _GPU, registry=None)
-GPU_PROCESSES = Gauge(
-    "gpupack_agent_gpu_processes",
-    "Compute processes on the GPU, by owner (pod or foreign).",
-    [*_GPU, "owner"],
-    registry=None,
+GPU_HEALTHY = gauge("gpupack_agent_gpu_healthy", "1 if the GPU is healthy, else 0.", *_GPU)
+GPU_PROCESSES = gauge(
+    "gpupack_agent_gpu_processes", "Compute processes on the GPU, by owner (pod or foreign).", *_GPU, "owner"
 )
-POD_MEMORY_USED_MIB = Gauge(
-    "gpupack_agent_pod_memory_used_mib", "GPU memory used by a gpupack pod's processes.", _POD, registry=None
+POD_MEMORY_USED_MIB = gauge(
+    "gpupack_agent_pod_memory_used_mib", "GPU memory used by a gpupack pod's processes.", *_POD
 )
-POD_MEMORY_LIMIT_MIB = Gauge(
-    "gpupack_agent_pod_memory_limit_mib",
-    "The pod's allocated memory-limit-mib on that GPU.",
-    _POD,
-    registry=None,
+POD_MEMORY_LIMIT_MIB = gauge(
+    "gpupack_agent_pod_memory_limit_mib", "The pod's allocated memory-limit-mib on that GPU.", *_POD
 )
-HEARTBEAT_AGE_SECONDS = Gauge(
+HEARTBEAT_AGE_SECONDS = gauge(
     "gpupack_agent_heartbeat_age_seconds",
     "Seconds since the GPUNode status was last written (computed at scrape).",
-    registry=None,
 )
-MPS_UP = Gauge("gpupack_agent_mps_up", "1 while the MPS control daemon answers, else 0.", registry=None)
-NVML_ERRORS = Counter(
-    "gpupack_agent_nvml_errors_total", "NVML calls that failed, by return code.", ["code"], registry=None
+MPS_UP = gauge("gpupack_agent_mps_up", "1 while the MPS control daemon answers, else 0.")
+NVML_ERRORS = counter(
+    "gpupack_agent_nvml_errors_total", "NVML calls that failed, by return code.", code=NvmlCode
 )
-precreate(NVML_ERRORS, NvmlCode)
-WRITES = Counter(
+WRITES = counter(
     "gpupack_agent_kube_writes_total",
     "Kubernetes API writes by the agent, by kind and result.",
-    ["kind", "result"],
-    registry=None,
+    kind=AgentWrite,
+    result=AgentWriteResult,
 )
-precreate(WRITES, AgentWrite, AgentWriteResult)
-VIOLATIONS = Counter(
-    "gpupack_agent_violations_total",
-    "Allocation violations found (once per pod, kind and GPU).",
-    ["kind"],
-    registry=None,
+VIOLATIONS = counter(
+    "gpupack_agent_violations_total", "Allocation violations found (once per pod, kind and GPU).", kind=Kind
 )
-precreate(VIOLATIONS, Kind)
 
 COLLECTORS = (
     GPU_MEMORY_USED_MIB, GPU_MEMORY_TOTAL_MIB, GPU_UTILIZATION_RATIO, GPU_HEALTHY, GPU_PROCESSES,

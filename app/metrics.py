@@ -15,7 +15,14 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from prometheus_client import CollectorRegistry, GCCollector, PlatformCollector, ProcessCollector
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    GCCollector,
+    PlatformCollector,
+    ProcessCollector,
+)
 from prometheus_client.metrics import MetricWrapperBase
 from prometheus_client.registry import Collector
 
@@ -31,6 +38,18 @@ def precreate(metric: MetricWrapperBase, *labels: Iterable[str]) -> None:
         combos = [(*combo, str(v)) for combo in combos for v in values]
     for combo in combos:
         metric.labels(*combo)
+
+
+def counter(name: str, documentation: str, **labels: Iterable[str]) -> Counter:
+    """A counter in no registry yet, every combination of its `labels` values created at zero."""
+    metric = Counter(name, documentation, list(labels), registry=None)
+    precreate(metric, *labels.values())
+    return metric
+
+
+def gauge(name: str, documentation: str, *labels: str) -> Gauge:
+    """A gauge in no registry yet (its component's registry serves it)."""
+    return Gauge(name, documentation, labels, registry=None)
 
 
 def component_registry(*collectors: Collector) -> CollectorRegistry:

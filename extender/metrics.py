@@ -6,11 +6,11 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.metrics import FAST_HANDLER_BUCKETS, component_registry, precreate
+from app.metrics import FAST_HANDLER_BUCKETS, component_registry, counter, precreate
 
 
 class ExtenderVerb(StrEnum):
@@ -45,9 +45,8 @@ EXTENDER_REQUEST_SECONDS = Histogram(
     buckets=FAST_HANDLER_BUCKETS,
     registry=None,
 )
-EXTENDER_BINDS = Counter("gpupack_extender_binds_total", "Bind calls by outcome.", ["outcome"], registry=None)
 precreate(EXTENDER_REQUEST_SECONDS, ExtenderVerb)
-precreate(EXTENDER_BINDS, BindOutcome)
+EXTENDER_BINDS = counter("gpupack_extender_binds_total", "Bind calls by outcome.", outcome=BindOutcome)
 
 
 @dataclass(frozen=True, slots=True)

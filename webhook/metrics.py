@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client import CollectorRegistry, Histogram
 
-from app.metrics import FAST_HANDLER_BUCKETS, component_registry, precreate
+from app.metrics import FAST_HANDLER_BUCKETS, component_registry, counter
 
 
 class WebhookOutcome(StrEnum):
@@ -23,10 +23,9 @@ class CertReload(StrEnum):
     FAILED = "failed"
 
 
-WEBHOOK_REVIEWS = Counter(
-    "gpupack_webhook_reviews_total", "AdmissionReviews answered, by outcome.", ["outcome"], registry=None
+WEBHOOK_REVIEWS = counter(
+    "gpupack_webhook_reviews_total", "AdmissionReviews answered, by outcome.", outcome=WebhookOutcome
 )
-precreate(WEBHOOK_REVIEWS, WebhookOutcome)
 # The apiserver's timeout for us is 5 s (timeoutSeconds); a review takes well under a millisecond.
 WEBHOOK_REVIEW_SECONDS = Histogram(
     "gpupack_webhook_review_duration_seconds",
@@ -34,13 +33,11 @@ WEBHOOK_REVIEW_SECONDS = Histogram(
     buckets=FAST_HANDLER_BUCKETS,
     registry=None,
 )
-WEBHOOK_CERT_RELOADS = Counter(
+WEBHOOK_CERT_RELOADS = counter(
     "gpupack_webhook_cert_reloads_total",
     "Serving certificate reloads after the files changed, by result.",
-    ["result"],
-    registry=None,
+    result=CertReload,
 )
-precreate(WEBHOOK_CERT_RELOADS, CertReload)
 
 
 def count_cert_reload(result: str) -> None:
