@@ -14,7 +14,8 @@ from typing import Any
 
 from agent.settings import FLAGS, Settings
 from app import log, names
-from app.kube.client import Kube, Request
+from app.kube.calls import Request
+from app.kube.client import Kube
 from app.settings import from_args
 
 _log = log.get("gpupack.agent")

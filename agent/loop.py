@@ -15,7 +15,7 @@ from agent.nvml.base import Nvml, NvmlCode, NvmlError
 from agent.sample import NodeSample, Sampler
 from app import log
 from app.errors import KubeError
-from app.kube.client import Request
+from app.kube.calls import Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus
 
 _log = log.get("gpupack.agent")

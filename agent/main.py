@@ -21,7 +21,7 @@ from agent.nvml.simfile import SimFileError
 from agent.reporter import ReporterConfig
 from agent.settings import Settings
 from app import log
-from app.kube.client import Request
+from app.kube.calls import Request
 
 _log = log.get("gpupack.agent")
 

@@ -12,7 +12,7 @@ from agent.cgroup import PodRef
 from agent.sample import NodeSample
 from app import names
 from app.kube import paths
-from app.kube.client import Request
+from app.kube.calls import Request
 from app.kube.gpunode import format_time
 from app.model import Allocation
 

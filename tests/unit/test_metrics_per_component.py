@@ -18,7 +18,7 @@ from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.simulated import SimulatedNvml
 from agent.settings import Settings as AgentSettings
 from app.kube.assume import AssumeCache
-from app.kube.client import Request
+from app.kube.calls import Request
 from app.kube.state import ClusterCache
 from app.placement import registry
 from extender.binder import Binder
