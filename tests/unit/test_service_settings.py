@@ -140,3 +140,46 @@ def test_webhook_flags_become_settings() -> None:
         "/tmp/nvidia-mps",
         True,
     )
+
+
+@pytest.mark.parametrize(
+    ("argv", "lines"),
+    [
+        (
+            ["webhook", "serve", "--cert", "/nope.crt", "--key", "/nope.key", "--scheduler-name", "Bad_Name"],
+            [
+                "gpupack webhook serve: --scheduler-name='Bad_Name': must be a DNS-1123 subdomain",
+                "gpupack webhook serve: --cert='/nope.crt': must name a readable PEM file",
+                "gpupack webhook serve: --key='/nope.key': must name a readable PEM file",
+            ],
+        ),
+        (
+            ["extender", "serve", "--ops-port", "8888", "--policy", "best"],
+            [
+                "gpupack extender serve: --ops-port=8888: must be in 1..65535 and differ from port=8888",
+                "gpupack extender serve: --policy='best': must be one of",
+                "gpupack extender serve: --tls-cert=None: required",
+                "gpupack extender serve: --tls-key=None: required",
+                "gpupack extender serve: --client-ca=None: required",
+            ],
+        ),
+        (
+            ["agent", "run", "--node", "", "--port", "70000"],
+            [
+                "gpupack agent run: --node='': required: pass --node or set NODE_NAME",
+                "gpupack agent run: --port=70000: must be in 0..65535 (0: no /metrics and /healthz)",
+            ],
+        ),
+    ],
+    ids=["webhook", "extender", "agent"],
+)
+def test_a_service_with_bad_flags_exits_2_listing_each(
+    argv: list[str], lines: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app import cli
+
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == len(lines), err
+    for got, want in zip(err, lines, strict=True):
+        assert got.startswith(want), (got, want)
