@@ -8,9 +8,9 @@ from collections.abc import Mapping
 
 from app.errors import KubeError
 from app.kube import calls, paths
+from app.kube.cache import ClusterCache
 from app.kube.client import Kube
 from app.kube.informers import KubeApi
-from app.kube.state import ClusterCache
 from app.model import MILLI_PER_GPU, ClusterState
 
 BAR_WIDTH = 20
@@ -43,10 +43,9 @@ def render(state: ClusterState, pods: Mapping[tuple[str, int], list[str]]) -> st
                 f"{mem:>15} {len(here)}{'' if g.healthy else '  (unhealthy)'}{flag}"
             )
             flag = ""
-    eff = used / (in_use * MILLI_PER_GPU) if in_use else 0.0
     lines.append(
         f"\n{total} GPUs: {used / MILLI_PER_GPU:.2f} allocated, {in_use} in use, {total - in_use} free; "
-        f"packing efficiency {eff:.1%}"
+        f"packing efficiency {state.packing_efficiency:.1%}"
     )
     return "\n".join(lines)
 
