@@ -1,4 +1,4 @@
-"""Checks the services' settings share; each failure is a SettingError naming flag, value and rule."""
+"""The services' settings: built from parsed flags, checked into SettingErrors naming flag, value and rule."""
 
 from __future__ import annotations
 
@@ -6,11 +6,14 @@ import argparse
 import dataclasses
 import os
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from app.errors import SettingError
 
-S = TypeVar("S")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+S = TypeVar("S", bound="DataclassInstance")
 
 
 def flag_of(field: str, flags: Mapping[str, str]) -> str:
@@ -22,7 +25,7 @@ def from_args(cls: type[S], args: argparse.Namespace, flags: Mapping[str, str], 
     """A settings dataclass from parsed flags: each field from its flag's value (see `flag_of`), a flag
     left unset (None) keeping the field's default; `computed` gives the fields no single flag sets."""
     given: dict[str, Any] = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+    for f in dataclasses.fields(cls):
         dest = flag_of(f.name, flags).removeprefix("--").replace("-", "_")
         value = getattr(args, dest if hasattr(args, dest) else f.name, None)
         if value is not None:

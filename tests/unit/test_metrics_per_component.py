@@ -18,8 +18,8 @@ from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.simulated import SimulatedNvml
 from agent.settings import Settings as AgentSettings
 from app.kube.assume import AssumeCache
-from app.kube.calls import Request
 from app.kube.cache import ClusterCache
+from app.kube.calls import Request
 from app.placement import registry
 from extender.binder import Binder
 from extender.config import Settings as ExtenderSettings
