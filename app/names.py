@@ -13,14 +13,6 @@ GPU_FRACTION_NUM_DEVICES: Final = "gpu-fraction-num-devices"
 GPU_FRACTION_CONTAINER_NAME: Final = "gpu-fraction-container-name"
 GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
 ISOLATION: Final = f"{DOMAIN}/isolation"
-USER_ANNOTATIONS: Final = (
-    GPU_FRACTION,
-    GPU_MEMORY,
-    GPU_FRACTION_NUM_DEVICES,
-    GPU_FRACTION_CONTAINER_NAME,
-    GPU_MODEL,
-    ISOLATION,
-)
 
 # --- the allocation, written by the extender at bind: the single source of truth ---
 ALLOC_NODE: Final = f"{DOMAIN}/node"
