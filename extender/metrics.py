@@ -11,6 +11,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.metrics import FAST_HANDLER_BUCKETS, component_registry, counter, precreate
+from app.quota import QuotaUse
 
 
 class ExtenderVerb(StrEnum):
@@ -70,6 +71,7 @@ class ExtenderGauges:
     gpus_free: int = 0
     pending: Mapping[str, int] = field(default_factory=dict)  # PendingReason value -> pods
     leader: bool = False
+    quotas: tuple[QuotaUse, ...] = ()  # gpupack resources capped by a namespace's ResourceQuota
 
 
 class ExtenderStateCollector(Collector):
@@ -128,6 +130,31 @@ class ExtenderStateCollector(Collector):
         yield GaugeMetricFamily(
             "gpupack_extender_leader", "1 on the replica holding the lease.", value=int(g.leader)
         )
+        yield from _quota_families(g.quotas)
+
+
+def _quota_families(quotas: tuple[QuotaUse, ...]) -> Iterator[Metric]:
+    """Use and hard limit of each gpupack resource a ResourceQuota caps, in the resource's own unit.
+
+    Bounded by namespaces x quotas x the few gpupack resources; the unit is in the resource label
+    (`...-milli`: 1000 = one GPU; `...-mib`: MiB).
+    """
+    labels = ["namespace", "quota", "resource"]
+    used = GaugeMetricFamily(
+        "gpupack_extender_namespace_quota_used",
+        "What a namespace uses of a gpupack resource its ResourceQuota caps (quota status.used).",
+        labels=labels,
+    )
+    hard = GaugeMetricFamily(
+        "gpupack_extender_namespace_quota_hard",
+        "The limit a namespace's ResourceQuota sets on a gpupack resource (quota status.hard).",
+        labels=labels,
+    )
+    for q in quotas:
+        key = [q.namespace, q.quota, q.resource]
+        used.add_metric(key, float(q.used))
+        hard.add_metric(key, float(q.hard))
+    yield from (used, hard)
 
 
 def registry(source: Callable[[], ExtenderGauges]) -> CollectorRegistry:

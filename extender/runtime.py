@@ -13,6 +13,7 @@ from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.informers import Informer, InformerConfig, KubeApi
 from app.kube.lease import LeaderElector, LeaseConfig
+from app.kube.quotas import QuotaStore
 from app.placement import Policy, registry
 from extender import stats
 from extender.binder import Binder
@@ -27,6 +28,7 @@ class Runtime(Protocol):
     """What the routes need from the process; tests provide an in-memory one."""
 
     cache: ClusterCache
+    quotas: QuotaStore
     policy: Policy
     binder: Binder
     decide_in_filter: bool
@@ -46,7 +48,7 @@ def gauges_of(rt: Runtime) -> ExtenderGauges:
         for p in cache.pods()
         if p.pending
     ]
-    return stats.gauges(cache.snapshot(), cache.allocations(), pending, rt.is_leader())
+    return stats.gauges(cache.snapshot(), cache.allocations(), pending, rt.is_leader(), rt.quotas.uses())
 
 
 class StaticRuntime:
@@ -56,6 +58,7 @@ class StaticRuntime:
         self, cache: ClusterCache, policy: Policy, binder: Binder, decide_in_filter: bool = True
     ) -> None:
         self.cache = cache
+        self.quotas = QuotaStore()
         self.policy = policy
         self.binder = binder
         self.decide_in_filter = decide_in_filter
@@ -104,6 +107,12 @@ class KubeRuntime:
             # share must stay counted even if someone strips the managed label.
             Informer(kube, paths.pods(), self.cache.pod_handler, name="pods", config=cfg, clock=clock),
             Informer(kube, paths.nodes(), self.cache.node_handler, name="nodes", config=cfg, clock=clock),
+        )
+        # Namespaces' ResourceQuotas, for the quota gauges only: observability, so neither readiness nor
+        # liveness waits for it, and an install without RBAC on resourcequotas still schedules.
+        self.quotas = QuotaStore()
+        self.quota_informer = Informer(
+            kube, paths.resource_quotas(), self.quotas.handler, name="resourcequotas", config=cfg, clock=clock
         )
         self._leader_since: float | None = None
         self.elector = LeaderElector(
@@ -156,11 +165,11 @@ class KubeRuntime:
         return True, "alive"
 
     def start(self) -> None:
-        self._threads = [inf.start() for inf in self.informers]
+        self._threads = [inf.start() for inf in (*self.informers, self.quota_informer)]
         self._threads.append(self.elector.start())
 
     def stop(self) -> None:
         self.elector.stop()
         self.elector.release()
-        for inf in self.informers:
+        for inf in (*self.informers, self.quota_informer):
             inf.stop()

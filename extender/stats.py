@@ -6,6 +6,7 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from app.model import Allocation, ClusterState
+from app.quota import QuotaUse
 from extender.metrics import ExtenderGauges, GpuGauge, PendingReason
 
 
@@ -23,6 +24,7 @@ def gauges(
     allocs: Mapping[str, Allocation],
     pending: Iterable[PendingReason],
     leader: bool,
+    quotas: Iterable[QuotaUse] = (),
 ) -> ExtenderGauges:
     pods: Counter[tuple[str, int]] = Counter()
     for a in allocs.values():
@@ -51,4 +53,5 @@ def gauges(
         gpus_free=free,
         pending=dict(Counter(p.value for p in pending)),
         leader=leader,
+        quotas=tuple(quotas),
     )

@@ -278,6 +278,8 @@ RBAC_CASES = [
     ("extender", "patch", "pods", "team-a", "p", True),
     ("extender", "create", "pods/binding", "team-a", "p", True),
     ("extender", "watch", "gpunodes.gpupack.io", "", "", True),
+    ("extender", "watch", "resourcequotas", "", "", True),
+    ("extender", "update", "resourcequotas", "team-a", "q", False),
     ("extender", "create", "events", "team-a", "", True),
     ("extender", "update", "leases.coordination.k8s.io", "@release", "@release-extender", True),
     ("extender", "create", "leases.coordination.k8s.io", "@release", "", True),
@@ -474,6 +476,16 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(  # noqa: PLR
         )  # fmt: skip
         _start(cluster, "deploy-prometheus", argv, f"http://127.0.0.1:{prom_port}/-/ready")
 
+        # a GPU quota on the namespace (the quota panels), computed before any pod it counts is created
+        quota_key = "requests.gpupack.io/quota-gpu-milli"
+        core.create_namespaced_resource_quota(
+            namespace, {"metadata": {"name": "gpu"}, "spec": {"hard": {quota_key: "8000"}}}
+        )
+        wait_for(
+            lambda: quota_key in (core.read_namespaced_resource_quota("gpu", namespace).status.hard or {}),
+            60,
+            "quota status computed",
+        )
         # the workload: fractions and memory that fit, one asking for a model nobody has, one invalid
         fits = {
             "quarter-a": {"gpu-fraction": "0.25"},

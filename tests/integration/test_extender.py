@@ -44,6 +44,7 @@ EXTENDER_RULES = [
     {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["gpupack.io"], "resources": ["gpunodes"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list", "watch"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 ]
 
