@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from fractions import Fraction
+from pathlib import Path
 
 import pytest
+import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -143,3 +145,12 @@ def test_a_zero_quota_reads_full_once_used() -> None:
     (use,) = quota.uses([rq("ns", "q", {"requests.gpupack.io/quota-gpu-milli": "0"}, {})])
     assert use.ratio == 0.0
     assert QuotaUse("ns", "q", "r", Fraction(1), Fraction(0)).ratio == 1.0
+
+
+def test_example_quota_caps_both_quota_resources() -> None:
+    doc = yaml.safe_load((Path(__file__).parents[2] / "deploy/examples/gpu-quota.yaml").read_text())
+    assert doc["kind"] == "ResourceQuota"
+    (use_share, use_memory) = quota.uses([{**doc, "metadata": {"namespace": "ns", "name": "gpu"}}])[::-1]
+    assert use_share.resource == quota.QUOTA_PREFIX + names.RESOURCE_QUOTA_GPU_MILLI
+    assert use_memory.resource == quota.QUOTA_PREFIX + names.RESOURCE_QUOTA_GPU_MEMORY_MIB
+    assert (use_share.hard, use_memory.hard) == (1000, 40960)
