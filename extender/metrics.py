@@ -139,16 +139,15 @@ def _quota_families(quotas: tuple[QuotaUse, ...]) -> Iterator[Metric]:
     Bounded by namespaces x quotas x the few gpupack resources; the unit is in the resource label
     (`...-milli`: 1000 = one GPU; `...-mib`: MiB).
     """
-    labels = ["namespace", "quota", "resource"]
-    used = GaugeMetricFamily(
-        "gpupack_extender_namespace_quota_used",
-        "What a namespace uses of a gpupack resource its ResourceQuota caps (quota status.used).",
-        labels=labels,
-    )
-    hard = GaugeMetricFamily(
-        "gpupack_extender_namespace_quota_hard",
-        "The limit a namespace's ResourceQuota sets on a gpupack resource (quota status.hard).",
-        labels=labels,
+    what = {
+        "used": "What a namespace uses of a gpupack resource its ResourceQuota caps (quota status.used).",
+        "hard": "The limit a namespace's ResourceQuota sets on a gpupack resource (quota status.hard).",
+    }
+    used, hard = (
+        GaugeMetricFamily(
+            f"gpupack_extender_namespace_quota_{k}", text, labels=["namespace", "quota", "resource"]
+        )
+        for k, text in what.items()
     )
     for q in quotas:
         key = [q.namespace, q.quota, q.resource]
