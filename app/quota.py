@@ -49,21 +49,23 @@ def charge(req: GpuRequest) -> Charge:
 
     Hook for MIG slices: a request for a whole MIG device of a profile is charged the profile's memory and
     its compute slices' share of the parent GPU (rounded up to whole milli), both exact, since the profile
-    fixes the size; a memory request with MIG isolation is charged as any memory request.
+    fixes the size; a memory request with MIG isolation is charged as any memory request. Until a kind is
+    charged here, it is charged the most a device can take (a whole GPU of the largest model it may get).
     """
     candidates = _candidates(req.models)
+    largest = max(g.memory_mib for g in (candidates or tuple(catalog.models().values())))
     if req.milli is not None:
-        largest = max(g.memory_mib for g in (candidates or tuple(catalog.models().values())))
         per_device = Charge(req.milli, req.milli * largest // MILLI_PER_GPU)
-    else:
-        assert req.memory_mib is not None
+    elif req.memory_mib is not None:
         fitting = [g.memory_mib for g in candidates if g.memory_mib >= req.memory_mib]
+        smallest = min(fitting, default=0)
         milli = (
-            min(MILLI_PER_GPU, -(-req.memory_mib * MILLI_PER_GPU // min(fitting)))
-            if fitting
-            else MILLI_PER_GPU
+            min(MILLI_PER_GPU, -(-req.memory_mib * MILLI_PER_GPU // smallest)) if smallest else MILLI_PER_GPU
         )
         per_device = Charge(milli, req.memory_mib)
+    else:
+        # A kind not charged above yet: the most one device can take, a whole GPU of the largest model.
+        per_device = Charge(MILLI_PER_GPU, largest)
     return Charge(per_device.milli * req.count, per_device.memory_mib * req.count)
 
 

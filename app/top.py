@@ -75,8 +75,17 @@ def render_quota(uses: Sequence[quota.QuotaUse], namespace: str | None = None) -
 
 
 def quota_view(kube: KubeApi, namespace: str | None) -> str:
-    """GPU quota use per namespace (every namespace when `namespace` is None), from one list of quotas."""
-    return render_quota(quota.uses(_list(kube, paths.resource_quotas(namespace), "")), namespace)
+    """GPU quota use per namespace (every namespace when `namespace` is None), from one list of quotas.
+
+    A caller who may not list ResourceQuotas there still gets the GPU bars: the view then says why not.
+    """
+    try:
+        quotas = _list(kube, paths.resource_quotas(namespace), "")
+    except KubeError as exc:
+        if exc.code != 403:
+            raise
+        return f"GPU quota not shown: {exc.message}"
+    return render_quota(quota.uses(quotas), namespace)
 
 
 def collect(kube: KubeApi) -> ClusterCache:

@@ -66,6 +66,15 @@ def test_charge(annotations: dict[str, str], expected: Charge) -> None:
     assert quota.charge(req(annotations)) == expected
 
 
+def test_a_request_kind_not_charged_yet_counts_whole_gpus() -> None:
+    """The MIG hook's fallback: neither a fraction nor a memory request (e.g. a MIG profile) is charged
+    a whole GPU of the largest model it may land on per device, never nothing."""
+    unknown_kind = GpuRequest(container="main", count=2, milli=None, memory_mib=None)
+    assert quota.charge(unknown_kind) == Charge(2000, 163840)
+    on_t4 = GpuRequest(container="main", count=1, milli=None, memory_mib=None, models=("T4",))
+    assert quota.charge(on_t4) == Charge(1000, 15109)
+
+
 def test_charge_names_the_quota_resources() -> None:
     assert Charge(250, 20480).resources() == {
         "gpupack.io/quota-gpu-milli": 250,

@@ -5,7 +5,10 @@ from __future__ import annotations
 from fractions import Fraction
 from typing import Any
 
+import pytest
+
 from app import top
+from app.errors import KubeError
 from app.kube import calls
 from app.quota import QuotaUse
 
@@ -69,3 +72,18 @@ def test_quota_view_lists_the_namespaces_quotas_only() -> None:
     assert "0.50/1.00 GPUs" in text and "pods" not in text.split("\n", 1)[1]
     top.quota_view(kube, None)  # type: ignore[arg-type]
     assert kube.paths[-1] == "/api/v1/resourcequotas"
+
+
+class Refusing:
+    def __init__(self, code: int) -> None:
+        self.code = code
+
+    def send(self, request: calls.Request) -> Any:
+        raise KubeError(self.code, "Forbidden", f"cannot list resource {request.path!r}")
+
+
+def test_quota_view_without_the_right_to_list_quotas_says_so() -> None:
+    text = top.quota_view(Refusing(403), "team-a")  # type: ignore[arg-type]
+    assert text == "GPU quota not shown: cannot list resource '/api/v1/namespaces/team-a/resourcequotas'"
+    with pytest.raises(KubeError):
+        top.quota_view(Refusing(500), "team-a")  # type: ignore[arg-type]
