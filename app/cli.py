@@ -14,6 +14,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "app.sim.command",
     "app.devcluster.command",
     "app.top",
+    "app.repack.command",
     "extender.command",
     "webhook.command",
     "agent.main",

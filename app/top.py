@@ -7,7 +7,7 @@ import sys
 from collections.abc import Mapping
 
 from app.errors import KubeError
-from app.kube import paths, requests
+from app.kube import snapshot
 from app.kube.client import Kube
 from app.kube.informers import KubeApi
 from app.kube.state import ClusterCache
@@ -53,21 +53,7 @@ def render(state: ClusterState, pods: Mapping[tuple[str, int], list[str]]) -> st
 
 def collect(kube: KubeApi) -> ClusterCache:
     """One list of GPUNodes and gpupack pods into a cache (no watch)."""
-    cache = ClusterCache()
-    cache.set_gpunodes(_list(kube, paths.gpunodes(), ""))
-    cache.set_pods(_list(kube, paths.pods(), requests.MANAGED_SELECTOR))
-    return cache
-
-
-def _list(kube: KubeApi, path: str, selector: str) -> list[dict[str, object]]:
-    items: list[dict[str, object]] = []
-    token = ""
-    while True:
-        page = kube.send(requests.list_request(path, selector, 500, token))
-        items.extend(page.get("items") or [])
-        token = str((page.get("metadata") or {}).get("continue") or "")
-        if not token:
-            return items
+    return snapshot.read(kube, with_nodes=False).cache()
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

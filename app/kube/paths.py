@@ -57,3 +57,12 @@ def lease(namespace: str, name: str) -> str:
 
 def leases(namespace: str) -> str:
     return f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
+
+
+def pdbs(namespace: str | None = None) -> str:
+    scope = f"/namespaces/{quote(namespace)}" if namespace else ""
+    return f"/apis/policy/v1{scope}/poddisruptionbudgets"
+
+
+def pdb(namespace: str, name: str) -> str:
+    return f"{pdbs(namespace)}/{quote(name)}"
