@@ -14,7 +14,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from app.model import Allocation, Demand, Node
+from app.errors import PlacementReason
+from app.model import MILLI_PER_GPU, Allocation, Demand, Node
 from app.placement import Placement, Policy, place, to_allocation
 
 
@@ -149,13 +150,22 @@ class _State:
         self.pinned: set[GpuRef] = set()  # GPUs holding a pod the plan may not move (or a replacement)
 
     def copy(self) -> _State:
+        """A trial copy; the sets in `on_gpu` are shared, so change them only through `move_pod`."""
         out = object.__new__(_State)
         out.order = self.order
         out.nodes = dict(self.nodes)
-        out.on_gpu = {k: set(v) for k, v in self.on_gpu.items()}
+        out.on_gpu = dict(self.on_gpu)
         out.pods = dict(self.pods)
         out.pinned = set(self.pinned)
         return out
+
+    def move_pod(self, uid: str, source: Allocation, target: Allocation) -> None:
+        for i in source.gpu_indexes:
+            ref = (source.node, i)
+            self.on_gpu[ref] = self.on_gpu[ref] - {uid}
+        for i in target.gpu_indexes:
+            ref = (target.node, i)
+            self.on_gpu[ref] = self.on_gpu.get(ref, set()) | {uid}
 
     def used(self, ref: GpuRef) -> bool:
         return bool(self.on_gpu.get(ref))
@@ -170,6 +180,38 @@ class _State:
         nodes = dict(self.nodes)
         nodes[pod.alloc.node] = with_share(nodes[pod.alloc.node], pod.alloc, pod.demand, -1)
         return nodes
+
+
+class _Memo:
+    """The policy with its answers remembered per (node object, demand).
+
+    Policies are pure and Node values immutable, and a plan keeps the same Node object for every node it
+    has not changed, so `place` over the whole cluster costs one lookup per unchanged node. The nodes are
+    kept alive with their answers, so an id is never reused for another node while it is remembered.
+    """
+
+    def __init__(self, policy: Policy) -> None:
+        self.policy = policy
+        self.name = policy.name
+        self._answers: dict[tuple[int, Demand], tuple[Node, PlacementReason | None, float]] = {}
+
+    def _answer(self, node: Node, demand: Demand) -> tuple[Node, PlacementReason | None, float]:
+        key = (id(node), demand)
+        got = self._answers.get(key)
+        if got is None:
+            reason = self.policy.filter(node, demand)
+            score = self.policy.score(node, demand) if reason is None else 0.0
+            got = self._answers[key] = (node, reason, score)
+        return got
+
+    def filter(self, node: Node, demand: Demand) -> PlacementReason | None:
+        return self._answer(node, demand)[1]
+
+    def score(self, node: Node, demand: Demand) -> float:
+        return self._answer(node, demand)[2]
+
+    def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+        return self.policy.choose_gpus(node, demand)
 
 
 def _predict(state: _State, pod: PodRef, policy: Policy) -> Allocation | None:
@@ -211,18 +253,17 @@ def _drain(
         pod = trial.pods[uid]
         if pod.blocked or blocked_by_budget(pod, budgets):
             return None
+        if goal is Goal.GPUS and pod.alloc.milli >= MILLI_PER_GPU:
+            return None  # a whole-GPU pod only fits an idle GPU: moving it frees none
         target = _predict(trial, pod, policy)
         if target is None or not _target_helps(trial, target, source, goal):
             return None
         trial.nodes = trial.take(pod)
         node = trial.nodes[target.node]
         trial.nodes[target.node] = with_share(node, target, pod.demand, +1)
-        for i in pod.alloc.gpu_indexes:
-            trial.on_gpu[(pod.alloc.node, i)].discard(uid)
-        for i in target.gpu_indexes:
-            ref = (target.node, i)
-            trial.on_gpu.setdefault(ref, set()).add(uid)
-            trial.pinned.add(ref)  # the replacement is a new pod: this plan does not move it again
+        trial.move_pod(uid, pod.alloc, target)
+        # The replacement is a new pod: this plan does not move it again.
+        trial.pinned.update((target.node, i) for i in target.gpu_indexes)
         del trial.pods[uid]
         moves.append(Move(pod.key, uid, pod.alloc, target, pod.pdbs))
     return trial, moves
@@ -262,6 +303,7 @@ def plan(
     `nodes` in placement order (the extender's natural name order), with every pod's share applied;
     `budgets` maps each PodDisruptionBudget (namespace/name) to its status.disruptionsAllowed.
     """
+    policy = _Memo(policy)
     state = _State(nodes, pods)
     kept = []
     for p in sorted(state.pods.values(), key=lambda p: p.key):

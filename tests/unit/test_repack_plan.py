@@ -44,7 +44,7 @@ def fragmented(count: int = 2, gpus: int = 4) -> tuple[list[Node], list[PodRef]]
 
 
 def replay(nodes: list[Node], pods: Sequence[PodRef], moves: Sequence[Move], policy: str) -> list[Node]:
-    """Carry out the moves as the cluster would: evict, then let `place` choose; it must agree with the plan."""
+    """Carry out the moves as the cluster would: evict, let `place` choose; it must agree with the plan."""
     pol = registry.create(policy)
     by_uid = {p.uid: p for p in pods}
     state = {n.name: n for n in nodes}
