@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "app.devcluster.command",
     "app.top",
     "app.repack.command",
+    "app.explain_command",
     "extender.command",
     "webhook.command",
     "agent.main",

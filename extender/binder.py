@@ -14,13 +14,13 @@ from typing import Any
 
 from app import log
 from app.errors import KubeError
+from app.explain import NO_GPUNODE, reason_text
 from app.kube import requests
 from app.kube.informers import KubeApi
 from app.kube.state import ClusterCache, demand_of
 from app.metrics import BindOutcome
 from app.model import Allocation
 from app.placement import Policy, to_allocation
-from extender.scheduling import NO_GPUNODE, reason_text
 
 LOG = log.get("gpupack.extender.bind")
 

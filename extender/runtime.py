@@ -15,10 +15,10 @@ from app.kube.lease import LeaderElector, LeaseConfig
 from app.kube.state import ClusterCache
 from app.metrics import ExtenderGauges, PendingReason
 from app.placement import Policy, registry
+from app.placement.memo import MemoPolicy
 from extender import stats
 from extender.binder import Binder
 from extender.config import Settings
-from extender.memo import MemoPolicy
 
 LOG = log.get("gpupack.extender")
 

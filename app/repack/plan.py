@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any
 
-from app.errors import PlacementReason
 from app.model import MILLI_PER_GPU, Allocation, Demand, Node
 from app.placement import Placement, Policy, place, to_allocation
+from app.placement.memo import MemoPolicy
 
 
 class Goal(StrEnum):
@@ -182,38 +182,6 @@ class _State:
         return nodes
 
 
-class _Memo:
-    """The policy with its answers remembered per (node object, demand).
-
-    Policies are pure and Node values immutable, and a plan keeps the same Node object for every node it
-    has not changed, so `place` over the whole cluster costs one lookup per unchanged node. The nodes are
-    kept alive with their answers, so an id is never reused for another node while it is remembered.
-    """
-
-    def __init__(self, policy: Policy) -> None:
-        self.policy = policy
-        self.name = policy.name
-        self._answers: dict[tuple[int, Demand], tuple[Node, PlacementReason | None, float]] = {}
-
-    def _answer(self, node: Node, demand: Demand) -> tuple[Node, PlacementReason | None, float]:
-        key = (id(node), demand)
-        got = self._answers.get(key)
-        if got is None:
-            reason = self.policy.filter(node, demand)
-            score = self.policy.score(node, demand) if reason is None else 0.0
-            got = self._answers[key] = (node, reason, score)
-        return got
-
-    def filter(self, node: Node, demand: Demand) -> PlacementReason | None:
-        return self._answer(node, demand)[1]
-
-    def score(self, node: Node, demand: Demand) -> float:
-        return self._answer(node, demand)[2]
-
-    def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
-        return self.policy.choose_gpus(node, demand)
-
-
 def _predict(state: _State, pod: PodRef, policy: Policy) -> Allocation | None:
     """Where the extender puts the pod's replacement, if that does not depend on when the old pod goes."""
     after = state.take(pod)
@@ -303,7 +271,7 @@ def plan(
     `nodes` in placement order (the extender's natural name order), with every pod's share applied;
     `budgets` maps each PodDisruptionBudget (namespace/name) to its status.disruptionsAllowed.
     """
-    policy = _Memo(policy)
+    policy = MemoPolicy(policy)  # one place() per trial: unchanged nodes answer from the memo
     state = _State(nodes, pods)
     kept = []
     for p in sorted(state.pods.values(), key=lambda p: p.key):
