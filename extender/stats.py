@@ -5,17 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+from app.fragmentation import fragmented_milli, typical_milli
 from app.metrics import ExtenderGauges, GpuGauge, PendingReason
 from app.model import MILLI_PER_GPU, Allocation, ClusterState
-
-
-def typical_milli(allocs: Iterable[Allocation]) -> int:
-    """The most common per-GPU share among allocations (smallest on ties); 0 when there are none."""
-    counts = Counter(a.milli for a in allocs)
-    if not counts:
-        return 0
-    top = max(counts.values())
-    return min(m for m, n in counts.items() if n == top)
 
 
 def gauges(
@@ -43,8 +35,7 @@ def gauges(
                 continue
             in_use += 1
             used_milli += g.milli_used
-            if 0 < g.milli_free < typical:
-                fragmented += g.milli_free
+        fragmented += fragmented_milli(node.gpus, typical)
     return ExtenderGauges(
         gpus=tuple(rows),
         packing_efficiency=used_milli / (in_use * MILLI_PER_GPU) if in_use else 0.0,
