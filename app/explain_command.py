@@ -88,9 +88,9 @@ def render(key: str, doc: Mapping[str, Any]) -> str:
         for g in row.get("gpus", ()):
             free = f"{g['milliFree'] / MILLI_PER_GPU:.2f} free, {g['memoryRoomMiB']} MiB room"
             lines.append(
-                f"  gpu{g['gpu']:<24} {'yes' if g['fits'] else 'no':<4} {'':>7}  {g['reason'] or free}"
+                f"  gpu{g['gpu']:<23} {'yes' if g['fits'] else 'no':<4} {'':>7}  {g['reason'] or free}"
             )
-    return "\n".join(lines)
+    return "\n".join(line.rstrip() for line in lines)
 
 
 def run(args: argparse.Namespace) -> int:
