@@ -15,7 +15,7 @@ from agent.sample import NodeSample, Sampler
 from app import log
 from app import metrics as m
 from app.errors import KubeError
-from app.kube.client import Request
+from app.kube.calls import Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus
 
 _log = log.get("gpupack.agent")

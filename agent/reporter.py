@@ -11,7 +11,7 @@ from agent.verify import PodInfo
 from app import log
 from app.errors import KubeError
 from app.kube import gpunode
-from app.kube.client import Request
+from app.kube.calls import Request
 from app.kube.gpunode import (
     GPUNodeSpec,
     GPUNodeStatus,

@@ -11,8 +11,8 @@ from typing import Any
 from agent.cgroup import PodRef
 from agent.sample import NodeSample
 from app import names
-from app.kube import paths, requests
-from app.kube.client import Request
+from app.kube import calls, paths
+from app.kube.calls import Request
 from app.kube.gpunode import format_time
 from app.model import Allocation
 
@@ -228,7 +228,7 @@ def event(v: Violation, node: str, now: float) -> Request:
 
 def eviction(v: Violation) -> Request:
     """Evict the pod through the Eviction API, so PodDisruptionBudgets are respected."""
-    return requests.eviction(v.pod.namespace, v.pod.name)
+    return calls.eviction(v.pod.namespace, v.pod.name)
 
 
 def list_pods(node: str) -> Request:

@@ -15,7 +15,7 @@ from typing import Any
 from app import log
 from app.errors import KubeError
 from app.explain import NO_GPUNODE, reason_text
-from app.kube import requests
+from app.kube import calls
 from app.kube.informers import KubeApi
 from app.kube.state import ClusterCache, demand_of
 from app.metrics import BindOutcome
@@ -108,7 +108,7 @@ class Binder:
     def _bind(self, namespace: str, name: str, uid: str, node_name: str) -> BindResult:
         where = {"pod": f"{namespace}/{name}", "node": node_name}
         try:
-            pod = self.kube.send(requests.get_pod(namespace, name))
+            pod = self.kube.send(calls.get_pod(namespace, name))
         except KubeError as exc:
             return self._fail(BindOutcome.ERROR, f"reading pod: {exc}", where)
         meta = pod.get("metadata") or {}
@@ -131,7 +131,7 @@ class Binder:
             self.cache.assume.release(uid)
             return self._fail(BindOutcome.ERROR, NOT_LEADER, where)
         try:
-            patched = self.kube.send(requests.allocation_patch(namespace, name, rv, alloc))
+            patched = self.kube.send(calls.allocation_patch(namespace, name, rv, alloc))
         except KubeError as exc:
             # Nothing was written: the hold is ours alone to drop.
             self.cache.assume.release(uid)
@@ -146,7 +146,7 @@ class Binder:
         try:
             # Preconditioned on the version our patch produced: if anyone wrote the pod since (another
             # replica's bind, a new leader), the apiserver refuses and nothing is bound against them.
-            self.kube.send(requests.binding(namespace, name, uid, node_name, patched_rv))
+            self.kube.send(calls.binding(namespace, name, uid, node_name, patched_rv))
         except KubeError as exc:
             self._undo(namespace, name, uid, patched)
             outcome = BindOutcome.CONFLICT if exc.is_conflict else BindOutcome.ERROR
@@ -208,7 +208,7 @@ class Binder:
         """
         rv = str((patched.get("metadata") or {}).get("resourceVersion", ""))
         try:
-            self.kube.send(requests.clear_allocation_patch(namespace, name, rv))
+            self.kube.send(calls.clear_allocation_patch(namespace, name, rv))
         except KubeError as exc:
             LOG.warning("allocation left in place", extra={"pod": f"{namespace}/{name}", "error": str(exc)})
             return

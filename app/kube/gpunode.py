@@ -16,8 +16,7 @@ from typing import Any
 
 from app import names
 from app.kube import paths
-from app.kube.client import MERGE_PATCH, Request
-from app.kube.requests import parse_time
+from app.kube.calls import MERGE_PATCH, Request, parse_time
 from app.model import MILLI_PER_GPU, Gpu, Node
 
 API_VERSION = f"{names.GPUNODE_GROUP}/{names.GPUNODE_VERSION}"

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from app.kube import paths, requests
-from app.kube.client import JsonDict
+from app.kube import calls, paths
+from app.kube.calls import JsonDict
 from app.kube.informers import KubeApi
 from app.kube.state import ClusterCache
 
@@ -15,7 +15,7 @@ def list_all(kube: KubeApi, path: str, selector: str = "") -> list[JsonDict]:
     items: list[JsonDict] = []
     token = ""
     while True:
-        page = kube.send(requests.list_request(path, selector, 500, token))
+        page = kube.send(calls.list_request(path, selector, 500, token))
         items.extend(page.get("items") or [])
         token = str((page.get("metadata") or {}).get("continue") or "")
         if not token:
@@ -44,6 +44,6 @@ def read(kube: KubeApi, *, with_nodes: bool = True, with_pdbs: bool = False) -> 
     return Snapshot(
         gpunodes=list_all(kube, paths.gpunodes()),
         nodes=list_all(kube, paths.nodes()) if with_nodes else [],
-        pods=list_all(kube, paths.pods(), requests.MANAGED_SELECTOR),
+        pods=list_all(kube, paths.pods(), calls.MANAGED_SELECTOR),
         pdbs=list_all(kube, paths.pdbs()) if with_pdbs else [],
     )

@@ -17,7 +17,7 @@ from app import hostres, log, names, request, units
 from app.hostres import HostResources
 from app.kube import gpunode
 from app.kube.assume import AssumeCache
-from app.kube.client import JsonDict
+from app.kube.calls import JsonDict
 from app.model import Allocation, ClusterState, Demand, Node
 
 LOG = log.get("gpupack.state")

@@ -9,7 +9,7 @@ from enum import StrEnum
 from typing import Any
 
 from app.errors import KubeError
-from app.kube import paths, requests
+from app.kube import calls, paths
 from app.kube.informers import KubeApi
 from app.kube.snapshot import list_all
 from app.model import Allocation
@@ -125,7 +125,7 @@ class Executor:
             self._wait_budget(pdb)
         before = {str(as_object(p.get("metadata")).get("uid")) for p in self._siblings(ns, owner[2])}
         try:
-            self.kube.send(requests.eviction(ns, name, move.uid, dry_run))
+            self.kube.send(calls.eviction(ns, name, move.uid, dry_run))
         except KubeError as exc:
             outcome = Outcome.REFUSED if exc.code == 429 else Outcome.FAILED
             raise _StopError(outcome, f"eviction: {exc}") from None
@@ -159,7 +159,7 @@ class Executor:
 
     def _current(self, ns: str, name: str, move: Move) -> dict[str, Any]:
         try:
-            pod = self.kube.send(requests.get_pod(ns, name))
+            pod = self.kube.send(calls.get_pod(ns, name))
         except KubeError as exc:
             if exc.is_not_found:
                 raise _StopError(Outcome.CHANGED, "the pod is gone") from None
@@ -177,19 +177,19 @@ class Executor:
 
     def _budget(self, key: str) -> int:
         ns, name = key.split("/", 1)
-        pdb = self.kube.send(requests.get_pdb(ns, name))
+        pdb = self.kube.send(calls.get_pdb(ns, name))
         meta, status = as_object(pdb.get("metadata")), as_object(pdb.get("status"))
         if status.get("observedGeneration") != meta.get("generation"):
             return 0
         return int(status.get("disruptionsAllowed") or 0)
 
     def _siblings(self, ns: str, owner_uid: str) -> list[dict[str, Any]]:
-        pods = list_all(self.kube, paths.pods(ns), requests.MANAGED_SELECTOR)
+        pods = list_all(self.kube, paths.pods(ns), calls.MANAGED_SELECTOR)
         return [p for p in pods if (controller_of(p) or ("", "", ""))[2] == owner_uid]
 
     def _gone(self, ns: str, name: str, uid: str) -> bool:
         try:
-            pod = self.kube.send(requests.get_pod(ns, name))
+            pod = self.kube.send(calls.get_pod(ns, name))
         except KubeError as exc:
             if exc.is_not_found:
                 return True

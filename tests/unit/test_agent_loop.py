@@ -19,7 +19,7 @@ from agent.main import duration, serve
 from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.simulated import SimulatedNvml
 from agent.reporter import ReporterConfig
-from app.kube.client import Request
+from app.kube.calls import Request
 from app.model import Allocation
 
 T0 = 1_700_000_000.0

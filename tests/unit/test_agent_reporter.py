@@ -11,7 +11,7 @@ from agent.reporter import Reporter, ReporterConfig, capacity_grew, significant_
 from app import names
 from app.errors import KubeError
 from app.kube import gpunode
-from app.kube.client import Request
+from app.kube.calls import Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus, MpsStatus, ProcessStatus
 
 T0 = 1_700_000_000.0

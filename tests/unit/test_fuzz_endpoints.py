@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 from app import names
 from app.errors import KubeError
 from app.kube.assume import AssumeCache
-from app.kube.client import JsonDict, Request
+from app.kube.calls import JsonDict, Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
 from app.kube.state import ClusterCache, demand_of, pod_info
 from app.model import Demand

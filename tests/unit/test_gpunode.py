@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.kube import gpunode
-from app.kube.client import MERGE_PATCH
+from app.kube.calls import MERGE_PATCH
 from app.kube.gpunode import (
     GPUNode,
     GPUNodeSpec,

@@ -6,7 +6,7 @@ from typing import Any
 
 from app import names
 from app.errors import KubeError
-from app.kube.client import JsonDict, Request
+from app.kube.calls import JsonDict, Request
 from app.model import Allocation
 from app.repack.apply import Executor, Outcome
 from app.repack.plan import Goal, Move, Plan
