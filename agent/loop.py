@@ -17,6 +17,7 @@ from app import metrics as m
 from app.errors import KubeError
 from app.kube.calls import Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus
+from app.pods import PodInfo, pod_info
 
 _log = log.get("gpupack.agent")
 
@@ -58,7 +59,7 @@ class Agent:
         self._nvml_error = ""
         self._init_at = float("-inf")
         self._spec: GPUNodeSpec | None = None
-        self._pods: dict[str, verify.PodInfo] = {}
+        self._pods: dict[str, PodInfo] = {}
         self._pods_at = float("-inf")
         self._refs: dict[int, PodRef | None] = {}
         self._reported: set[tuple[str, verify.Kind, str]] = set()
@@ -141,7 +142,7 @@ class Agent:
         except KubeError as exc:
             _log.warning("listing pods failed", extra={"code": exc.code, "error": exc.message})
             return
-        self._pods = {p.uid: p for p in (verify.pod_info(i) for i in out.get("items", [])) if p.uid}
+        self._pods = {p.uid: p for p in (pod_info(i) for i in out.get("items", [])) if p.uid}
         self._reported = {k for k in self._reported if k[0] in self._pods}
 
     def _handle_violations(self, verdict: verify.Verdict, now: float) -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.errors import PlacementReason
+from app import request
+from app.errors import PlacementReason, share
 from app.model import Demand, Gpu, Node
 from app.placement import Placement, Policy, normalize_scores, place, score_nodes
-from app.placement.fit import FOREIGN_MARGIN_MIB, memory_room, share
+from app.placement.fit import FOREIGN_MARGIN_MIB, memory_room
 
 NO_GPUNODE = "no GPUNode object for this node: the gpupack agent does not run here"
 
@@ -56,7 +57,7 @@ def gpu_rows(node: Node, demand: Demand) -> list[dict[str, Any]]:
 
 def explain(
     nodes: Mapping[str, Node | None],
-    demand: Demand | str,
+    demand: request.PodDemand,
     policy: Policy,
     excluded: Mapping[str, str] | None = None,
 ) -> dict[str, Any]:
@@ -65,8 +66,8 @@ def explain(
     `excluded`: node -> why kube-scheduler never offers it to the extender for this pod; those nodes
     are left out of the choice and reported with that reason.
     """
-    if isinstance(demand, str):
-        return {"demand": None, "error": demand, "choice": None, "nodes": []}
+    if not isinstance(demand, Demand):
+        return {"demand": None, "error": request.render(demand), "choice": None, "nodes": []}
     skip = excluded or {}
     present = [n for name, n in nodes.items() if n is not None and name not in skip]
     raw = score_nodes(present, demand, policy)

@@ -13,11 +13,11 @@ from app import explain
 from app.errors import KubeError
 from app.kube import snapshot
 from app.kube.client import Kube
-from app.kube.state import pod_info
 from app.model import MILLI_PER_GPU, Demand
+from app.objects import as_object, string_map
 from app.placement import DEFAULT_POLICY, registry
+from app.pods import pod_info
 from app.repack.selectors import node_allows
-from app.request import as_object, string_map
 
 POD_KEY = re.compile(r"[^/\s]+/[^/\s]+")
 

@@ -9,9 +9,9 @@ from collections.abc import Collection, Mapping
 from app.errors import KubeError
 from app.fragmentation import fragmented_milli, typical_milli
 from app.kube import snapshot
+from app.kube.cache import ClusterCache
 from app.kube.client import Kube
 from app.kube.informers import KubeApi
-from app.kube.state import ClusterCache
 from app.model import MILLI_PER_GPU, ClusterState
 
 BAR_WIDTH = 20

@@ -12,15 +12,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import log
+from app import log, request
 from app.errors import KubeError
 from app.explain import NO_GPUNODE, reason_text
 from app.kube import calls
+from app.kube.cache import ClusterCache
 from app.kube.informers import KubeApi
-from app.kube.state import ClusterCache, demand_of
 from app.metrics import BindOutcome
-from app.model import Allocation
+from app.model import Allocation, Demand
 from app.placement import Policy, to_allocation
+from extender.verbs import invalid_request
 
 LOG = log.get("gpupack.extender.bind")
 
@@ -185,9 +186,9 @@ class Binder:
 
     def _decide(self, uid: str, pod: dict[str, Any], node_name: str) -> Allocation | BindResult:
         """Under the lock: the GPUs on `node_name` for this pod, held in the assume cache."""
-        demand = demand_of(pod)
-        if isinstance(demand, str):
-            return BindResult(BindOutcome.ERROR, f"invalid GPU request: {demand}")
+        demand = request.pod_demand(pod)
+        if not isinstance(demand, Demand):
+            return BindResult(BindOutcome.ERROR, invalid_request(demand))
         with self.lock:
             node = self.cache.node(node_name, exclude_uid=uid)
             if node is None:

@@ -7,7 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from app.fragmentation import fragmented_milli, typical_milli
 from app.metrics import ExtenderGauges, GpuGauge, PendingReason
-from app.model import MILLI_PER_GPU, Allocation, ClusterState
+from app.model import Allocation, ClusterState
 
 
 def gauges(
@@ -22,7 +22,7 @@ def gauges(
             pods[(a.node, i)] += 1
     typical = typical_milli(allocs.values())
     rows: list[GpuGauge] = []
-    in_use = used_milli = fragmented = free = 0
+    fragmented = free = 0
     for node in state.nodes.values():
         for g in node.gpus:
             rows.append(
@@ -30,15 +30,11 @@ def gauges(
                     node.name, g.index, g.model, g.milli_used, g.memory_used_mib, pods[(node.name, g.index)]
                 )
             )
-            if g.milli_used <= 0:
-                free += 1
-                continue
-            in_use += 1
-            used_milli += g.milli_used
+            free += g.milli_used <= 0
         fragmented += fragmented_milli(node.gpus, typical)
     return ExtenderGauges(
         gpus=tuple(rows),
-        packing_efficiency=used_milli / (in_use * MILLI_PER_GPU) if in_use else 0.0,
+        packing_efficiency=state.packing_efficiency,
         fragmented_milli=fragmented,
         typical_milli=typical,
         gpus_free=free,

@@ -78,6 +78,10 @@ AGENT_TOKEN_SECONDS = 7 * 24 * 3600  # a dev cluster rarely lives a week; `dev u
 COMPONENTS = ("extender", "webhook", "agent")
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+# The API group of each kind `_install` takes, for objects written without their apiVersion.
+_API_VERSIONS = dict.fromkeys(RBAC_KINDS, "rbac.authorization.k8s.io/v1") | dict.fromkeys(
+    POLICY_KINDS, "admissionregistration.k8s.io/v1"
+)
 COMPONENT_LABEL = "app.kubernetes.io/component"
 # Namespaces the webhook configuration excludes are no good for the probe; `default` always exists.
 PROBE_NAMESPACE = "default"
@@ -391,7 +395,7 @@ def _install(api: Any, objects: Iterable[Mapping[str, Any]], kinds: Sequence[str
     for obj in objects:
         if obj["kind"] not in kinds:
             raise ValueError(f"not {what}: {obj['kind']}")
-        create(api, obj)
+        create(api, {"apiVersion": _API_VERSIONS[obj["kind"]], **obj})
 
 
 def wait_for_pod_policy(api: Any, namespace: str, timeout_s: float = 30) -> None:

@@ -12,6 +12,7 @@ from datetime import UTC, datetime
 from typing import Any, Final
 
 from app import names
+from app.jsonpointer import pointer
 from app.kube import paths
 from app.model import Allocation
 
@@ -103,15 +104,10 @@ def allocation_json_patch(namespace: str, name: str, resource_version: str, allo
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}
     ]
     ops += [
-        {"op": "add", "path": f"/metadata/annotations/{_pointer(key)}", "value": value}
+        {"op": "add", "path": pointer("metadata", "annotations", key), "value": value}
         for key, value in alloc.to_annotations().items()
     ]
     return Request("PATCH", paths.pod(namespace, name), ops, content_type=JSON_PATCH)
-
-
-def _pointer(key: str) -> str:
-    """Escape one JSON-pointer segment (RFC 6901)."""
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 def binding(namespace: str, name: str, uid: str, node: str, resource_version: str = "") -> Request:

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from app import names
+from app import catalog, names
 from app.kube import paths
 from app.kube.calls import MERGE_PATCH, Request, parse_time
 from app.model import MILLI_PER_GPU, Gpu, Node
@@ -399,6 +399,27 @@ def stale_reason(heartbeat: float | None, limit_s: float, now: float) -> str:
         return ""
     # Rounded up, so the message never reads "6s old (limit 6s)" for 6.4 s.
     return f"gpupack agent heartbeat is {math.ceil(age)}s old (limit {limit_s:g}s)"
+
+
+def idle(
+    node_name: str, model: str, count: int, heartbeat: float, *, mps: bool = False, live_memory: bool = True
+) -> tuple[GPUNodeSpec, GPUNodeStatus]:
+    """The GPUNode a healthy agent reports for `count` idle GPUs of a catalogue model (UUIDs from the name).
+
+    For rigs and benchmarks that run no agent; `live_memory=False` publishes no NVML memory reading.
+    """
+    memory = catalog.lookup(model).memory_mib
+    uuids = [f"GPU-{node_name}-{i}" for i in range(count)]
+    spec = GPUNodeSpec(
+        node_name=node_name,
+        gpus=tuple(GpuSpec(u, i, model, model, memory, mps_capable=mps) for i, u in enumerate(uuids)),
+    )
+    free = memory if live_memory else None
+    status = GPUNodeStatus(
+        heartbeat_time=heartbeat,
+        gpus=tuple(GpuStatus(u, i, True, memory_free_mib=free) for i, u in enumerate(uuids)),
+    )
+    return spec, status
 
 
 # --- what the node advertises ---

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from app.kube import calls, paths
+from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict
 from app.kube.informers import KubeApi
-from app.kube.state import ClusterCache
 
 
 def list_all(kube: KubeApi, path: str, selector: str = "") -> list[JsonDict]:

@@ -13,9 +13,9 @@ from app.kube import calls, paths
 from app.kube.informers import KubeApi
 from app.kube.snapshot import list_all
 from app.model import Allocation
+from app.objects import as_object, string_map
 from app.repack.candidates import controller_of
 from app.repack.plan import Move, Plan
-from app.request import as_object, string_map
 
 
 class Outcome(StrEnum):

@@ -7,11 +7,11 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from app import names
-from app.kube.state import PodInfo
 from app.model import Demand
+from app.objects import as_list, as_object, string_map
+from app.pods import PodInfo
 from app.repack.plan import PodRef
 from app.repack.selectors import matches, node_allows
-from app.request import as_list, as_object, string_map
 
 # Controllers that re-create a pod evicted from under them. A DaemonSet's pod comes back on the same
 # node, so evicting it frees nothing; a bare pod never comes back.

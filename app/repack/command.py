@@ -11,8 +11,8 @@ from typing import Any
 
 from app.errors import KubeError
 from app.kube import snapshot
+from app.kube.cache import ClusterCache
 from app.kube.client import Kube
-from app.kube.state import ClusterCache
 from app.placement import DEFAULT_POLICY, registry
 from app.repack import candidates
 from app.repack.apply import Executor, Report, Step

@@ -115,13 +115,7 @@ class Plan:
 
 def with_share(node: Node, alloc: Allocation, demand: Demand, sign: int) -> Node:
     """`node` with one pod's GPU share and host requests added (+1) or taken away (-1)."""
-    gpus = tuple(
-        g.reserve(sign * alloc.milli, sign * alloc.memory_mib) if g.index in alloc.gpu_indexes else g
-        for g in node.gpus
-    )
-    cpu = None if node.cpu_milli_free is None else node.cpu_milli_free - sign * demand.cpu_milli
-    mem = None if node.memory_mib_free is None else node.memory_mib_free - sign * demand.host_memory_mib
-    return replace(node, gpus=gpus, cpu_milli_free=cpu, memory_mib_free=mem)
+    return node.reserve((alloc,), sign).charge_host(sign * demand.cpu_milli, sign * demand.host_memory_mib)
 
 
 def blocked_by_budget(pod: PodRef, budgets: Mapping[str, int]) -> str:

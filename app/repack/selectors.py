@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from app.request import as_list, as_object, string_map
+from app.objects import as_list, as_object, string_map
 
 
 def _expression(expr: Mapping[str, Any], labels: Mapping[str, str]) -> bool:

@@ -9,6 +9,7 @@ from agent.cgroup import PodRef
 from agent.sample import GpuSample, NodeSample, ProcSample
 from agent.verify import Kind
 from app.model import Allocation
+from app.pods import PodInfo, pod_info
 
 T0 = 1_700_000_000.0
 GPU0, GPU1 = "GPU-0000", "GPU-1111"
@@ -54,8 +55,8 @@ def alloc(*indexes: int, mib: int = 4000, uuids: bool = True) -> Allocation:
     return Allocation("n1", indexes, u, 250, mib)
 
 
-def pods(*objs: dict[str, Any]) -> dict[str, verify.PodInfo]:
-    return {p.uid: p for p in (verify.pod_info(o) for o in objs)}
+def pods(*objs: dict[str, Any]) -> dict[str, PodInfo]:
+    return {p.uid: p for p in (pod_info(o) for o in objs)}
 
 
 def test_pod_within_its_allocation_is_fine_and_usage_is_reported() -> None:

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from app import names
 from app.errors import KubeError
 from app.kube.assume import AssumeCache
+from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict, Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.kube.state import ClusterCache
 from app.model import Allocation
 from app.placement import registry
 from extender.binder import Binder

@@ -20,7 +20,7 @@ import pytest
 from app import certs
 from app.devcluster.ports import free_ports
 from app.kube.assume import AssumeCache
-from app.kube.state import ClusterCache
+from app.kube.cache import ClusterCache
 from app.placement import registry
 from extender.binder import Binder
 from extender.command import as_flag

@@ -20,12 +20,13 @@ from hypothesis import strategies as st
 from app import names
 from app.errors import KubeError
 from app.kube.assume import AssumeCache
+from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict, Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.kube.state import ClusterCache, demand_of, pod_info
 from app.model import Demand
 from app.placement import registry
-from app.request import containers_of
+from app.pods import pod_info
+from app.request import containers_of, pod_demand
 from extender.binder import Binder
 from extender.config import Settings as ExtenderSettings
 from extender.main import create_app as extender_app
@@ -326,7 +327,7 @@ def test_pod_readers_never_raise_on_wrong_types(obj: Any) -> None:
     if not isinstance(obj, dict):
         return
     info = pod_info(obj)
-    assert isinstance(info.demand, Demand | str)
-    assert demand_of(obj) == info.demand
+    assert isinstance(info.demand, Demand | tuple)
+    assert pod_demand(obj) == info.demand
     spec = obj.get("spec")
     assert isinstance(containers_of(spec if isinstance(spec, dict) else {}), tuple)

@@ -313,3 +313,16 @@ def test_model_node_knows_mps_and_env_device_selection(
         assert node.mps_reason == "MPS is disabled on this node"
     if not schedulable:
         assert "NVIDIA_VISIBLE_DEVICES" in node.unschedulable_reason
+
+
+@pytest.mark.parametrize("live_memory", [True, False], ids=["nvml-read", "nvml-unread"])
+def test_idle_gpunode_reads_back_as_idle_gpus(live_memory: bool) -> None:
+    spec, status = gpunode.idle("n1", "T4", 2, 1000.0, mps=True, live_memory=live_memory)
+    obj = {"metadata": {"name": "n1"}, "spec": spec.to_dict(), "status": status.to_dict()}
+    node = gpunode.GPUNode.from_dict(obj).to_model_node(1000.0)
+    assert [(g.index, g.uuid, g.model, g.memory_mib, g.milli_used) for g in node.gpus] == [
+        (0, "GPU-n1-0", "T4", 15109, 0),
+        (1, "GPU-n1-1", "T4", 15109, 0),
+    ]
+    assert all(g.healthy for g in node.gpus) and node.schedulable
+    assert [g.live_free_mib for g in node.gpus] == ([15109, 15109] if live_memory else [None, None])
