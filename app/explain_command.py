@@ -17,6 +17,7 @@ from app.model import MILLI_PER_GPU, Demand
 from app.objects import as_object, string_map
 from app.placement import DEFAULT_POLICY, registry
 from app.pods import pod_info
+from app.repack.command import seconds_arg
 from app.repack.selectors import node_allows
 
 POD_KEY = re.compile(r"[^/\s]+/[^/\s]+")
@@ -39,7 +40,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument("pod", type=_pod_key, metavar="NAMESPACE/POD")
     p.add_argument("--policy", choices=registry.names(), default=DEFAULT_POLICY, help="the extender's policy")
     p.add_argument("--json", action="store_true", help="the /explain document instead of a table")
-    p.add_argument("--heartbeat-timeout", type=float, help="the extender's --heartbeat-timeout (seconds)")
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=seconds_arg("--heartbeat-timeout"),
+        help="the extender's --heartbeat-timeout (seconds)",
+    )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
     p.set_defaults(func=run)
 

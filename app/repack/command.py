@@ -30,7 +30,9 @@ def _count(flag: str) -> Any:
     return parse
 
 
-def _seconds(flag: str) -> Any:
+def seconds_arg(flag: str) -> Any:
+    """An argparse type: a number of seconds > 0, refused with the flag, the value and the rule."""
+
     def parse(text: str) -> float:
         try:
             value = float(text)
@@ -70,13 +72,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     p.add_argument(
         "--timeout",
-        type=_seconds("--timeout"),
+        type=seconds_arg("--timeout"),
         default=120.0,
         help="seconds to wait for a budget, a replacement or a pod's exit before stopping (120)",
     )
     p.add_argument(
         "--heartbeat-timeout",
-        type=_seconds("--heartbeat-timeout"),
+        type=seconds_arg("--heartbeat-timeout"),
         help="the extender's --heartbeat-timeout: older GPUNodes take no pods (default: each agent's own)",
     )
     p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")

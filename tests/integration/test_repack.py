@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import podshapes
 import pytest
 from kubernetes import client
 from test_extender import MODEL, POOL, create_gpunodes, extender, gpu_pod, outcome, setup
@@ -31,21 +32,10 @@ def deployment(
 ) -> dict[str, Any]:
     """A Deployment whose pods are as the webhook leaves them (fraction `milli` on one GPU)."""
     pod = gpu_pod("x", namespace, namespace, milli=milli)
-    meta = {
-        "labels": {**pod["metadata"]["labels"], APP: name},
-        "annotations": {**pod["metadata"]["annotations"], **annotations},
-    }
+    ann = {**pod["metadata"]["annotations"], **annotations}
+    meta = {"labels": pod["metadata"]["labels"], "annotations": ann}
     spec = {**pod["spec"], "terminationGracePeriodSeconds": 0}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": {APP: name}},
-            "template": {"metadata": meta, "spec": spec},
-        },
-    }
+    return podshapes.deployment(name, {APP: name}, {"metadata": meta, "spec": spec}, replicas)
 
 
 def bound_pods(core: Any, namespace: str) -> dict[str, tuple[str, Allocation]]:
