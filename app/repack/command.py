@@ -174,9 +174,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpupack repack: {flag} only makes sense with --apply", file=sys.stderr)
         return 2
     try:
+        saved = _load(args.from_file) if args.from_file else None
         kube = Kube.connect(args.kubeconfig)
-        if args.from_file:
-            the_plan = _load(args.from_file)
+        if saved is not None:
+            the_plan = saved
         else:
             snap = snapshot.read(kube, with_pdbs=True)
             the_plan = compute(

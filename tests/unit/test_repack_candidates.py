@@ -147,3 +147,23 @@ def test_allowed_nodes_follow_selector_affinity_and_cordon() -> None:
     ]
     assert candidates.allowed_nodes(pod(spec=spec), nodes) == frozenset({"big"})
     assert node_allows({}, {})
+
+
+def test_repack_command_refuses_bad_input_before_touching_the_cluster(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import main
+
+    assert main(["repack", "--dry-run"]) == 2
+    assert "--dry-run only makes sense with --apply" in capsys.readouterr().err
+    bad = tmp_path / "plan.json"
+    bad.write_text('{"goal": "gpus"}')
+    assert main(["repack", "--apply", "--from", str(bad)]) == 1
+    err = capsys.readouterr().err
+    assert f"--from={str(bad)!r}: must be the output of `gpupack repack --plan --json`" in err
+    with pytest.raises(SystemExit):
+        main(["repack", "--max-evictions", "-1"])
+    assert "--max-evictions='-1': must be a whole number >= 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["explain", "ns/p", "--heartbeat-timeout", "nan"])
+    assert "--heartbeat-timeout='nan': must be a number of seconds > 0" in capsys.readouterr().err
