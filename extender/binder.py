@@ -18,9 +18,9 @@ from app.explain import NO_GPUNODE, reason_text
 from app.kube import calls
 from app.kube.cache import ClusterCache
 from app.kube.informers import KubeApi
-from app.metrics import BindOutcome
 from app.model import Allocation, Demand
 from app.placement import Policy, to_allocation
+from extender.metrics import BindOutcome
 from extender.verbs import invalid_request
 
 LOG = log.get("gpupack.extender.bind")

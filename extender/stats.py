@@ -6,8 +6,8 @@ from collections import Counter
 from collections.abc import Iterable, Mapping
 
 from app.fragmentation import fragmented_milli, typical_milli
-from app.metrics import ExtenderGauges, GpuGauge, PendingReason
 from app.model import Allocation, ClusterState
+from extender.metrics import ExtenderGauges, GpuGauge, PendingReason
 
 
 def gauges(

@@ -9,9 +9,9 @@ from app import explain as app_explain
 from app import request
 from app.errors import ReasonKind, RequestError
 from app.explain import NO_GPUNODE, reason_text
-from app.metrics import PendingReason
 from app.model import Demand, Node
 from app.placement import Placement, Policy, normalize_scores, place, score_nodes
+from extender.metrics import PendingReason
 
 # /explain is app.explain.explain, shared with `gpupack explain`.
 explain = app_explain.explain

@@ -6,7 +6,8 @@ from typing import Any
 
 from agent import verify
 from agent.cgroup import PodRef
-from agent.sample import GpuSample, NodeSample, ProcSample
+from agent.nvml.base import ProcessInfo
+from agent.sample import GpuSample, NodeSample
 from agent.verify import Kind
 from app.model import Allocation
 from app.pods import PodInfo, pod_info
@@ -36,7 +37,7 @@ def node(*procs: tuple[int, int, int]) -> NodeSample:
     """GPUs 0 and 1 with (gpu index, pid, MiB) processes."""
     gpus = []
     for idx, uuid in enumerate((GPU0, GPU1)):
-        ps = tuple(ProcSample(pid, mib) for g, pid, mib in procs if g == idx)
+        ps = tuple(ProcessInfo(pid, mib) for g, pid, mib in procs if g == idx)
         gpus.append(
             GpuSample(
                 index=idx,
