@@ -67,7 +67,7 @@ class FakeKube:
 
 
 def the_plan() -> Plan:
-    move = Move("ns/web-a", "u1", SRC, DST, pdbs=("ns/web",))
+    move = Move("ns/web-a", "u1", SRC, DST, pdbs=("ns/web",), frees=(("n1", 3),))
     return Plan(Goal.GPUS, "binpack", (move,), (("n1", 3),), (), ())
 
 
@@ -141,3 +141,18 @@ def test_dry_run_changes_nothing_and_a_changed_pod_is_a_surprise() -> None:
 def test_max_evictions_cuts_the_plan() -> None:
     report = executor(FakeKube(lands=DST)).run(the_plan(), max_evictions=0)
     assert report.planned == 0 and report.steps == ()
+
+
+def test_the_human_output_names_each_step_and_where_it_stopped() -> None:
+    from app.repack.command import render_plan, render_report, render_step
+
+    elsewhere = Allocation("n1", (1,), ("GPU-n1-1",), 250, 10240)
+    report = executor(FakeKube(lands=elsewhere)).run(the_plan())
+    assert render_step(report.steps[0]) == (
+        "off-plan ns/web-a -> ns/web-b on n1/gpu1: replacement bound to n1/gpu1, not as planned"
+    )
+    assert render_report(report) == "1 of 1 planned evictions carried out; stopped at ns/web-a (off-plan)"
+    table = render_plan(the_plan()).splitlines()
+    assert table[0].split() == ["POD", "FROM", "TO", "GPUS", "FREED"]
+    assert table[1].split() == ["ns/web-a", "n1/gpu3", "n0/gpu0", "n1/gpu3"]
+    assert table[-1] == "1 evictions free 1 GPUs and 0 whole nodes (goal gpus, policy binpack)"
