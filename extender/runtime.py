@@ -15,10 +15,10 @@ from app.kube.informers import Informer, InformerConfig, KubeApi
 from app.kube.lease import LeaderElector, LeaseConfig
 from app.kube.quotas import QuotaStore
 from app.placement import Policy, registry
+from app.placement.memo import MemoPolicy
 from extender import stats
 from extender.binder import Binder
 from extender.config import Settings
-from extender.memo import MemoPolicy
 from extender.metrics import ExtenderGauges, PendingReason
 
 LOG = log.get("gpupack.extender")
