@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 from test_extender import POOL, create_gpunodes, setup, start_extender  # noqa: F401 (setup: fixture)
@@ -40,12 +41,16 @@ def scheduling(cluster: Cluster, setup: Kube, webhook: Webhook) -> Iterator[Kube
 
 
 @pytest.fixture
-def pool(scheduling: Kube, gpu_nodes: Callable[..., list[str]]) -> str:
+def pool(scheduling: Kube, kube: Any, gpu_nodes: Callable[..., list[str]]) -> Iterator[str]:
     """One kwok node of 4 A100-40GB (a GPUNode as its agent would report it), in a pool of its own."""
     name = uuid.uuid4().hex[:8]
     nodes = gpu_nodes(1, gpus_per_node=4, model=A100, labels={POOL: name})
     create_gpunodes(scheduling, nodes, 4)
-    return name
+    yield name
+    for node in nodes:  # the Node goes with gpu_nodes; its GPUNode would outlive it
+        client.CustomObjectsApi(kube).delete_cluster_custom_object(
+            names.GPUNODE_GROUP, names.GPUNODE_VERSION, names.GPUNODE_PLURAL, node
+        )
 
 
 def user_pod(name: str, pool: str, annotations: dict[str, str], **container: Any) -> dict[str, Any]:
