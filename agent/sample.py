@@ -28,6 +28,7 @@ class MigSample:
     uuid: str
     memory_total_mib: int
     memory_used_mib: int
+    profile: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,7 +181,7 @@ class Sampler:
                 if exc.code is NvmlCode.NOT_FOUND:  # an empty slot, as NVML reports it
                     continue
                 raise
-            out.append(MigSample(slot, m.uuid, m.memory_total_mib, m.memory_used_mib))
+            out.append(MigSample(slot, m.uuid, m.memory_total_mib, m.memory_used_mib, m.profile))
         return tuple(out)
 
     def _processes(self, index: int, mig: bool, migs: tuple[MigSample, ...]) -> tuple[ProcSample, ...]:

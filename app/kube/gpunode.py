@@ -47,16 +47,24 @@ def _get(d: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class MigDeviceSpec:
+    """One MIG device of a GPU in MIG mode: its own UUID, memory and profile; `index` is its NVML slot."""
+
     uuid: str
     index: int
     memory_mib: int
+    profile: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"uuid": self.uuid, "index": self.index, "memoryMiB": self.memory_mib}
+        return {"uuid": self.uuid, "index": self.index, "memoryMiB": self.memory_mib, "profile": self.profile}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MigDeviceSpec:
-        return cls(_get(d, "uuid", str, ""), _get(d, "index", int, 0), _get(d, "memoryMiB", int, 0))
+        return cls(
+            _get(d, "uuid", str, ""),
+            _get(d, "index", int, 0),
+            _get(d, "memoryMiB", int, 0),
+            _get(d, "profile", str, ""),
+        )
 
 
 @dataclass(frozen=True, slots=True)

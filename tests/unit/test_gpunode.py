@@ -33,7 +33,7 @@ SPEC = GPUNodeSpec(
             "NVIDIA A100-SXM4-40GB",
             40960,
             mig_enabled=True,
-            mig_devices=(MigDeviceSpec("MIG-x", 0, 19968),),
+            mig_devices=(MigDeviceSpec("MIG-x", 0, 19968, "3g.20gb"),),
         ),
     ),
 )
@@ -105,7 +105,7 @@ def test_create_body() -> None:
                     "productName": "NVIDIA A100-SXM4-40GB",
                     "memoryMiB": 40960,
                     "migEnabled": True,
-                    "migDevices": [{"uuid": "MIG-x", "index": 0, "memoryMiB": 19968}],
+                    "migDevices": [{"uuid": "MIG-x", "index": 0, "memoryMiB": 19968, "profile": "3g.20gb"}],
                     "mpsCapable": False,
                     "shared": False,
                 },
