@@ -13,9 +13,11 @@ GPU_FRACTION_NUM_DEVICES: Final = "gpu-fraction-num-devices"
 GPU_FRACTION_CONTAINER_NAME: Final = "gpu-fraction-container-name"
 GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
 ISOLATION: Final = f"{DOMAIN}/isolation"
+MIG_PROFILE: Final = f"{DOMAIN}/mig-profile"  # a whole MIG device of this profile (e.g. "1g.10gb")
 USER_ANNOTATIONS: Final = (
     GPU_FRACTION,
     GPU_MEMORY,
+    MIG_PROFILE,
     GPU_FRACTION_NUM_DEVICES,
     GPU_FRACTION_CONTAINER_NAME,
     GPU_MODEL,

@@ -209,7 +209,7 @@ def test_memory_request_gets_memory_resource_and_gt(webhook: Webhook, core: Any,
             {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_NUM_DEVICES: "0", names.ISOLATION: "full"},
             None,
             "gpu-fraction-num-devices='0': must be an integer from 1 to 16; "
-            "gpupack.io/isolation='full': must be one of 'mps', 'none'",
+            "gpupack.io/isolation='full': must be one of 'mps', 'none', 'mig'",
             id="two-errors",
         ),
     ],

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app.kube import gpunode
@@ -194,13 +196,26 @@ def test_patch_spec_node_labels_and_resources() -> None:
         "gpu-1", gpunode.extended_resources(SPEC, frozenset({"GPU-a", "GPU-c"}))
     )
     assert (res.method, res.path, res.content_type) == ("PATCH", "/api/v1/nodes/gpu-1/status", MERGE_PATCH)
-    # GPU-b is unhealthy and GPU-c is MIG (not shared): only GPU-a is advertised.
-    want = {"gpupack.io/gpu-milli": "1000", "gpupack.io/gpu-memory-mib": "40960"}
+    # GPU-b is unhealthy; GPU-c is in MIG mode: its one MIG device (19968 MiB) is advertised, not GPU-c.
+    want = {"gpupack.io/gpu-milli": "2000", "gpupack.io/gpu-memory-mib": str(40960 + 19968)}
     assert res.body == {"status": {"capacity": want, "allocatable": want}}
 
 
-def test_node_without_shared_gpus_is_not_enabled() -> None:
+def test_a_node_of_mig_gpus_offers_their_mig_devices() -> None:
     spec = GPUNodeSpec("n", gpus=(SPEC.gpus[2],))
+    assert gpunode.node_labels(spec) == {
+        "gpupack.io/enabled": "true",
+        "gpupack.io/gpu-model": "A100-40GB",
+        "gpupack.io/gpu-memory-max-mib": "19968",
+    }
+    assert gpunode.extended_resources(spec, frozenset({"GPU-c"})) == {
+        "gpupack.io/gpu-milli": "1000",
+        "gpupack.io/gpu-memory-mib": "19968",
+    }
+
+
+def test_node_without_shared_gpus_is_not_enabled() -> None:
+    spec = GPUNodeSpec("n", gpus=(replace(SPEC.gpus[2], mig_devices=()),))  # MIG mode, no MIG device made
     assert gpunode.node_labels(spec) == {
         "gpupack.io/enabled": "false",
         "gpupack.io/gpu-model": "",
@@ -263,7 +278,8 @@ def test_to_model_node_for_the_extender() -> None:
     assert [(g.index, g.uuid, g.live_free_mib, g.healthy) for g in fresh.gpus] == [
         (0, "GPU-a", 39936, True),
         (1, "GPU-b", None, False),
-    ]  # the MIG GPU is not offered
+        (300, "MIG-x", None, True),
+    ]  # the MIG GPU is not offered; its MIG device is, with its own index and UUID
     stale = node.to_model_node(T0 + 100)
     assert not stale.schedulable
     assert stale.unschedulable_reason == "gpupack agent heartbeat is 100s old (limit 90s)"
@@ -290,7 +306,7 @@ def test_foreign_memory_round_trips_and_reaches_placement() -> None:
     assert status.to_dict()["gpus"][0]["foreignMemoryMiB"] == 7987
     assert GPUNodeStatus.from_dict(status.to_dict()) == status
     node = GPUNode("gpu-1", SPEC, status).to_model_node(T0)
-    assert [(g.foreign_mib, g.utilization_percent) for g in node.gpus] == [(7987, 12), (0, None)]
+    assert [(g.foreign_mib, g.utilization_percent) for g in node.gpus] == [(7987, 12), (0, None), (0, None)]
     assert node.gpus[0].memory_free_mib == 40960 - 7987
 
 
