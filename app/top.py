@@ -11,7 +11,7 @@ from app.kube import calls, paths
 from app.kube.cache import ClusterCache
 from app.kube.client import Kube
 from app.kube.informers import KubeApi
-from app.model import MILLI_PER_GPU, ClusterState
+from app.model import MILLI_PER_GPU, ClusterState, Gpu, mig_index
 
 BAR_WIDTH = 20
 
@@ -22,24 +22,36 @@ def bar(milli: int, width: int = BAR_WIDTH) -> str:
     return "[" + "#" * filled + "-" * (width - filled) + "]" + ("!" if milli > MILLI_PER_GPU else "")
 
 
+def gpu_label(g: Gpu) -> tuple[str, str]:
+    """(GPU, MODEL) columns: a MIG device shows as parent/slot and its model with its profile."""
+    if not g.is_mig:
+        return str(g.index), g.model
+    return f"{g.parent}/{g.index - mig_index(g.parent or 0, 0)}", f"{g.model} {g.mig_profile}"
+
+
 def render(state: ClusterState, pods: Mapping[tuple[str, int], list[str]]) -> str:
-    """One line per GPU, then cluster totals."""
-    header = f"{'NODE':<20} {'GPU':>3} {'MODEL':<12} {'ALLOCATED':<{BAR_WIDTH + 2}} {'SHARE':>6} "
+    """One line per GPU (and per MIG device), then cluster totals."""
+    header = f"{'NODE':<20} {'GPU':>5} {'MODEL':<18} {'ALLOCATED':<{BAR_WIDTH + 2}} {'SHARE':>6} "
     header += f"{'MEMORY(MiB)':>15} PODS"
     lines = [header]
-    total = used = in_use = 0
+    total = used = in_use = migs = migs_used = 0
     for name in state.nodes:
         node = state.nodes[name]
         flag = "" if node.schedulable else f"  (unschedulable: {node.unschedulable_reason})"
         for g in node.gpus:
-            total += 1
-            used += g.milli_used
-            in_use += g.milli_used > 0
+            if g.is_mig:
+                migs += 1
+                migs_used += g.milli_used > 0
+            else:
+                total += 1
+                used += g.milli_used
+                in_use += g.milli_used > 0
             here = pods.get((name, g.index), [])
             mem = f"{g.memory_used_mib}/{g.memory_mib}"
             share = g.milli_used / MILLI_PER_GPU
+            gpu, model = gpu_label(g)
             lines.append(
-                f"{name:<20} {g.index:>3} {g.model:<12} {bar(g.milli_used)} {share:>6.2f} "
+                f"{name:<20} {gpu:>5} {model:<18} {bar(g.milli_used)} {share:>6.2f} "
                 f"{mem:>15} {len(here)}{'' if g.healthy else '  (unhealthy)'}{flag}"
             )
             flag = ""
@@ -47,6 +59,8 @@ def render(state: ClusterState, pods: Mapping[tuple[str, int], list[str]]) -> st
         f"\n{total} GPUs: {used / MILLI_PER_GPU:.2f} allocated, {in_use} in use, {total - in_use} free; "
         f"packing efficiency {state.packing_efficiency:.1%}"
     )
+    if migs:
+        lines.append(f"{migs} MIG devices: {migs_used} in use, {migs - migs_used} free")
     return "\n".join(lines)
 
 

@@ -35,9 +35,18 @@ def gauges(
         for g in node.gpus:
             rows.append(
                 GpuGauge(
-                    node.name, g.index, g.model, g.milli_used, g.memory_used_mib, pods[(node.name, g.index)]
+                    node.name,
+                    g.index,
+                    g.model,
+                    g.milli_used,
+                    g.memory_used_mib,
+                    pods[(node.name, g.index)],
+                    g.mig_profile,
+                    g.parent,
                 )
             )
+            if g.is_mig:  # free and fragmented count shareable GPUs; MIG devices have their own gauge
+                continue
             if g.milli_used <= 0:
                 free += 1
                 continue
