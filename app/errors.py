@@ -18,6 +18,23 @@ class RequestError:
         return f"{self.field}={self.value!r}: {self.rule}"
 
 
+@dataclass(frozen=True, slots=True)
+class SettingError:
+    """A service setting (set by one command-line flag) that breaks one rule."""
+
+    field: str  # the settings field, e.g. "ops_port"
+    flag: str  # the flag that sets it, e.g. "--ops-port"
+    value: str  # as given; strings quoted, so an empty one shows as ''
+    rule: str  # "must be in 1..65535"
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value}: {self.rule}"
+
+    def as_flag(self) -> str:
+        """The error as the user typed it: "--ops-port=0: must be in 1..65535"."""
+        return f"{self.flag}={self.value}: {self.rule}"
+
+
 class ReasonKind(StrEnum):
     """What kind of refusal a placement reason is, so no reader has to parse its sentence."""
 

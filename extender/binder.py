@@ -17,9 +17,9 @@ from app.errors import KubeError
 from app.kube import calls
 from app.kube.cache import ClusterCache
 from app.kube.informers import KubeApi
-from app.metrics import BindOutcome
 from app.model import Allocation, Demand
 from app.placement import Policy, to_allocation
+from extender.metrics import BindOutcome
 from extender.verbs import NO_GPUNODE, invalid_request, reason_text
 
 LOG = log.get("gpupack.extender.bind")

@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from app.metrics import ExtenderGauges, GpuGauge, PendingReason
 from app.model import Allocation, ClusterState
+from extender.metrics import ExtenderGauges, GpuGauge, PendingReason
 
 
 def typical_milli(allocs: Iterable[Allocation]) -> int:

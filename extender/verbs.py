@@ -8,9 +8,9 @@ from typing import Any
 
 from app import request
 from app.errors import PlacementReason, ReasonKind, RequestError
-from app.metrics import PendingReason
 from app.model import Demand, Node
 from app.placement import Placement, Policy, normalize_scores, place, score_nodes
+from extender.metrics import PendingReason
 
 NO_GPUNODE = "no GPUNode object for this node: the gpupack agent does not run here"
 

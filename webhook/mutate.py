@@ -15,9 +15,9 @@ from typing import Any, Final
 from app import managed, names, request, units
 from app.errors import RequestError
 from app.jsonpointer import pointer
-from app.metrics import WebhookOutcome
 from app.request import GpuRequest, Isolation
 from webhook import hami, pipe
+from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings
 
 Json = Any  # a decoded JSON value

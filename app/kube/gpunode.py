@@ -1,7 +1,7 @@
 """The GPUNode custom resource: typed spec/status, dict round-trips, and pure request builders.
 
-Written by the agent (one object per node, name = node name), read by the extender. The extender
-should use `GPUNode.from_dict(obj)`, then `.is_stale(now)` and `.to_model_node(now)`.
+Written by the agent (one object per node, name = node name), read by the extender through
+`GPUNode.from_dict(obj).to_model_node(now)`; staleness is judged by `stale_reason` at each request.
 """
 
 from __future__ import annotations
@@ -330,10 +330,6 @@ class GPUNodeStatus:
             nvml_error=_get(d, "nvmlError", str, ""),
         )
 
-    def is_stale(self, now: float) -> bool:
-        """True when the agent has not written within `stale_after_seconds` (or never wrote)."""
-        return not self.heartbeat_time or now - self.heartbeat_time > self.stale_after_seconds
-
 
 # --- the whole object ---
 
@@ -357,9 +353,6 @@ class GPUNode:
             else None,
             resource_version=_get(meta, "resourceVersion", str, ""),
         )
-
-    def is_stale(self, now: float) -> bool:
-        return self.status is None or self.status.is_stale(now)
 
     def to_model_node(self, now: float) -> Node:
         """The placement view: shared GPUs with foreign usage, live readings and health.
@@ -505,10 +498,6 @@ def extended_resources(spec: GPUNodeSpec, healthy_uuids: frozenset[str]) -> dict
 
 
 # --- request builders ---
-
-
-def get(name: str) -> Request:
-    return Request("GET", paths.gpunode(name))
 
 
 def create(name: str, spec: GPUNodeSpec, node_uid: str = "") -> Request:

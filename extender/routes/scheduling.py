@@ -7,9 +7,9 @@ import time
 from fastapi import APIRouter, HTTPException, Response
 
 from app import managed, request
-from app.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 from extender import schemas, verbs
 from extender.deps import BinderDep, PolicyDep, ReadyDep, RuntimeDep, StateDep
+from extender.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 
 router = APIRouter(tags=["scheduling"])
 

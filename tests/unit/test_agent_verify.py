@@ -6,7 +6,8 @@ from typing import Any
 
 from agent import verify
 from agent.cgroup import PodRef
-from agent.sample import GpuSample, MigSample, NodeSample, ProcSample
+from agent.nvml.base import MigDeviceInfo, ProcessInfo
+from agent.sample import GpuSample, NodeSample
 from agent.verify import Kind
 from app.model import Allocation, mig_index
 from app.pods import PodInfo, pod_info
@@ -36,7 +37,7 @@ def node(*procs: tuple[int, int, int]) -> NodeSample:
     """GPUs 0 and 1 with (gpu index, pid, MiB) processes."""
     gpus = []
     for idx, uuid in enumerate((GPU0, GPU1)):
-        ps = tuple(ProcSample(pid, mib) for g, pid, mib in procs if g == idx)
+        ps = tuple(ProcessInfo(pid, mib) for g, pid, mib in procs if g == idx)
         gpus.append(
             GpuSample(
                 index=idx,
@@ -190,8 +191,8 @@ def test_eviction_and_pod_list_requests() -> None:
 
 def mig_node(*procs: tuple[int, int, int]) -> NodeSample:
     """GPU 0 in MIG mode with MIG devices in slots 0 and 1 (1g.10gb); (slot, pid, MiB) processes on them."""
-    migs = tuple(MigSample(slot, f"MIG-{slot}", 9728, 0, "1g.10gb") for slot in (0, 1))
-    ps = tuple(ProcSample(pid, mib, f"MIG-{slot}") for slot, pid, mib in procs)
+    migs = tuple(MigDeviceInfo(slot, f"MIG-{slot}", 9728, 0, "1g.10gb") for slot in (0, 1))
+    ps = tuple(ProcessInfo(pid, mib, f"MIG-{slot}") for slot, pid, mib in procs)
     gpu = GpuSample(
         index=0,
         uuid=GPU0,

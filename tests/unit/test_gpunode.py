@@ -261,14 +261,14 @@ def test_from_dict_tolerates_missing_and_wrong_fields() -> None:
         {"metadata": {"name": "x"}, "spec": {"gpus": [{"uuid": 5, "index": "1"}, "junk"]}}
     )
     assert node.spec.gpus == (GpuSpec("", 0, "", "", 0),)
-    assert node.status is None and node.is_stale(T0)
+    assert node.status is None and not node.to_model_node(T0).schedulable
 
 
 def test_staleness_uses_the_objects_own_threshold() -> None:
-    assert not STATUS.is_stale(T0 + 90)
-    assert STATUS.is_stale(T0 + 91)
+    assert GPUNode("gpu-1", SPEC, STATUS).to_model_node(T0 + 90).schedulable
+    assert not GPUNode("gpu-1", SPEC, STATUS).to_model_node(T0 + 91).schedulable
     fast = GPUNodeStatus(heartbeat_time=T0, heartbeat_interval_seconds=2, stale_after_seconds=6)
-    assert fast.is_stale(T0 + 7)
+    assert not GPUNode("gpu-1", SPEC, fast).to_model_node(T0 + 7).schedulable
 
 
 def test_to_model_node_for_the_extender() -> None:
