@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import random
+
+import pytest
+
 from app import catalog
 from app.model import Demand, Gpu, Node
-from app.placement import registry
+from app.placement import Placement, place, registry, to_allocation
 from app.placement.workload import default_workload
 from app.sim.engine import replay
 from app.sim.migvariant import as_mig, as_whole, partition, physical_gpus_used
@@ -45,3 +49,32 @@ def test_two_halves_use_one_partitioned_gpu_where_whole_gpus_take_two() -> None:
     whole = [as_whole(d) for d in demands]
     placed, after = replay([node("n")], whole, registry.create("fragaware"), default_workload())
     assert None not in placed and physical_gpus_used(after) == 3
+
+
+@pytest.mark.parametrize("policy", ["binpack", "spread", "fgd", "fragaware"])
+def test_fast_path_places_a_mig_mix_exactly_like_place(policy: str) -> None:
+    """The simulator's indexed chooser and `place` over every node agree on MIG and whole-GPU demands."""
+    layout = tuple(
+        p for name in ("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb") if (p := A100.mig_profile(name))
+    )
+    nodes = [partition(node(f"n{i}"), layout, gpus=i % 3) for i in range(6)]
+    rng = random.Random(7)
+    shapes = [Demand(1, milli=1000), Demand(1, milli=470), Demand(2, milli=1000), Demand(1, milli=110)]
+    demands = [as_mig(rng.choice(shapes), A100, 40192) for _ in range(60)]
+    demands += [Demand(1, mig=True, mig_profile="1g.10gb")] * 5
+    wl = default_workload()
+    fast, _ = replay(nodes, demands, registry.create(policy, wl), wl)
+    slow: list[tuple[int, tuple[int, ...]] | None] = []
+    current = list(nodes)
+    slow_policy = registry.create(policy, wl)
+    for d in demands:
+        result = place(current, d, slow_policy)
+        if not isinstance(result, Placement):
+            slow.append(None)
+            continue
+        i = current.index(result.node)
+        slow.append((i, result.gpus))
+        current[i] = result.node.reserve([to_allocation(result.node, d, result.gpus)])
+    assert fast == slow
+    assert any(w is not None and w[1][0] >= 100 for w in fast)  # MIG devices were handed out
+    assert None in fast  # and the cluster ran out of something
