@@ -251,8 +251,16 @@ class ClusterState:
 
     @property
     def packing_efficiency(self) -> float:
-        """Allocated share on the GPUs in use over those GPUs (0 when none is in use)."""
-        used = [g.milli_used for node in self.nodes.values() for g in node.gpus if g.milli_used > 0]
+        """Allocated share on the (whole) GPUs in use over those GPUs (0 when none is in use).
+
+        MIG devices are left out: each is taken whole, so it is either full or free.
+        """
+        used = [
+            g.milli_used
+            for node in self.nodes.values()
+            for g in node.gpus
+            if g.milli_used > 0 and not g.is_mig
+        ]
         return sum(used) / (len(used) * MILLI_PER_GPU) if used else 0.0
 
     def apply(self, alloc: Allocation) -> None:

@@ -125,5 +125,5 @@ def test_top_shows_mig_devices_as_parent_slot_with_their_profile() -> None:
     lines = out.splitlines()
     assert lines[2].split()[:4] == ["n0", "0/0", "A100-80GB", "3g.40gb"] and lines[2].endswith(" 1")
     assert lines[3].split()[:4] == ["n0", "0/1", "A100-80GB", "1g.10gb"]
-    assert "1 GPUs: 0.50 allocated, 1 in use, 0 free" in out
+    assert "1 GPUs: 0.50 allocated, 1 in use, 0 free; packing efficiency 50.0%" in out  # MIG devices left out
     assert out.endswith("2 MIG devices: 1 in use, 1 free")
