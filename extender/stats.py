@@ -5,17 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+from app.fragmentation import fragmented_milli, typical_milli
 from app.model import Allocation, ClusterState
 from extender.metrics import ExtenderGauges, GpuGauge, PendingReason
-
-
-def typical_milli(allocs: Iterable[Allocation]) -> int:
-    """The most common per-GPU share among allocations (smallest on ties); 0 when there are none."""
-    counts = Counter(a.milli for a in allocs)
-    if not counts:
-        return 0
-    top = max(counts.values())
-    return min(m for m, n in counts.items() if n == top)
 
 
 def gauges(
@@ -45,13 +37,8 @@ def gauges(
                     g.parent,
                 )
             )
-            if g.is_mig:  # free and fragmented count shareable GPUs; MIG devices have their own gauge
-                continue
-            if g.milli_used <= 0:
-                free += 1
-                continue
-            if 0 < g.milli_free < typical:
-                fragmented += g.milli_free
+            free += g.milli_used <= 0 and not g.is_mig  # a free MIG device is no free GPU
+        fragmented += fragmented_milli([g for g in node.gpus if not g.is_mig], typical)
     return ExtenderGauges(
         gpus=tuple(rows),
         packing_efficiency=state.packing_efficiency,

@@ -62,7 +62,7 @@ def test_memo_policy_answers_like_the_policy_and_never_reuses_a_changed_node() -
 
     from app.model import Demand
     from app.placement import registry
-    from extender.memo import MemoPolicy
+    from app.placement.memo import MemoPolicy
 
     calls: list[str] = []
     inner = registry.create("binpack")
@@ -121,8 +121,11 @@ def test_mig_devices_have_their_own_gauge_and_stay_out_of_free_gpus() -> None:
 
 
 def test_top_shows_mig_devices_as_parent_slot_with_their_profile() -> None:
-    out = render(mig_state(), {("n0", 100): ["ns/big"]})
+    out = render(mig_state(), {("n0", 100): ["ns/big"]}, typical=500)
     lines = out.splitlines()
+    assert lines[4].endswith(
+        "n0: 0.50 of 1 GPUs allocated, 0 free, fragmented 0.00; 1 of 2 MIG devices in use"
+    )
     assert lines[2].split()[:4] == ["n0", "0/0", "A100-80GB", "3g.40gb"] and lines[2].endswith(" 1")
     assert lines[3].split()[:4] == ["n0", "0/1", "A100-80GB", "1g.10gb"]
     assert "1 GPUs: 0.50 allocated, 1 in use, 0 free; packing efficiency 50.0%" in out  # MIG devices left out
