@@ -201,29 +201,25 @@ def test_patch_spec_node_labels_and_resources() -> None:
     assert res.body == {"status": {"capacity": want, "allocatable": want}}
 
 
-def test_a_node_of_mig_gpus_offers_their_mig_devices() -> None:
-    spec = GPUNodeSpec("n", gpus=(SPEC.gpus[2],))
+@pytest.mark.parametrize(
+    ("mig_devices", "enabled", "model", "mib"),
+    [
+        pytest.param(SPEC.gpus[2].mig_devices, "true", "A100-40GB", 19968, id="mig-devices-offered"),
+        pytest.param((), "false", "", 0, id="mig-mode-without-devices-is-not-enabled"),
+    ],
+)
+def test_a_node_of_mig_gpus_offers_their_mig_devices(
+    mig_devices: tuple[MigDeviceSpec, ...], enabled: str, model: str, mib: int
+) -> None:
+    spec = GPUNodeSpec("n", gpus=(replace(SPEC.gpus[2], mig_devices=mig_devices),))
     assert gpunode.node_labels(spec) == {
-        "gpupack.io/enabled": "true",
-        "gpupack.io/gpu-model": "A100-40GB",
-        "gpupack.io/gpu-memory-max-mib": "19968",
+        "gpupack.io/enabled": enabled,
+        "gpupack.io/gpu-model": model,
+        "gpupack.io/gpu-memory-max-mib": str(mib),
     }
     assert gpunode.extended_resources(spec, frozenset({"GPU-c"})) == {
-        "gpupack.io/gpu-milli": "1000",
-        "gpupack.io/gpu-memory-mib": "19968",
-    }
-
-
-def test_node_without_shared_gpus_is_not_enabled() -> None:
-    spec = GPUNodeSpec("n", gpus=(replace(SPEC.gpus[2], mig_devices=()),))  # MIG mode, no MIG device made
-    assert gpunode.node_labels(spec) == {
-        "gpupack.io/enabled": "false",
-        "gpupack.io/gpu-model": "",
-        "gpupack.io/gpu-memory-max-mib": "0",
-    }
-    assert gpunode.extended_resources(spec, frozenset({"GPU-c"})) == {
-        "gpupack.io/gpu-milli": "0",
-        "gpupack.io/gpu-memory-mib": "0",
+        "gpupack.io/gpu-milli": str(1000 * len(mig_devices)),
+        "gpupack.io/gpu-memory-mib": str(mib),
     }
 
 
