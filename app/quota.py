@@ -47,10 +47,10 @@ class Charge:
 def charge(req: GpuRequest) -> Charge:
     """The conservative quota charge of a valid request: per device, times the number of devices.
 
-    Hook for MIG slices: a request for a whole MIG device of a profile is charged the profile's memory and
-    its compute slices' share of the parent GPU (rounded up to whole milli), both exact, since the profile
-    fixes the size; a memory request with MIG isolation is charged as any memory request. Until a kind is
-    charged here, it is charged the most a device can take (a whole GPU of the largest model it may get).
+    A whole MIG device of a profile is charged its compute slices' share of the parent GPU (rounded up to
+    whole milli: 1g is 143 of 1000) and the most memory that profile has on a model it may land on; a memory
+    request with MIG isolation is charged as any memory request. A kind not known here is charged the most a
+    device can take (a whole GPU of the largest model it may get).
     """
     candidates = _candidates(req.models)
     largest = max(g.memory_mib for g in (candidates or tuple(catalog.models().values())))
@@ -63,10 +63,20 @@ def charge(req: GpuRequest) -> Charge:
             min(MILLI_PER_GPU, -(-req.memory_mib * MILLI_PER_GPU // smallest)) if smallest else MILLI_PER_GPU
         )
         per_device = Charge(milli, req.memory_mib)
+    elif req.mig_profile:
+        per_device = _mig_charge(req.mig_profile, candidates, largest)
     else:
-        # A kind not charged above yet: the most one device can take, a whole GPU of the largest model.
+        # A kind not charged above: the most one device can take, a whole GPU of the largest model.
         per_device = Charge(MILLI_PER_GPU, largest)
     return Charge(per_device.milli * req.count, per_device.memory_mib * req.count)
+
+
+def _mig_charge(profile: str, candidates: tuple[catalog.GpuModel, ...], largest: int) -> Charge:
+    """A whole MIG device: its compute slices' share of a GPU, and its largest memory on a candidate model."""
+    sizes = [p.memory_mib for g in candidates if (p := g.mig_profile(profile)) is not None]
+    slices = catalog.MigProfile(profile, 0).compute_slices
+    milli = min(MILLI_PER_GPU, -(-slices * MILLI_PER_GPU // catalog.MIG_COMPUTE_SLICES))
+    return Charge(milli, max(sizes, default=largest))
 
 
 def _candidates(models: Iterable[str]) -> tuple[catalog.GpuModel, ...]:

@@ -13,7 +13,7 @@ from app.kube import paths, snapshot
 from app.kube.cache import ClusterCache
 from app.kube.client import Kube
 from app.kube.informers import KubeApi
-from app.model import MILLI_PER_GPU, ClusterState
+from app.model import MILLI_PER_GPU, ClusterState, Gpu, mig_index
 
 BAR_WIDTH = 20
 
@@ -22,6 +22,13 @@ def bar(milli: int, width: int = BAR_WIDTH) -> str:
     """[#####-----] for a share in milli (clamped to the bar; overcommit shows as a trailing '!')."""
     filled = min(width, round(milli * width / MILLI_PER_GPU))
     return "[" + "#" * filled + "-" * (width - filled) + "]" + ("!" if milli > MILLI_PER_GPU else "")
+
+
+def gpu_label(g: Gpu) -> tuple[str, str]:
+    """(GPU, MODEL) columns: a MIG device shows as parent/slot and its model with its profile."""
+    if not g.is_mig:
+        return str(g.index), g.model
+    return f"{g.parent}/{g.index - mig_index(g.parent or 0, 0)}", f"{g.model} {g.mig_profile}"
 
 
 def _gpus(milli: int) -> str:
@@ -36,16 +43,18 @@ def render(
     nodes: Collection[str] | None = None,
     namespace: str | None = None,
 ) -> str:
-    """One line per GPU and a summary per node (fragmented share included), then cluster totals.
+    """One line per GPU (and per MIG device) and a summary per node (fragmented share included), then totals.
+
+    Node and cluster totals count whole GPUs; MIG devices (each full or free) are totalled apart.
 
     `typical`: the request size fragmentation is measured against (the most common allocated share).
     `nodes` keeps only those nodes; `namespace` keeps the GPUs holding a pod of that namespace and
     counts only its pods.
     """
-    header = f"{'NODE':<20} {'GPU':>3} {'MODEL':<12} {'ALLOCATED':<{BAR_WIDTH + 2}} {'SHARE':>6} "
+    header = f"{'NODE':<20} {'GPU':>5} {'MODEL':<18} {'ALLOCATED':<{BAR_WIDTH + 2}} {'SHARE':>6} "
     header += f"{'MEMORY(MiB)':>15} PODS"
     lines = [header]
-    total = used = in_use = frag = 0
+    total = used = in_use = frag = migs = migs_used = 0
     prefix = f"{namespace}/" if namespace else ""
     for name, node in state.nodes.items():
         if nodes is not None and name not in nodes:
@@ -58,23 +67,30 @@ def render(
                 continue
             shown += 1
             mem = f"{g.memory_used_mib}/{g.memory_mib}"
+            gpu, model = gpu_label(g)
             lines.append(
-                f"{name:<20} {g.index:>3} {g.model:<12} {bar(g.milli_used)} {_gpus(g.milli_used):>6} "
+                f"{name:<20} {gpu:>5} {model:<18} {bar(g.milli_used)} {_gpus(g.milli_used):>6} "
                 f"{mem:>15} {len(here)}{'' if g.healthy else '  (unhealthy)'}{flag}"
             )
             flag = ""
         if namespace and not shown:
             continue
-        node_used = sum(g.milli_used for g in node.gpus)
-        node_frag = fragmented_milli(node.gpus, typical)
-        node_free = sum(g.milli_used <= 0 for g in node.gpus)
+        whole = [g for g in node.gpus if not g.is_mig]
+        node_migs = [g for g in node.gpus if g.is_mig]
+        node_used = sum(g.milli_used for g in whole)
+        node_frag = fragmented_milli(whole, typical)
+        node_free = sum(g.milli_used <= 0 for g in whole)
+        in_mig = sum(g.milli_used > 0 for g in node_migs)
         lines.append(
-            f"{'':<20} {name}: {_gpus(node_used)} of {len(node.gpus)} GPUs allocated, {node_free} free, "
+            f"{'':<20} {name}: {_gpus(node_used)} of {len(whole)} GPUs allocated, {node_free} free, "
             f"fragmented {_gpus(node_frag)}"
+            + (f"; {in_mig} of {len(node_migs)} MIG devices in use" if node_migs else "")
         )
-        total += len(node.gpus)
+        migs += len(node_migs)
+        migs_used += in_mig
+        total += len(whole)
         used += node_used
-        in_use += len(node.gpus) - node_free
+        in_use += len(whole) - node_free
         frag += node_frag
     eff = used / (in_use * MILLI_PER_GPU) if in_use else 0.0
     lines.append(
@@ -82,6 +98,8 @@ def render(
         f"packing efficiency {eff:.1%}; fragmented {_gpus(frag)} GPUs "
         f"(free share on GPUs in use below the typical {_gpus(typical)} request)"
     )
+    if migs:
+        lines.append(f"{migs} MIG devices: {migs_used} in use, {migs - migs_used} free")
     return "\n".join(lines)
 
 

@@ -58,6 +58,8 @@ class GpuGauge:
     milli: int  # allocated compute share
     memory_mib: int  # allocated memory
     pods: int
+    mig_profile: str = ""  # set for a MIG device (taken whole: milli is 0 or 1000)
+    parent: int | None = None  # a MIG device's GPU index
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,12 +99,19 @@ class ExtenderStateCollector(Collector):
             labels=gpu_labels,
         )
         pods = GaugeMetricFamily("gpupack_extender_gpu_pods", "Pods sharing each GPU.", labels=gpu_labels)
+        mig = GaugeMetricFamily(
+            "gpupack_extender_mig_device_allocated",
+            "1 for a MIG device a pod holds, 0 for a free one (gpu: parent GPU, mig: node-wide index).",
+            labels=["node", "gpu", "mig", "profile"],
+        )
         for x in g.gpus:
             labels = [x.node, str(x.gpu), x.model]
             milli.add_metric(labels, x.milli)
             mem.add_metric(labels, x.memory_mib)
             pods.add_metric(labels, x.pods)
-        yield from (milli, mem, pods)
+            if x.mig_profile:
+                mig.add_metric([x.node, str(x.parent), str(x.gpu), x.mig_profile], int(x.milli > 0))
+        yield from (milli, mem, pods, mig)
         yield GaugeMetricFamily(
             "gpupack_extender_packing_efficiency_ratio",
             "Allocated share on GPUs in use divided by the number of GPUs in use.",

@@ -29,11 +29,18 @@ def gauges(
         for g in node.gpus:
             rows.append(
                 GpuGauge(
-                    node.name, g.index, g.model, g.milli_used, g.memory_used_mib, pods[(node.name, g.index)]
+                    node.name,
+                    g.index,
+                    g.model,
+                    g.milli_used,
+                    g.memory_used_mib,
+                    pods[(node.name, g.index)],
+                    g.mig_profile,
+                    g.parent,
                 )
             )
-            free += g.milli_used <= 0
-        fragmented += fragmented_milli(node.gpus, typical)
+            free += g.milli_used <= 0 and not g.is_mig  # a free MIG device is no free GPU
+        fragmented += fragmented_milli([g for g in node.gpus if not g.is_mig], typical)
     return ExtenderGauges(
         gpus=tuple(rows),
         packing_efficiency=state.packing_efficiency,

@@ -25,7 +25,7 @@ from app.kube.client import Kube, api_client
 from . import components, identities, schedconfig
 from .binaries import repo_root
 from .layout import Layout, Ports
-from .nodes import create_gpu_nodes
+from .nodes import MigLayout, create_gpu_nodes
 from .poll import wait_for
 from .ports import free_ports
 from .processes import ComponentError, ComponentSpec, ManagedProcess, log_tail, start_and_wait, wait_healthy
@@ -418,10 +418,15 @@ class Cluster:
         *,
         prefix: str = "gpu-node-",
         labels: dict[str, str] | None = None,
+        mig: MigLayout | None = None,
     ) -> list[str]:
-        """Create fake GPU nodes (see nodes.node_body) and wait until kwok has them Ready; returns names."""
+        """Create fake GPU nodes (see nodes.node_body) and wait until kwok has them Ready; returns names.
+
+        With `mig`, each node's simulated agent reports its first `mig.gpus` GPUs in MIG mode with
+        those MIG devices.
+        """
         with self.api_client() as api:
-            return create_gpu_nodes(api, count, gpus_per_node, model, prefix=prefix, labels=labels)
+            return create_gpu_nodes(api, count, gpus_per_node, model, prefix=prefix, labels=labels, mig=mig)
 
     def log_path(self, name: str) -> Path:
         return self.layout.log(name)

@@ -14,6 +14,7 @@ from .addons import DEV_ADDONS
 from .binaries import BinariesError, ensure_binaries, repo_root
 from .cluster import Cluster, default_dir, locked
 from .components import CONTROL_PLANE
+from .nodes import MigLayout
 from .processes import ComponentError
 
 DEFAULT_NODES = 4
@@ -53,6 +54,18 @@ def register(subparsers: Any) -> None:
     )
     up.add_argument("--gpu-model", default=DEFAULT_GPU_MODEL, help="GPU model name (default %(default)s)")
     up.add_argument(
+        "--mig",
+        default="",
+        metavar="PROFILES",
+        help="partition GPUs into MIG devices of these profiles, e.g. 3g.40gb,2g.20gb,1g.10gb,1g.10gb",
+    )
+    up.add_argument(
+        "--mig-gpus",
+        type=_positive,
+        default=None,
+        help="with --mig: how many GPUs per node (the first ones) are partitioned (default: all)",
+    )
+    up.add_argument(
         "--no-components",
         dest="components",
         action="store_false",
@@ -83,7 +96,8 @@ def _summary(cluster: Cluster) -> str:
     kubeconfig = cluster.kubeconfig
     kubectl = f"kubectl --kubeconfig {kubeconfig}"
     lines = [
-        f"nodes: {meta.get('nodes')} x {meta.get('gpus_per_node')} {meta.get('gpu_model')} GPUs",
+        f"nodes: {meta.get('nodes')} x {meta.get('gpus_per_node')} {meta.get('gpu_model')} GPUs"
+        + (f", the first {meta.get('mig_gpus')} as MIG devices {meta['mig']}" if meta.get("mig") else ""),
         f"kubeconfig: {kubeconfig}",
         f"  {kubectl} get nodes",
     ]
@@ -120,6 +134,10 @@ def cmd_up(args: argparse.Namespace) -> int:
     except KeyError as exc:
         _err("up", str(exc.args[0]))
         return 2
+    mig = MigLayout.parse(args.mig, args.mig_gpus or args.gpus_per_node)
+    if rule := mig.error(model, args.gpus_per_node):
+        _err("up", f"--mig={args.mig!r}: {rule}")
+        return 2
     directory: Path = (args.dir or default_dir()).resolve()
     t0 = time.monotonic()
 
@@ -151,12 +169,14 @@ def cmd_up(args: argparse.Namespace) -> int:
             "nodes": args.nodes,
             "gpus_per_node": args.gpus_per_node,
             "gpu_model": model,
+            "mig": ",".join(mig.profiles),
+            "mig_gpus": mig.gpus,
             "components": args.components,
         }
         try:
             cluster.start(progress)
             progress(f"creating {args.nodes} nodes x {args.gpus_per_node} {model}")
-            nodes = cluster.create_gpu_nodes(args.nodes, args.gpus_per_node, model)
+            nodes = cluster.create_gpu_nodes(args.nodes, args.gpus_per_node, model, mig=mig)
             for addon in DEV_ADDONS if args.components else ():
                 progress(f"addon {addon.name}")
                 t_addon = time.monotonic()

@@ -31,6 +31,7 @@ GPUPACK_IMAGE = "ghcr.io/gpupack/gpupack:"
 REQUEST_KEYS = (
     names.GPU_FRACTION,
     names.GPU_MEMORY,
+    names.MIG_PROFILE,
     names.GPU_FRACTION_NUM_DEVICES,
     names.GPU_FRACTION_CONTAINER_NAME,
     names.GPU_MODEL,

@@ -67,12 +67,38 @@ def test_charge(annotations: dict[str, str], expected: Charge) -> None:
 
 
 def test_a_request_kind_not_charged_yet_counts_whole_gpus() -> None:
-    """The MIG hook's fallback: neither a fraction nor a memory request (e.g. a MIG profile) is charged
-    a whole GPU of the largest model it may land on per device, never nothing."""
+    """Neither a fraction, a memory request nor a MIG profile: a whole GPU of the largest model it may land
+    on per device, never nothing."""
     unknown_kind = GpuRequest(container="main", count=2, milli=None, memory_mib=None)
     assert quota.charge(unknown_kind) == Charge(2000, 163840)
     on_t4 = GpuRequest(container="main", count=1, milli=None, memory_mib=None, models=("T4",))
     assert quota.charge(on_t4) == Charge(1000, 15109)
+
+
+@pytest.mark.parametrize(
+    ("profile", "models", "expected"),
+    [
+        pytest.param("1g.10gb", (), "1g", id="1g-any-model"),
+        pytest.param("3g.40gb", (), "3g", id="3g-any-model"),
+        pytest.param("1g.10gb", ("A100-80GB",), "1g", id="1g-on-a100-80"),
+    ],
+)
+def test_a_mig_profile_is_charged_its_slices_and_its_largest_memory(
+    profile: str, models: tuple[str, ...], expected: str
+) -> None:
+    """A whole MIG device: compute slices of 7 as GPU share (rounded up), the profile's memory on the
+    largest candidate model that offers it (what the pod may get)."""
+    req_ = GpuRequest(
+        container="main", count=1, milli=None, memory_mib=None, mig_profile=profile, models=models
+    )
+    table = catalog.models()
+    candidates = [table[m] for m in models] if models else list(table.values())
+    sizes = [p.memory_mib for g in candidates if (p := g.mig_profile(profile)) is not None]
+    slices = int(expected.removesuffix("g"))
+    got = quota.charge(req_)
+    assert got.milli == -(-slices * 1000 // 7)
+    assert got.memory_mib == max(sizes)
+    assert got.memory_mib >= catalog.mig_profile_memory(profile)
 
 
 def test_charge_names_the_quota_resources() -> None:
