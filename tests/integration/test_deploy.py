@@ -33,7 +33,7 @@ from app.devcluster.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy/helm/gpupack"
-KUBE_VERSION = "v1.34.10"  # what tests/k8s/build.sh builds
+KUBE_VERSION = (REPO / "tests/k8s/VERSION").read_text().strip()  # what tests/k8s/build.sh builds
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "defaults": (),
