@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import realnode
 from .layout import Layout, Ports
 from .processes import ComponentSpec, HealthCheck
 
@@ -67,6 +68,8 @@ def apiserver(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
             # has seen kwok mark it Ready. Tests create namespaces and nodes and use them at once.
             "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
             "--allow-privileged=true",
+            # For a real kubelet node (kubeletnode.py): its client certificate, and its InternalIP to dial.
+            *realnode.apiserver_flags(pki.kubelet_client.cert, pki.kubelet_client.key),
             f"--cert-dir={layout.apiserver_cert_dir}",
             "--profiling=false",
             "--v=1",

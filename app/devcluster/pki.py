@@ -32,6 +32,10 @@ APISERVER_SANS: tuple[str, ...] = (
 )
 
 
+# The user kube-apiserver is to a kubelet; it needs system:kubelet-api-admin there (kubeletnode.py binds it).
+KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
+
+
 @dataclass(frozen=True)
 class CertPaths:
     cert: Path
@@ -109,6 +113,11 @@ class Pki:
         return CertPaths(self.dir / "scheduler-client.crt", self.dir / "scheduler-client.key")
 
     @property
+    def kubelet_client(self) -> CertPaths:
+        """kube-apiserver's client certificate for kubelets (`kubectl logs/exec` on a real node)."""
+        return CertPaths(self.dir / "kubelet-client.crt", self.dir / "kubelet-client.key")
+
+    @property
     def sa_key(self) -> Path:
         return self.dir / "sa.key"
 
@@ -137,6 +146,8 @@ class Pki:
         )
         client = certs.issue_client_cert(client_ca_cert, client_ca_key, "kube-scheduler", days=_VALIDITY_DAYS)
         certs.write_pem(certs.to_pem(*client), self.scheduler_client.cert, self.scheduler_client.key)
+        kubelet_client = certs.issue_client_cert(ca_cert, ca_key, KUBELET_CLIENT_USER, days=_VALIDITY_DAYS)
+        certs.write_pem(certs.to_pem(*kubelet_client), self.kubelet_client.cert, self.kubelet_client.key)
         sa = certs.new_key()
         certs.write_atomic(self.sa_key, certs.key_pem(sa), 0o600)
         pub = sa.public_key().public_bytes(
