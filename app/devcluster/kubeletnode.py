@@ -21,6 +21,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -46,7 +47,6 @@ Progress = Callable[[str], None]
 
 DEFAULT_NAME = "gpupack-real-node"
 DEFAULT_BRIDGE = "gpupack-br0"
-DEFAULT_SUBNET = "10.250.0.0/24"
 PAUSE_IMAGE = "localhost/pause:1"
 BUSYBOX_IMAGE = "localhost/busybox:1"
 BUSYBOX = Path("/bin/busybox")  # busybox-static
@@ -77,7 +77,7 @@ class RealNode:
     name: str
     root: Path
     bridge: str = DEFAULT_BRIDGE
-    subnet: str = DEFAULT_SUBNET
+    subnet: str = realnode.DEFAULT_SUBNET
 
     @property
     def paths(self) -> realnode.NodePaths:
@@ -95,6 +95,10 @@ class RealNode:
     @property
     def containerd_process(self) -> str:
         return f"containerd-{self.name}"
+
+    @property
+    def relay_process(self) -> str:
+        return f"relay-{self.name}"
 
     @property
     def kubelet_process(self) -> str:
@@ -299,6 +303,7 @@ def _start(cluster: Cluster, node: RealNode, progress: Progress, timeout_s: floa
     )
     for archive in sorted(paths.images.glob("*.tar")):
         import_image(node, archive)
+    start_api_relay(cluster, node, progress)
     kube = Kube.connect(str(cluster.kubeconfig))
     try:
         _create_all(kube, "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", bindings(node.name))
@@ -328,6 +333,28 @@ def _start(cluster: Cluster, node: RealNode, progress: Progress, timeout_s: floa
         )
     finally:
         kube.close()
+
+
+def start_api_relay(cluster: Cluster, node: RealNode, progress: Progress = _quiet) -> None:
+    """The apiserver at the node IP, same port, for pods on the node's bridge (see relay.py)."""
+    port = cluster.ports.apiserver
+    cluster.start_process(
+        ComponentSpec(
+            node.relay_process,
+            (
+                sys.executable,
+                "-m",
+                "app.devcluster.relay",
+                "--listen",
+                f"{node.ip}:{port}",
+                "--to",
+                f"127.0.0.1:{port}",
+            ),
+            health=HealthCheck(f"https://{node.ip}:{port}/readyz", ca_file=str(cluster.ca_file)),
+            ready_timeout_s=30,
+        ),
+        progress,
+    )
 
 
 def _get_node(kube: Kube, name: str) -> dict[str, Any]:
@@ -416,6 +443,8 @@ def stop(cluster: Cluster, node: RealNode) -> None:
     if node.containerd_process in names:
         _step(failures, "kill the node's containers", lambda: _kill_tasks(node))
         _step(failures, "stop containerd", lambda: cluster.stop_process(node.containerd_process))
+    if node.relay_process in names:
+        _step(failures, "stop the API relay", lambda: cluster.stop_process(node.relay_process))
     _step(failures, "kill leftover shims", lambda: _kill_shims(node))
     _step(failures, "unmount", lambda: _unmount(node.root))
     _step(failures, "delete the bridge", lambda: _delete_bridge(node))

@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from app import certs
 
+from . import realnode
+
 _VALIDITY_DAYS = 365
 
 LOOPBACK_SANS: tuple[str, ...] = ("127.0.0.1", "localhost")
@@ -29,6 +31,8 @@ APISERVER_SANS: tuple[str, ...] = (
     "kubernetes.default",
     "kubernetes.default.svc",
     "kubernetes.default.svc.cluster.local",
+    # A real node's pods reach the apiserver at their node's IP (kubeletnode's relay).
+    realnode.node_ip(realnode.DEFAULT_SUBNET),
 )
 
 

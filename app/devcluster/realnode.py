@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
+DEFAULT_SUBNET = "10.250.0.0/24"  # the real node's pod network; its first host is the node IP
 NODE_TAINT = {"key": "gpupack.test/real-node", "value": "true", "effect": "NoSchedule"}
 
 
