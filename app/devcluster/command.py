@@ -165,6 +165,8 @@ def cmd_up(args: argparse.Namespace) -> int:
             "gpus_per_node": args.gpus_per_node,
             "gpu_model": model,
             "components": args.components,
+            # A real node runs pods that talk to the API (the chart's): they need their ServiceAccount token.
+            "service_accounts": args.real_node,
         }
         addons = DEV_ADDONS
         try:
