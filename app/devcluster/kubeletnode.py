@@ -9,8 +9,8 @@ down` in another shell cleans up a node that `dev up` started, and it finishes e
 fails, then names what it could not remove.
 
 The node's IP is the bridge's gateway address (realnode.node_ip): the kubelet listens there, the apiserver
-dials it for logs/exec. The apiserver itself listens on 127.0.0.1 only: pods on the node's bridge network
-cannot reach it, so a pod that talks to the API runs with hostNetwork (see README, "A real node").
+dials it for logs/exec. The apiserver itself listens on 127.0.0.1 only, so a relay (relay.py) at the node IP
+forwards to it: pods on the node's bridge reach the API there (see README, "A real node").
 """
 
 from __future__ import annotations
