@@ -8,7 +8,7 @@ from app.devcluster import kubeletnode, pki, realnode
 
 
 def test_kubelet_and_apiserver_get_exactly_the_bootstrap_roles_they_need() -> None:
-    got = {b["roleRef"]["name"]: b["subjects"] for b in kubeletnode.bindings("n1")}  # type: ignore[index]
+    got = {b["roleRef"]["name"]: b["subjects"] for b in kubeletnode.bindings("n1")}
     assert got == {
         "system:node": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "User", "name": "system:node:n1"}],
         "system:kubelet-api-admin": [
