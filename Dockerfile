@@ -22,6 +22,7 @@ RUN python3 -c 'import tomllib; print("\n".join(tomllib.load(open("/src/pyprojec
     > /tmp/requirements.txt
 RUN /opt/gpupack/bin/pip install ${PIP_ARGS} -r /tmp/requirements.txt
 COPY README.md /src/
+COPY LICENSE /src/
 COPY app /src/app
 COPY webhook /src/webhook
 COPY extender /src/extender

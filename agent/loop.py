@@ -6,6 +6,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agent import metrics as m
 from agent import reporter as rep
 from agent import verify
 from agent.cgroup import PodRef
@@ -13,10 +14,10 @@ from agent.mps import Device, MpsState, MpsSupervisor
 from agent.nvml.base import Nvml, NvmlCode, NvmlError
 from agent.sample import NodeSample, Sampler
 from app import log
-from app import metrics as m
 from app.errors import KubeError
-from app.kube.client import Request
+from app.kube.calls import Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus
+from app.pods import PodInfo, pod_info
 
 _log = log.get("gpupack.agent")
 
@@ -52,13 +53,13 @@ class Agent:
         self.mps = mps
         self.send = send
         self.clock = clock
-        self.sampler = Sampler(nvml, on_error=lambda code: m.AGENT_NVML_ERRORS.labels(code.value).inc())
+        self.sampler = Sampler(nvml, on_error=lambda code: m.NVML_ERRORS.labels(code.value).inc())
         self.reporter = rep.Reporter(config.node, send, config.reporter, on_write=self._count_write)
         self.nvml_ready = False
         self._nvml_error = ""
         self._init_at = float("-inf")
         self._spec: GPUNodeSpec | None = None
-        self._pods: dict[str, verify.PodInfo] = {}
+        self._pods: dict[str, PodInfo] = {}
         self._pods_at = float("-inf")
         self._refs: dict[int, PodRef | None] = {}
         self._reported: set[tuple[str, verify.Kind, str]] = set()
@@ -68,7 +69,7 @@ class Agent:
     @staticmethod
     def _count_write(kind: str, result: str) -> None:
         if kind in {w.value for w in m.AgentWrite}:  # only the pre-created series
-            m.AGENT_WRITES.labels(kind, result).inc()
+            m.WRITES.labels(kind, result).inc()
 
     def _ensure_nvml(self, now: float) -> None:
         # NVML may come up after the agent (driver install); retry init once per heartbeat.
@@ -78,7 +79,7 @@ class Agent:
         try:
             self.nvml.init()
         except NvmlError as exc:
-            m.AGENT_NVML_ERRORS.labels(exc.code.value).inc()
+            m.NVML_ERRORS.labels(exc.code.value).inc()
             if str(exc) != self._nvml_error:
                 _log.error("NVML init failed", extra={"code": exc.code.value, "error": str(exc)})
             self._nvml_error = str(exc)
@@ -141,7 +142,7 @@ class Agent:
         except KubeError as exc:
             _log.warning("listing pods failed", extra={"code": exc.code, "error": exc.message})
             return
-        self._pods = {p.uid: p for p in (verify.pod_info(i) for i in out.get("items", [])) if p.uid}
+        self._pods = {p.uid: p for p in (pod_info(i) for i in out.get("items", [])) if p.uid}
         self._reported = {k for k in self._reported if k[0] in self._pods}
 
     def _handle_violations(self, verdict: verify.Verdict, now: float) -> None:
@@ -149,7 +150,7 @@ class Agent:
             if v.key in self._reported:
                 continue
             self._reported.add(v.key)
-            m.AGENT_VIOLATIONS.labels(v.kind.value).inc()
+            m.VIOLATIONS.labels(v.kind.value).inc()
             _log.warning(
                 "allocation violated",
                 extra={"kind": v.kind.value, "pod": f"{v.pod.namespace}/{v.pod.name}", "gpu": v.gpu_index,
@@ -181,21 +182,21 @@ class Agent:
             lab = (str(g.index), g.uuid)
             util = None if g.utilization_percent is None else g.utilization_percent / 100
             foreign = sum(1 for p in g.processes if not verdict.owners.get(p.pid))
-            put(m.AGENT_GPU_HEALTHY, lab, 1 if g.healthy else 0)
-            put(m.AGENT_GPU_MEMORY_TOTAL_MIB, lab, g.memory_total_mib)
-            put(m.AGENT_GPU_MEMORY_USED_MIB, lab, g.memory_used_mib)
-            put(m.AGENT_GPU_UTILIZATION_RATIO, lab, util)
-            put(m.AGENT_GPU_PROCESSES, (*lab, "pod"), len(g.processes) - foreign)
-            put(m.AGENT_GPU_PROCESSES, (*lab, "foreign"), foreign)
+            put(m.GPU_HEALTHY, lab, 1 if g.healthy else 0)
+            put(m.GPU_MEMORY_TOTAL_MIB, lab, g.memory_total_mib)
+            put(m.GPU_MEMORY_USED_MIB, lab, g.memory_used_mib)
+            put(m.GPU_UTILIZATION_RATIO, lab, util)
+            put(m.GPU_PROCESSES, (*lab, "pod"), len(g.processes) - foreign)
+            put(m.GPU_PROCESSES, (*lab, "foreign"), foreign)
         for u in verdict.usage:
             pod_lab = (u.pod.namespace, u.pod.name, str(u.gpu_index))
-            put(m.AGENT_POD_MEMORY_USED_MIB, pod_lab, u.used_mib)
-            put(m.AGENT_POD_MEMORY_LIMIT_MIB, pod_lab, u.limit_mib)
+            put(m.POD_MEMORY_USED_MIB, pod_lab, u.used_mib)
+            put(m.POD_MEMORY_LIMIT_MIB, pod_lab, u.limit_mib)
         for gauge, before in self._series.items():
             for labels in before - seen.get(gauge, set()):
                 gauge.remove(*labels)
         self._series = seen
-        m.AGENT_MPS_UP.set(1 if self.mps.state is MpsState.RUNNING else 0)
+        m.MPS_UP.set(1 if self.mps.state is MpsState.RUNNING else 0)
 
     def heartbeat_age(self) -> float:
         last = self.reporter.last_heartbeat

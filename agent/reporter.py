@@ -7,11 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent.sample import GpuSample, NodeSample
-from agent.verify import PodInfo
 from app import log
 from app.errors import KubeError
 from app.kube import gpunode
-from app.kube.client import Request
+from app.kube.calls import Request
 from app.kube.gpunode import (
     GPUNodeSpec,
     GPUNodeStatus,
@@ -22,6 +21,7 @@ from app.kube.gpunode import (
     ProcessStatus,
     Summary,
 )
+from app.pods import PodInfo
 
 _log = log.get("gpupack.agent.reporter")
 

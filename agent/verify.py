@@ -4,17 +4,16 @@ from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
 
 from agent.cgroup import PodRef
 from agent.sample import NodeSample
 from app import names
 from app.kube import paths
-from app.kube.client import Request
+from app.kube.calls import Request
 from app.kube.gpunode import format_time
-from app.model import Allocation
+from app.pods import PodInfo
 
 COMPONENT = "gpupack-agent"
 
@@ -32,50 +31,6 @@ REASONS: Mapping[Kind, str] = {
     Kind.WRONG_CONTAINER: "GpupackWrongContainer",
     Kind.NO_ALLOCATION: "GpupackNoAllocation",
 }
-
-
-@dataclass(frozen=True, slots=True)
-class PodInfo:
-    uid: str
-    namespace: str
-    name: str
-    allocation: Allocation | None
-    allocation_error: str = ""
-    gpu_container: str = ""
-    # runtime container ID → container name, init containers included
-    containers: Mapping[str, str] = field(default_factory=dict)
-
-
-def pod_info(pod: Mapping[str, Any]) -> PodInfo:
-    """The parts of a Pod object verification needs."""
-    meta = pod.get("metadata", {})
-    annotations = meta.get("annotations") or {}
-    alloc: Allocation | None = None
-    error = ""
-    try:
-        alloc = Allocation.from_annotations(annotations)
-    except ValueError as exc:
-        error = str(exc)
-    spec_containers = [c.get("name", "") for c in pod.get("spec", {}).get("containers", [])]
-    gpu_container = annotations.get(names.GPU_FRACTION_CONTAINER_NAME) or (
-        spec_containers[0] if spec_containers else ""
-    )
-    ids: dict[str, str] = {}
-    status = pod.get("status", {})
-    # The GPU container may be an init container (a sidecar runs beside the others), so theirs count too.
-    for st in [*(status.get("containerStatuses") or []), *(status.get("initContainerStatuses") or [])]:
-        cid = str(st.get("containerID", ""))
-        if cid:
-            ids[cid.split("://", 1)[-1]] = st.get("name", "")
-    return PodInfo(
-        uid=meta.get("uid", ""),
-        namespace=meta.get("namespace", ""),
-        name=meta.get("name", ""),
-        allocation=alloc,
-        allocation_error=error,
-        gpu_container=gpu_container,
-        containers=ids,
-    )
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,32 +1,40 @@
-"""The `gpupack` command. Each subcommand lives in its own module, which registers itself here."""
+"""The `gpupack` command. Subcommands come from package entry points, so the CLI imports no service.
+
+Each entry point in the `gpupack.commands` group (pyproject `[project.entry-points."gpupack.commands"]`)
+names a `register(subparsers)` function that adds one or more subcommands whose parsers carry
+`func=<callable(args) -> int>` via set_defaults. A service lists itself there; the import contracts
+(`lint-imports`) see every arrow because nothing is loaded from a string of ours.
+"""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import os
 import sys
 from collections.abc import Callable, Sequence
+from importlib.metadata import EntryPoint, entry_points
 
-# Each module exposes `register(subparsers) -> None`, adding one or more subcommands whose
-# parsers carry `func=<callable(args) -> int>` via set_defaults.
-COMMAND_MODULES: tuple[str, ...] = (
-    "app.sim.command",
-    "app.devcluster.command",
-    "app.top",
-    "extender.command",
-    "webhook.command",
-    "agent.main",
-)
+ENTRY_POINT_GROUP = "gpupack.commands"
 
 Handler = Callable[[argparse.Namespace], int]
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_entry_points() -> list[EntryPoint]:
+    """The installed `gpupack.commands` entry points, in name order (a stable `gpupack --help`)."""
+    found = sorted(entry_points(group=ENTRY_POINT_GROUP), key=lambda ep: ep.name)
+    if not found:
+        raise RuntimeError(
+            f"no {ENTRY_POINT_GROUP!r} entry points installed: install gpupack (pip install -e .) "
+            "so its package metadata lists the subcommands"
+        )
+    return found
+
+
+def build_parser(commands: Sequence[EntryPoint] | None = None) -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gpupack", description="Fractional-GPU scheduling for Kubernetes.")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-    for name in COMMAND_MODULES:
-        importlib.import_module(name).register(sub)
+    for ep in command_entry_points() if commands is None else commands:
+        ep.load()(sub)
     return parser
 
 

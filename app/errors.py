@@ -18,6 +18,23 @@ class RequestError:
         return f"{self.field}={self.value!r}: {self.rule}"
 
 
+@dataclass(frozen=True, slots=True)
+class SettingError:
+    """A service setting (set by one command-line flag) that breaks one rule."""
+
+    field: str  # the settings field, e.g. "ops_port"
+    flag: str  # the flag that sets it, e.g. "--ops-port"
+    value: str  # as given; strings quoted, so an empty one shows as ''
+    rule: str  # "must be in 1..65535"
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value}: {self.rule}"
+
+    def as_flag(self) -> str:
+        """The error as the user typed it: "--ops-port=0: must be in 1..65535"."""
+        return f"{self.flag}={self.value}: {self.rule}"
+
+
 class ReasonKind(StrEnum):
     """What kind of refusal a placement reason is, so no reader has to parse its sentence."""
 
@@ -26,18 +43,99 @@ class ReasonKind(StrEnum):
     NODE = "node"  # the node's state: agent silent, no (healthy) GPUs, no MPS, GPUs not selectable
 
 
+class Shortfall(StrEnum):
+    """The rule a node breaks for a demand, in the order placement checks them."""
+
+    UNSCHEDULABLE = "unschedulable"  # detail: the node's own reason (stale agent, cordoned for us)
+    CPU = "cpu"  # needed / free CPU milli
+    HOST_MEMORY = "host_memory"  # needed / free host memory MiB
+    NO_MPS = "no_mps"  # the pod asks for isolation=mps; detail: why the node has none
+    NO_GPUS = "no_gpus"
+    NO_HEALTHY_GPU = "no_healthy_gpu"
+    MODEL = "model"  # detail: the node's model; models: the acceptable ones
+    GPU_SHARE = "gpu_share"  # needed / free milli per GPU (free: the best GPU's), count, passing
+    GPU_MEMORY = "gpu_memory"  # needed / free MiB per GPU (free: the best GPU's), count, passing, foreign
+
+    @property
+    def kind(self) -> ReasonKind:
+        if self in (Shortfall.CPU, Shortfall.HOST_MEMORY, Shortfall.GPU_SHARE, Shortfall.GPU_MEMORY):
+            return ReasonKind.CAPACITY
+        return ReasonKind.MODEL if self is Shortfall.MODEL else ReasonKind.NODE
+
+
+@dataclass(frozen=True, slots=True)
+class ForeignUse:
+    """The GPU where processes outside gpupack pods take the most memory, for a memory refusal."""
+
+    gpu: int
+    total_mib: int
+    reserved_mib: int  # by gpupack pods
+    foreign_mib: int
+    margin_mib: int
+
+
 @dataclass(frozen=True, slots=True)
 class PlacementReason:
-    """Why a node (or one GPU on it) cannot take a request."""
+    """Why a node (or one GPU on it) cannot take a request: a typed value; `rule` is its text."""
 
     node: str
     gpu: int | None  # GPU index, or None when the reason is about the whole node
-    rule: str
-    kind: ReasonKind = ReasonKind.NODE
+    shortfall: Shortfall
+    needed: int = 0  # what the demand needs (per GPU for GPU rules), in the rule's unit
+    free: int = 0  # what the node (its best GPU, for GPU rules) has free, same unit
+    count: int = 1  # GPUs the demand needs
+    passing: int = 0  # GPUs that pass the rule (multi-GPU demands)
+    detail: str = ""  # the node's own words (unschedulable, no MPS) or its GPU model
+    models: tuple[str, ...] = ()  # acceptable models (MODEL)
+    foreign: ForeignUse | None = None  # memory used outside gpupack pods (GPU_MEMORY)
+
+    @property
+    def kind(self) -> ReasonKind:
+        return self.shortfall.kind
+
+    @property
+    def rule(self) -> str:
+        return render_reason(self)
 
     def __str__(self) -> str:
         where = self.node if self.gpu is None else f"{self.node}/gpu{self.gpu}"
         return f"{where}: {self.rule}"
+
+
+def share(milli: int) -> str:
+    """Milli as a GPU share for messages: 500 -> "0.50", 805 -> "0.805"."""
+    return f"{milli / 1000:.2f}" if milli % 10 == 0 else f"{milli / 1000:.3f}"  # 1000 milli = one GPU
+
+
+def render_reason(r: PlacementReason) -> str:
+    """The sentence kube-scheduler, /explain and logs show for a refusal."""
+    match r.shortfall:
+        case Shortfall.UNSCHEDULABLE:
+            return r.detail or "node is not schedulable"
+        case Shortfall.CPU:
+            return f"needs {r.needed} CPU milli: {r.free} free"
+        case Shortfall.HOST_MEMORY:
+            return f"needs {r.needed} MiB host memory: {r.free} MiB free"
+        case Shortfall.NO_MPS:
+            return f"pod asks for isolation=mps, but {r.detail or 'no MPS daemon serves this node'}"
+        case Shortfall.NO_GPUS:
+            return "node has no GPUs"
+        case Shortfall.NO_HEALTHY_GPU:
+            return "no healthy GPU"
+        case Shortfall.MODEL:
+            return f"GPU model {r.detail} is not one of {'|'.join(r.models)}"
+    fmt = share if r.shortfall is Shortfall.GPU_SHARE else (lambda v: f"{v} MiB")
+    if r.count == 1:
+        text = f"no GPU with {fmt(r.needed)} free: best has {fmt(max(r.free, 0))}"
+    else:
+        text = f"needs {r.count} GPUs with {fmt(r.needed)} free: {r.passing} have it"
+    f = r.foreign
+    if f is not None:
+        text += (
+            f" (gpu{f.gpu}: {f.total_mib} MiB total, {f.reserved_mib} MiB reserved by gpupack pods,"
+            f" {f.foreign_mib} MiB used by processes outside gpupack pods, {f.margin_mib} MiB margin)"
+        )
+    return text
 
 
 class KubeError(Exception):

@@ -13,7 +13,7 @@ from fractions import Fraction
 from typing import Any
 
 from app import units
-from app.request import as_list, as_object
+from app.objects import as_list, as_object
 
 MIB = 1 << 20
 

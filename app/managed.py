@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from app import names, request
+from app import names, objects, request
 from app.errors import RequestError
 
 NO_GPU: Final = "void"  # what the webhook gives every container but the GPU container
@@ -25,10 +25,10 @@ FIX: Final = (
 
 def unmanaged_errors(pod: Mapping[str, Any]) -> tuple[RequestError, ...]:
     """Every mark of the webhook the pod lacks; empty for a pod the webhook mutated."""
-    meta = request.as_object(pod.get("metadata"))
-    spec = request.as_object(pod.get("spec"))
+    meta = objects.as_object(pod.get("metadata"))
+    spec = objects.as_object(pod.get("spec"))
     errors: list[RequestError] = []
-    label = request.as_object(meta.get("labels")).get(names.LABEL_MANAGED)
+    label = objects.as_object(meta.get("labels")).get(names.LABEL_MANAGED)
     if label != "true":
         errors.append(
             RequestError(
@@ -37,7 +37,7 @@ def unmanaged_errors(pod: Mapping[str, Any]) -> tuple[RequestError, ...]:
                 f'must be "true" (set by the gpupack webhook); {FIX}',
             )
         )
-    errors += _env_errors(spec, _gpu_container(request.string_map(meta.get("annotations")), spec))
+    errors += _env_errors(spec, _gpu_container(objects.string_map(meta.get("annotations")), spec))
     return tuple(errors)
 
 
@@ -60,15 +60,15 @@ def _gpu_container(annotations: Mapping[str, str], spec: Mapping[str, Any]) -> s
 
 def _env_errors(spec: Mapping[str, Any], target: str | None) -> Iterable[RequestError]:
     for key in ("containers", "initContainers"):
-        for item in request.as_list(spec.get(key)):
-            c = request.as_object(item)
+        for item in objects.as_list(spec.get(key)):
+            c = objects.as_object(item)
             name = str(c.get("name", ""))
             where = f"{key}[{name}].env[{names.ENV_NVIDIA_VISIBLE_DEVICES}]"
-            entry = _last_env(request.as_list(c.get("env")), names.ENV_NVIDIA_VISIBLE_DEVICES)
-            gpu = bool(request.gpupack_resources(request.as_object(c.get("resources"))))
+            entry = _last_env(objects.as_list(c.get("env")), names.ENV_NVIDIA_VISIBLE_DEVICES)
+            gpu = bool(request.gpupack_resources(objects.as_object(c.get("resources"))))
             if gpu and target is not None and name != target:
                 resources = ", ".join(
-                    r for r, _ in request.gpupack_resources(request.as_object(c.get("resources")))
+                    r for r, _ in request.gpupack_resources(objects.as_object(c.get("resources")))
                 )
                 yield RequestError(
                     f"{key}[{name}].resources",
@@ -100,7 +100,7 @@ def _last_env(env: Iterable[Any], name: str) -> Mapping[str, Any] | None:
 def _field_path(entry: Mapping[str, Any] | None) -> str | None:
     if entry is None:
         return None
-    ref = request.as_object(request.as_object(entry.get("valueFrom")).get("fieldRef"))
+    ref = objects.as_object(objects.as_object(entry.get("valueFrom")).get("fieldRef"))
     return str(ref["fieldPath"]) if "fieldPath" in ref else None
 
 

@@ -113,6 +113,32 @@ class Node:
                 return g
         raise KeyError(f"{self.name} has no GPU with index {index}")
 
+    def reserve(self, allocs: Iterable[Allocation], sign: int = 1) -> Node:
+        """This node with each allocation's share reserved on its GPUs (`sign=-1` gives it back).
+
+        No fit check: the allocations already happened. One new Node however many allocations there are.
+        """
+        milli: dict[int, int] = {}
+        memory: dict[int, int] = {}
+        for alloc in allocs:
+            for i in alloc.gpu_indexes:
+                milli[i] = milli.get(i, 0) + sign * alloc.milli
+                memory[i] = memory.get(i, 0) + sign * alloc.memory_mib
+        if not milli:
+            return self
+        gpus = tuple(g.reserve(milli[g.index], memory[g.index]) if g.index in milli else g for g in self.gpus)
+        return replace(self, gpus=gpus)
+
+    def charge_host(self, cpu_milli: int, memory_mib: int) -> Node:
+        """This node with host CPU and memory taken (negative amounts give them back); untracked stays so."""
+        if not cpu_milli and not memory_mib:
+            return self
+        return replace(
+            self,
+            cpu_milli_free=None if self.cpu_milli_free is None else self.cpu_milli_free - cpu_milli,
+            memory_mib_free=None if self.memory_mib_free is None else self.memory_mib_free - memory_mib,
+        )
+
 
 @dataclass(frozen=True, slots=True)
 class Allocation:
@@ -189,25 +215,20 @@ class ClusterState:
 
     nodes: dict[str, Node] = field(default_factory=dict)
 
+    @property
+    def packing_efficiency(self) -> float:
+        """Allocated share on the GPUs in use over those GPUs (0 when none is in use)."""
+        used = [g.milli_used for node in self.nodes.values() for g in node.gpus if g.milli_used > 0]
+        return sum(used) / (len(used) * MILLI_PER_GPU) if used else 0.0
+
     def apply(self, alloc: Allocation) -> None:
         """Reserve an allocation's share on its GPUs (no fit check: the allocation already happened)."""
-        node = self.nodes.get(alloc.node)
-        if node is None:
-            return
-        gpus = list(node.gpus)
-        by_index = {g.index: pos for pos, g in enumerate(gpus)}
-        for idx in alloc.gpu_indexes:
-            pos = by_index.get(idx)
-            if pos is not None:
-                gpus[pos] = gpus[pos].reserve(alloc.milli, alloc.memory_mib)
-        self.nodes[alloc.node] = replace(node, gpus=tuple(gpus))
+        self._change(alloc, +1)
 
     def release(self, alloc: Allocation) -> None:
+        self._change(alloc, -1)
+
+    def _change(self, alloc: Allocation, sign: int) -> None:
         node = self.nodes.get(alloc.node)
-        if node is None:
-            return
-        gpus = tuple(
-            g.reserve(-alloc.milli, -alloc.memory_mib) if g.index in alloc.gpu_indexes else g
-            for g in node.gpus
-        )
-        self.nodes[alloc.node] = replace(node, gpus=gpus)
+        if node is not None:
+            self.nodes[alloc.node] = node.reserve((alloc,), sign)

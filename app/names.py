@@ -13,14 +13,6 @@ GPU_FRACTION_NUM_DEVICES: Final = "gpu-fraction-num-devices"
 GPU_FRACTION_CONTAINER_NAME: Final = "gpu-fraction-container-name"
 GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
 ISOLATION: Final = f"{DOMAIN}/isolation"
-USER_ANNOTATIONS: Final = (
-    GPU_FRACTION,
-    GPU_MEMORY,
-    GPU_FRACTION_NUM_DEVICES,
-    GPU_FRACTION_CONTAINER_NAME,
-    GPU_MODEL,
-    ISOLATION,
-)
 
 # --- the allocation, written by the extender at bind: the single source of truth ---
 ALLOC_NODE: Final = f"{DOMAIN}/node"
@@ -52,7 +44,6 @@ NODE_ANNOTATION_CAPACITY_CHANGED: Final = f"{DOMAIN}/capacity-changed-at"
 # --- extended resources (node status by the agent; container requests by the webhook) ---
 RESOURCE_GPU_MILLI: Final = f"{DOMAIN}/gpu-milli"
 RESOURCE_GPU_MEMORY_MIB: Final = f"{DOMAIN}/gpu-memory-mib"
-RESOURCE_PREFIX: Final = f"{DOMAIN}/"  # every extended resource of ours starts with it
 
 # --- env vars the webhook adds to the GPU container ---
 ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"

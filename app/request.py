@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Final
 
-from app import catalog, names, units
+from app import catalog, hostres, names, units
 from app.errors import RequestError
-from app.model import Demand
+from app.hostres import HostResources
+from app.model import MILLI_PER_GPU, Demand
+from app.objects import as_list, as_object, string_map
 
 MAX_DEVICES: Final = 16  # more GPUs than any node we know of carries; a typo guard, not a policy
 WHOLE_GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+PodDemand = Demand | tuple[RequestError, ...]  # what a pod asks for, or every rule its request breaks
 
 # A Kubernetes label value (the node label gpupack.io/gpu-model is matched with `In`).
 _LABEL_VALUE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
@@ -107,21 +111,6 @@ def _kind(c: Container) -> str:
     return "init container" if c.init else "container"
 
 
-def as_object(value: object) -> Mapping[str, Any]:
-    """`value` when it is a JSON object, else an empty one: a pod dict off the wire may hold anything."""
-    return value if isinstance(value, Mapping) else {}
-
-
-def as_list(value: object) -> Sequence[Any]:
-    """`value` when it is a JSON array, else an empty one."""
-    return value if isinstance(value, list | tuple) else ()
-
-
-def string_map(value: object) -> dict[str, str]:
-    """The string-to-string entries of a JSON object (annotations, labels); anything else is dropped."""
-    return {k: v for k, v in as_object(value).items() if isinstance(k, str) and isinstance(v, str)}
-
-
 def containers_of(spec: Mapping[str, Any]) -> tuple[Container, ...]:
     """The regular containers (in order), then the init containers, of a pod spec dict.
 
@@ -156,6 +145,78 @@ def parse(
     if errors:
         return errors
     return _build(view)
+
+
+def pod_demand(pod: Mapping[str, Any], host: HostResources | None = None) -> PodDemand:
+    """What a pod asks of a node, or every rule its request breaks.
+
+    The GPU share comes from the annotations (`parse`, the webhook's rules); a pod without them is read
+    from the gpupack resources its containers request. CPU and memory come from its containers, or from
+    `host` when the caller computed them already, so placement scores exactly as the simulator does.
+    """
+    spec = as_object(pod.get("spec"))
+    annotations = string_map(as_object(pod.get("metadata")).get("annotations"))
+    containers = containers_of(spec)
+    if wants_gpu(annotations):
+        parsed = parse(annotations, containers)
+        if not isinstance(parsed, GpuRequest):
+            return parsed
+        demand = parsed.demand()
+    else:
+        from_resources = _resource_demand(annotations, containers)
+        if not isinstance(from_resources, Demand):
+            return from_resources
+        demand = from_resources
+    if host is None:
+        host = hostres.pod_requests(spec)
+    return replace(demand, cpu_milli=host.cpu_milli, host_memory_mib=host.memory_mib)
+
+
+def _resource_demand(annotations: Mapping[str, str], containers: Sequence[Container]) -> PodDemand:
+    """A pod's GPU demand from the gpupack resources of its regular containers (limits = requests)."""
+    raw_count = annotations.get(names.GPU_FRACTION_NUM_DEVICES, "1")
+    try:
+        count = units.positive_int(raw_count, MAX_DEVICES)
+    except units.UnitError as err:
+        return (RequestError(names.GPU_FRACTION_NUM_DEVICES, raw_count, err.rule),)
+    totals: dict[str, int] = {}
+    errors: list[RequestError] = []
+    for c in containers:
+        for resource, raw in c.ours if not c.init else ():
+            if resource not in (names.RESOURCE_GPU_MILLI, names.RESOURCE_GPU_MEMORY_MIB):
+                continue
+            # The apiserver stores quantities canonically ("1000" comes back as "1k"): parse, don't match.
+            value = units.quantity_value(raw)
+            if value is None or value < 0 or value.denominator != 1:
+                rule = f"must be a whole, non-negative quantity (container {c.name!r})"
+                errors.append(RequestError(resource, raw, rule))
+            else:
+                totals[resource] = totals.get(resource, 0) + int(value)
+    if errors:
+        return tuple(errors)
+    milli = totals.get(names.RESOURCE_GPU_MILLI, 0)
+    memory = totals.get(names.RESOURCE_GPU_MEMORY_MIB, 0)
+    if milli and memory:
+        rule = f"must not be requested together with {names.RESOURCE_GPU_MILLI}; pick one"
+        return (RequestError(names.RESOURCE_GPU_MEMORY_MIB, str(memory), rule),)
+    resource, total = (names.RESOURCE_GPU_MILLI, milli) if milli else (names.RESOURCE_GPU_MEMORY_MIB, memory)
+    if not total:
+        rule = f"the pod requests neither {names.RESOURCE_GPU_MILLI} nor {names.RESOURCE_GPU_MEMORY_MIB}"
+        return (RequestError(names.RESOURCE_GPU_MILLI, "", rule),)
+    if total % count:
+        return (RequestError(resource, str(total), f"does not split evenly over {count} devices"),)
+    models = frozenset(gpu_models(annotations.get(names.GPU_MODEL)))
+    if not milli:
+        return Demand(count=count, memory_mib=total // count, models=models)
+    if total // count > MILLI_PER_GPU:
+        rule = f"is more than {MILLI_PER_GPU} per device over {count} devices"
+        return (RequestError(resource, str(total), rule),)
+    return Demand(count=count, milli=total // count, models=models)
+
+
+def render(errors: Iterable[RequestError]) -> str:
+    """Errors as one line, in rule order: what a user reads in a denial or a scheduling event."""
+    return "; ".join(str(e) for e in errors)
 
 
 @dataclass(frozen=True, slots=True)
@@ -324,7 +385,8 @@ def _canonical_model(name: str) -> str | None:
         return name if _LABEL_VALUE.fullmatch(name) else None
 
 
-def _models(raw: str | None) -> tuple[str, ...]:
+def gpu_models(raw: str | None) -> tuple[str, ...]:
+    """The acceptable models a |-separated list names, canonical, in the user's order, repeats dropped."""
     if raw is None:
         return ()
     out: dict[str, None] = {}  # ordered set: keep the user's order, drop repeats
@@ -338,7 +400,7 @@ def _models(raw: str | None) -> tuple[str, ...]:
 def _largest_gpu(raw_models: str | None) -> tuple[catalog.GpuModel, str]:
     """The largest GPU a request may land on: among the listed models when all are known, else any."""
     table = catalog.models()
-    listed = _models(raw_models)
+    listed = gpu_models(raw_models)
     if listed and all(m in table for m in listed):
         return max((table[m] for m in listed), key=lambda g: g.memory_mib), f" allowed by {names.GPU_MODEL}"
     return max(table.values(), key=lambda g: g.memory_mib), " gpupack knows"
@@ -368,7 +430,7 @@ def _build(v: _View) -> GpuRequest:
         count=count,
         milli=milli,
         memory_mib=memory,
-        models=_models(raw_models),
+        models=gpu_models(raw_models),
         isolation=Isolation(v.get(names.ISOLATION) or Isolation.MPS),
         isolation_explicit=v.get(names.ISOLATION) is not None,
         warnings=tuple(warnings),

@@ -7,10 +7,10 @@ import sys
 from collections.abc import Mapping
 
 from app.errors import KubeError
-from app.kube import paths, requests
+from app.kube import calls, paths
+from app.kube.cache import ClusterCache
 from app.kube.client import Kube
 from app.kube.informers import KubeApi
-from app.kube.state import ClusterCache
 from app.model import MILLI_PER_GPU, ClusterState
 
 BAR_WIDTH = 20
@@ -43,10 +43,9 @@ def render(state: ClusterState, pods: Mapping[tuple[str, int], list[str]]) -> st
                 f"{mem:>15} {len(here)}{'' if g.healthy else '  (unhealthy)'}{flag}"
             )
             flag = ""
-    eff = used / (in_use * MILLI_PER_GPU) if in_use else 0.0
     lines.append(
         f"\n{total} GPUs: {used / MILLI_PER_GPU:.2f} allocated, {in_use} in use, {total - in_use} free; "
-        f"packing efficiency {eff:.1%}"
+        f"packing efficiency {state.packing_efficiency:.1%}"
     )
     return "\n".join(lines)
 
@@ -55,7 +54,7 @@ def collect(kube: KubeApi) -> ClusterCache:
     """One list of GPUNodes and gpupack pods into a cache (no watch)."""
     cache = ClusterCache()
     cache.set_gpunodes(_list(kube, paths.gpunodes(), ""))
-    cache.set_pods(_list(kube, paths.pods(), requests.MANAGED_SELECTOR))
+    cache.set_pods(_list(kube, paths.pods(), calls.MANAGED_SELECTOR))
     return cache
 
 
@@ -63,7 +62,7 @@ def _list(kube: KubeApi, path: str, selector: str) -> list[dict[str, object]]:
     items: list[dict[str, object]] = []
     token = ""
     while True:
-        page = kube.send(requests.list_request(path, selector, 500, token))
+        page = kube.send(calls.list_request(path, selector, 500, token))
         items.extend(page.get("items") or [])
         token = str((page.get("metadata") or {}).get("continue") or "")
         if not token:

@@ -32,8 +32,8 @@ sys.path.insert(0, str(REPO))
 from app import catalog, names  # noqa: E402
 from app.kube import gpunode  # noqa: E402
 from app.kube.assume import AssumeCache  # noqa: E402
-from app.kube.state import ClusterCache  # noqa: E402
-from app.model import Allocation  # noqa: E402
+from app.kube.cache import ClusterCache  # noqa: E402
+from app.model import Allocation, Demand  # noqa: E402
 from app.placement import registry  # noqa: E402
 
 MODEL = "A100-40GB"
@@ -50,15 +50,7 @@ GPU_ENV: dict[str, Any] = {
 
 
 def gpunode_obj(name: str, beat: float) -> dict[str, Any]:
-    mem = catalog.lookup(MODEL).memory_mib
-    uuids = [f"GPU-{name}-{i}" for i in range(GPUS)]
-    spec = gpunode.GPUNodeSpec(
-        node_name=name, gpus=tuple(gpunode.GpuSpec(u, i, MODEL, MODEL, mem) for i, u in enumerate(uuids))
-    )
-    status = gpunode.GPUNodeStatus(
-        heartbeat_time=beat,
-        gpus=tuple(gpunode.GpuStatus(u, i, True, memory_free_mib=mem) for i, u in enumerate(uuids)),
-    )
+    spec, status = gpunode.idle(name, MODEL, GPUS, beat)
     return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
 
 
@@ -172,12 +164,12 @@ def latency(n_nodes: int, calls: int, policy_name: str) -> dict[str, Any]:
 
 def _assume_bound(cache: ClusterCache, policy: Any, pod: dict[str, Any], node_name: str) -> None:
     """What the watch delivers after a bind: the pod bound, with its allocation annotations."""
-    from app.kube.state import demand_of
     from app.placement import to_allocation
+    from app.request import pod_demand
 
     node = cache.node(node_name)
-    demand = demand_of(pod)
-    assert node is not None and not isinstance(demand, str)
+    demand = pod_demand(pod)
+    assert node is not None and isinstance(demand, Demand)
     alloc = to_allocation(node, demand, policy.choose_gpus(node, demand))
     milli = int(pod["spec"]["containers"][0]["resources"]["limits"][names.RESOURCE_GPU_MILLI])
     cache.upsert_pod(pod_obj(pod["metadata"]["name"], milli, node_name, alloc))

@@ -118,17 +118,7 @@ def pod_body(i: int, pod: TracePod) -> dict[str, Any]:
 
 
 def gpunode_objects(node: TraceNode) -> tuple[gpunode.GPUNodeSpec, gpunode.GPUNodeStatus]:
-    mem = catalog.lookup(node.model).memory_mib
-    uuids = [f"GPU-{node.name}-{i}" for i in range(node.gpus)]
-    spec = gpunode.GPUNodeSpec(
-        node_name=node.name,
-        gpus=tuple(gpunode.GpuSpec(u, i, node.model, node.model, mem) for i, u in enumerate(uuids)),
-    )
-    status = gpunode.GPUNodeStatus(
-        heartbeat_time=time.time(),
-        gpus=tuple(gpunode.GpuStatus(u, i, True, memory_free_mib=mem) for i, u in enumerate(uuids)),
-    )
-    return spec, status
+    return gpunode.idle(node.name, node.model, node.gpus, time.time())
 
 
 def outcome(core: Any, name: str) -> tuple[str, Allocation | None] | None:

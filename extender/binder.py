@@ -12,15 +12,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import log
+from app import log, request
 from app.errors import KubeError
-from app.kube import requests
+from app.kube import calls
+from app.kube.cache import ClusterCache
 from app.kube.informers import KubeApi
-from app.kube.state import ClusterCache, demand_of
-from app.metrics import BindOutcome
-from app.model import Allocation
+from app.model import Allocation, Demand
 from app.placement import Policy, to_allocation
-from extender.scheduling import NO_GPUNODE, reason_text
+from extender.metrics import BindOutcome
+from extender.verbs import NO_GPUNODE, invalid_request, reason_text
 
 LOG = log.get("gpupack.extender.bind")
 
@@ -108,7 +108,7 @@ class Binder:
     def _bind(self, namespace: str, name: str, uid: str, node_name: str) -> BindResult:
         where = {"pod": f"{namespace}/{name}", "node": node_name}
         try:
-            pod = self.kube.send(requests.get_pod(namespace, name))
+            pod = self.kube.send(calls.get_pod(namespace, name))
         except KubeError as exc:
             return self._fail(BindOutcome.ERROR, f"reading pod: {exc}", where)
         meta = pod.get("metadata") or {}
@@ -131,7 +131,7 @@ class Binder:
             self.cache.assume.release(uid)
             return self._fail(BindOutcome.ERROR, NOT_LEADER, where)
         try:
-            patched = self.kube.send(requests.allocation_patch(namespace, name, rv, alloc))
+            patched = self.kube.send(calls.allocation_patch(namespace, name, rv, alloc))
         except KubeError as exc:
             # Nothing was written: the hold is ours alone to drop.
             self.cache.assume.release(uid)
@@ -146,7 +146,7 @@ class Binder:
         try:
             # Preconditioned on the version our patch produced: if anyone wrote the pod since (another
             # replica's bind, a new leader), the apiserver refuses and nothing is bound against them.
-            self.kube.send(requests.binding(namespace, name, uid, node_name, patched_rv))
+            self.kube.send(calls.binding(namespace, name, uid, node_name, patched_rv))
         except KubeError as exc:
             self._undo(namespace, name, uid, patched)
             outcome = BindOutcome.CONFLICT if exc.is_conflict else BindOutcome.ERROR
@@ -185,9 +185,9 @@ class Binder:
 
     def _decide(self, uid: str, pod: dict[str, Any], node_name: str) -> Allocation | BindResult:
         """Under the lock: the GPUs on `node_name` for this pod, held in the assume cache."""
-        demand = demand_of(pod)
-        if isinstance(demand, str):
-            return BindResult(BindOutcome.ERROR, f"invalid GPU request: {demand}")
+        demand = request.pod_demand(pod)
+        if not isinstance(demand, Demand):
+            return BindResult(BindOutcome.ERROR, invalid_request(demand))
         with self.lock:
             node = self.cache.node(node_name, exclude_uid=uid)
             if node is None:
@@ -208,7 +208,7 @@ class Binder:
         """
         rv = str((patched.get("metadata") or {}).get("resourceVersion", ""))
         try:
-            self.kube.send(requests.clear_allocation_patch(namespace, name, rv))
+            self.kube.send(calls.clear_allocation_patch(namespace, name, rv))
         except KubeError as exc:
             LOG.warning("allocation left in place", extra={"pod": f"{namespace}/{name}", "error": str(exc)})
             return

@@ -6,7 +6,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
-from app.kube.state import ClusterCache
+from app.kube.cache import ClusterCache
 from app.placement import Policy
 from extender.binder import Binder
 from extender.runtime import Runtime

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import TypeVar
+
 from app.errors import PlacementReason
 from app.model import Demand, Node
 from app.placement import Policy
@@ -13,6 +16,8 @@ from app.placement import Policy
 # passes is plenty, and a table that fills up is simply started over.
 DEFAULT_SIZE = 20_000  # answers per demand shape (4 passes over a 5 000-node cluster)
 MAX_SHAPES = 32  # demand shapes remembered at once; real clusters ask for a handful
+
+T = TypeVar("T")
 
 
 class MemoPolicy:
@@ -45,25 +50,31 @@ class MemoPolicy:
         return table
 
     def filter(self, node: Node, demand: Demand) -> PlacementReason | None:
-        t = self._table(demand)
-        hit = t.filter.get(id(node))
-        if hit is not None and hit[0] is node:
-            return hit[1]
-        out = self.inner.filter(node, demand)
-        t.put_filter(node, out, self.size)
-        return out
+        return _remembered(self._table(demand).filter, node, demand, self.inner.filter, self.size)
 
     def score(self, node: Node, demand: Demand) -> float:
-        t = self._table(demand)
-        hit = t.score.get(id(node))
-        if hit is not None and hit[0] is node:
-            return hit[1]
-        out = self.inner.score(node, demand)
-        t.put_score(node, out, self.size)
-        return out
+        return _remembered(self._table(demand).score, node, demand, self.inner.score, self.size)
 
     def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
         return self.inner.choose_gpus(node, demand)  # once per bind: not worth a cache
+
+
+def _remembered(
+    table: dict[int, tuple[Node, T]],
+    node: Node,
+    demand: Demand,
+    compute: Callable[[Node, Demand], T],
+    size: int,
+) -> T:
+    """The answer `table` holds for this very node object, else `compute`'s, remembered."""
+    hit = table.get(id(node))
+    if hit is not None and hit[0] is node:
+        return hit[1]
+    out = compute(node, demand)
+    if len(table) >= size:
+        table.clear()  # old node states are garbage by now; the live ones come back in one pass
+    table[id(node)] = (node, out)
+    return out
 
 
 class _Table:
@@ -74,13 +85,3 @@ class _Table:
     def __init__(self) -> None:
         self.filter: dict[int, tuple[Node, PlacementReason | None]] = {}
         self.score: dict[int, tuple[Node, float]] = {}
-
-    def put_filter(self, node: Node, out: PlacementReason | None, size: int) -> None:
-        if len(self.filter) >= size:
-            self.filter.clear()  # old node states are garbage by now; the live ones come back in one pass
-        self.filter[id(node)] = (node, out)
-
-    def put_score(self, node: Node, out: float, size: int) -> None:
-        if len(self.score) >= size:
-            self.score.clear()
-        self.score[id(node)] = (node, out)

@@ -10,15 +10,15 @@ from typing import Protocol
 from app import log, names
 from app.kube import paths
 from app.kube.assume import AssumeCache
+from app.kube.cache import ClusterCache
 from app.kube.informers import Informer, InformerConfig, KubeApi
 from app.kube.lease import LeaderElector, LeaseConfig
-from app.kube.state import ClusterCache
-from app.metrics import ExtenderGauges, PendingReason
 from app.placement import Policy, registry
 from extender import stats
 from extender.binder import Binder
 from extender.config import Settings
 from extender.memo import MemoPolicy
+from extender.metrics import ExtenderGauges, PendingReason
 
 LOG = log.get("gpupack.extender")
 

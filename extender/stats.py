@@ -5,8 +5,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from app.metrics import ExtenderGauges, GpuGauge, PendingReason
-from app.model import MILLI_PER_GPU, Allocation, ClusterState
+from app.model import Allocation, ClusterState
+from extender.metrics import ExtenderGauges, GpuGauge, PendingReason
 
 
 def typical_milli(allocs: Iterable[Allocation]) -> int:
@@ -30,7 +30,7 @@ def gauges(
             pods[(a.node, i)] += 1
     typical = typical_milli(allocs.values())
     rows: list[GpuGauge] = []
-    in_use = used_milli = fragmented = free = 0
+    fragmented = free = 0
     for node in state.nodes.values():
         for g in node.gpus:
             rows.append(
@@ -41,13 +41,11 @@ def gauges(
             if g.milli_used <= 0:
                 free += 1
                 continue
-            in_use += 1
-            used_milli += g.milli_used
             if 0 < g.milli_free < typical:
                 fragmented += g.milli_free
     return ExtenderGauges(
         gpus=tuple(rows),
-        packing_efficiency=used_milli / (in_use * MILLI_PER_GPU) if in_use else 0.0,
+        packing_efficiency=state.packing_efficiency,
         fragmented_milli=fragmented,
         typical_milli=typical,
         gpus_free=free,

@@ -18,8 +18,9 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from app import names, request, units
+from app import names, objects, units
 from app.errors import RequestError
+from app.jsonpointer import pointer
 
 GPU: Final = "nvidia.com/gpu"
 MEMORY: Final = "nvidia.com/gpumem"
@@ -53,12 +54,12 @@ class Takeover:
 
 def asks(pod: Mapping[str, Any]) -> bool:
     """True when a container (init containers included) requests or limits a HAMi share resource."""
-    return any(_shares(c) for _, _, c in _containers(request.as_object(pod.get("spec"))))
+    return any(_shares(c) for _, _, c in _containers(objects.as_object(pod.get("spec"))))
 
 
 def take_over(pod: Mapping[str, Any]) -> Takeover | tuple[RequestError, ...]:
     """Our annotations for a HAMi pod, or why it cannot be taken over (each error names the resource)."""
-    spec = request.as_object(pod.get("spec"))
+    spec = objects.as_object(pod.get("spec"))
     asking = [(ptr, where, c) for ptr, where, c in _containers(spec) if _shares(c)]
     if len(asking) > 1:
         which = ", ".join(where for _, where, _ in asking)
@@ -97,23 +98,23 @@ def take_over(pod: Mapping[str, Any]) -> Takeover | tuple[RequestError, ...]:
             warnings.append(
                 f"{key}={raw} is not carried over: gpupack reserves one share per GPU, from {used}"
             )
-    ops = _annotation_ops(request.as_object(pod.get("metadata")), ours) + _removal_ops(ptr, container)
+    ops = _annotation_ops(objects.as_object(pod.get("metadata")), ours) + _removal_ops(ptr, container)
     return Takeover(_apply(pod, ptr, ours), ops, tuple(warnings))
 
 
 def _containers(spec: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
     out = []
     for key in ("containers", "initContainers"):
-        for i, item in enumerate(request.as_list(spec.get(key))):
-            c = request.as_object(item)
+        for i, item in enumerate(objects.as_list(spec.get(key))):
+            c = objects.as_object(item)
             out.append((f"/spec/{key}/{i}", f"spec.{key}[{c.get('name')}]", c))
     return out
 
 
 def _resource(container: Mapping[str, Any], key: str) -> str | None:
-    res = request.as_object(container.get("resources"))
+    res = objects.as_object(container.get("resources"))
     for part in ("limits", "requests"):
-        value = request.as_object(res.get(part)).get(key)
+        value = objects.as_object(res.get(part)).get(key)
         if value is not None:
             return str(value)
     return None
@@ -147,23 +148,19 @@ def _fraction(percent: int) -> str:
     return format(value, "f")
 
 
-def _pointer(key: str) -> str:
-    return "/" + key.replace("~", "~0").replace("/", "~1")
-
-
 def _annotation_ops(meta: Mapping[str, Any], ours: Mapping[str, str]) -> list[Op]:
     if not meta.get("annotations"):
         return [{"op": "add", "path": "/metadata/annotations", "value": dict(ours)}]
-    return [{"op": "add", "path": "/metadata/annotations" + _pointer(k), "value": v} for k, v in ours.items()]
+    return [{"op": "add", "path": "/metadata/annotations" + pointer(k), "value": v} for k, v in ours.items()]
 
 
 def _removal_ops(ptr: str, container: Mapping[str, Any]) -> list[Op]:
-    res = request.as_object(container.get("resources"))
+    res = objects.as_object(container.get("resources"))
     return [
-        {"op": "remove", "path": f"{ptr}/resources/{part}" + _pointer(key)}
+        {"op": "remove", "path": f"{ptr}/resources/{part}" + pointer(key)}
         for part in ("requests", "limits")
         for key in (GPU, *SHARES)
-        if key in request.as_object(res.get(part))
+        if key in objects.as_object(res.get(part))
     ]
 
 

@@ -16,8 +16,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.exceptions import HTTPException
 
 from app import log, wire
-from app.metrics import WEBHOOK_REVIEW_SECONDS, WEBHOOK_REVIEWS, WebhookOutcome
+from webhook import metrics as webhook_metrics
 from webhook import mutate, podsecurity
+from webhook.metrics import WEBHOOK_REVIEW_SECONDS, WEBHOOK_REVIEWS, WebhookOutcome
 from webhook.schemas import AdmissionReview
 from webhook.settings import Settings
 
@@ -26,7 +27,12 @@ _log = log.get("gpupack.webhook")
 
 def create_app(settings: Settings, ready: Callable[[], bool] | None = None) -> FastAPI:
     """The app; `ready` (default: always) decides /readyz."""
+    errors = settings.validate()
+    if errors:
+        raise ValueError("invalid webhook settings: " + "; ".join(map(str, errors)))
     app = FastAPI(title="gpupack admission webhook", docs_url=None, redoc_url=None)
+    registry = webhook_metrics.registry()
+    app.state.metrics_registry = registry
 
     @app.post(
         "/mutate",
@@ -72,7 +78,7 @@ def create_app(settings: Settings, ready: Callable[[], bool] | None = None) -> F
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)
     async def metrics() -> Response:
-        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+        return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     app.add_exception_handler(RequestValidationError, _malformed)  # type: ignore[arg-type]
     app.add_exception_handler(HTTPException, _http_error)  # type: ignore[arg-type]

@@ -14,9 +14,10 @@ from typing import Any, Final
 
 from app import managed, names, request, units
 from app.errors import RequestError
-from app.metrics import WebhookOutcome
+from app.jsonpointer import pointer
 from app.request import GpuRequest, Isolation
 from webhook import hami, pipe, podsecurity
+from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings
 
 Json = Any  # a decoded JSON value
@@ -243,10 +244,6 @@ def node_requirements(req: GpuRequest) -> list[dict[str, Json]]:
 # --- op builders: each adds only what is missing, at the shallowest path that does not exist yet ---
 
 
-def _pointer(*parts: str) -> str:
-    return "".join("/" + p.replace("~", "~0").replace("/", "~1") for p in parts)
-
-
 def _field(name: str, annotation: str) -> dict[str, Json]:
     # apiVersion is written out because the apiserver defaults it; a reinvocation then sees an exact match.
     ref = {"apiVersion": "v1", "fieldPath": f"metadata.annotations['{annotation}']"}
@@ -269,7 +266,7 @@ def _label_ops(meta: Mapping[str, Json]) -> list[Op]:
     if not labels:
         return [{"op": "add", "path": "/metadata/labels", "value": {names.LABEL_MANAGED: "true"}}]
     if labels.get(names.LABEL_MANAGED) != "true":
-        return [{"op": "add", "path": "/metadata/labels" + _pointer(names.LABEL_MANAGED), "value": "true"}]
+        return [{"op": "add", "path": "/metadata/labels" + pointer(names.LABEL_MANAGED), "value": "true"}]
     return []
 
 
@@ -308,10 +305,10 @@ def _resource_ops(path: str, container: Mapping[str, Json], req: GpuRequest) -> 
             ops.append({"op": "add", "path": f"{path}/resources/{part}", "value": {name: str(amount)}})
             continue
         if other in current:
-            ops.append({"op": "remove", "path": f"{path}/resources/{part}" + _pointer(other)})
+            ops.append({"op": "remove", "path": f"{path}/resources/{part}" + pointer(other)})
         if not _same_quantity(current.get(name), amount):
             ops.append(
-                {"op": "add", "path": f"{path}/resources/{part}" + _pointer(name), "value": str(amount)}
+                {"op": "add", "path": f"{path}/resources/{part}" + pointer(name), "value": str(amount)}
             )
     return ops
 

@@ -14,7 +14,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from app import names, request
+from app import names, objects
 from app.errors import RequestError
 
 VOLUME: Final = "gpupack-mps-pipe"  # the name of the volume we add, or the stem of a free one
@@ -37,9 +37,9 @@ def _norm(path: object) -> str:
 def host_dir_volumes(spec: Mapping[str, Any], host_dir: str) -> tuple[str, ...]:
     """The names of the pod's hostPath volumes of `host_dir` (trailing slashes and `.` do not matter)."""
     out = []
-    for item in request.as_list(spec.get("volumes")):
-        volume = request.as_object(item)
-        host_path = request.as_object(volume.get("hostPath")).get("path")
+    for item in objects.as_list(spec.get("volumes")):
+        volume = objects.as_object(item)
+        host_path = objects.as_object(volume.get("hostPath")).get("path")
         if _norm(host_path) == _norm(host_dir) and isinstance(volume.get("name"), str):
             out.append(volume["name"])
     return tuple(out)
@@ -47,7 +47,7 @@ def host_dir_volumes(spec: Mapping[str, Any], host_dir: str) -> tuple[str, ...]:
 
 def free_volume_name(spec: Mapping[str, Any]) -> str:
     """VOLUME, or VOLUME-2, -3, ...: the first that no volume of the pod is called."""
-    taken = {request.as_object(v).get("name") for v in request.as_list(spec.get("volumes"))}
+    taken = {objects.as_object(v).get("name") for v in objects.as_list(spec.get("volumes"))}
     name, n = VOLUME, 1
     while name in taken:
         n += 1
@@ -60,7 +60,7 @@ def plan(
 ) -> PipeMount | RequestError:
     """How `container` (at field path `where`) gets the pipe dir, or why it cannot without a clash."""
     volumes = host_dir_volumes(spec, host_dir)
-    mounts = [request.as_object(m) for m in request.as_list(container.get("volumeMounts"))]
+    mounts = [objects.as_object(m) for m in objects.as_list(container.get("volumeMounts"))]
     for mount in mounts:
         whole_dir = not mount.get("subPath") and not mount.get("subPathExpr")
         if mount.get("name") in volumes and whole_dir and isinstance(mount.get("mountPath"), str):

@@ -60,6 +60,7 @@ class Utilization:
 class ProcessInfo:
     pid: int
     used_mib: int | None  # None where NVML cannot attribute memory (it reports "not available")
+    mig_uuid: str = ""  # the MIG device it runs on ("" for a whole GPU); set by the sampler
 
 
 @dataclass(frozen=True, slots=True)

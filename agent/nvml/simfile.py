@@ -297,11 +297,7 @@ def _mig(
         )
         return enabled, ()
     out: list[SimMig] = []
-    for slot, d in enumerate(devices_raw):
-        dpath = f"{path}.devices[{slot}]"
-        if not isinstance(d, dict):
-            errors.append(RequestError(dpath, repr(d), "must be a mapping"))
-            continue
+    for slot, dpath, d in _mappings(devices_raw, f"{path}.devices", "must be a mapping", errors):
         out.append(
             SimMig(
                 slot=slot,
@@ -314,16 +310,24 @@ def _mig(
     return enabled, tuple(out)
 
 
+def _mappings(
+    items: list[Any], path: str, rule: str, errors: list[RequestError]
+) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """Each item that is a mapping, with its index and path; any other item is reported under `rule`."""
+    for i, item in enumerate(items):
+        item_path = f"{path}[{i}]"
+        if isinstance(item, dict):
+            yield i, item_path, item
+        else:
+            errors.append(RequestError(item_path, repr(item), rule))
+
+
 def _processes(raw: Any, path: str, errors: list[RequestError]) -> tuple[SimProcess, ...]:
     if not isinstance(raw, list):
         errors.append(RequestError(path, repr(raw)[:40], "must be a list"))
         return ()
     out: list[SimProcess] = []
-    for i, p in enumerate(raw):
-        ppath = f"{path}[{i}]"
-        if not isinstance(p, dict):
-            errors.append(RequestError(ppath, repr(p), "must be a mapping with pid and used_mib"))
-            continue
+    for _, ppath, p in _mappings(raw, path, "must be a mapping with pid and used_mib", errors):
         for key in sorted(set(p) - {"pid", "used_mib", "pod_uid", "container"}):
             errors.append(RequestError(f"{ppath}.{key}", "", "is not a known field"))
         out.append(

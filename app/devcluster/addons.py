@@ -32,7 +32,6 @@ The addons, in order:
 from __future__ import annotations
 
 import copy
-import functools
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -43,6 +42,10 @@ import yaml
 
 from app import catalog, names
 from app.admission import webhook_configuration
+from app.errors import KubeError
+from app.kube import calls, paths
+from app.kube.calls import JsonDict, Request
+from app.kube.client import Kube
 
 from .binaries import repo_root
 from .identities import GPUPACK_NAMESPACE, kubeconfig
@@ -75,6 +78,10 @@ AGENT_TOKEN_SECONDS = 7 * 24 * 3600  # a dev cluster rarely lives a week; `dev u
 COMPONENTS = ("extender", "webhook", "agent")
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 POLICY_KINDS = ("ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding")
+# The API group of each kind `_install` takes, for objects written without their apiVersion.
+_API_VERSIONS = dict.fromkeys(RBAC_KINDS, "rbac.authorization.k8s.io/v1") | dict.fromkeys(
+    POLICY_KINDS, "admissionregistration.k8s.io/v1"
+)
 COMPONENT_LABEL = "app.kubernetes.io/component"
 # Namespaces the webhook configuration excludes are no good for the probe; `default` always exists.
 PROBE_NAMESPACE = "default"
@@ -356,75 +363,56 @@ def probe_pod() -> dict[str, Any]:
 
 
 # ---- API helpers ----
+# Each takes a `kubernetes` ApiClient (what `Cluster.api_client()` gives) and sends plain
+# `app.kube.calls` requests through `app.kube.client.Kube`, the one module that talks to the API.
 
 
-def _create(call: Callable[[], object]) -> None:
-    """Create, tolerating AlreadyExists (an addon re-run against the same apiserver is harmless)."""
-    from kubernetes.client.rest import ApiException
-
+def create(api: Any, obj: Mapping[str, Any]) -> JsonDict | None:
+    """Create `obj`; None when it exists already (an addon re-run against the same apiserver is harmless)."""
     try:
-        call()
-    except ApiException as exc:
-        if exc.status != 409:
+        return Kube(api).send(calls.create(obj))
+    except KubeError as exc:
+        if not exc.is_conflict:
             raise
+        return None
 
 
 def install_crd(api: Any, crd: Mapping[str, Any], timeout_s: float = 30) -> None:
-    from kubernetes import client
-
-    ext = client.ApiextensionsV1Api(api)
-    _create(lambda: ext.create_custom_resource_definition(crd))
+    kube = Kube(api)
+    create(api, crd)
+    name = crd["metadata"]["name"]
 
     def established() -> bool:
-        conditions = ext.read_custom_resource_definition(crd["metadata"]["name"]).status.conditions or []
-        return any(c.type == "Established" and c.status == "True" for c in conditions)
+        conditions = (kube.send(Request("GET", paths.crd(name))).get("status") or {}).get("conditions") or []
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in conditions)
 
-    wait_for(established, timeout_s, f"CRD {crd['metadata']['name']} Established", interval=0.1)
+    wait_for(established, timeout_s, f"CRD {name} Established", interval=0.1)
 
 
 def install_rbac(api: Any, objects: Iterable[Mapping[str, Any]]) -> None:
-    from kubernetes import client
-
-    rbac = client.RbacAuthorizationV1Api(api)
-    for obj in objects:
-        kind, ns = obj["kind"], obj["metadata"].get("namespace")
-        if kind == "ClusterRole":
-            _create(functools.partial(rbac.create_cluster_role, obj))
-        elif kind == "ClusterRoleBinding":
-            _create(functools.partial(rbac.create_cluster_role_binding, obj))
-        elif kind == "Role":
-            _create(functools.partial(rbac.create_namespaced_role, ns, obj))
-        elif kind == "RoleBinding":
-            _create(functools.partial(rbac.create_namespaced_role_binding, ns, obj))
-        else:
-            raise ValueError(f"not an RBAC kind: {kind}")
+    _install(api, objects, RBAC_KINDS, "an RBAC kind")
 
 
 def install_policies(api: Any, objects: Iterable[Mapping[str, Any]]) -> None:
-    from kubernetes import client
+    _install(api, objects, POLICY_KINDS, "a policy kind")
 
-    admission = client.AdmissionregistrationV1Api(api)
+
+def _install(api: Any, objects: Iterable[Mapping[str, Any]], kinds: Sequence[str], what: str) -> None:
     for obj in objects:
-        if obj["kind"] == "ValidatingAdmissionPolicy":
-            _create(functools.partial(admission.create_validating_admission_policy, obj))
-        elif obj["kind"] == "ValidatingAdmissionPolicyBinding":
-            _create(functools.partial(admission.create_validating_admission_policy_binding, obj))
-        else:
-            raise ValueError(f"not a policy kind: {obj['kind']}")
+        if obj["kind"] not in kinds:
+            raise ValueError(f"not {what}: {obj['kind']}")
+        create(api, {"apiVersion": _API_VERSIONS[obj["kind"]], **obj})
 
 
 def wait_for_pod_policy(api: Any, namespace: str, timeout_s: float = 30) -> None:
     """Until the apiserver enforces the pod-allocation policy in `namespace` (it loads policies async)."""
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-
-    core = client.CoreV1Api(api)
+    kube = Kube(api)
 
     def denied() -> bool:
         try:
-            core.create_namespaced_pod(namespace, allocation_probe_pod(), dry_run="All")
-        except ApiException as exc:
-            return exc.status in (403, 422) and names.ALLOC_NODE in str(exc.body)
+            kube.send(calls.create(allocation_probe_pod(), namespace, dry_run=True))
+        except KubeError as exc:
+            return exc.code in (403, 422) and names.ALLOC_NODE in exc.message
         return False
 
     wait_for(denied, timeout_s, f"the pod-allocation admission policy in effect in {namespace}", interval=0.1)
@@ -436,23 +424,20 @@ def agent_node_token(api: Any, node: str, expiration_s: int = AGENT_TOKEN_SECOND
     It authenticates as system:serviceaccount:gpupack-system:gpupack-agent, like the static dev token,
     plus the extra `authentication.kubernetes.io/node-name: <node>`: the identity a real DaemonSet pod gets.
     """
-    from kubernetes import client
-    from kubernetes.client.rest import ApiException
-
-    core = client.CoreV1Api(api)
-    sa = {"metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": GPUPACK_NAMESPACE}}
-    _create(lambda: core.create_namespaced_service_account(GPUPACK_NAMESPACE, sa))
+    kube = Kube(api)
+    sa = {
+        "apiVersion": "v1",
+        "kind": "ServiceAccount",
+        "metadata": {"name": AGENT_SERVICE_ACCOUNT, "namespace": GPUPACK_NAMESPACE},
+    }
+    create(api, sa)
     body = agent_anchor_pod(node)
     name = body["metadata"]["name"]
-    try:
-        pod = core.create_namespaced_pod(GPUPACK_NAMESPACE, body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        pod = core.read_namespaced_pod(name, GPUPACK_NAMESPACE)
-    request = bound_token_request(name, pod.metadata.uid, expiration_s)
-    answer = core.create_namespaced_service_account_token(AGENT_SERVICE_ACCOUNT, GPUPACK_NAMESPACE, request)
-    return str(answer.status.token)
+    pod = create(api, body) or kube.send(Request("GET", paths.pod(GPUPACK_NAMESPACE, name)))
+    request = bound_token_request(name, pod["metadata"]["uid"], expiration_s)
+    token_path = paths.service_account_token(GPUPACK_NAMESPACE, AGENT_SERVICE_ACCOUNT)
+    answer = kube.send(Request("POST", token_path, request))
+    return str(answer["status"]["token"])
 
 
 # ---- the addons ----
@@ -537,15 +522,13 @@ class Components:
             wait_for_gpunodes(api, nodes, timeout_s=30)
 
     def agent_specs(self, cluster: Cluster, nodes: Sequence[str]) -> list[ComponentSpec]:
-        from kubernetes import client
-
         if not nodes:
             return []
         root = repo_root()
         samples = list((root / SIM_SAMPLES_RELPATH).glob("*.yaml")) if root is not None else []
         with cluster.api_client() as api:
-            core = client.CoreV1Api(api)
-            shapes = {n: node_shape(api.sanitize_for_serialization(core.read_node(n))) for n in nodes}
+            kube = Kube(api)
+            shapes = {n: node_shape(kube.send(Request("GET", paths.node(n)))) for n in nodes}
             kubeconfigs = {n: self.agent_kubeconfig(cluster, api, n) for n in nodes}
         sims = {s: sim_file_for(s.model, s.gpus, samples, cluster.dir / "sim") for s in set(shapes.values())}
         return [
@@ -573,26 +556,22 @@ class Components:
 
     def register_webhook(self, cluster: Cluster) -> None:
         """Create the MutatingWebhookConfiguration; wait until a dry-run pod create comes back mutated."""
-        from kubernetes import client
-        from kubernetes.client.rest import ApiException
-
         template = yaml.safe_load(source_file(WEBHOOK_CONFIG_RELPATH).read_text())
         url = f"https://127.0.0.1:{cluster.webhook_port}/mutate"
         body = webhook_configuration(template, cluster.ca_bundle, url)
         last = ["no probe yet"]
         with cluster.api_client() as api:
-            admission = client.AdmissionregistrationV1Api(api)
-            _create(lambda: admission.create_mutating_webhook_configuration(body))
-            core = client.CoreV1Api(api)
+            create(api, body)
+            kube = Kube(api)
 
             def in_effect() -> bool:
                 try:
-                    pod = core.create_namespaced_pod(PROBE_NAMESPACE, probe_pod(), dry_run="All")
-                except ApiException as exc:  # e.g. TLS trouble: keep trying, report it on timeout
-                    last[0] = f"{exc.status} {exc.reason}: {str(exc.body)[:200]}"
+                    pod = kube.send(calls.create(probe_pod(), PROBE_NAMESPACE, dry_run=True))
+                except KubeError as exc:  # e.g. TLS trouble: keep trying, report it on timeout
+                    last[0] = f"{exc.code} {exc.reason}: {exc.message[:200]}"
                     return False
                 last[0] = "pod admitted without the mutation"
-                return (pod.metadata.labels or {}).get(names.LABEL_MANAGED) == "true"
+                return (pod.get("metadata", {}).get("labels") or {}).get(names.LABEL_MANAGED) == "true"
 
             try:
                 wait_for(in_effect, self.probe_timeout_s, "webhook mutating a dry-run pod", interval=0.1)
@@ -606,15 +585,11 @@ class Components:
 
 def wait_for_gpunodes(api: Any, nodes: Sequence[str], timeout_s: float) -> None:
     """Until every node's GPUNode has a status (the extender places nothing on a node without one)."""
-    from kubernetes import client
-
-    custom = client.CustomObjectsApi(api)
+    kube = Kube(api)
     left: set[str] = set(nodes)
 
     def done() -> bool:
-        listed = custom.list_cluster_custom_object(
-            names.GPUNODE_GROUP, names.GPUNODE_VERSION, names.GPUNODE_PLURAL
-        )["items"]
+        listed = kube.send(calls.list_request(paths.gpunodes())).get("items") or []
         reported = {o["metadata"]["name"] for o in listed if o.get("status")}
         left.clear()
         left.update(set(nodes) - reported)

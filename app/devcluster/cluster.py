@@ -19,6 +19,8 @@ from typing import Any
 import yaml
 
 from app import log
+from app.kube import calls, paths
+from app.kube.client import Kube, api_client
 
 from . import components, identities, schedconfig
 from .binaries import repo_root
@@ -253,10 +255,8 @@ class Cluster:
         return self.layout.pki.webhook.key
 
     def api_client(self, identity: str = "admin") -> Any:
-        """A `kubernetes.client.ApiClient` authenticated as `identity`."""
-        from kubernetes import config
-
-        return config.new_client_from_config(config_file=str(self.kubeconfig_for(identity)))
+        """A `kubernetes.client.ApiClient` authenticated as `identity` (see `app.kube.client.api_client`)."""
+        return api_client(self.kubeconfig_for(identity))
 
     def _check_identity(self, identity: str) -> None:
         if identity not in identities.IDENTITY_KEYS:
@@ -282,14 +282,16 @@ class Cluster:
 
     def _bootstrap(self) -> None:
         """Objects every test and component expects: the `default` and gpupack namespaces."""
-        from kubernetes import client
-
         with self.api_client() as api:
-            core = client.CoreV1Api(api)
-            core.create_namespace({"metadata": {"name": identities.GPUPACK_NAMESPACE}})
+            kube = Kube(api)
+            ns = identities.GPUPACK_NAMESPACE
+            kube.send(calls.create({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}))
             # `default` comes from an apiserver controller shortly after readyz; tests create pods in it.
             wait_for(
-                lambda: any(ns.metadata.name == "default" for ns in core.list_namespace().items),
+                lambda: any(
+                    ns["metadata"]["name"] == "default"
+                    for ns in kube.send(calls.list_request(paths.namespaces())).get("items") or []
+                ),
                 30,
                 "namespace default",
             )

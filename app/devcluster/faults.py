@@ -25,7 +25,7 @@ from typing import Any
 
 import yaml
 
-from app import catalog, log, names
+from app import log, names
 from app.kube import gpunode
 from app.model import Allocation
 
@@ -429,23 +429,9 @@ def publish_gpunodes(
     """
     from app.kube.client import Kube
 
-    memory = catalog.lookup(model).memory_mib
     kube = Kube.connect(str(kubeconfig))
     for name in nodes:
-        uuids = [f"GPU-{name}-{i}" for i in range(gpus)]
-        spec = gpunode.GPUNodeSpec(
-            node_name=name,
-            gpus=tuple(
-                gpunode.GpuSpec(u, i, model, model, memory, mps_capable=True) for i, u in enumerate(uuids)
-            ),
-        )
-        status = gpunode.GPUNodeStatus(
-            heartbeat_time=time.time(),
-            gpus=tuple(
-                gpunode.GpuStatus(u, i, True, memory_free_mib=memory if live_memory else None)
-                for i, u in enumerate(uuids)
-            ),
-        )
+        spec, status = gpunode.idle(name, model, gpus, time.time(), mps=True, live_memory=live_memory)
         kube.send(gpunode.create(name, spec))
         kube.send(gpunode.patch_status(name, status))
 

@@ -32,7 +32,8 @@ import yaml
 
 from app import certs, names
 from app.errors import KubeError
-from app.kube.client import MERGE_PATCH, Kube, Request
+from app.kube.calls import MERGE_PATCH, Request
+from app.kube.client import Kube
 
 from . import realnode
 from .pki import KUBELET_CLIENT_USER

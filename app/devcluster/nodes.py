@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app import catalog, names
+from app.kube import calls, paths
+from app.kube.client import Kube
 
 from .components import KWOK_NODE_ANNOTATION
 from .poll import WaitTimeoutError, wait_for
@@ -84,9 +86,9 @@ def node_names(prefix: str, count: int) -> list[str]:
     return [f"{prefix}{i}" for i in range(count)]
 
 
-def is_ready(node: Any) -> bool:
-    conditions = (node.status.conditions if node.status else None) or []
-    return any(c.type == "Ready" and c.status == "True" for c in conditions)
+def is_ready(node: Mapping[str, Any]) -> bool:
+    conditions = (node.get("status") or {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
 
 
 def create_gpu_nodes(
@@ -100,25 +102,21 @@ def create_gpu_nodes(
     ready_timeout_s: float = 60.0,
 ) -> list[str]:
     """Create `count` fake GPU nodes named <prefix>0.. and wait until kwok reports each Ready."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api_client)
+    kube = Kube(api_client)
     created = node_names(prefix, count)
     for name in created:
-        core.create_node(node_body(name, gpus_per_node, model, labels=labels))
+        kube.send(calls.create(node_body(name, gpus_per_node, model, labels=labels)))
     wait_for_ready_nodes(api_client, created, ready_timeout_s)
     return created
 
 
 def wait_for_ready_nodes(api_client: Any, wanted: Sequence[str], timeout_s: float) -> None:
-    from kubernetes import client
-
-    core = client.CoreV1Api(api_client)
-
+    kube = Kube(api_client)
     missing = list(wanted)
 
     def all_ready() -> bool:
-        ready = {n.metadata.name for n in core.list_node().items if is_ready(n)}
+        listed = kube.send(calls.list_request(paths.nodes())).get("items") or []
+        ready = {n["metadata"]["name"] for n in listed if is_ready(n)}
         missing[:] = [n for n in wanted if n not in ready]
         return not missing
 

@@ -22,7 +22,8 @@ from typing import Any
 
 from app import log
 from app.errors import KubeError
-from app.kube.client import Kube, Request
+from app.kube.calls import Request
+from app.kube.client import Kube
 
 from .faults import TcpProxy, Upstream, fixed
 

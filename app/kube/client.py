@@ -1,6 +1,6 @@
 """The only module that talks to the Kubernetes API (through the `kubernetes` client's ApiClient).
 
-Callers build requests as plain (method, path, body) values elsewhere and send them here; every
+Callers build calls as plain `app.kube.calls.Request` values (pure) and send them here; every
 failure comes back as one `KubeError(code, reason, message)`: the API's own Status for an HTTP error,
 code 0 with reason "Unreachable", "Timeout" or "BadResponse" for a transport failure (refused or reset
 connection, TLS error, read timeout, a watch stream cut mid-way, a line that is not JSON). Every call
@@ -12,10 +12,11 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import ssl
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import kubernetes
@@ -23,23 +24,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from app.errors import KubeError
-
-JsonDict = dict[str, Any]
-
-MERGE_PATCH = "application/merge-patch+json"
-JSON_PATCH = "application/json-patch+json"
-STRATEGIC_MERGE_PATCH = "application/strategic-merge-patch+json"
-
-
-@dataclass(frozen=True, slots=True)
-class Request:
-    """One API call, built by pure code and sent by `Kube.send`."""
-
-    method: str
-    path: str
-    body: Any = None
-    query: Mapping[str, str | int | bool] = field(default_factory=dict)
-    content_type: str = "application/json"
+from app.kube.calls import JsonDict, Request
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +157,14 @@ class Kube:
 
     def close(self) -> None:
         self._api.close()
+
+
+def api_client(kubeconfig: str | os.PathLike[str]) -> kubernetes.client.ApiClient:
+    """The `kubernetes` ApiClient of a kubeconfig file, for harnesses that hand it on (`Kube(api)` sends).
+
+    The dev cluster gives it to tests and benchmarks, which may use the library's typed APIs on it.
+    """
+    return kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
 
 
 _TIMEOUTS = (urllib3.exceptions.TimeoutError, socket.timeout, TimeoutError)

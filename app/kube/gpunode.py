@@ -1,7 +1,7 @@
 """The GPUNode custom resource: typed spec/status, dict round-trips, and pure request builders.
 
-Written by the agent (one object per node, name = node name), read by the extender. The extender
-should use `GPUNode.from_dict(obj)`, then `.is_stale(now)` and `.to_model_node(now)`.
+Written by the agent (one object per node, name = node name), read by the extender through
+`GPUNode.from_dict(obj).to_model_node(now)`; staleness is judged by `stale_reason` at each request.
 """
 
 from __future__ import annotations
@@ -14,10 +14,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from app import names
+from app import catalog, names
 from app.kube import paths
-from app.kube.client import MERGE_PATCH, Request
-from app.kube.requests import parse_time
+from app.kube.calls import MERGE_PATCH, Request, parse_time
 from app.model import MILLI_PER_GPU, Gpu, Node
 
 API_VERSION = f"{names.GPUNODE_GROUP}/{names.GPUNODE_VERSION}"
@@ -313,10 +312,6 @@ class GPUNodeStatus:
             nvml_error=_get(d, "nvmlError", str, ""),
         )
 
-    def is_stale(self, now: float) -> bool:
-        """True when the agent has not written within `stale_after_seconds` (or never wrote)."""
-        return not self.heartbeat_time or now - self.heartbeat_time > self.stale_after_seconds
-
 
 # --- the whole object ---
 
@@ -340,9 +335,6 @@ class GPUNode:
             else None,
             resource_version=_get(meta, "resourceVersion", str, ""),
         )
-
-    def is_stale(self, now: float) -> bool:
-        return self.status is None or self.status.is_stale(now)
 
     def to_model_node(self, now: float) -> Node:
         """The placement view: shared GPUs with foreign usage, live readings and health.
@@ -402,6 +394,27 @@ def stale_reason(heartbeat: float | None, limit_s: float, now: float) -> str:
     return f"gpupack agent heartbeat is {math.ceil(age)}s old (limit {limit_s:g}s)"
 
 
+def idle(
+    node_name: str, model: str, count: int, heartbeat: float, *, mps: bool = False, live_memory: bool = True
+) -> tuple[GPUNodeSpec, GPUNodeStatus]:
+    """The GPUNode a healthy agent reports for `count` idle GPUs of a catalogue model (UUIDs from the name).
+
+    For rigs and benchmarks that run no agent; `live_memory=False` publishes no NVML memory reading.
+    """
+    memory = catalog.lookup(model).memory_mib
+    uuids = [f"GPU-{node_name}-{i}" for i in range(count)]
+    spec = GPUNodeSpec(
+        node_name=node_name,
+        gpus=tuple(GpuSpec(u, i, model, model, memory, mps_capable=mps) for i, u in enumerate(uuids)),
+    )
+    free = memory if live_memory else None
+    status = GPUNodeStatus(
+        heartbeat_time=heartbeat,
+        gpus=tuple(GpuStatus(u, i, True, memory_free_mib=free) for i, u in enumerate(uuids)),
+    )
+    return spec, status
+
+
 # --- what the node advertises ---
 
 
@@ -432,10 +445,6 @@ def extended_resources(spec: GPUNodeSpec, healthy_uuids: frozenset[str]) -> dict
 
 
 # --- request builders ---
-
-
-def get(name: str) -> Request:
-    return Request("GET", paths.gpunode(name))
 
 
 def create(name: str, spec: GPUNodeSpec, node_uid: str = "") -> Request:

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 from app import log
 from app.errors import KubeError
-from app.kube import requests
-from app.kube.client import JsonDict, Request
+from app.kube import calls
+from app.kube.calls import JsonDict, Request
 
 LOG = log.get("gpupack.informer")
 
@@ -243,7 +243,7 @@ class Informer:
         token = ""
         rv = ""
         while True:
-            req = requests.list_request(self.path, self.label_selector, self.config.page_limit, token)
+            req = calls.list_request(self.path, self.label_selector, self.config.page_limit, token)
             page = self.kube.send(req)
             self._beat()  # a long paginated list is progress, not a stuck thread
             items.extend(page.get("items") or [])
@@ -266,7 +266,7 @@ class Informer:
         assert self.last_list_at is not None
         remaining = self.config.resync_s - (self._clock() - self.last_list_at)
         timeout = max(1, min(self.config.watch_timeout_s, int(remaining)))
-        query = requests.watch_query(self.label_selector, self.resource_version)
+        query = calls.watch_query(self.label_selector, self.resource_version)
         for event in self.kube.watch(self.path, query, timeout):
             kind = event.get("type")
             obj = event.get("object") or {}

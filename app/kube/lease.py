@@ -10,7 +10,7 @@ from typing import Any
 
 from app import log
 from app.errors import KubeError
-from app.kube import requests
+from app.kube import calls
 from app.kube.informers import KubeApi
 
 LOG = log.get("gpupack.lease")
@@ -127,13 +127,13 @@ class LeaderElector:
         c = self.config
         now_wall = self._wall()
         try:
-            lease = self.kube.send(requests.get_lease(c.namespace, c.name))
+            lease = self.kube.send(calls.get_lease(c.namespace, c.name))
         except KubeError as exc:
             if not exc.is_not_found:
                 raise
-            spec = requests.lease_spec(c.identity, c.lease_duration_s, now_wall, now_wall, 0)
+            spec = calls.lease_spec(c.identity, c.lease_duration_s, now_wall, now_wall, 0)
             try:
-                self.kube.send(requests.create_lease(c.namespace, c.name, spec))
+                self.kube.send(calls.create_lease(c.namespace, c.name, spec))
             except KubeError as create_exc:
                 if create_exc.is_conflict:  # someone else created it first
                     return False
@@ -156,10 +156,10 @@ class LeaderElector:
             transitions += 1
             self._acquired_wall = now_wall
         acquired = self._acquired_wall if mine and self._acquired_wall else now_wall
-        new_spec = requests.lease_spec(c.identity, c.lease_duration_s, acquired, now_wall, transitions)
+        new_spec = calls.lease_spec(c.identity, c.lease_duration_s, acquired, now_wall, transitions)
         rv = str((lease.get("metadata") or {}).get("resourceVersion", ""))
         try:
-            updated = self.kube.send(requests.update_lease(c.namespace, c.name, rv, new_spec))
+            updated = self.kube.send(calls.update_lease(c.namespace, c.name, rv, new_spec))
         except KubeError as exc:
             if exc.is_conflict:  # another candidate wrote first: re-read next tick
                 return False
@@ -175,12 +175,12 @@ class LeaderElector:
             return
         c = self.config
         try:
-            lease = self.kube.send(requests.get_lease(c.namespace, c.name))
+            lease = self.kube.send(calls.get_lease(c.namespace, c.name))
             spec = dict(lease.get("spec") or {})
             if spec.get("holderIdentity") == c.identity:
                 spec.update({"holderIdentity": "", "leaseDurationSeconds": 1})
                 rv = str((lease.get("metadata") or {}).get("resourceVersion", ""))
-                self.kube.send(requests.update_lease(c.namespace, c.name, rv, spec))
+                self.kube.send(calls.update_lease(c.namespace, c.name, rv, spec))
         except Exception as exc:
             LOG.warning("lease release failed", extra={"error": str(exc)})
         self._renewed_at = None

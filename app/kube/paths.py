@@ -57,3 +57,21 @@ def lease(namespace: str, name: str) -> str:
 
 def leases(namespace: str) -> str:
     return f"/apis/coordination.k8s.io/v1/namespaces/{quote(namespace)}/leases"
+
+
+def collection(api_version: str, plural: str, namespace: str | None = None) -> str:
+    """The collection of any resource: /api/v1 for the core group, /apis/<group>/<version> otherwise."""
+    root = f"/api/{api_version}" if "/" not in api_version else f"/apis/{api_version}"
+    return f"{root}/namespaces/{quote(namespace)}/{plural}" if namespace else f"{root}/{plural}"
+
+
+def namespaces() -> str:
+    return "/api/v1/namespaces"
+
+
+def crd(name: str) -> str:
+    return f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{quote(name)}"
+
+
+def service_account_token(namespace: str, name: str) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/serviceaccounts/{quote(name)}/token"

@@ -4,18 +4,13 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from app.errors import PlacementReason, ReasonKind
-from app.model import MILLI_PER_GPU, Demand, Gpu, Node
+from app.errors import ForeignUse, PlacementReason, Shortfall
+from app.model import Demand, Gpu, Node
 
 # Foreign processes (outside any gpupack pod) grow and shrink as they run; where a GPU has any, keep this
 # much head-room on top of what they use now. A GPU with no foreign usage needs none: gpupack pods are
 # held to their reservations, so a whole-GPU pod fits an idle GPU exactly.
 FOREIGN_MARGIN_MIB = 256
-
-
-def share(milli: int) -> str:
-    """Milli as a GPU share for messages: 500 -> "0.50", 805 -> "0.805"."""
-    return f"{milli / MILLI_PER_GPU:.2f}" if milli % 10 == 0 else f"{milli / MILLI_PER_GPU:.3f}"
 
 
 def memory_room(gpu: Gpu, margin_mib: int = FOREIGN_MARGIN_MIB) -> int:
@@ -59,20 +54,17 @@ def best_fit(gpus: Sequence[Gpu], count: int) -> tuple[int, ...]:
 def node_misfit(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> PlacementReason | None:
     """None when `node` can take `demand`; otherwise the first rule it breaks."""
 
-    def why(rule: str, kind: ReasonKind = ReasonKind.NODE) -> PlacementReason:
-        return PlacementReason(node.name, None, rule, kind)
+    def why(shortfall: Shortfall, needed: int = 0, free: int = 0, detail: str = "") -> PlacementReason:
+        return PlacementReason(node.name, None, shortfall, needed, free, detail=detail)
 
     if not node.schedulable:
-        return why(node.unschedulable_reason or "node is not schedulable")
+        return why(Shortfall.UNSCHEDULABLE, detail=node.unschedulable_reason)
     if node.cpu_milli_free is not None and demand.cpu_milli > node.cpu_milli_free:
-        return why(f"needs {demand.cpu_milli} CPU milli: {node.cpu_milli_free} free", ReasonKind.CAPACITY)
+        return why(Shortfall.CPU, demand.cpu_milli, node.cpu_milli_free)
     if node.memory_mib_free is not None and demand.host_memory_mib > node.memory_mib_free:
-        return why(
-            f"needs {demand.host_memory_mib} MiB host memory: {node.memory_mib_free} MiB free",
-            ReasonKind.CAPACITY,
-        )
+        return why(Shortfall.HOST_MEMORY, demand.host_memory_mib, node.memory_mib_free)
     if demand.count and demand.needs_mps and not node.mps:
-        return why(f"pod asks for isolation=mps, but {node.mps_reason or 'no MPS daemon serves this node'}")
+        return why(Shortfall.NO_MPS, detail=node.mps_reason)
     if demand.count == 0:
         return None
     if len(fitting_gpus(node, demand, margin_mib)) >= demand.count:
@@ -80,7 +72,7 @@ def node_misfit(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB
     return _gpu_shortfall(node, demand, margin_mib)
 
 
-# Checks in the order a GPU must pass them: (passes, what the demand needs, what a GPU offers, unit).
+# Checks in the order a GPU must pass them: (passes, what the demand needs, what a GPU offers).
 _Check = Callable[[Gpu, Demand, int], tuple[bool, int, int]]
 
 
@@ -97,48 +89,43 @@ def _memory_check(g: Gpu, d: Demand, margin: int) -> tuple[bool, int, int]:
 
 def _gpu_shortfall(node: Node, demand: Demand, margin_mib: int) -> PlacementReason:
     if not node.gpus:
-        return PlacementReason(node.name, None, "node has no GPUs")
+        return PlacementReason(node.name, None, Shortfall.NO_GPUS)
     gpus = [g for g in node.gpus if g.healthy]
     if not gpus:
-        return PlacementReason(node.name, None, "no healthy GPU")
+        return PlacementReason(node.name, None, Shortfall.NO_HEALTHY_GPU)
     gpus = [g for g in gpus if demand.accepts(g.model)]
     if not gpus:
-        wanted = "|".join(sorted(demand.models))
-        return PlacementReason(
-            node.name, None, f"GPU model {node.model} is not one of {wanted}", ReasonKind.MODEL
-        )
-    checks: tuple[tuple[_Check, Callable[[int], str]], ...] = (
-        (_milli_check, share),
-        (_memory_check, lambda v: f"{v} MiB"),
+        models = tuple(sorted(demand.models))
+        return PlacementReason(node.name, None, Shortfall.MODEL, detail=node.model, models=models)
+    checks: tuple[tuple[_Check, Shortfall], ...] = (
+        (_milli_check, Shortfall.GPU_SHARE),
+        (_memory_check, Shortfall.GPU_MEMORY),
     )
-    for check, fmt in checks:
+    for check, shortfall in checks:
         results = [check(g, demand, margin_mib) for g in gpus]
         passing = [g for g, r in zip(gpus, results, strict=True) if r[0]]
         if len(passing) < demand.count:
-            need = max(r[1] for r in results)
-            best = max(r[2] for r in results)
-            if demand.count == 1:
-                rule = f"no GPU with {fmt(need)} free: best has {fmt(max(best, 0))}"
-            else:
-                rule = f"needs {demand.count} GPUs with {fmt(need)} free: {len(passing)} have it"
-            if check is _memory_check:
-                rule += _foreign_note(gpus, margin_mib)
-            return PlacementReason(node.name, None, rule, ReasonKind.CAPACITY)
+            return PlacementReason(
+                node.name,
+                None,
+                shortfall,
+                needed=max(r[1] for r in results),
+                free=max(r[2] for r in results),
+                count=demand.count,
+                passing=len(passing),
+                foreign=_foreign(gpus, margin_mib) if shortfall is Shortfall.GPU_MEMORY else None,
+            )
         gpus = passing
-    # Unreachable while the checks mirror gpu_fits.
-    return PlacementReason(node.name, None, "no fitting GPU", ReasonKind.CAPACITY)
+    raise AssertionError("unreachable while the checks mirror gpu_fits")
 
 
-def _foreign_note(gpus: Sequence[Gpu], margin_mib: int) -> str:
+def _foreign(gpus: Sequence[Gpu], margin_mib: int) -> ForeignUse | None:
     """Where foreign processes take memory, say so: it is the part of "free" users cannot see in our pods."""
     foreign = [g for g in gpus if g.foreign_mib > 0]
     if not foreign:
-        return ""
+        return None
     g = max(foreign, key=lambda g: g.foreign_mib)
-    return (
-        f" (gpu{g.index}: {g.memory_mib} MiB total, {g.memory_used_mib} MiB reserved by gpupack pods,"
-        f" {g.foreign_mib} MiB used by processes outside gpupack pods, {margin_mib} MiB margin)"
-    )
+    return ForeignUse(g.index, g.memory_mib, g.memory_used_mib, g.foreign_mib, margin_mib)
 
 
 class FitFilter:

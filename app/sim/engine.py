@@ -7,10 +7,10 @@ import math
 import random
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from app.model import MILLI_PER_GPU, Demand, Node
-from app.placement import Placement, Policy, TargetWorkload, place
+from app.placement import Placement, Policy, TargetWorkload, place, to_allocation
 from app.sim.loader import TracePod
 
 MAX_ARRIVED_PCT = 130  # the paper's x-axis ends here
@@ -86,24 +86,18 @@ class _Cluster:
         node = self.nodes[i]
         if len(gpus) != demand.count or len(set(gpus)) != len(gpus):
             raise AssertionError(f"{node.name}: policy chose GPUs {gpus} for a {demand.count}-GPU demand")
-        new = list(node.gpus)
-        used = 0
-        for pos, g in enumerate(new):
-            if g.index in gpus:
-                milli, mib = demand.on(g.memory_mib)
-                if milli > g.milli_free or mib > g.memory_free_mib:
-                    raise AssertionError(f"{node.name}/gpu{g.index}: over-commit {milli}m/{mib}MiB on {g}")
-                new[pos] = g.reserve(milli, mib)
-                used += milli
-        cpu = None if node.cpu_milli_free is None else node.cpu_milli_free - demand.cpu_milli
-        mem = None if node.memory_mib_free is None else node.memory_mib_free - demand.host_memory_mib
-        if (cpu is not None and cpu < 0) or (mem is not None and mem < 0):
+        allocs = (to_allocation(node, demand, gpus),) if gpus else ()
+        new = node.reserve(allocs).charge_host(demand.cpu_milli, demand.host_memory_mib)
+        for g in new.gpus:
+            if g.index in gpus and (g.milli_free < 0 or g.memory_free_mib < 0):
+                raise AssertionError(f"{node.name}/gpu{g.index}: over-commit on {g}")
+        if (new.cpu_milli_free or 0) < 0 or (new.memory_mib_free or 0) < 0:
             raise AssertionError(f"{node.name}: over-commit of host CPU or memory")
-        self.nodes[i] = replace(node, gpus=tuple(new), cpu_milli_free=cpu, memory_mib_free=mem)
-        f = self._frag(self.nodes[i])
+        self.nodes[i] = new
+        f = self._frag(new)
         self.frag_total += f - self.frag[i]
         self.frag[i] = f
-        return used
+        return sum(a.milli for a in allocs) * len(gpus)
 
 
 def _signature(node: Node) -> tuple[object, ...]:

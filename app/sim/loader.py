@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TextIO
 
-from app import catalog
+from app import catalog, request
 from app.model import MILLI_PER_GPU, Demand, Gpu, Node
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
@@ -61,12 +61,12 @@ def read_nodes(f: TextIO, source: str) -> tuple[Node, ...]:
         gpus: tuple[Gpu, ...] = ()
         if count:
             try:
-                memory = catalog.lookup(model).memory_mib
+                known = catalog.lookup(model)
             except KeyError:
                 raise cell.error(
                     "model", f"must be a known GPU model ({', '.join(sorted(catalog.models()))})"
                 ) from None
-            gpus = tuple(Gpu(index=i, model=model, memory_mib=memory) for i in range(count))
+            gpus = tuple(Gpu(index=i, model=known.name, memory_mib=known.memory_mib) for i in range(count))
         nodes.append(
             Node(
                 name=name,
@@ -88,7 +88,8 @@ def read_pods(f: TextIO, source: str) -> tuple[TracePod, ...]:
         milli = cell.integer("gpu_milli", 0, MILLI_PER_GPU)
         if count and not milli:
             raise cell.error("gpu_milli", "must be in [1, 1000] when num_gpu > 0")
-        models = frozenset(m for m in (row.get("gpu_spec") or "").split("|") if m)
+        # Models canonicalised as the webhook and extender read gpupack.io/gpu-model (app.request).
+        models = frozenset(request.gpu_models(row.get("gpu_spec") or None))
         demand = Demand(
             count=count,
             milli=milli if count else None,

@@ -6,19 +6,10 @@ import time
 
 from fastapi import APIRouter, HTTPException, Response
 
-from app import managed
-from app.kube.state import demand_of
-from app.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
-from extender import scheduling
+from app import managed, request
+from extender import schemas, verbs
 from extender.deps import BinderDep, PolicyDep, ReadyDep, RuntimeDep, StateDep
-from extender.schemas import (
-    ExtenderArgs,
-    ExtenderBindingArgs,
-    ExtenderBindingResult,
-    ExtenderFilterResult,
-    HostPriority,
-    HostPriorityList,
-)
+from extender.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 
 router = APIRouter(tags=["scheduling"])
 
@@ -29,42 +20,42 @@ router = APIRouter(tags=["scheduling"])
 CLOSE = {"Connection": "close"}
 
 
-def _uid(args: ExtenderArgs) -> str:
+def _uid(args: schemas.ExtenderArgs) -> str:
     meta = args.Pod.metadata
     return meta.uid if meta is not None else ""
 
 
 @router.post("/filter")
 def filter_(
-    args: ExtenderArgs,
+    args: schemas.ExtenderArgs,
     rt: RuntimeDep,
     cache: StateDep,
     policy: PolicyDep,
     ready: ReadyDep,
     *,
     response: Response,
-) -> ExtenderFilterResult:
+) -> schemas.ExtenderFilterResult:
     t0 = time.perf_counter()
     try:
         if not ready[0]:
             response.headers.update(CLOSE)
-            return ExtenderFilterResult(Error=f"gpupack extender not ready: {ready[1]}")
+            return schemas.ExtenderFilterResult(Error=f"gpupack extender not ready: {ready[1]}")
         names = args.node_names()
         if (unmanaged := managed.unmanaged_reason(args.pod())) is not None:
             # No node can fix this: the pod must be re-created through the webhook.
-            return ExtenderFilterResult(
+            return schemas.ExtenderFilterResult(
                 NodeNames=[], FailedAndUnresolvableNodes=dict.fromkeys(names, unmanaged)
             )
         uid = _uid(args)
-        demand = demand_of(args.pod())
-        out = scheduling.filter_nodes(
+        demand = request.pod_demand(args.pod())
+        out = verbs.filter_nodes(
             names, cache.nodes(names, exclude_uid=uid), demand, policy, rt.decide_in_filter
         )
         if out.refusal is not None:
             cache.note_refusal(uid, out.refusal)
         else:
             cache.clear_refusal(uid)
-        return ExtenderFilterResult(
+        return schemas.ExtenderFilterResult(
             NodeNames=out.passed, FailedNodes=out.failed, FailedAndUnresolvableNodes=out.unresolvable
         )
     finally:
@@ -72,7 +63,9 @@ def filter_(
 
 
 @router.post("/prioritize")
-def prioritize(args: ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: ReadyDep) -> HostPriorityList:
+def prioritize(
+    args: schemas.ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: ReadyDep
+) -> schemas.HostPriorityList:
     t0 = time.perf_counter()
     try:
         if not ready[0]:
@@ -80,25 +73,25 @@ def prioritize(args: ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: Re
             raise HTTPException(503, f"gpupack extender not ready: {ready[1]}", headers=CLOSE)
         names = args.node_names()
         uid = _uid(args)
-        demand = demand_of(args.pod())
-        scores = scheduling.prioritize(names, cache.nodes(names, exclude_uid=uid), demand, policy)
-        return HostPriorityList([HostPriority(Host=n, Score=s) for n, s in scores])
+        demand = request.pod_demand(args.pod())
+        scores = verbs.prioritize(names, cache.nodes(names, exclude_uid=uid), demand, policy)
+        return schemas.HostPriorityList([schemas.HostPriority(Host=n, Score=s) for n, s in scores])
     finally:
         EXTENDER_REQUEST_SECONDS.labels(ExtenderVerb.PRIORITIZE.value).observe(time.perf_counter() - t0)
 
 
 @router.post("/bind")
 def bind(
-    args: ExtenderBindingArgs, binder: BinderDep, ready: ReadyDep, *, response: Response
-) -> ExtenderBindingResult:
+    args: schemas.ExtenderBindingArgs, binder: BinderDep, ready: ReadyDep, *, response: Response
+) -> schemas.ExtenderBindingResult:
     t0 = time.perf_counter()
     try:
         if not ready[0]:
             EXTENDER_BINDS.labels(BindOutcome.ERROR.value).inc()
             response.headers.update(CLOSE)
-            return ExtenderBindingResult(Error=f"gpupack extender not ready: {ready[1]}")
+            return schemas.ExtenderBindingResult(Error=f"gpupack extender not ready: {ready[1]}")
         result = binder.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
         EXTENDER_BINDS.labels(result.outcome.value).inc()
-        return ExtenderBindingResult(Error=result.error)
+        return schemas.ExtenderBindingResult(Error=result.error)
     finally:
         EXTENDER_REQUEST_SECONDS.labels(ExtenderVerb.BIND.value).observe(time.perf_counter() - t0)

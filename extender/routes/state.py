@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from extender import scheduling
+from extender import verbs
 from extender.deps import PolicyDep, StateDep
 
 router = APIRouter(tags=["state"])
@@ -60,7 +60,7 @@ def explain(
         raise HTTPException(
             404, f"pod {pod!r} is not a gpupack pod this extender knows (label gpupack.io/managed)"
         )
-    out = scheduling.explain(cache.nodes(exclude_uid=info.uid), info.demand, policy)
+    out = verbs.explain(cache.nodes(exclude_uid=info.uid), info.demand, policy)
     alloc = info.alloc or cache.assume.get(info.uid)
     out["pod"] = pod
     out["boundTo"] = info.node_name or None

@@ -35,8 +35,9 @@ from agent.nvml import simfile
 from agent.nvml.base import Nvml, NvmlCode, NvmlError
 from agent.nvml.simulated import SimulatedNvml
 from agent.sample import Sampler
-from agent.verify import Kind, PodInfo, verify
+from agent.verify import Kind, verify
 from app.model import Allocation
+from app.pods import PodInfo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -364,7 +365,9 @@ def test_agent_maps_the_nvml_pid_to_its_process_and_pod(
         def pod(limit_mib: int) -> dict[str, PodInfo]:
             alloc = Allocation("node", (index,), (uuid,), 500, limit_mib)
             return {
-                pod_uid: PodInfo(pod_uid, "ns", "p", alloc, gpu_container="main", containers={cid: "main"})
+                pod_uid: PodInfo(
+                    pod_uid, "ns", "p", allocation=alloc, gpu_container="main", containers={cid: "main"}
+                )
             }
 
         within = verify(sample, refs, pod(1 << 20))

@@ -27,10 +27,11 @@ from app.devcluster.addons import install_rbac
 from app.devcluster.nodes import NODE_CPU, NODE_MEMORY
 from app.hostres import HostResources
 from app.kube import gpunode
+from app.kube.cache import node_order_key
 from app.kube.client import Kube
-from app.kube.state import demand_of, node_order_key
 from app.model import Allocation, ClusterState, Demand
 from app.placement import Placement, place, registry, to_allocation
+from app.request import pod_demand
 
 REPO = Path(__file__).resolve().parents[2]
 POOL = "gpupack.test/pool"
@@ -211,7 +212,7 @@ def predict(
     pol = registry.create(policy)
     out: list[Allocation | None] = []
     for s in shapes:
-        d = demand_of(
+        d = pod_demand(
             gpu_pod("p", "ns", "pool", milli=s.get("milli", 0), mem=s.get("mem", 0), count=s.get("count", 1))
         )
         assert isinstance(d, Demand)

@@ -23,7 +23,8 @@ import yaml
 from app.devcluster import Cluster, ComponentSpec, kubeletnode
 from app.devcluster.addons import SIM_SAMPLES_RELPATH, sim_file_for
 from app.devcluster.identities import GPUPACK_NAMESPACE
-from app.kube.client import MERGE_PATCH, Kube, Request
+from app.kube.calls import MERGE_PATCH, Request
+from app.kube.client import Kube
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy/helm/gpupack"

@@ -7,7 +7,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from app.devcluster import kubeletnode, wait_for
-from app.kube.client import Kube, Request
+from app.kube.calls import Request
+from app.kube.client import Kube
 
 RUN_TIMEOUT_S = 90
 

@@ -9,7 +9,8 @@ import pytest
 from app import names
 from app.devcluster import Cluster, kubeletnode
 from app.devcluster.identities import GPUPACK_NAMESPACE
-from app.kube.client import Kube, Request
+from app.kube.calls import Request
+from app.kube.client import Kube
 
 from . import chart
 

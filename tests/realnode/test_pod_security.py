@@ -15,7 +15,8 @@ import pytest
 from app import names
 from app.devcluster import Cluster, kubeletnode
 from app.errors import KubeError
-from app.kube.client import Kube, Request
+from app.kube.calls import Request
+from app.kube.client import Kube
 
 from .pods import busybox_pod, env_of, new_namespace, run_to_completion
 

@@ -12,7 +12,8 @@ import pytest
 from app import names
 from app.devcluster import Cluster, kubeletnode, wait_for
 from app.devcluster.identities import GPUPACK_NAMESPACE
-from app.kube.client import Kube, Request
+from app.kube.calls import Request
+from app.kube.client import Kube
 
 from . import chart
 from .pods import busybox_pod, env_of, new_namespace, run_to_completion

@@ -9,12 +9,12 @@ import pynvml
 import pytest
 import yaml
 
+from agent import metrics as m
 from agent.nvml import simfile
 from agent.nvml.base import NvmlCode, NvmlError
 from agent.nvml.pynvml_backend import PynvmlBackend, translate
 from agent.nvml.simulated import SimulatedNvml
 from app import catalog
-from app import metrics as m
 
 
 def write(path: Path, doc: object) -> Path:
@@ -234,4 +234,6 @@ def test_unlisted_pynvml_code_maps_to_other() -> None:
 
 
 def test_metrics_know_every_nvml_code() -> None:
-    assert set(m.AGENT_NVML_CODES) == {c.value for c in NvmlCode}
+    registry = m.registry()
+    for code in NvmlCode:
+        assert registry.get_sample_value("gpupack_agent_nvml_errors_total", {"code": code.value}) is not None

@@ -6,9 +6,11 @@ from typing import Any
 
 from agent import verify
 from agent.cgroup import PodRef
-from agent.sample import GpuSample, NodeSample, ProcSample
+from agent.nvml.base import ProcessInfo
+from agent.sample import GpuSample, NodeSample
 from agent.verify import Kind
 from app.model import Allocation
+from app.pods import PodInfo, pod_info
 
 T0 = 1_700_000_000.0
 GPU0, GPU1 = "GPU-0000", "GPU-1111"
@@ -35,7 +37,7 @@ def node(*procs: tuple[int, int, int]) -> NodeSample:
     """GPUs 0 and 1 with (gpu index, pid, MiB) processes."""
     gpus = []
     for idx, uuid in enumerate((GPU0, GPU1)):
-        ps = tuple(ProcSample(pid, mib) for g, pid, mib in procs if g == idx)
+        ps = tuple(ProcessInfo(pid, mib) for g, pid, mib in procs if g == idx)
         gpus.append(
             GpuSample(
                 index=idx,
@@ -54,8 +56,8 @@ def alloc(*indexes: int, mib: int = 4000, uuids: bool = True) -> Allocation:
     return Allocation("n1", indexes, u, 250, mib)
 
 
-def pods(*objs: dict[str, Any]) -> dict[str, verify.PodInfo]:
-    return {p.uid: p for p in (verify.pod_info(o) for o in objs)}
+def pods(*objs: dict[str, Any]) -> dict[str, PodInfo]:
+    return {p.uid: p for p in (pod_info(o) for o in objs)}
 
 
 def test_pod_within_its_allocation_is_fine_and_usage_is_reported() -> None:

@@ -27,6 +27,16 @@ MANIFEST = REPO / "deploy/manifests/gpupack.yaml"
 NS = "gpupack-system"
 GPUPACK_IMAGE = "ghcr.io/gpupack/gpupack:"
 
+# The user's request annotations, in the order DESIGN.md lists them.
+REQUEST_KEYS = (
+    names.GPU_FRACTION,
+    names.GPU_MEMORY,
+    names.GPU_FRACTION_NUM_DEVICES,
+    names.GPU_FRACTION_CONTAINER_NAME,
+    names.GPU_MODEL,
+    names.ISOLATION,
+)
+
 
 def load(path: Path) -> Any:
     return yaml.safe_load(path.read_text())
@@ -240,7 +250,7 @@ def test_pod_allocation_policy_guards_exactly_our_keys_for_the_extenders_identit
 ) -> None:
     policy = find(objects, "ValidatingAdmissionPolicy", "gpupack-pod-allocation")
     assert _cel_list(policy, "allocationKeys") == list(names.ALLOCATION_ANNOTATIONS)
-    assert _cel_list(policy, "requestKeys") == list(names.USER_ANNOTATIONS)
+    assert _cel_list(policy, "requestKeys") == list(REQUEST_KEYS)
     (is_extender,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "isExtender"]
     extender = _service_account_user(objects, "Deployment", "gpupack-extender")
     assert is_extender == f"request.userInfo.username == '{extender}'"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from app import catalog, names
 from app.devcluster import node_body
+from app.devcluster.nodes import is_ready
 
 
 def test_node_advertises_gpus_as_design_says() -> None:
@@ -45,3 +48,18 @@ def test_unknown_model_lists_known_models() -> None:
 def test_needs_at_least_one_gpu(gpus: int) -> None:
     with pytest.raises(ValueError, match=f"gpus={gpus}: must be >= 1"):
         node_body("n", gpus, "T4")
+
+
+@pytest.mark.parametrize(
+    ("node", "ready"),
+    [
+        ({"status": {"conditions": [{"type": "Ready", "status": "True"}]}}, True),
+        ({"status": {"conditions": [{"type": "Ready", "status": "False"}]}}, False),
+        ({"status": {"conditions": [{"type": "MemoryPressure", "status": "True"}]}}, False),
+        ({"status": {}}, False),
+        ({}, False),
+    ],
+    ids=["ready", "not-ready", "other-condition", "no-conditions", "no-status"],
+)
+def test_is_ready_reads_the_ready_condition_of_a_node_object(node: dict[str, Any], ready: bool) -> None:
+    assert is_ready(node) is ready

@@ -13,9 +13,9 @@ from fastapi.testclient import TestClient
 from app import names
 from app.errors import KubeError
 from app.kube.assume import AssumeCache
-from app.kube.client import JsonDict, Request
+from app.kube.cache import ClusterCache
+from app.kube.calls import JsonDict, Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.kube.state import ClusterCache
 from app.model import Allocation
 from app.placement import registry
 from extender.binder import Binder
@@ -539,7 +539,7 @@ def test_pending_reason_follows_the_last_refusal() -> None:
 )
 def test_settings_validation(settings: Settings, message: str) -> None:
     errors = settings.validate()
-    assert any(e.startswith(message) for e in errors), errors
+    assert any(str(e).startswith(message) for e in errors), errors
     with pytest.raises(ValueError, match="invalid extender settings"):
         create_app(settings, runtime=Env().runtime)
 

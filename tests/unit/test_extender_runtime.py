@@ -7,7 +7,7 @@ import threading
 from collections.abc import Iterator, Mapping
 
 from app.errors import KubeError
-from app.kube.client import JsonDict, Request
+from app.kube.calls import JsonDict, Request
 from extender.config import Settings
 from extender.runtime import KubeRuntime
 

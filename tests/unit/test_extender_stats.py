@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app.metrics import PendingReason
 from app.model import Allocation, ClusterState, Gpu, Node
 from app.top import bar, render
+from extender.metrics import PendingReason
 from extender.stats import gauges, typical_milli
 
 

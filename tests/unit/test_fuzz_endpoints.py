@@ -16,16 +16,18 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_deploy_chart import REQUEST_KEYS
 
 from app import names
 from app.errors import KubeError
 from app.kube.assume import AssumeCache
-from app.kube.client import JsonDict, Request
+from app.kube.cache import ClusterCache
+from app.kube.calls import JsonDict, Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.kube.state import ClusterCache, demand_of, pod_info
 from app.model import Demand
 from app.placement import registry
-from app.request import containers_of
+from app.pods import pod_info
+from app.request import containers_of, pod_demand
 from extender.binder import Binder
 from extender.config import Settings as ExtenderSettings
 from extender.main import create_app as extender_app
@@ -58,7 +60,7 @@ def either(good: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.one_of(good, good, good, any_json)
 
 
-ANNOTATION_KEYS = (*names.USER_ANNOTATIONS, names.ALLOC_GPU_MILLI, "other")
+ANNOTATION_KEYS = (*REQUEST_KEYS, names.ALLOC_GPU_MILLI, "other")
 ANNOTATION_VALUES = ("0.5", "1", "0.25", "4096", "4Gi", "2", "main", "V100M16|A100", "nan", "", "-1")
 RESOURCES = (names.RESOURCE_GPU_MILLI, names.RESOURCE_GPU_MEMORY_MIB, "nvidia.com/gpu", "cpu")
 QUANTITIES = ("500", "1k", "0.5", "8192", "-3", "1Gi", "x")
@@ -326,7 +328,7 @@ def test_pod_readers_never_raise_on_wrong_types(obj: Any) -> None:
     if not isinstance(obj, dict):
         return
     info = pod_info(obj)
-    assert isinstance(info.demand, Demand | str)
-    assert demand_of(obj) == info.demand
+    assert isinstance(info.demand, Demand | tuple)
+    assert pod_demand(obj) == info.demand
     spec = obj.get("spec")
     assert isinstance(containers_of(spec if isinstance(spec, dict) else {}), tuple)

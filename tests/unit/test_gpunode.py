@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.kube import gpunode
-from app.kube.client import MERGE_PATCH
+from app.kube.calls import MERGE_PATCH
 from app.kube.gpunode import (
     GPUNode,
     GPUNodeSpec,
@@ -246,14 +246,14 @@ def test_from_dict_tolerates_missing_and_wrong_fields() -> None:
         {"metadata": {"name": "x"}, "spec": {"gpus": [{"uuid": 5, "index": "1"}, "junk"]}}
     )
     assert node.spec.gpus == (GpuSpec("", 0, "", "", 0),)
-    assert node.status is None and node.is_stale(T0)
+    assert node.status is None and not node.to_model_node(T0).schedulable
 
 
 def test_staleness_uses_the_objects_own_threshold() -> None:
-    assert not STATUS.is_stale(T0 + 90)
-    assert STATUS.is_stale(T0 + 91)
+    assert GPUNode("gpu-1", SPEC, STATUS).to_model_node(T0 + 90).schedulable
+    assert not GPUNode("gpu-1", SPEC, STATUS).to_model_node(T0 + 91).schedulable
     fast = GPUNodeStatus(heartbeat_time=T0, heartbeat_interval_seconds=2, stale_after_seconds=6)
-    assert fast.is_stale(T0 + 7)
+    assert not GPUNode("gpu-1", SPEC, fast).to_model_node(T0 + 7).schedulable
 
 
 def test_to_model_node_for_the_extender() -> None:
@@ -313,3 +313,16 @@ def test_model_node_knows_mps_and_env_device_selection(
         assert node.mps_reason == "MPS is disabled on this node"
     if not schedulable:
         assert "NVIDIA_VISIBLE_DEVICES" in node.unschedulable_reason
+
+
+@pytest.mark.parametrize("live_memory", [True, False], ids=["nvml-read", "nvml-unread"])
+def test_idle_gpunode_reads_back_as_idle_gpus(live_memory: bool) -> None:
+    spec, status = gpunode.idle("n1", "T4", 2, 1000.0, mps=True, live_memory=live_memory)
+    obj = {"metadata": {"name": "n1"}, "spec": spec.to_dict(), "status": status.to_dict()}
+    node = gpunode.GPUNode.from_dict(obj).to_model_node(1000.0)
+    assert [(g.index, g.uuid, g.model, g.memory_mib, g.milli_used) for g in node.gpus] == [
+        (0, "GPU-n1-0", "T4", 15109, 0),
+        (1, "GPU-n1-1", "T4", 15109, 0),
+    ]
+    assert all(g.healthy for g in node.gpus) and node.schedulable
+    assert [g.live_free_mib for g in node.gpus] == ([15109, 15109] if live_memory else [None, None])

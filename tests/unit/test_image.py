@@ -104,7 +104,8 @@ def test_every_package_is_copied_and_not_excluded_by_dockerignore() -> None:
     copied = {rest.split()[0] for word, rest in build if word == "COPY"}
     packages = {p.rstrip("*") for p in pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]}
     readme = pyproject()["project"]["readme"]
-    assert packages | {"pyproject.toml", readme} <= copied
+    license_files = set(pyproject()["project"]["license-files"])  # the build fails without them
+    assert packages | {"pyproject.toml", readme} | license_files <= copied
     # .dockerignore: last matching pattern wins; a path must end up included.
     patterns = [
         line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and line[0] != "#"
@@ -142,7 +143,7 @@ def test_runtime_stage_carries_oci_labels() -> None:
     labels = " ".join(rest for word, rest in final if word == "LABEL")
     for key in ("title", "description", "version", "revision", "licenses"):
         assert f"org.opencontainers.image.{key}=" in labels
-    assert pyproject()["project"]["license"]["text"] in labels
+    assert pyproject()["project"]["license"] in labels  # an SPDX expression (PEP 639)
     args = [rest for word, rest in final if word == "ARG"]
     versions = [a.partition("=")[2] for a in args if a.startswith("VERSION=")]
     assert versions == [pyproject()["project"]["version"]]

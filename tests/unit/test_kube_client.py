@@ -16,7 +16,8 @@ import pytest
 import urllib3
 
 from app.errors import KubeError
-from app.kube.client import Kube, Request, Timeouts, transport_error
+from app.kube.calls import Request
+from app.kube.client import Kube, Timeouts, transport_error
 
 Script = Callable[[socket.socket], None]
 JsonEvent = dict[str, object]

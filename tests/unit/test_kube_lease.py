@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 
 from app.errors import KubeError
-from app.kube.client import JsonDict, Request
+from app.kube.calls import JsonDict, Request
 from app.kube.lease import LeaderElector, LeaseConfig
 
 PATH = "/apis/coordination.k8s.io/v1/namespaces/sys/leases/l"

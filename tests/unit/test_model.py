@@ -97,3 +97,28 @@ def test_node_gpu_lookup_by_index() -> None:
     assert node.milli_free_total == 4000
     with pytest.raises(KeyError, match="n1 has no GPU with index 9"):
         node.gpu(9)
+
+
+def test_node_reserve_sums_allocations_per_gpu_and_releases_them() -> None:
+    a = Allocation("n1", (0, 1), (), 300, 2000)
+    b = Allocation("n1", (1,), (), 500, 6000)
+    node = _node().reserve([a, b])
+    used = {g.index: (g.milli_used, g.memory_used_mib) for g in node.gpus}
+    assert used == {0: (300, 2000), 1: (800, 8000), 2: (0, 0), 3: (0, 0)}
+    assert node.reserve([b], sign=-1).reserve([a], sign=-1) == _node()
+    assert _node().reserve([]) == _node()
+
+
+def test_node_charge_host_keeps_untracked_resources_untracked() -> None:
+    tracked = Node("n1", (), cpu_milli_free=4000, memory_mib_free=8192)
+    assert tracked.charge_host(1500, 1024) == Node("n1", (), cpu_milli_free=2500, memory_mib_free=7168)
+    assert tracked.charge_host(1500, 1024).charge_host(-1500, -1024) == tracked
+    assert _node().charge_host(1500, 1024) == _node()
+
+
+def test_packing_efficiency_counts_only_gpus_in_use() -> None:
+    state = ClusterState({"n1": _node()})
+    assert state.packing_efficiency == 0.0
+    state.apply(Allocation("n1", (0,), (), 1000, 15109))
+    state.apply(Allocation("n1", (1,), (), 250, 3777))
+    assert state.packing_efficiency == (1000 + 250) / 2000

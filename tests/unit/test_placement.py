@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.errors import PlacementReason, ReasonKind
+from app.errors import PlacementReason, ReasonKind, Shortfall
 from app.model import Demand, Gpu, Node
 from app.placement import (
     Placement,
@@ -215,9 +215,13 @@ def test_place_returns_every_reason_when_nothing_fits() -> None:
     nodes = [make_node("a", [900]), make_node("b", [1000, 1000])]
     got = place(nodes, frac(200), policy("fragaware"))
     assert got == (
-        PlacementReason("a", None, "no GPU with 0.20 free: best has 0.10", ReasonKind.CAPACITY),
-        PlacementReason("b", None, "no GPU with 0.20 free: best has 0.00", ReasonKind.CAPACITY),
+        PlacementReason("a", None, Shortfall.GPU_SHARE, needed=200, free=100),
+        PlacementReason("b", None, Shortfall.GPU_SHARE, needed=200, free=0),
     )
+    assert [(r.kind, r.rule) for r in got] == [
+        (ReasonKind.CAPACITY, "no GPU with 0.20 free: best has 0.10"),
+        (ReasonKind.CAPACITY, "no GPU with 0.20 free: best has 0.00"),
+    ]
 
 
 def test_score_nodes_and_normalize() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.errors import ReasonKind
+from app.errors import ForeignUse, PlacementReason, ReasonKind, Shortfall
 from app.model import Demand, Gpu, Node
 from app.placement import Placement, place, registry
 from app.placement.fit import FOREIGN_MARGIN_MIB, gpu_fits, memory_room, node_misfit
@@ -147,3 +147,69 @@ def test_live_load_never_overrides_the_policy(name: str) -> None:
 def test_every_refusal_carries_its_kind(node: Node, demand: Demand, kind: ReasonKind) -> None:
     reason = node_misfit(node, demand)
     assert reason is not None and reason.kind is kind, reason
+
+
+@pytest.mark.parametrize(
+    ("reason", "kind", "text"),
+    [
+        (PlacementReason("n", None, Shortfall.UNSCHEDULABLE), ReasonKind.NODE, "node is not schedulable"),
+        (
+            PlacementReason("n", None, Shortfall.CPU, 8000, 2000),
+            ReasonKind.CAPACITY,
+            "needs 8000 CPU milli: 2000 free",
+        ),
+        (
+            PlacementReason("n", None, Shortfall.HOST_MEMORY, 4096, 1024),
+            ReasonKind.CAPACITY,
+            "needs 4096 MiB host memory: 1024 MiB free",
+        ),
+        (
+            PlacementReason("n", None, Shortfall.NO_MPS),
+            ReasonKind.NODE,
+            "pod asks for isolation=mps, but no MPS daemon serves this node",
+        ),
+        (PlacementReason("n", None, Shortfall.NO_GPUS), ReasonKind.NODE, "node has no GPUs"),
+        (PlacementReason("n", None, Shortfall.NO_HEALTHY_GPU), ReasonKind.NODE, "no healthy GPU"),
+        (
+            PlacementReason("n", None, Shortfall.MODEL, detail="T4", models=("A100", "V100M16")),
+            ReasonKind.MODEL,
+            "GPU model T4 is not one of A100|V100M16",
+        ),
+        (
+            PlacementReason("n", None, Shortfall.GPU_SHARE, 805, -5),
+            ReasonKind.CAPACITY,
+            "no GPU with 0.805 free: best has 0.00",
+        ),
+        (
+            PlacementReason("n", None, Shortfall.GPU_MEMORY, 8000, 7000, count=2, passing=1),
+            ReasonKind.CAPACITY,
+            "needs 2 GPUs with 8000 MiB free: 1 have it",
+        ),
+        (
+            PlacementReason(
+                "n", None, Shortfall.GPU_MEMORY, 8000, 6744, foreign=ForeignUse(1, 15109, 7000, 1109, 256)
+            ),
+            ReasonKind.CAPACITY,
+            "no GPU with 8000 MiB free: best has 6744 MiB (gpu1: 15109 MiB total, 7000 MiB reserved by"
+            " gpupack pods, 1109 MiB used by processes outside gpupack pods, 256 MiB margin)",
+        ),
+    ],
+    ids=[
+        "unschedulable",
+        "cpu",
+        "host-memory",
+        "no-mps",
+        "no-gpus",
+        "unhealthy",
+        "model",
+        "share",
+        "memory-multi",
+        "memory-foreign",
+    ],
+)
+def test_refusals_are_values_rendered_to_one_sentence(
+    reason: PlacementReason, kind: ReasonKind, text: str
+) -> None:
+    assert reason.kind is kind
+    assert reason.rule == text
+    assert str(reason) == f"n: {text}"

@@ -9,8 +9,8 @@ from test_webhook_mutate import apply_patch, decoded, review_of
 from test_webhook_pod_validity import apiserver_errors
 
 from app import managed, names
-from app.metrics import WebhookOutcome
 from webhook import mutate
+from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings
 
 ON = Settings(hami_takeover=True)

@@ -1,5 +1,5 @@
 """A GPU share on an init container or a sidecar: node-level numbers (what kube-scheduler's NodeResourcesFit
-counts of our extended resource) and the extender's demand (app.kube.state) agree with the request."""
+counts of our extended resource) and the extender's demand (app.request.pod_demand) agree with the request."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from test_webhook_mutate import apply_patch, decoded, review_of
 
-from app import managed, names, units
-from app.kube import state
+from app import managed, names, request, units
+from app.model import Demand
 from webhook import mutate
 from webhook.settings import Settings
 
@@ -61,8 +61,8 @@ def test_init_container_share_counts_once_at_node_level_and_in_the_extender(
     }
     out = apply_patch(obj, decoded(mutate.review(review_of(obj), Settings())))
     assert effective_request(out["spec"], resource) == amount
-    demand = state.demand_of(out)
-    assert not isinstance(demand, str), demand
+    demand = request.pod_demand(out)
+    assert isinstance(demand, Demand), demand
     per_device = demand.milli if resource == names.RESOURCE_GPU_MILLI else demand.memory_mib
     assert (per_device or 0) * demand.count == amount
     assert managed.unmanaged_errors(out) == ()

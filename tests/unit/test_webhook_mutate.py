@@ -13,8 +13,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from app import names, request, units
-from app.metrics import WebhookOutcome
 from webhook import mutate
+from webhook.metrics import WebhookOutcome
 from webhook.schemas import AdmissionReview
 from webhook.settings import Settings
 

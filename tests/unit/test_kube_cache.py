@@ -7,10 +7,13 @@ from typing import Any
 import pytest
 
 from app import names
+from app.errors import RequestError
 from app.kube.assume import AssumeCache
+from app.kube.cache import ClusterCache, node_order_key
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.kube.state import ClusterCache, demand_of, node_order_key, pod_info
 from app.model import Allocation, Demand
+from app.pods import pod_info
+from app.request import pod_demand
 
 NOW = 1_700_000_000.0
 
@@ -163,14 +166,14 @@ def test_natural_node_order() -> None:
 
 
 def test_demand_from_annotations_and_from_resources() -> None:
-    assert demand_of(pod("p", "u", milli=250, count=2)) == Demand(count=2, milli=250)
+    assert pod_demand(pod("p", "u", milli=250, count=2)) == Demand(count=2, milli=250)
     bare = pod("p", "u", milli=100, count=3)
     bare["metadata"]["annotations"] = {names.GPU_FRACTION_NUM_DEVICES: "3"}
-    assert demand_of(bare) == Demand(count=3, milli=100)
+    assert pod_demand(bare) == Demand(count=3, milli=100)
     mem = pod("p", "u")
     mem["metadata"]["annotations"] = {}
     mem["spec"]["containers"][0]["resources"] = {"limits": {names.RESOURCE_GPU_MEMORY_MIB: "4096"}}
-    assert demand_of(mem) == Demand(count=1, memory_mib=4096)
+    assert pod_demand(mem) == Demand(count=1, memory_mib=4096)
 
 
 @pytest.mark.parametrize(
@@ -187,43 +190,87 @@ def test_demand_reads_canonical_quantities(resource: str, raw: str, count: int, 
     p = pod("p", "u")
     p["metadata"]["annotations"] = {names.GPU_FRACTION_NUM_DEVICES: str(count)}
     p["spec"]["containers"][0]["resources"] = {"limits": {resource: raw}}
-    assert demand_of(p) == expected
+    assert pod_demand(p) == expected
 
 
 @pytest.mark.parametrize(
     ("annotations", "resources", "expected"),
     [
-        ({}, {}, "requests neither gpupack.io/gpu-milli nor gpupack.io/gpu-memory-mib"),
+        (
+            {},
+            {},
+            RequestError(
+                names.RESOURCE_GPU_MILLI,
+                "",
+                "the pod requests neither gpupack.io/gpu-milli nor gpupack.io/gpu-memory-mib",
+            ),
+        ),
         (
             {},
             {names.RESOURCE_GPU_MILLI: "1.5"},
-            "gpupack.io/gpu-milli='1.5' in container 'c': must be a whole, non-negative quantity",
+            RequestError(
+                names.RESOURCE_GPU_MILLI, "1.5", "must be a whole, non-negative quantity (container 'c')"
+            ),
         ),
         (
             {},
             {names.RESOURCE_GPU_MILLI: "500m"},
-            "gpupack.io/gpu-milli='500m' in container 'c': must be a whole, non-negative quantity",
+            RequestError(
+                names.RESOURCE_GPU_MILLI, "500m", "must be a whole, non-negative quantity (container 'c')"
+            ),
         ),
         (
             {},
             {names.RESOURCE_GPU_MILLI: "many"},
-            "gpupack.io/gpu-milli='many' in container 'c': must be a whole, non-negative quantity",
+            RequestError(
+                names.RESOURCE_GPU_MILLI, "many", "must be a whole, non-negative quantity (container 'c')"
+            ),
         ),
         (
             {names.GPU_FRACTION_NUM_DEVICES: "2"},
             {names.RESOURCE_GPU_MILLI: "301"},
-            "gpupack.io/gpu-milli=301 does not split evenly over 2 devices",
+            RequestError(names.RESOURCE_GPU_MILLI, "301", "does not split evenly over 2 devices"),
         ),
-        ({names.GPU_FRACTION: "2"}, {}, "gpu-fraction='2': "),
+        (
+            {names.GPU_FRACTION_NUM_DEVICES: "2"},
+            {names.RESOURCE_GPU_MILLI: "3000"},
+            RequestError(names.RESOURCE_GPU_MILLI, "3000", "is more than 1000 per device over 2 devices"),
+        ),
+        (
+            {},
+            {names.RESOURCE_GPU_MILLI: "500", names.RESOURCE_GPU_MEMORY_MIB: "4096"},
+            RequestError(
+                names.RESOURCE_GPU_MEMORY_MIB,
+                "4096",
+                "must not be requested together with gpupack.io/gpu-milli; pick one",
+            ),
+        ),
     ],
-    ids=["none", "not-integer", "milli-suffix", "not-a-quantity", "uneven", "bad-annotation"],
+    ids=["none", "not-integer", "milli-suffix", "not-a-quantity", "uneven", "over-one-gpu", "both"],
 )
-def test_demand_errors(annotations: dict[str, str], resources: dict[str, str], expected: str) -> None:
+def test_demand_errors(
+    annotations: dict[str, str], resources: dict[str, str], expected: RequestError
+) -> None:
     p = pod("p", "u")
     p["metadata"]["annotations"] = annotations
     p["spec"]["containers"][0]["resources"] = {"limits": resources}
-    got = demand_of(p)
-    assert isinstance(got, str) and got.startswith(expected)
+    assert pod_demand(p) == (expected,)
+
+
+def test_demand_of_an_annotated_pod_uses_the_webhook_rules() -> None:
+    p = pod("p", "u")
+    p["metadata"]["annotations"] = {names.GPU_FRACTION: "2"}
+    got = pod_demand(p)
+    assert isinstance(got, tuple) and [e.field for e in got] == [names.GPU_FRACTION]
+    assert got[0].value == "2"
+
+
+def test_demand_from_resources_canonicalises_gpu_models() -> None:
+    """Without annotations the models are read as the webhook reads them (NVML aliases -> catalogue)."""
+    p = pod("p", "u", milli=500)
+    p["metadata"]["annotations"] = {names.GPU_MODEL: "Tesla T4|T4|A100"}
+    got = pod_demand(p)
+    assert isinstance(got, Demand) and got.models == frozenset({"T4", "A100"})
 
 
 def test_pod_info_pending_and_corrupt_allocation() -> None:
@@ -316,20 +363,20 @@ def test_removing_the_managed_label_does_not_forget_the_share() -> None:
 
 def test_an_explicit_mps_isolation_makes_mps_required() -> None:
     p = pod("p", "u1")
-    assert isinstance(d := demand_of(p), Demand) and not d.needs_mps
+    assert isinstance(d := pod_demand(p), Demand) and not d.needs_mps
     p["metadata"]["annotations"][names.ISOLATION] = "mps"
-    assert isinstance(d := demand_of(p), Demand) and d.needs_mps
+    assert isinstance(d := pod_demand(p), Demand) and d.needs_mps
     p["metadata"]["annotations"][names.ISOLATION] = "none"
-    assert isinstance(d := demand_of(p), Demand) and not d.needs_mps
+    assert isinstance(d := pod_demand(p), Demand) and not d.needs_mps
 
 
 def test_the_demand_the_verbs_parse_carries_the_pods_cpu_and_memory() -> None:
-    # filter, prioritize and bind parse the pod in the scheduler's request with demand_of: without its
+    # filter, prioritize and bind parse the pod in the scheduler's request with pod_demand: without its
     # CPU, policies that weigh node CPU (binpack, fragaware) would score differently from the simulator.
     p = pod("p", "u1", milli=160)
     p["spec"]["containers"][0]["resources"]["requests"].update({"cpu": "6", "memory": "22888Mi"})
     p["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {"cpu": "8"}}}]
-    assert demand_of(p) == Demand(count=1, milli=160, cpu_milli=8000, host_memory_mib=22888)
+    assert pod_demand(p) == Demand(count=1, milli=160, cpu_milli=8000, host_memory_mib=22888)
 
 
 def test_a_node_update_that_keeps_allocatable_keeps_the_cached_view() -> None:

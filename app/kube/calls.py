@@ -1,15 +1,37 @@
-"""Pure builders for every API call the extender makes: bodies, paths and queries, no I/O."""
+"""API calls as values (pure): the `Request` that `app.kube.client.Kube.send` sends, and its builders.
+
+Every call gpupack makes is built here (or by a module beside it) as a `Request` of method, path, body,
+query and content type, so tests check the exact call and nothing below `app.kube.client` does I/O.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 from app import names
+from app.jsonpointer import pointer
 from app.kube import paths
-from app.kube.client import JSON_PATCH, MERGE_PATCH, Request
 from app.model import Allocation
+
+JsonDict = dict[str, Any]
+
+MERGE_PATCH = "application/merge-patch+json"
+JSON_PATCH = "application/json-patch+json"
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """One API call, built by pure code and sent by `Kube.send`."""
+
+    method: str
+    path: str
+    body: Any = None
+    query: Mapping[str, str | int | bool] = field(default_factory=dict)
+    content_type: str = "application/json"
+
 
 MANAGED_SELECTOR = f"{names.LABEL_MANAGED}=true"
 
@@ -60,15 +82,10 @@ def allocation_json_patch(namespace: str, name: str, resource_version: str, allo
         {"op": "test", "path": "/metadata/resourceVersion", "value": resource_version}
     ]
     ops += [
-        {"op": "add", "path": f"/metadata/annotations/{_pointer(key)}", "value": value}
+        {"op": "add", "path": pointer("metadata", "annotations", key), "value": value}
         for key, value in alloc.to_annotations().items()
     ]
     return Request("PATCH", paths.pod(namespace, name), ops, content_type=JSON_PATCH)
-
-
-def _pointer(key: str) -> str:
-    """Escape one JSON-pointer segment (RFC 6901)."""
-    return key.replace("~", "~0").replace("/", "~1")
 
 
 def binding(namespace: str, name: str, uid: str, node: str, resource_version: str = "") -> Request:
@@ -89,6 +106,37 @@ def binding(namespace: str, name: str, uid: str, node: str, resource_version: st
         "target": {"apiVersion": "v1", "kind": "Node", "name": node},
     }
     return Request("POST", paths.pod_binding(namespace, name), body)
+
+
+# REST plurals of the kinds gpupack creates from whole objects (manifests, dev-cluster bodies).
+PLURALS: Final[Mapping[str, str]] = {
+    "ClusterRole": "clusterroles",
+    "ClusterRoleBinding": "clusterrolebindings",
+    "CustomResourceDefinition": "customresourcedefinitions",
+    "MutatingWebhookConfiguration": "mutatingwebhookconfigurations",
+    "Namespace": "namespaces",
+    "Node": "nodes",
+    "Pod": "pods",
+    "Role": "roles",
+    "RoleBinding": "rolebindings",
+    "ServiceAccount": "serviceaccounts",
+    "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
+    "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",
+}
+
+
+def create(obj: Mapping[str, Any], namespace: str | None = None, *, dry_run: bool = False) -> Request:
+    """POST a whole object to its collection, named by its apiVersion, kind and namespace.
+
+    The namespace is `namespace`, else the object's metadata.namespace; none for a cluster-scoped kind.
+    `dry_run` asks the apiserver to admit (mutate, validate) the object without storing it.
+    """
+    kind = str(obj.get("kind", ""))
+    if kind not in PLURALS:
+        raise ValueError(f"kind={kind!r}: must be one of {', '.join(sorted(PLURALS))}")
+    namespace = namespace or (obj.get("metadata") or {}).get("namespace")
+    path = paths.collection(str(obj.get("apiVersion", "")), PLURALS[kind], namespace)
+    return Request("POST", path, dict(obj), query={"dryRun": "All"} if dry_run else {})
 
 
 def list_query(

@@ -6,10 +6,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from app.errors import PlacementReason, ReasonKind
-from app.metrics import PendingReason
+from app import request
+from app.errors import PlacementReason, ReasonKind, RequestError
 from app.model import Demand, Node
 from app.placement import Placement, Policy, normalize_scores, place, score_nodes
+from extender.metrics import PendingReason
 
 NO_GPUNODE = "no GPUNode object for this node: the gpupack agent does not run here"
 
@@ -19,16 +20,17 @@ def reason_text(reason: PlacementReason) -> str:
     return reason.rule if reason.gpu is None else f"gpu{reason.gpu}: {reason.rule}"
 
 
-_PENDING = {
+# The pending-pods metric's reason label, by the kind placement tags each refusal with.
+PENDING_REASON = {
     ReasonKind.CAPACITY: PendingReason.NO_FIT,
     ReasonKind.MODEL: PendingReason.MODEL,
     ReasonKind.NODE: PendingReason.UNSCHEDULABLE,
 }
 
 
-def classify(reason: PlacementReason) -> PendingReason:
-    """Reason class of a refusal for the pending-pods metric: capacity, model, or node state."""
-    return _PENDING[reason.kind]
+def invalid_request(errors: tuple[RequestError, ...]) -> str:
+    """The scheduler's text for a pod whose GPU request cannot be read."""
+    return f"invalid GPU request: {request.render(errors)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,7 +44,7 @@ class FilterOutcome:
 def filter_nodes(
     names: Sequence[str],
     nodes: Mapping[str, Node | None],
-    demand: Demand | str,
+    demand: request.PodDemand,
     policy: Policy,
     decide: bool,
 ) -> FilterOutcome:
@@ -50,8 +52,8 @@ def filter_nodes(
 
     `nodes` must be in the order placement breaks ties in (ClusterCache.nodes: natural name order).
     """
-    if isinstance(demand, str):
-        msg = f"invalid GPU request: {demand}"
+    if not isinstance(demand, Demand):
+        msg = invalid_request(demand)
         return FilterOutcome([], unresolvable=dict.fromkeys(names, msg), refusal=PendingReason.INVALID)
     passed: list[Node] = []
     failed: dict[str, str] = {}
@@ -74,7 +76,7 @@ def filter_nodes(
         if reason is None:
             passed.append(node)
             continue
-        cls = classify(reason)
+        cls = PENDING_REASON[reason.kind]
         classes.add(cls)
         (failed if cls is PendingReason.NO_FIT else unresolvable)[name] = reason_text(reason)
     if not passed:
@@ -100,10 +102,10 @@ def ordered(nodes: Mapping[str, Node | None]) -> list[Node]:
 
 
 def prioritize(
-    names: Sequence[str], nodes: Mapping[str, Node | None], demand: Demand | str, policy: Policy
+    names: Sequence[str], nodes: Mapping[str, Node | None], demand: request.PodDemand, policy: Policy
 ) -> list[tuple[str, int]]:
     """0..10 per node in `names` order: the policy's raw score, min-max normalised; unfit nodes get 0."""
-    if isinstance(demand, str):
+    if not isinstance(demand, Demand):
         return [(n, 0) for n in names]
     raw: dict[str, float | None] = dict.fromkeys(names)
     raw.update(score_nodes(ordered({n: nodes.get(n) for n in names}), demand, policy))
@@ -111,10 +113,10 @@ def prioritize(
     return [(n, scaled[n]) for n in names]
 
 
-def explain(nodes: Mapping[str, Node | None], demand: Demand | str, policy: Policy) -> dict[str, Any]:
+def explain(nodes: Mapping[str, Node | None], demand: request.PodDemand, policy: Policy) -> dict[str, Any]:
     """Why each node would or would not get the pod, and where it would go now."""
-    if isinstance(demand, str):
-        return {"demand": None, "error": demand, "choice": None, "nodes": []}
+    if not isinstance(demand, Demand):
+        return {"demand": None, "error": request.render(demand), "choice": None, "nodes": []}
     present = ordered(nodes)
     raw = score_nodes(present, demand, policy)
     scaled = normalize_scores(raw)

@@ -13,16 +13,15 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app import hostres, log, names, request, units
+from app import hostres, log, objects
 from app.hostres import HostResources
 from app.kube import gpunode
 from app.kube.assume import AssumeCache
-from app.kube.client import JsonDict
-from app.model import Allocation, ClusterState, Demand, Node
+from app.kube.calls import JsonDict
+from app.model import Allocation, ClusterState, Node
+from app.pods import TERMINAL_PHASES, PodInfo, is_gpupack_pod, pod_info
 
-LOG = log.get("gpupack.state")
-
-TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+LOG = log.get("gpupack.cache")
 
 
 def node_order_key(name: str) -> tuple[Any, ...]:
@@ -30,72 +29,13 @@ def node_order_key(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
-@dataclass(frozen=True, slots=True)
-class PodInfo:
-    """What the cache keeps of one managed pod."""
-
-    uid: str
-    namespace: str
-    name: str
-    node_name: str  # spec.nodeName, "" while pending
-    phase: str
-    alloc: Allocation | None  # counted allocation, None when it has none (or it no longer counts)
-    demand: Demand | str = ""  # what it asks for, or why that cannot be read
-    deleting: bool = False
-    host: HostResources = hostres.ZERO  # CPU and memory it requests (charged to its node once bound)
-
-    @property
-    def key(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def pending(self) -> bool:
-        return not self.node_name and self.phase not in TERMINAL_PHASES and not self.deleting
-
-
-def pod_info(pod: Mapping[str, Any]) -> PodInfo:
-    """Reduce a pod to what placement needs; an allocation counts only while the pod may hold its GPU."""
-    meta = request.as_object(pod.get("metadata"))
-    spec = request.as_object(pod.get("spec"))
-    phase = str(request.as_object(pod.get("status")).get("phase") or "Pending")
-    node_name = str(spec.get("nodeName") or "")
-    alloc: Allocation | None = None
-    try:
-        alloc = Allocation.from_annotations(request.string_map(meta.get("annotations")))
-    except ValueError as exc:
-        LOG.warning("corrupt allocation annotations ignored", extra={"pod": _key(meta), "error": str(exc)})
-    if alloc is not None and (phase in TERMINAL_PHASES or (node_name and node_name != alloc.node)):
-        # Finished pods free their share; an annotation naming another node than the binding is stale.
-        alloc = None
-    # An annotated pod that is not bound yet still counts: its bind may be in flight in a replica that
-    # just lost leadership, or its extender died between the patch and the Binding. Counting it can only
-    # delay a placement, never hand a GPU out twice; its own next bind overwrites it.
-    host = hostres.pod_requests(spec)
-    return PodInfo(
-        uid=str(meta.get("uid") or ""),
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        node_name=node_name,
-        phase=phase,
-        alloc=alloc,
-        demand=demand_of(pod, host),
-        deleting=bool(meta.get("deletionTimestamp")),
-        host=host,
-    )
-
-
-def is_gpupack_pod(pod: Mapping[str, Any]) -> bool:
-    """The pod is ours to account: managed, carrying an allocation, or asking for a gpupack resource.
-
-    Not the label alone: a label anyone could remove must not make a share be forgotten.
-    """
-    meta = request.as_object(pod.get("metadata"))
-    if request.string_map(meta.get("labels")).get(names.LABEL_MANAGED) == "true":
-        return True
-    ann = request.string_map(meta.get("annotations"))
-    if names.ALLOC_NODE in ann or request.wants_gpu(ann):
-        return True
-    return any(c.ours for c in request.containers_of(request.as_object(pod.get("spec"))))
+def _read(pod: Mapping[str, Any]) -> PodInfo:
+    info = pod_info(pod)
+    if info.allocation_error:
+        LOG.warning(
+            "corrupt allocation annotations ignored", extra={"pod": info.key, "error": info.allocation_error}
+        )
+    return info
 
 
 def _bound_host(pod: Mapping[str, Any], host: HostResources | None) -> tuple[str, HostResources] | None:
@@ -103,32 +43,18 @@ def _bound_host(pod: Mapping[str, Any], host: HostResources | None) -> tuple[str
 
     `host` is the pod's request when the caller computed it already.
     """
-    spec = request.as_object(pod.get("spec"))
+    spec = objects.as_object(pod.get("spec"))
     node = spec.get("nodeName")
-    phase = request.as_object(pod.get("status")).get("phase")
+    phase = objects.as_object(pod.get("status")).get("phase")
     if not node or not isinstance(node, str) or phase in TERMINAL_PHASES:
         return None
     return node, host if host is not None else hostres.pod_requests(spec)
 
 
-def _key(meta: Mapping[str, Any]) -> str:
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
 def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int) -> Node:
-    if alloc is not None:
-        gpus = tuple(
-            g.reserve(sign * alloc.milli, sign * alloc.memory_mib) if g.index in alloc.gpu_indexes else g
-            for g in node.gpus
-        )
-        node = replace(node, gpus=gpus)
-    if host != hostres.ZERO and node.cpu_milli_free is not None and node.memory_mib_free is not None:
-        node = replace(
-            node,
-            cpu_milli_free=node.cpu_milli_free - sign * host.cpu_milli,
-            memory_mib_free=node.memory_mib_free - sign * host.memory_mib,
-        )
-    return node
+    """`node` with a pod's allocation and host request added (`sign=1`) or taken away (`sign=-1`)."""
+    node = node.reserve(() if alloc is None else (alloc,), sign)
+    return node.charge_host(sign * host.cpu_milli, sign * host.memory_mib)
 
 
 @dataclass(frozen=True, slots=True)
@@ -265,7 +191,7 @@ class ClusterCache:
             self._host_used.clear()
             for obj in objs:
                 present.add(str((obj.get("metadata") or {}).get("uid", "")))
-                info = pod_info(obj) if is_gpupack_pod(obj) else None
+                info = _read(obj) if is_gpupack_pod(obj) else None
                 self._put_bound(obj, info)
                 if info is not None:
                     self._put_pod(info)
@@ -289,7 +215,7 @@ class ClusterCache:
     def upsert_pod(self, obj: JsonDict) -> None:
         uid = str((obj.get("metadata") or {}).get("uid", ""))
         ours = is_gpupack_pod(obj)
-        info = pod_info(obj) if ours else None
+        info = _read(obj) if ours else None
         with self._lock:
             self._drop_bound(uid)
             self._put_bound(obj, info)
@@ -423,14 +349,7 @@ class ClusterCache:
         base = self._base.get(name)
         if base is None:
             return None
-        milli: dict[int, int] = {}
-        mem: dict[int, int] = {}
-        for alloc in self._by_node.get(name, {}).values():
-            for i in alloc.gpu_indexes:
-                milli[i] = milli.get(i, 0) + alloc.milli
-                mem[i] = mem.get(i, 0) + alloc.memory_mib
-        gpus = tuple(g.reserve(milli[g.index], mem[g.index]) if g.index in milli else g for g in base.gpus)
-        node = replace(base, gpus=gpus)
+        node = base.reserve(self._by_node.get(name, {}).values())
         allocatable = self._allocatable.get(name)
         if allocatable is not None:
             free = allocatable - self._host_used.get(name, hostres.ZERO)
@@ -481,75 +400,6 @@ class ClusterCache:
     def clear_refusal(self, uid: str) -> None:
         with self._lock:
             self.pending_reason.pop(uid, None)
-
-
-def demand_of(pod: Mapping[str, Any], host: HostResources | None = None) -> Demand | str:
-    """The pod's demand: GPUs from its annotations (app.request), else from the extended resources it
-    requests; CPU and memory from its containers (or `host`, when the caller computed them already), so
-    placement scores exactly as the simulator does."""
-    demand = _gpu_demand_of(pod)
-    if isinstance(demand, str):
-        return demand
-    if host is None:
-        host = hostres.pod_requests(pod.get("spec"))
-    return replace(demand, cpu_milli=host.cpu_milli, host_memory_mib=host.memory_mib)
-
-
-def _gpu_demand_of(pod: Mapping[str, Any]) -> Demand | str:
-    ann = request.string_map(request.as_object(pod.get("metadata")).get("annotations"))
-    if request.wants_gpu(ann):
-        parsed = request.parse(ann, request.containers_of(request.as_object(pod.get("spec"))))
-        if isinstance(parsed, request.GpuRequest):
-            return parsed.demand()
-        return "; ".join(str(e) for e in parsed)
-    return _demand_from_resources(pod, ann)
-
-
-def _demand_from_resources(pod: Mapping[str, Any], ann: Mapping[str, str]) -> Demand | str:
-    raw_count = ann.get(names.GPU_FRACTION_NUM_DEVICES, "1")
-    if not (raw_count.isascii() and raw_count.isdigit() and int(raw_count) >= 1):
-        return f"{names.GPU_FRACTION_NUM_DEVICES}={raw_count!r}: must be an integer >= 1"
-    count = int(raw_count)
-    milli = _resource_total(pod, names.RESOURCE_GPU_MILLI)
-    memory = _resource_total(pod, names.RESOURCE_GPU_MEMORY_MIB)
-    models = frozenset(m for m in ann.get(names.GPU_MODEL, "").split("|") if m)
-    if isinstance(milli, str):
-        return milli
-    if isinstance(memory, str):
-        return memory
-    if milli and memory:
-        return f"requests both {names.RESOURCE_GPU_MILLI} and {names.RESOURCE_GPU_MEMORY_MIB}: pick one"
-    total = milli or memory
-    if not total:
-        return f"requests neither {names.RESOURCE_GPU_MILLI} nor {names.RESOURCE_GPU_MEMORY_MIB}"
-    if total % count:
-        resource = names.RESOURCE_GPU_MILLI if milli else names.RESOURCE_GPU_MEMORY_MIB
-        return f"{resource}={total} does not split evenly over {count} devices"
-    if milli:
-        if total // count > 1000:
-            return f"{names.RESOURCE_GPU_MILLI}={total} is more than 1000 per device over {count} devices"
-        return Demand(count=count, milli=total // count, models=models)
-    return Demand(count=count, memory_mib=total // count, models=models)
-
-
-def _resource_total(pod: Mapping[str, Any], resource: str) -> int | str:
-    """Sum of a container resource over containers (limits = requests for extended resources)."""
-    total = 0
-    for item in request.as_list(request.as_object(pod.get("spec")).get("containers")):
-        c = request.as_object(item)
-        res = request.as_object(c.get("resources"))
-        limits, asked = request.as_object(res.get("limits")), request.as_object(res.get("requests"))
-        raw = limits.get(resource, asked.get(resource))
-        if raw is None:
-            continue
-        text = str(raw)
-        # The apiserver stores quantities canonically ("1000" comes back as "1k"): parse, don't match digits.
-        value = units.quantity_value(text)
-        if value is None or value < 0 or value.denominator != 1:
-            where = f"in container {c.get('name', '')!r}"
-            return f"{resource}={text!r} {where}: must be a whole, non-negative quantity"
-        total += int(value)
-    return total
 
 
 # --- GPUNode objects (gpupack.io/v1alpha1) ---

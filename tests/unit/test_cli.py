@@ -1,0 +1,40 @@
+"""The `gpupack` command finds its subcommands through the `gpupack.commands` entry points."""
+
+from __future__ import annotations
+
+import argparse
+from importlib.metadata import EntryPoint
+
+import pytest
+
+from app import cli
+
+
+def _choices(parser: argparse.ArgumentParser) -> set[str]:
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    return set(sub.choices)
+
+
+def test_installed_entry_points_give_every_subcommand() -> None:
+    assert _choices(cli.build_parser()) == {"agent", "certs", "dev", "extender", "simulate", "top", "webhook"}
+
+
+def test_entry_points_come_in_name_order_and_name_a_register_function() -> None:
+    eps = cli.command_entry_points()
+    assert [ep.name for ep in eps] == sorted(ep.name for ep in eps)
+    assert all(ep.value.endswith(":register") for ep in eps)
+
+
+def test_the_parser_holds_only_the_commands_it_is_given() -> None:
+    only_top = [EntryPoint(name="top", value="app.top:register", group=cli.ENTRY_POINT_GROUP)]
+    parser = cli.build_parser(only_top)
+    assert _choices(parser) == {"top"}
+    with pytest.raises(SystemExit):
+        parser.parse_args(["extender", "serve"])
+
+
+def test_main_runs_the_subcommand_an_entry_point_registered(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["simulate", "--help"])
+    assert exit_info.value.code == 0
+    assert capsys.readouterr().out.startswith("usage: gpupack simulate")
