@@ -90,8 +90,7 @@ class RealNode:
 
     @property
     def network(self) -> str:
-        """The CNI network name (realnode.cni_conflist), which libcni's cached results start with."""
-        return f"gpupack-{self.bridge}"
+        return realnode.network_name(self.bridge)
 
     @property
     def containerd_process(self) -> str:

@@ -116,6 +116,11 @@ def containerd_config(paths: NodePaths, sandbox_image: str, cni_bin_dir: Path = 
     )
 
 
+def network_name(bridge: str) -> str:
+    """The CNI network of `bridge`; libcni names its cached results <network>-<sandbox id>-<ifname>."""
+    return f"gpupack-{bridge}"
+
+
 def cni_conflist(bridge: str, subnet: str, ipam_dir: Path) -> dict[str, Any]:
     """One bridge network on a private subnet; its gateway (first host) is the node's IP, see node_ip."""
     net = ipaddress.ip_network(subnet)
@@ -125,7 +130,7 @@ def cni_conflist(bridge: str, subnet: str, ipam_dir: Path) -> dict[str, Any]:
         raise ValueError(f"bridge={bridge!r}: must be 1 to 15 characters (a Linux interface name)")
     return {
         "cniVersion": "0.4.0",
-        "name": f"gpupack-{bridge}",
+        "name": network_name(bridge),
         # containerd sets up the pod's loopback itself; the chain configures eth0 only.
         "plugins": [
             {
