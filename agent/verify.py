@@ -10,7 +10,7 @@ from enum import StrEnum
 from agent.cgroup import PodRef
 from agent.sample import NodeSample
 from app import names
-from app.kube import paths
+from app.kube import calls, paths
 from app.kube.calls import Request
 from app.kube.gpunode import format_time
 from app.pods import PodInfo
@@ -187,12 +187,7 @@ def event(v: Violation, node: str, now: float) -> Request:
 
 def eviction(v: Violation) -> Request:
     """Evict the pod through the Eviction API, so PodDisruptionBudgets are respected."""
-    body = {
-        "apiVersion": "policy/v1",
-        "kind": "Eviction",
-        "metadata": {"name": v.pod.name, "namespace": v.pod.namespace},
-    }
-    return Request("POST", paths.pod_eviction(v.pod.namespace, v.pod.name), body)
+    return calls.eviction(v.pod.namespace, v.pod.name)
 
 
 def list_pods(node: str) -> Request:

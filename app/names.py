@@ -13,6 +13,7 @@ GPU_FRACTION_NUM_DEVICES: Final = "gpu-fraction-num-devices"
 GPU_FRACTION_CONTAINER_NAME: Final = "gpu-fraction-container-name"
 GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
 ISOLATION: Final = f"{DOMAIN}/isolation"
+MOVABLE: Final = f"{DOMAIN}/movable"  # "false": `gpupack repack` never evicts the pod
 
 # --- the allocation, written by the extender at bind: the single source of truth ---
 ALLOC_NODE: Final = f"{DOMAIN}/node"

@@ -97,10 +97,10 @@ def build_cache(n_nodes: int, rng: random.Random) -> tuple[ClusterCache, list[st
 def latency(n_nodes: int, calls: int, policy_name: str) -> dict[str, Any]:
     from fastapi.testclient import TestClient
 
+    from app.placement.memo import MemoPolicy
     from extender.binder import Binder
     from extender.config import Settings
     from extender.main import create_app
-    from extender.memo import MemoPolicy
     from extender.runtime import StaticRuntime
 
     rng = random.Random(7)

@@ -14,10 +14,10 @@ from app.kube.cache import ClusterCache
 from app.kube.informers import Informer, InformerConfig, KubeApi
 from app.kube.lease import LeaderElector, LeaseConfig
 from app.placement import Policy, registry
+from app.placement.memo import MemoPolicy
 from extender import stats
 from extender.binder import Binder
 from extender.config import Settings
-from extender.memo import MemoPolicy
 from extender.metrics import ExtenderGauges, PendingReason
 
 LOG = log.get("gpupack.extender")

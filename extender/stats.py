@@ -5,17 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
+from app.fragmentation import fragmented_milli, typical_milli
 from app.model import Allocation, ClusterState
 from extender.metrics import ExtenderGauges, GpuGauge, PendingReason
-
-
-def typical_milli(allocs: Iterable[Allocation]) -> int:
-    """The most common per-GPU share among allocations (smallest on ties); 0 when there are none."""
-    counts = Counter(a.milli for a in allocs)
-    if not counts:
-        return 0
-    top = max(counts.values())
-    return min(m for m, n in counts.items() if n == top)
 
 
 def gauges(
@@ -38,11 +30,8 @@ def gauges(
                     node.name, g.index, g.model, g.milli_used, g.memory_used_mib, pods[(node.name, g.index)]
                 )
             )
-            if g.milli_used <= 0:
-                free += 1
-                continue
-            if 0 < g.milli_free < typical:
-                fragmented += g.milli_free
+            free += g.milli_used <= 0
+        fragmented += fragmented_milli(node.gpus, typical)
     return ExtenderGauges(
         gpus=tuple(rows),
         packing_efficiency=state.packing_efficiency,

@@ -75,3 +75,11 @@ def crd(name: str) -> str:
 
 def service_account_token(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace)}/serviceaccounts/{quote(name)}/token"
+
+
+def pdbs(namespace: str | None = None) -> str:
+    return collection("policy/v1", "poddisruptionbudgets", namespace)
+
+
+def pdb(namespace: str, name: str) -> str:
+    return f"{pdbs(namespace)}/{quote(name)}"

@@ -62,7 +62,7 @@ def test_memo_policy_answers_like_the_policy_and_never_reuses_a_changed_node() -
 
     from app.model import Demand
     from app.placement import registry
-    from extender.memo import MemoPolicy
+    from app.placement.memo import MemoPolicy
 
     calls: list[str] = []
     inner = registry.create("binpack")
