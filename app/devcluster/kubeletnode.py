@@ -451,7 +451,7 @@ def stop(cluster: Cluster, node: RealNode) -> None:
     _step(failures, "remove host files", lambda: _remove_host_files(node, ids))
     _step(failures, "remove pod cgroups", _remove_kubepods)
     _step(failures, "delete the Node", lambda: _delete_node(cluster, node.name))
-    if not _mounts_under(node.root):
+    if node.root.exists() and not _mounts_under(node.root):
         _step(failures, "remove the node's directory", lambda: shutil.rmtree(node.root, ignore_errors=False))
     left = leftovers(node, ids)
     cluster.meta.pop(META_KEY, None)
