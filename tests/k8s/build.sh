@@ -10,7 +10,7 @@ KV=$(tr -d '[:space:]' < "$here/VERSION")
 KWOKV=v0.7.0
 
 if [ -n "${GPUPACK_K8S_BIN:-}" ]; then
-  for b in kube-apiserver kube-scheduler kube-controller-manager kubelet etcd kwok; do
+  for b in kube-apiserver kube-scheduler kube-controller-manager etcd kwok; do  # kubelet: only the real-node tier
     [ -x "$GPUPACK_K8S_BIN/$b" ] || { echo "GPUPACK_K8S_BIN=$GPUPACK_K8S_BIN: missing executable $b" >&2; exit 2; }
   done
   echo "$GPUPACK_K8S_BIN"; exit 0
