@@ -24,6 +24,9 @@ class Kind(StrEnum):
     OVER_MEMORY = "over_memory"  # the pod's processes on one GPU use more than memory-limit-mib
     WRONG_CONTAINER = "wrong_container"  # a container other than the GPU container uses a GPU
     NO_ALLOCATION = "no_allocation"  # a gpupack pod uses a GPU but has no (valid) allocation
+    WRONG_ENV = (
+        "wrong_env"  # a process of the pod runs with other GPU env than the allocation gives (envcheck)
+    )
 
 
 REASONS: Mapping[Kind, str] = {
@@ -31,6 +34,7 @@ REASONS: Mapping[Kind, str] = {
     Kind.OVER_MEMORY: "GpupackMemoryOverLimit",
     Kind.WRONG_CONTAINER: "GpupackWrongContainer",
     Kind.NO_ALLOCATION: "GpupackNoAllocation",
+    Kind.WRONG_ENV: "GpupackEnvMismatch",
 }
 
 

@@ -16,7 +16,7 @@ from app import managed, names, quota, request, units
 from app.errors import RequestError
 from app.jsonpointer import pointer
 from app.request import GpuRequest, Isolation
-from webhook import hami, pipe
+from webhook import hami, pipe, podsecurity
 from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings
 
@@ -38,12 +38,14 @@ class Decision:
     ops: int = 0  # number of JSONPatch operations
 
 
-def review(body: Mapping[str, Json], settings: Settings) -> dict[str, Json]:
+def review(body: Mapping[str, Json], settings: Settings, pod_security: str | None = None) -> dict[str, Json]:
     """An AdmissionReview request (dict) → the AdmissionReview response (dict)."""
-    return decide(body, settings).response
+    return decide(body, settings, pod_security).response
 
 
-def decide(body: Mapping[str, Json], settings: Settings) -> Decision:
+def decide(body: Mapping[str, Json], settings: Settings, pod_security: str | None = None) -> Decision:
+    """`pod_security`: the Pod Security level the pod's namespace enforces, where the configuration says
+    (see webhook.podsecurity); an MPS share is refused where that level forbids its pipe mount."""
     req = body.get("request") or {}
     uid = req.get("uid", "")
     pod = req.get("object")
@@ -70,6 +72,10 @@ def decide(body: Mapping[str, Json], settings: Settings) -> Decision:
     parsed = request.parse(annotations, containers)
     if isinstance(parsed, tuple):
         return _deny(uid, parsed)
+    if pod_security and (
+        refused := podsecurity.refusal(parsed, annotations, pod_security, req.get("namespace", ""))
+    ):
+        return _deny(uid, (refused,))
     if errors := clashes(pod, parsed, settings):
         return _deny(uid, errors)
     ops = taken + pod_patch(pod, parsed, settings)

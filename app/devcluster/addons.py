@@ -353,11 +353,17 @@ def extender_spec(
     )
 
 
-def webhook_spec(port: int, cert: Path, key: Path, ca_file: Path) -> ComponentSpec:
+def webhook_spec(
+    port: int, cert: Path, key: Path, ca_file: Path, mps_pipe_host_dir: Path | None = None
+) -> ComponentSpec:
+    """`mps_pipe_host_dir`: the hostPath the webhook mounts into MPS pods (default /tmp/nvidia-mps); a real
+    kubelet creates it, so a dev cluster with a real node keeps it inside the cluster dir."""
+    pipe = ("--mps-pipe-host-dir", str(mps_pipe_host_dir)) if mps_pipe_host_dir is not None else ()
     argv = gpupack_cli(
         "webhook", "serve",
         "--cert", str(cert), "--key", str(key),
         "--host", "127.0.0.1", "--port", str(port),
+        *pipe,
     )  # fmt: skip
     return ComponentSpec(
         name=WEBHOOK,
@@ -501,9 +507,16 @@ class Components:
 
     name = "extender+webhook+agents"
 
-    def __init__(self, *, agent_heartbeat: str = "30s", probe_timeout_s: float = 30) -> None:
+    def __init__(
+        self,
+        *,
+        agent_heartbeat: str = "30s",
+        probe_timeout_s: float = 30,
+        mps_pipe_host_dir: Path | None = None,
+    ) -> None:
         self.agent_heartbeat = agent_heartbeat
         self.probe_timeout_s = probe_timeout_s
+        self.mps_pipe_host_dir = mps_pipe_host_dir
 
     def start(self, cluster: Cluster, nodes: Sequence[str], progress: Progress = _quiet) -> None:
         specs = [
@@ -514,7 +527,11 @@ class Components:
                 cluster.extender_tls,
             ),
             webhook_spec(
-                cluster.webhook_port, cluster.webhook_cert_file, cluster.webhook_key_file, cluster.ca_file
+                cluster.webhook_port,
+                cluster.webhook_cert_file,
+                cluster.webhook_key_file,
+                cluster.ca_file,
+                self.mps_pipe_host_dir,
             ),
             *self.agent_specs(cluster, nodes),
         ]

@@ -267,7 +267,11 @@ class Cluster:
     def start(self, progress: Progress = _quiet) -> None:
         """Start the control plane in order, each healthy before the next; on failure stop what started."""
         try:
-            for spec in components.control_plane(self.bin_dir, self.layout, self.ports):
+            # meta "service_accounts" (set before start): see components.apiserver.
+            sa = bool(self.meta.get("service_accounts"))
+            for spec in components.control_plane(
+                self.bin_dir, self.layout, self.ports, service_account_admission=sa
+            ):
                 self.start_process(spec, progress)
                 if spec.name == "kube-apiserver":
                     self._bootstrap()

@@ -33,7 +33,7 @@ from app.devcluster.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy/helm/gpupack"
-KUBE_VERSION = "v1.34.10"  # what tests/k8s/build.sh builds
+KUBE_VERSION = (REPO / "tests/k8s/VERSION").read_text().strip()  # what tests/k8s/build.sh builds
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "defaults": (),
@@ -175,7 +175,8 @@ def test_helm_mode_puts_its_own_ca_in_the_webhook_configuration(helm: str) -> No
     secret = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] == "gpupack-webhook-tls")
     mwc = next(o for o in objs if o["kind"] == "MutatingWebhookConfiguration")
     assert secret["metadata"]["name"] == "gpupack-webhook-tls"
-    assert [w["clientConfig"]["caBundle"] for w in mwc["webhooks"]] == [secret["data"]["ca.crt"]]
+    # One entry per Pod Security level (deploy/webhook/), each with the same CA.
+    assert [w["clientConfig"]["caBundle"] for w in mwc["webhooks"]] == [secret["data"]["ca.crt"]] * 3
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))

@@ -142,8 +142,15 @@ def test_webhook_configuration_points_at_the_url_with_the_ca() -> None:
     before = copy.deepcopy(template)
     got = admission.webhook_configuration(template, "Q0E=", "https://127.0.0.1:1234/mutate")
     assert template == before  # the template is not modified
-    for hook in got["webhooks"]:
-        assert hook["clientConfig"] == {"url": "https://127.0.0.1:1234/mutate", "caBundle": "Q0E="}
+    # Each entry keeps its own path (one per Pod Security level), on the url's host and port.
+    urls = [hook["clientConfig"]["url"] for hook in got["webhooks"]]
+    assert urls == [
+        "https://127.0.0.1:1234/mutate",
+        "https://127.0.0.1:1234/mutate/pod-security/baseline",
+        "https://127.0.0.1:1234/mutate/pod-security/restricted",
+    ]
+    assert all(hook["clientConfig"]["caBundle"] == "Q0E=" for hook in got["webhooks"])
+    assert all(set(hook["clientConfig"]) == {"url", "caBundle"} for hook in got["webhooks"])
     # Without a url the Service reference stays (the chart's in-cluster form); only the CA is filled.
     in_cluster = admission.webhook_configuration(template, "Q0E=")
     for hook, orig in zip(in_cluster["webhooks"], template["webhooks"], strict=True):
