@@ -6,14 +6,14 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agent import envcheck, verify
+from agent import metrics as m
 from agent import reporter as rep
-from agent import verify
 from agent.cgroup import PodRef
 from agent.mps import Device, MpsState, MpsSupervisor
 from agent.nvml.base import Nvml, NvmlCode, NvmlError
 from agent.sample import NodeSample, Sampler
 from app import log
-from app import metrics as m
 from app.errors import KubeError
 from app.kube.calls import Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus
@@ -24,6 +24,14 @@ _log = log.get("gpupack.agent")
 
 class Resolver(Protocol):
     def pod_of(self, pid: int) -> PodRef | None: ...
+
+
+class Procs(Protocol):
+    """The host's processes (agent.cgroup.ProcResolver), for the container-start env check."""
+
+    def pids(self) -> list[int]: ...
+    def pod_of(self, pid: int) -> PodRef | None: ...
+    def environ(self, pid: int) -> bytes | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,14 +54,16 @@ class Agent:
         mps: MpsSupervisor,
         send: Callable[[Request], dict[str, Any]],
         clock: Callable[[], float],
+        procs: Procs | None = None,
     ) -> None:
+        """`procs`: the host's processes, for the container-start env check (None: no check)."""
         self.config = config
         self.nvml = nvml
         self.resolver = resolver
         self.mps = mps
         self.send = send
         self.clock = clock
-        self.sampler = Sampler(nvml, on_error=lambda code: m.AGENT_NVML_ERRORS.labels(code.value).inc())
+        self.sampler = Sampler(nvml, on_error=lambda code: m.NVML_ERRORS.labels(code.value).inc())
         self.reporter = rep.Reporter(config.node, send, config.reporter, on_write=self._count_write)
         self.nvml_ready = False
         self._nvml_error = ""
@@ -65,11 +75,15 @@ class Agent:
         self._reported: set[tuple[str, verify.Kind, str]] = set()
         self._series: dict[Any, set[tuple[str, ...]]] = {}
         self.last_step: float | None = None
+        self.procs = procs
+        self._env_done: set[int] = set()  # pids checked, or known to be no gpupack container's
+        self._env_waiting: dict[int, float] = {}  # pid -> when first seen with its container not yet listed
+        self._env_relist = False
 
     @staticmethod
     def _count_write(kind: str, result: str) -> None:
         if kind in {w.value for w in m.AgentWrite}:  # only the pre-created series
-            m.AGENT_WRITES.labels(kind, result).inc()
+            m.WRITES.labels(kind, result).inc()
 
     def _ensure_nvml(self, now: float) -> None:
         # NVML may come up after the agent (driver install); retry init once per heartbeat.
@@ -79,7 +93,7 @@ class Agent:
         try:
             self.nvml.init()
         except NvmlError as exc:
-            m.AGENT_NVML_ERRORS.labels(exc.code.value).inc()
+            m.NVML_ERRORS.labels(exc.code.value).inc()
             if str(exc) != self._nvml_error:
                 _log.error("NVML init failed", extra={"code": exc.code.value, "error": str(exc)})
             self._nvml_error = str(exc)
@@ -100,6 +114,7 @@ class Agent:
         mps = self.mps.tick([Device(g.uuid, g.memory_mib) for g in spec.shared_gpus], now)
         refs = self._resolve(sample)
         self._refresh_pods(sample, now)
+        self._check_env(now)
         verdict = verify.verify(sample, refs, self._pods)
         self._handle_violations(verdict, now)
         status = rep.build_status(
@@ -132,7 +147,7 @@ class Agent:
             ref is not None and ref.pod_uid not in self._pods for ref in self._refs.values()
         )  # a process of a pod we have not seen yet: a new container started
         due = now - self._pods_at >= cfg.heartbeat_s or (
-            unknown and now - self._pods_at >= cfg.min_interval_s
+            (unknown or self._env_relist) and now - self._pods_at >= cfg.min_interval_s
         )
         if not due:
             return
@@ -145,12 +160,51 @@ class Agent:
         self._pods = {p.uid: p for p in (pod_info(i) for i in out.get("items", [])) if p.uid}
         self._reported = {k for k in self._reported if k[0] in self._pods}
 
+    def _check_env(self, now: float) -> None:
+        """Each new process of a gpupack pod's container, once: its env against the allocation
+        (agent.envcheck); a mismatch is a WRONG_ENV violation (Event on the pod, once per pod)."""
+        if self.procs is None:
+            return
+        alive = set(self.procs.pids())
+        self._env_done &= alive
+        self._env_waiting = {p: t for p, t in self._env_waiting.items() if p in alive}
+        self._env_relist = False
+        found: list[verify.Violation] = []
+        for pid in sorted(alive - self._env_done):
+            ref = self.procs.pod_of(pid)
+            pod = self._pods.get(ref.pod_uid) if ref is not None else None
+            container = pod.containers.get(ref.container_id) if pod is not None and ref is not None else None
+            if ref is None or not ref.container_id:
+                self._env_done.add(pid)  # a host process, or a pod's sandbox cgroup
+            elif pod is None or container is None:
+                # Not listed yet (a new pod, a container the pod status does not name yet): list again,
+                # once; a list taken after the process was first seen that still lacks it settles it.
+                first = self._env_waiting.setdefault(pid, now)
+                if first >= self._pods_at:
+                    self._env_relist = True
+                else:
+                    self._env_done.add(pid)
+            else:
+                self._env_done.add(pid)
+                raw = self.procs.environ(pid)
+                if raw is None:
+                    continue
+                bad = envcheck.mismatches(pod, container, envcheck.parse_environ(raw))
+                m.ENV_CHECKS.labels((m.EnvCheck.MISMATCH if bad else m.EnvCheck.OK).value).inc()
+                if bad:
+                    message = (
+                        f"container {container} (pid {pid}) runs with {'; '.join(bad)}: the kubelet set "
+                        "these from the allocation, so the image or its entrypoint overrides them"
+                    )
+                    found.append(verify.Violation(verify.Kind.WRONG_ENV, pod, "", -1, (pid,), message))
+        self._handle_violations(verify.Verdict({}, (), tuple(found), ()), now)
+
     def _handle_violations(self, verdict: verify.Verdict, now: float) -> None:
         for v in verdict.violations:
             if v.key in self._reported:
                 continue
             self._reported.add(v.key)
-            m.AGENT_VIOLATIONS.labels(v.kind.value).inc()
+            m.VIOLATIONS.labels(v.kind.value).inc()
             _log.warning(
                 "allocation violated",
                 extra={"kind": v.kind.value, "pod": f"{v.pod.namespace}/{v.pod.name}", "gpu": v.gpu_index,
@@ -182,21 +236,21 @@ class Agent:
             lab = (str(g.index), g.uuid)
             util = None if g.utilization_percent is None else g.utilization_percent / 100
             foreign = sum(1 for p in g.processes if not verdict.owners.get(p.pid))
-            put(m.AGENT_GPU_HEALTHY, lab, 1 if g.healthy else 0)
-            put(m.AGENT_GPU_MEMORY_TOTAL_MIB, lab, g.memory_total_mib)
-            put(m.AGENT_GPU_MEMORY_USED_MIB, lab, g.memory_used_mib)
-            put(m.AGENT_GPU_UTILIZATION_RATIO, lab, util)
-            put(m.AGENT_GPU_PROCESSES, (*lab, "pod"), len(g.processes) - foreign)
-            put(m.AGENT_GPU_PROCESSES, (*lab, "foreign"), foreign)
+            put(m.GPU_HEALTHY, lab, 1 if g.healthy else 0)
+            put(m.GPU_MEMORY_TOTAL_MIB, lab, g.memory_total_mib)
+            put(m.GPU_MEMORY_USED_MIB, lab, g.memory_used_mib)
+            put(m.GPU_UTILIZATION_RATIO, lab, util)
+            put(m.GPU_PROCESSES, (*lab, "pod"), len(g.processes) - foreign)
+            put(m.GPU_PROCESSES, (*lab, "foreign"), foreign)
         for u in verdict.usage:
             pod_lab = (u.pod.namespace, u.pod.name, str(u.gpu_index))
-            put(m.AGENT_POD_MEMORY_USED_MIB, pod_lab, u.used_mib)
-            put(m.AGENT_POD_MEMORY_LIMIT_MIB, pod_lab, u.limit_mib)
+            put(m.POD_MEMORY_USED_MIB, pod_lab, u.used_mib)
+            put(m.POD_MEMORY_LIMIT_MIB, pod_lab, u.limit_mib)
         for gauge, before in self._series.items():
             for labels in before - seen.get(gauge, set()):
                 gauge.remove(*labels)
         self._series = seen
-        m.AGENT_MPS_UP.set(1 if self.mps.state is MpsState.RUNNING else 0)
+        m.MPS_UP.set(1 if self.mps.state is MpsState.RUNNING else 0)
 
     def heartbeat_age(self) -> float:
         last = self.reporter.last_heartbeat

@@ -4,34 +4,21 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cache
 from importlib import resources
 from typing import TypeVar
 
-from agent.nvml.base import FATAL_CODES, Nvml, NvmlCode, NvmlError
+from agent.nvml.base import FATAL_CODES, MigDeviceInfo, Nvml, NvmlCode, NvmlError, ProcessInfo
 from app import catalog
 
 T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True)
-class ProcSample:
-    pid: int
-    used_mib: int | None
-    mig_uuid: str = ""  # the MIG device it runs on, "" for a whole GPU
-
-
-@dataclass(frozen=True, slots=True)
-class MigSample:
-    mig_index: int
-    uuid: str
-    memory_total_mib: int
-    memory_used_mib: int
-
-
-@dataclass(frozen=True, slots=True)
 class GpuSample:
+    """One GPU's reading: NVML's own value types (MigDeviceInfo, ProcessInfo) plus what the agent derives."""
+
     index: int
     uuid: str
     product_name: str
@@ -44,8 +31,8 @@ class GpuSample:
     power_mw: int | None = None
     ecc_uncorrected: int | None = None
     mig_enabled: bool = False
-    mig_devices: tuple[MigSample, ...] = ()
-    processes: tuple[ProcSample, ...] = ()
+    mig_devices: tuple[MigDeviceInfo, ...] = ()
+    processes: tuple[ProcessInfo, ...] = ()
     healthy: bool = True
     reason: str = ""  # why it is unhealthy
     errors: tuple[NvmlCode, ...] = ()  # codes raised while reading it (NOT_SUPPORTED included)
@@ -113,17 +100,7 @@ class Sampler:
             mem = nv.memory(index)
         except NvmlError as exc:
             self.on_error(exc.code)
-            uuid, name, total = self._known.get(index, ("", "", 0))
-            return GpuSample(
-                index=index,
-                uuid=uuid,
-                product_name=name,
-                model=model_name(name) if name else "unknown",
-                memory_total_mib=total,
-                healthy=False,
-                reason=str(exc),
-                errors=(exc.code,),
-            )
+            return _broken(index, self._known.get(index, ("", "", 0)), exc, ())
         self._known[index] = (uuid, name, mem.total_mib)
         try:
             util = opt(lambda: nv.utilization(index))
@@ -135,16 +112,7 @@ class Sampler:
             migs = self._migs(index) if mig else ()
             procs = self._processes(index, mig, migs)
         except NvmlError as exc:
-            return GpuSample(
-                index=index,
-                uuid=uuid,
-                product_name=name,
-                model=model_name(name),
-                memory_total_mib=mem.total_mib,
-                healthy=False,
-                reason=str(exc),
-                errors=(*errors, exc.code),
-            )
+            return _broken(index, self._known[index], exc, errors)
         fatal = [x for x in xids if x not in application_xids()]
         if fatal:
             self._sticky.setdefault(uuid, f"critical XID {fatal[0]}")
@@ -171,8 +139,8 @@ class Sampler:
             errors=tuple(errors),
         )
 
-    def _migs(self, index: int) -> tuple[MigSample, ...]:
-        out: list[MigSample] = []
+    def _migs(self, index: int) -> tuple[MigDeviceInfo, ...]:
+        out: list[MigDeviceInfo] = []
         for slot in range(self.nvml.mig_device_count(index)):
             try:
                 m = self.nvml.mig_device(index, slot)
@@ -180,14 +148,29 @@ class Sampler:
                 if exc.code is NvmlCode.NOT_FOUND:  # an empty slot, as NVML reports it
                     continue
                 raise
-            out.append(MigSample(slot, m.uuid, m.memory_total_mib, m.memory_used_mib))
+            out.append(m)
         return tuple(out)
 
-    def _processes(self, index: int, mig: bool, migs: tuple[MigSample, ...]) -> tuple[ProcSample, ...]:
+    def _processes(self, index: int, mig: bool, migs: tuple[MigDeviceInfo, ...]) -> tuple[ProcessInfo, ...]:
         if not mig:
-            return tuple(ProcSample(p.pid, p.used_mib) for p in self.nvml.processes(index))
+            return self.nvml.processes(index)
         return tuple(
-            ProcSample(p.pid, p.used_mib, m.uuid)
-            for m in migs
-            for p in self.nvml.processes(index, m.mig_index)
+            replace(p, mig_uuid=m.uuid) for m in migs for p in self.nvml.processes(index, m.mig_index)
         )
+
+
+def _broken(
+    index: int, known: tuple[str, str, int], exc: NvmlError, errors: list[NvmlCode] | tuple[()]
+) -> GpuSample:
+    """A GPU whose reading failed with `exc`: what is known of it (uuid, name, MiB), marked unhealthy."""
+    uuid, name, total_mib = known
+    return GpuSample(
+        index=index,
+        uuid=uuid,
+        product_name=name,
+        model=model_name(name) if name else "unknown",
+        memory_total_mib=total_mib,
+        healthy=False,
+        reason=str(exc),
+        errors=(*errors, exc.code),
+    )

@@ -14,13 +14,14 @@ from typing import Any
 
 from app import log, request
 from app.errors import KubeError
+from app.explain import NO_GPUNODE, reason_text
 from app.kube import calls
 from app.kube.cache import ClusterCache
 from app.kube.informers import KubeApi
-from app.metrics import BindOutcome
 from app.model import Allocation, Demand
 from app.placement import Policy, to_allocation
-from extender.verbs import NO_GPUNODE, invalid_request, reason_text
+from extender.metrics import BindOutcome
+from extender.verbs import invalid_request
 
 LOG = log.get("gpupack.extender.bind")
 

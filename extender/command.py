@@ -6,7 +6,8 @@ import argparse
 import sys
 
 from app.placement import DEFAULT_POLICY, registry
-from extender.config import Settings
+from app.settings import from_args
+from extender.config import FLAGS, Settings
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -80,49 +81,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
-    extra = {"identity": args.identity} if args.identity else {}
     duration = args.lease_duration
-    return Settings(
-        kubeconfig=args.kubeconfig,
-        host=args.host,
-        port=args.port,
-        ops_port=args.ops_port,
-        tls_cert_file=args.tls_cert,
-        tls_key_file=args.tls_key,
-        client_ca_file=args.client_ca,
-        cert_check_interval_s=args.cert_check_interval,
-        policy=args.policy,
-        decide_in_filter=args.decide_in_filter,
-        lease_namespace=args.lease_namespace,
-        lease_name=args.lease_name,
-        lease_duration_s=duration,
-        renew_deadline_s=duration * 2 / 3,
-        retry_period_s=max(0.2, duration / 7.5),
-        heartbeat_timeout_s=args.heartbeat_timeout,
-        watch_timeout_s=args.watch_timeout,
-        live_within_s=args.live_within,
-        log_level=args.log_level,
-        **extra,
+    # The lease's timing follows its duration in client-go's proportions (15 s: renew 10 s, retry 2 s).
+    return from_args(
+        Settings, args, FLAGS, renew_deadline_s=duration * 2 / 3, retry_period_s=max(0.2, duration / 7.5)
     )
-
-
-# Settings fields whose flag is not just the field name in kebab case.
-_FLAGS = {
-    "tls_cert_file": "--tls-cert",
-    "tls_key_file": "--tls-key",
-    "client_ca_file": "--client-ca",
-    "cert_check_interval_s": "--cert-check-interval",
-    "lease_duration_s": "--lease-duration",
-    "heartbeat_timeout_s": "--heartbeat-timeout",
-}
-
-
-def as_flag(error: str) -> str:
-    """A settings error ("ops_port=0: ...") as the user typed it ("--ops-port=0: ...")."""
-    field, sep, rest = error.partition("=")
-    if not sep or not field.isidentifier():
-        return error
-    return _FLAGS.get(field, "--" + field.replace("_", "-")) + sep + rest
 
 
 def serve(args: argparse.Namespace) -> int:
@@ -132,7 +95,7 @@ def serve(args: argparse.Namespace) -> int:
     errors = settings.validate() + settings.serving_errors()
     if errors:
         for e in errors:
-            print(f"gpupack extender serve: {as_flag(e)}", file=sys.stderr)
+            print(f"gpupack extender serve: {e.as_flag()}", file=sys.stderr)
         return 2
     run(settings)
     return 0

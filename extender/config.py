@@ -6,7 +6,21 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from app.errors import SettingError
 from app.placement import DEFAULT_POLICY, registry
+from app.settings import Checker
+
+# Settings fields whose flag is not just the field name in kebab case.
+FLAGS = {
+    "tls_cert_file": "--tls-cert",
+    "tls_key_file": "--tls-key",
+    "client_ca_file": "--client-ca",
+    "cert_check_interval_s": "--cert-check-interval",
+    "lease_duration_s": "--lease-duration",
+    "heartbeat_timeout_s": "--heartbeat-timeout",
+    "watch_timeout_s": "--watch-timeout",
+    "live_within_s": "--live-within",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -42,66 +56,46 @@ class Settings:
     live_within_s: float = 60.0
     log_level: str = "info"
 
-    def validate(self) -> list[str]:
-        errors: list[str] = []
-        if not 0 < self.port < 65536:
-            errors.append(f"port={self.port}: must be in 1..65535")
+    def validate(self) -> list[SettingError]:
+        check = Checker(FLAGS)
+        check.port("port", self.port)
         if not 0 < self.ops_port < 65536 or self.ops_port == self.port:
-            errors.append(f"ops_port={self.ops_port}: must be in 1..65535 and differ from port={self.port}")
-        errors += self._tls_errors()
-        if self.cert_check_interval_s <= 0:
-            errors.append(f"cert_check_interval_s={self.cert_check_interval_s}: must be > 0")
+            check.bad("ops_port", self.ops_port, f"must be in 1..65535 and differ from port={self.port}")
+        files = {"tls_cert_file": self.tls_cert_file, "tls_key_file": self.tls_key_file}
+        files["client_ca_file"] = self.client_ca_file
+        if any(files.values()):  # an app without TLS settings (tests); `serving_errors` insists on them
+            for name, path in files.items():
+                rule = "must name a readable PEM file (all three TLS files go together)"
+                check.readable_file(name, path, rule)
+        check.positive("cert_check_interval_s", self.cert_check_interval_s)
         if self.policy not in registry.names():
-            errors.append(f"policy={self.policy!r}: must be one of {', '.join(registry.names())}")
+            check.bad("policy", self.policy, f"must be one of {', '.join(registry.names())}")
         if not self.lease_namespace:
-            errors.append("lease_namespace='': must name a namespace")
+            check.bad("lease_namespace", self.lease_namespace, "must name a namespace")
         if not self.identity:
-            errors.append("identity='': must be non-empty")
+            check.bad("identity", self.identity, "must be non-empty")
         if not 0 < self.renew_deadline_s < self.lease_duration_s:
-            limit = self.lease_duration_s
-            errors.append(
-                f"renew_deadline_s={self.renew_deadline_s}: must be in (0, lease_duration_s={limit})"
-            )
+            rule = f"must be in (0, lease_duration_s={self.lease_duration_s})"
+            check.bad("renew_deadline_s", self.renew_deadline_s, rule)
         if self.retry_period_s <= 0 or self.retry_period_s >= self.renew_deadline_s:
-            errors.append(f"retry_period_s={self.retry_period_s}: must be in (0, renew_deadline_s)")
-        if self.heartbeat_timeout_s is not None and self.heartbeat_timeout_s <= 0:
-            errors.append(f"heartbeat_timeout_s={self.heartbeat_timeout_s}: must be > 0")
-        if self.assume_ttl_s <= 0:
-            errors.append(f"assume_ttl_s={self.assume_ttl_s}: must be > 0")
-        if self.resync_s <= 0:
-            errors.append(f"resync_s={self.resync_s}: must be > 0")
+            check.bad("retry_period_s", self.retry_period_s, "must be in (0, renew_deadline_s)")
+        if self.heartbeat_timeout_s is not None:
+            check.positive("heartbeat_timeout_s", self.heartbeat_timeout_s)
+        check.positive("assume_ttl_s", self.assume_ttl_s)
+        check.positive("resync_s", self.resync_s)
         if self.watch_timeout_s < 1:
-            errors.append(f"watch_timeout_s={self.watch_timeout_s}: must be >= 1")
+            check.bad("watch_timeout_s", self.watch_timeout_s, "must be >= 1")
         ttl_ok = self.assume_ttl_s > 0 and self.watch_timeout_s >= 1  # else reported above
         if ttl_ok and not self.watch_timeout_s < self.live_within_s < self.assume_ttl_s:
-            errors.append(
-                f"live_within_s={self.live_within_s}: must be in (watch_timeout_s={self.watch_timeout_s}, "
-                f"assume_ttl_s={self.assume_ttl_s})"
-            )
-        return errors
+            rule = f"must be in (watch_timeout_s={self.watch_timeout_s}, assume_ttl_s={self.assume_ttl_s})"
+            check.bad("live_within_s", self.live_within_s, rule)
+        return check.errors
 
-    def _tls_errors(self) -> list[str]:
-        files = {
-            "tls_cert_file": self.tls_cert_file,
-            "tls_key_file": self.tls_key_file,
-            "client_ca_file": self.client_ca_file,
-        }
-        if not any(files.values()):
-            return []  # an app without TLS settings (tests); `serving_errors` insists on them for serve
-        return [
-            f"{name}={path!r}: must name a readable PEM file (all three TLS files go together)"
-            for name, path in files.items()
-            if not (path and os.path.isfile(path) and os.access(path, os.R_OK))
-        ]
-
-    def serving_errors(self) -> list[str]:
+    def serving_errors(self) -> list[SettingError]:
         """What `serve` needs beyond `validate`: the extender answers kube-scheduler only over mutual TLS."""
-        return [
-            f"{name}=None: required; the scheduler-facing port serves only HTTPS with a client certificate"
-            for name, path in (
-                ("tls_cert_file", self.tls_cert_file),
-                ("tls_key_file", self.tls_key_file),
-                ("client_ca_file", self.client_ca_file),
-            )
-            if not path
-        ]
+        check = Checker(FLAGS)
+        for name in ("tls_cert_file", "tls_key_file", "client_ca_file"):
+            if not getattr(self, name):
+                rule = "required; the scheduler-facing port serves only HTTPS with a client certificate"
+                check.bad(name, None, rule)
+        return check.errors

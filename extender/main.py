@@ -12,13 +12,12 @@ from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CollectorRegistry
 from starlette.exceptions import HTTPException
 
 from app import log, wire
 from app.kube.client import Kube
-from app.metrics import ExtenderStateCollector
 from app.tls import ReloadingContext
+from extender import metrics
 from extender.config import Settings
 from extender.routes import ops, scheduling, state
 from extender.runtime import KubeRuntime, Runtime, gauges_of
@@ -30,7 +29,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     """The ASGI app. Without `runtime`, one is built from `settings` (API access, informers, lease)."""
     errors = settings.validate()
     if errors:
-        raise ValueError("invalid extender settings: " + "; ".join(errors))
+        raise ValueError("invalid extender settings: " + "; ".join(map(str, errors)))
     rt: Runtime = runtime if runtime is not None else KubeRuntime(Kube.connect(settings.kubeconfig), settings)
 
     @asynccontextmanager
@@ -49,9 +48,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         title="gpupack extender", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.runtime = rt
-    registry = CollectorRegistry(auto_describe=False)
-    registry.register(ExtenderStateCollector(lambda: gauges_of(rt)))
-    app.state.metrics_registry = registry
+    app.state.metrics_registry = metrics.registry(lambda: gauges_of(rt))
     for router in (scheduling.router, ops.router, state.router):
         app.include_router(router)
     app.add_exception_handler(RequestValidationError, _malformed)  # type: ignore[arg-type]
@@ -96,7 +93,7 @@ def servers(app: FastAPI, settings: Settings) -> tuple[uvicorn.Server, uvicorn.S
     """(main, ops): `app` on `port` behind mutual TLS, its probes and metrics on `ops_port` in plain HTTP."""
     cert, key, client_ca = settings.tls_cert_file, settings.tls_key_file, settings.client_ca_file
     if not (cert and key and client_ca):
-        raise ValueError("invalid extender settings: " + "; ".join(settings.serving_errors()))
+        raise ValueError("invalid extender settings: " + "; ".join(map(str, settings.serving_errors())))
     tls = ReloadingContext(cert, key, check_interval=settings.cert_check_interval_s, client_ca=client_ca)
     common: dict[str, Any] = {"host": settings.host, "log_config": None, "access_log": False}
     main = uvicorn.Server(

@@ -6,11 +6,11 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
+from app.explain import reason_text
 from app.kube.cache import ClusterCache
 from app.model import Demand
 from app.placement import Policy
 from app.placement.ranking import Ranking, Standings
-from extender import verbs
 
 # Shapes ranked at once. Each ranking holds one verdict per node; pods come in a handful of shapes,
 # so a table that fills up (many one-off shapes) is simply started over.
@@ -35,7 +35,7 @@ class Rankings:
             if ranking is None:
                 if len(self._rankings) >= self.max_shapes:
                     self._rankings.clear()
-                ranking = self._rankings[demand] = Ranking(demand, self.policy, verbs.reason_text)
+                ranking = self._rankings[demand] = Ranking(demand, self.policy, reason_text)
             frame = self.cache.frame(ranking.token, exclude_uid)
             ranking.update(frame.token, frame.changed, frame.rank, frame.full)
             yield ranking.standings(frame.adjusted)

@@ -14,12 +14,13 @@ from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.informers import Informer, InformerConfig, KubeApi
 from app.kube.lease import LeaderElector, LeaseConfig
-from app.metrics import ExtenderGauges, PendingReason
+from app.kube.quotas import QuotaStore
 from app.placement import Policy, registry
 from app.pods import slim_pod
 from extender import stats
 from extender.binder import Binder
 from extender.config import Settings
+from extender.metrics import ExtenderGauges, PendingReason
 from extender.rankings import Rankings
 
 LOG = log.get("gpupack.extender")
@@ -29,6 +30,7 @@ class Runtime(Protocol):
     """What the routes need from the process; tests provide an in-memory one."""
 
     cache: ClusterCache
+    quotas: QuotaStore
     policy: Policy
     rankings: Rankings  # the policy's verdicts on the cache's nodes, per demand shape
     binder: Binder
@@ -49,7 +51,7 @@ def gauges_of(rt: Runtime) -> ExtenderGauges:
         for p in cache.pods()
         if p.pending
     ]
-    return stats.gauges(cache.snapshot(), cache.allocations(), pending, rt.is_leader())
+    return stats.gauges(cache.snapshot(), cache.allocations(), pending, rt.is_leader(), rt.quotas.uses())
 
 
 def informers(
@@ -85,6 +87,7 @@ class StaticRuntime:
         self, cache: ClusterCache, policy: Policy, binder: Binder, decide_in_filter: bool = True
     ) -> None:
         self.cache = cache
+        self.quotas = QuotaStore()
         self.policy = policy
         self.rankings = Rankings(cache, policy)
         self.binder = binder
@@ -123,6 +126,12 @@ class KubeRuntime:
             stuck_after_s=max(300.0, 3 * settings.live_within_s),
         )
         self.informers = informers(kube, self.cache, cfg, clock)
+        # Namespaces' ResourceQuotas, for the quota gauges only: observability, so neither readiness nor
+        # liveness waits for it, and an install without RBAC on resourcequotas still schedules.
+        self.quotas = QuotaStore()
+        self.quota_informer = Informer(
+            kube, paths.resource_quotas(), self.quotas.handler, name="resourcequotas", config=cfg, clock=clock
+        )
         self._leader_since: float | None = None
         self._settled = False  # the heap was frozen since the last time the replica became ready
         self.elector = LeaderElector(
@@ -181,11 +190,11 @@ class KubeRuntime:
         return True, "alive"
 
     def start(self) -> None:
-        self._threads = [inf.start() for inf in self.informers]
+        self._threads = [inf.start() for inf in (*self.informers, self.quota_informer)]
         self._threads.append(self.elector.start())
 
     def stop(self) -> None:
         self.elector.stop()
         self.elector.release()
-        for inf in self.informers:
+        for inf in (*self.informers, self.quota_informer):
             inf.stop()

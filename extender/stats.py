@@ -5,17 +5,10 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from app.metrics import ExtenderGauges, GpuGauge, PendingReason
+from app.fragmentation import fragmented_milli, typical_milli
 from app.model import Allocation, ClusterState
-
-
-def typical_milli(allocs: Iterable[Allocation]) -> int:
-    """The most common per-GPU share among allocations (smallest on ties); 0 when there are none."""
-    counts = Counter(a.milli for a in allocs)
-    if not counts:
-        return 0
-    top = max(counts.values())
-    return min(m for m, n in counts.items() if n == top)
+from app.quota import QuotaUse
+from extender.metrics import ExtenderGauges, GpuGauge, PendingReason
 
 
 def gauges(
@@ -23,6 +16,7 @@ def gauges(
     allocs: Mapping[str, Allocation],
     pending: Iterable[PendingReason],
     leader: bool,
+    quotas: Iterable[QuotaUse] = (),
 ) -> ExtenderGauges:
     pods: Counter[tuple[str, int]] = Counter()
     for a in allocs.values():
@@ -35,14 +29,18 @@ def gauges(
         for g in node.gpus:
             rows.append(
                 GpuGauge(
-                    node.name, g.index, g.model, g.milli_used, g.memory_used_mib, pods[(node.name, g.index)]
+                    node.name,
+                    g.index,
+                    g.model,
+                    g.milli_used,
+                    g.memory_used_mib,
+                    pods[(node.name, g.index)],
+                    g.mig_profile,
+                    g.parent,
                 )
             )
-            if g.milli_used <= 0:
-                free += 1
-                continue
-            if 0 < g.milli_free < typical:
-                fragmented += g.milli_free
+            free += g.milli_used <= 0 and not g.is_mig  # a free MIG device is no free GPU
+        fragmented += fragmented_milli([g for g in node.gpus if not g.is_mig], typical)
     return ExtenderGauges(
         gpus=tuple(rows),
         packing_efficiency=state.packing_efficiency,
@@ -51,4 +49,5 @@ def gauges(
         gpus_free=free,
         pending=dict(Counter(p.value for p in pending)),
         leader=leader,
+        quotas=tuple(quotas),
     )

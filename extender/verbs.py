@@ -1,24 +1,20 @@
-"""Filter, prioritize and explain as pure functions over Nodes, a Demand and a placement Policy."""
+"""Filter and prioritize over a ranking's standings (pure); /explain is app.explain's."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
 
+from app import explain as app_explain
 from app import request
-from app.errors import PlacementReason, ReasonKind, RequestError
-from app.metrics import PendingReason
-from app.model import Demand, Node
-from app.placement import Placement, Policy, normalize_scores, place, score_nodes
+from app.errors import ReasonKind, RequestError
+from app.explain import NO_GPUNODE
+from app.placement import normalize_scores
 from app.placement.ranking import Standings
+from extender.metrics import PendingReason
 
-NO_GPUNODE = "no GPUNode object for this node: the gpupack agent does not run here"
-
-
-def reason_text(reason: PlacementReason) -> str:
-    """The rule, prefixed with the GPU when it is about one GPU (the node is the map key already)."""
-    return reason.rule if reason.gpu is None else f"gpu{reason.gpu}: {reason.rule}"
+# /explain is app.explain.explain, shared with `gpupack explain`.
+explain = app_explain.explain
 
 
 # The pending-pods metric's reason label, by the kind placement tags each refusal with.
@@ -78,11 +74,6 @@ def filter_nodes(names: Sequence[str], standings: Standings, decide: bool) -> Fi
     return FilterOutcome(passed, failed, unresolvable)
 
 
-def ordered(nodes: Mapping[str, Node | None]) -> list[Node]:
-    """The nodes that exist, in the mapping's order (ClusterCache.nodes gives natural name order)."""
-    return [n for n in nodes.values() if n is not None]
-
-
 def prioritize(names: Sequence[str], standings: Standings) -> list[tuple[str, int]]:
     """0..10 per node in `names` order: the policy's raw score, min-max normalised; unfit nodes get 0."""
     raw: dict[str, float | None] = {}
@@ -91,35 +82,3 @@ def prioritize(names: Sequence[str], standings: Standings) -> list[tuple[str, in
         raw[name] = v.score if v is not None and v.reason is None else None
     scaled = normalize_scores(raw)
     return [(n, scaled[n]) for n in names]
-
-
-def explain(nodes: Mapping[str, Node | None], demand: request.PodDemand, policy: Policy) -> dict[str, Any]:
-    """Why each node would or would not get the pod, and where it would go now."""
-    if not isinstance(demand, Demand):
-        return {"demand": None, "error": request.render(demand), "choice": None, "nodes": []}
-    present = ordered(nodes)
-    raw = score_nodes(present, demand, policy)
-    scaled = normalize_scores(raw)
-    rows: list[dict[str, Any]] = []
-    for name, node in nodes.items():
-        if node is None:
-            rows.append({"node": name, "fits": False, "reason": NO_GPUNODE})
-            continue
-        reason = policy.filter(node, demand)
-        if reason is not None:
-            rows.append({"node": name, "fits": False, "reason": reason_text(reason)})
-        else:
-            rows.append({"node": name, "fits": True, "score": raw[name], "priority": scaled[name]})
-    chosen = place(present, demand, policy)
-    choice = {"node": chosen.node.name, "gpus": list(chosen.gpus)} if isinstance(chosen, Placement) else None
-    return {
-        "demand": {
-            "count": demand.count,
-            "milli": demand.milli,
-            "memoryMiB": demand.memory_mib,
-            "models": sorted(demand.models),
-        },
-        "policy": policy.name,
-        "choice": choice,
-        "nodes": rows,
-    }

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from app import certs, log
+from app import certs, log, names
+from app.settings import from_args
+from webhook.settings import FLAGS, Settings
 
 
 def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, hence Any
@@ -52,25 +54,38 @@ def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, henc
     gen.set_defaults(func=_certs)
 
 
+def settings_from(args: argparse.Namespace) -> Settings:
+    # An empty --scheduler-name or --mps-pipe-host-dir (an unset chart value) means the default.
+    return from_args(
+        Settings,
+        args,
+        FLAGS,
+        scheduler_name=args.scheduler_name or None,
+        mps_pipe_host_dir=args.mps_pipe_host_dir or names.MPS_PIPE_DIRECTORY,
+    )
+
+
 def _serve(args: argparse.Namespace) -> int:
     import uvicorn
 
-    from app import names
+    from app.tls import ReloadingContext
     from webhook.main import create_app
-    from webhook.settings import Settings
-    from webhook.tls import ReloadingContext
+    from webhook.metrics import count_cert_reload
 
-    log.setup(args.log_level)
-    tls = ReloadingContext(args.cert, args.key, check_interval=args.cert_check_interval)
-    settings = Settings(
-        scheduler_name=args.scheduler_name or None,
-        mps_pipe_host_dir=args.mps_pipe_host_dir or names.MPS_PIPE_DIRECTORY,
-        hami_takeover=args.hami_takeover,
+    settings = settings_from(args)
+    errors = settings.validate()
+    if errors:
+        for e in errors:
+            print(f"gpupack webhook serve: {e.as_flag()}", file=sys.stderr)
+        return 2
+    log.setup(settings.log_level)
+    tls = ReloadingContext(
+        args.cert, args.key, check_interval=settings.cert_check_interval_s, on_reload=count_cert_reload
     )
     config = uvicorn.Config(
         create_app(settings),
-        host=args.host,
-        port=args.port,
+        host=settings.host,
+        port=settings.port,
         ssl_context_factory=lambda _config, _default: tls.context,
         access_log=False,  # one structured line per review is logged by the app itself
         log_config=None,  # keep log.setup()'s JSON handler

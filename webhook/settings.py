@@ -1,10 +1,20 @@
-"""What the webhook's mutation depends on, set once at start-up from the command line or the chart."""
+"""The webhook's settings: one typed value, set once at start-up from the command line or the chart, with
+a validate() that reports every bad field at once."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from app import names
+from app.errors import SettingError
+from app.settings import Checker
+
+# Settings fields whose flag is not just the field name in kebab case.
+FLAGS = {"cert_file": "--cert", "key_file": "--key", "cert_check_interval_s": "--cert-check-interval"}
+
+# spec.schedulerName must be a DNS-1123 subdomain, or the apiserver rejects every pod we mutate.
+_DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
 
 @dataclass(frozen=True, slots=True)
@@ -14,3 +24,28 @@ class Settings:
     # Rewrite pods asking for HAMi's nvidia.com/gpumem, gpumem-percentage or gpucores into a gpupack share
     # (webhook.hami); off by default: such pods are then left alone, for HAMi or the device plugin.
     hami_takeover: bool = False
+    # Serving: HTTPS with a certificate that is reloaded when its files change.
+    cert_file: str | None = None  # None: an app without TLS (tests); `serve` requires both files
+    key_file: str | None = None
+    host: str = "0.0.0.0"
+    port: int = 8443
+    cert_check_interval_s: float = 1.0
+    log_level: str = "info"
+
+    def validate(self) -> list[SettingError]:
+        check = Checker(FLAGS)
+        name = self.scheduler_name
+        if name is not None and not (len(name) <= 253 and _DNS1123_SUBDOMAIN.match(name)):
+            rule = (
+                "must be a DNS-1123 subdomain (lowercase letters, digits, '-', '.'; at most 253 characters)"
+            )
+            check.bad("scheduler_name", name, rule)
+        parts = self.mps_pipe_host_dir.split("/")
+        if not self.mps_pipe_host_dir.startswith("/") or ".." in parts:
+            check.bad("mps_pipe_host_dir", self.mps_pipe_host_dir, "must be an absolute path without '..'")
+        if self.cert_file is not None or self.key_file is not None:
+            for field in ("cert_file", "key_file"):
+                check.readable_file(field, getattr(self, field), "must name a readable PEM file")
+        check.port("port", self.port)
+        check.positive("cert_check_interval_s", self.cert_check_interval_s)
+        return check.errors

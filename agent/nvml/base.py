@@ -60,6 +60,7 @@ class Utilization:
 class ProcessInfo:
     pid: int
     used_mib: int | None  # None where NVML cannot attribute memory (it reports "not available")
+    mig_uuid: str = ""  # the MIG device it runs on ("" for a whole GPU); set by the sampler
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,7 @@ class MigDeviceInfo:
     uuid: str  # "MIG-..."
     memory_total_mib: int
     memory_used_mib: int
+    profile: str = ""  # e.g. "1g.10gb": the suffix of the MIG device's NVML name ("" when it has none)
 
 
 class Nvml(Protocol):

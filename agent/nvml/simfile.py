@@ -297,21 +297,43 @@ def _mig(
         )
         return enabled, ()
     out: list[SimMig] = []
-    for slot, d in enumerate(devices_raw):
-        dpath = f"{path}.devices[{slot}]"
-        if not isinstance(d, dict):
-            errors.append(RequestError(dpath, repr(d), "must be a mapping"))
+    profiles = catalog.lookup(model).mig_profiles
+    for slot, dpath, d in _mappings(devices_raw, f"{path}.devices", "must be a mapping", errors):
+        for key in sorted(set(d) - {"profile", "memory_mib", "processes"}):
+            errors.append(RequestError(f"{dpath}.{key}", "", "is not a known field"))
+        name = str(d.get("profile", ""))
+        profile = next((p for p in profiles if p.name == name), None)
+        if profile is None:
+            known = ", ".join(p.name for p in profiles)
+            errors.append(
+                RequestError(f"{dpath}.profile", name, f"must be a MIG profile of {model} ({known})")
+            )
             continue
         out.append(
             SimMig(
                 slot=slot,
                 uuid=f"MIG-{uuidlib.uuid5(_UUID_NS, f'{gpu_uuid}/{slot}')}",
-                profile=str(d.get("profile", "")),
-                memory_mib=_int(d, "memory_mib", dpath, 0, (1, 1 << 22), errors=errors),
+                profile=profile.name,
+                memory_mib=_int(d, "memory_mib", dpath, profile.memory_mib, (1, 1 << 22), errors=errors),
                 processes=_processes(d.get("processes", []), f"{dpath}.processes", errors),
             )
         )
+    layout = tuple(m.profile for m in out)
+    if layout and (rule := catalog.mig_layout_error(catalog.lookup(model), layout)):
+        errors.append(RequestError(f"{path}.devices", ",".join(layout), rule))
     return enabled, tuple(out)
+
+
+def _mappings(
+    items: list[Any], path: str, rule: str, errors: list[RequestError]
+) -> Iterator[tuple[int, str, dict[str, Any]]]:
+    """Each item that is a mapping, with its index and path; any other item is reported under `rule`."""
+    for i, item in enumerate(items):
+        item_path = f"{path}[{i}]"
+        if isinstance(item, dict):
+            yield i, item_path, item
+        else:
+            errors.append(RequestError(item_path, repr(item), rule))
 
 
 def _processes(raw: Any, path: str, errors: list[RequestError]) -> tuple[SimProcess, ...]:
@@ -319,11 +341,7 @@ def _processes(raw: Any, path: str, errors: list[RequestError]) -> tuple[SimProc
         errors.append(RequestError(path, repr(raw)[:40], "must be a list"))
         return ()
     out: list[SimProcess] = []
-    for i, p in enumerate(raw):
-        ppath = f"{path}[{i}]"
-        if not isinstance(p, dict):
-            errors.append(RequestError(ppath, repr(p), "must be a mapping with pid and used_mib"))
-            continue
+    for _, ppath, p in _mappings(raw, path, "must be a mapping with pid and used_mib", errors):
         for key in sorted(set(p) - {"pid", "used_mib", "pod_uid", "container"}):
             errors.append(RequestError(f"{ppath}.{key}", "", "is not a known field"))
         out.append(

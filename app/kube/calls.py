@@ -55,6 +55,28 @@ def get_pod(namespace: str, name: str) -> Request:
     return Request("GET", paths.pod(namespace, name))
 
 
+def get_pdb(namespace: str, name: str) -> Request:
+    return Request("GET", paths.pdb(namespace, name))
+
+
+def eviction(namespace: str, name: str, uid: str = "", dry_run: bool = False) -> Request:
+    """Evict a pod through the Eviction API, so PodDisruptionBudgets decide (429 when one refuses).
+
+    With `uid`, the eviction applies only to that pod (a re-created pod of the same name is left alone);
+    `dry_run` asks the apiserver to check everything and change nothing.
+    """
+    body: dict[str, Any] = {
+        "apiVersion": "policy/v1",
+        "kind": "Eviction",
+        "metadata": {"name": name, "namespace": namespace},
+    }
+    if uid:
+        body["deleteOptions"] = {"preconditions": {"uid": uid}}
+    if dry_run:
+        body["deleteOptions"] = {**body.get("deleteOptions", {}), "dryRun": ["All"]}
+    return Request("POST", paths.pod_eviction(namespace, name), body)
+
+
 def allocation_patch(namespace: str, name: str, resource_version: str, alloc: Allocation) -> Request:
     """Write the allocation annotations only if the pod is still at `resource_version`.
 

@@ -23,6 +23,10 @@ def pod_eviction(namespace: str, name: str) -> str:
     return f"{pod(namespace, name)}/eviction"
 
 
+def resource_quotas(namespace: str | None = None) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/resourcequotas" if namespace else "/api/v1/resourcequotas"
+
+
 def events(namespace: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace)}/events"
 
@@ -75,3 +79,11 @@ def crd(name: str) -> str:
 
 def service_account_token(namespace: str, name: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace)}/serviceaccounts/{quote(name)}/token"
+
+
+def pdbs(namespace: str | None = None) -> str:
+    return collection("policy/v1", "poddisruptionbudgets", namespace)
+
+
+def pdb(namespace: str, name: str) -> str:
+    return f"{pdbs(namespace)}/{quote(name)}"

@@ -68,7 +68,7 @@ def arrival_sequence(
     return seq, order
 
 
-class _Cluster:
+class Cluster:
     """Mutable per-node bookkeeping; every decision is delegated to the policy."""
 
     def __init__(self, nodes: Sequence[Node], workload: TargetWorkload):
@@ -78,8 +78,7 @@ class _Cluster:
         self.frag_total = sum(self.frag)
 
     def _frag(self, node: Node) -> float:
-        lefts = tuple(sorted(g.milli_free for g in node.gpus if g.healthy))
-        return self.workload.node_frag(node.cpu_milli_free, lefts, node.model)
+        return self.workload.node_frag(node.cpu_milli_free, node.whole_lefts, node.model)
 
     def apply(self, i: int, demand: Demand, gpus: tuple[int, ...]) -> int:
         """Reserve `demand` on node i's `gpus`; returns the milli reserved. Refuses any over-commit."""
@@ -93,22 +92,40 @@ class _Cluster:
                 raise AssertionError(f"{node.name}/gpu{g.index}: over-commit on {g}")
         if (new.cpu_milli_free or 0) < 0 or (new.memory_mib_free or 0) < 0:
             raise AssertionError(f"{node.name}: over-commit of host CPU or memory")
-        self.nodes[i] = new
-        f = self._frag(new)
+        self._set(i, new)
+        return sum(a.milli for a in allocs) * len(gpus)
+
+    def release(self, i: int, demand: Demand, gpus: tuple[int, ...]) -> None:
+        """Give back what `apply(i, demand, gpus)` reserved (a departure or an eviction)."""
+        node = self.nodes[i]
+        allocs = (to_allocation(node, demand, gpus),) if gpus else ()
+        self._set(i, node.reserve(allocs, sign=-1).charge_host(-demand.cpu_milli, -demand.host_memory_mib))
+
+    def _set(self, i: int, node: Node) -> None:
+        self.nodes[i] = node
+        f = self._frag(node)
         self.frag_total += f - self.frag[i]
         self.frag[i] = f
-        return sum(a.milli for a in allocs) * len(gpus)
 
 
 def _signature(node: Node) -> tuple[object, ...]:
     gpus = tuple(
-        (g.model, g.memory_mib, g.milli_used, g.memory_used_mib, g.foreign_mib, g.live_free_mib, g.healthy)
+        (
+            g.model,
+            g.memory_mib,
+            g.milli_used,
+            g.memory_used_mib,
+            g.foreign_mib,
+            g.live_free_mib,
+            g.healthy,
+            g.mig_profile,
+        )
         for g in node.gpus
     )
     return (node.cpu_milli_free, node.memory_mib_free, node.schedulable, gpus)
 
 
-class _IndexedChooser:
+class IndexedChooser:
     """The same answer as `place(nodes, demand, policy)`, without rescoring unchanged nodes.
 
     Scores depend only on (node, demand), so each demand shape keeps a heap of (-score, rank) that is
@@ -116,7 +133,7 @@ class _IndexedChooser:
     Identical node states share one evaluation per shape through an interned state id.
     """
 
-    def __init__(self, cluster: _Cluster, policy: Policy):
+    def __init__(self, cluster: Cluster, policy: Policy):
         self.cluster = cluster
         self.policy = policy
         n = len(cluster.nodes)
@@ -184,8 +201,8 @@ def simulate(
     if capacity == 0:
         raise ValueError("the cluster has no GPUs")
     seq, order = arrival_sequence(pods, len(nodes), capacity, seed, inflate)
-    cluster = _Cluster([nodes[j] for j in order], workload)
-    chooser = _IndexedChooser(cluster, policy) if indexed else None
+    cluster = Cluster([nodes[j] for j in order], workload)
+    chooser = IndexedChooser(cluster, policy) if indexed else None
     bins = MAX_ARRIVED_PCT + 1
     alloc_sum, frag_sum, rows = [0.0] * bins, [0.0] * bins, [0] * bins
     arrived = used = failed = 0
@@ -237,8 +254,8 @@ def replay(
     What a live cluster does with the same arrivals and no departures (the nodes' order is the
     tie-break order, as the extender's natural name order is); returns where each went and the nodes after.
     """
-    cluster = _Cluster(list(nodes), workload)
-    chooser = _IndexedChooser(cluster, policy)
+    cluster = Cluster(list(nodes), workload)
+    chooser = IndexedChooser(cluster, policy)
     out: list[Where] = []
     for demand in demands:
         i = chooser.choose(demand)

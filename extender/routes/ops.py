@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from extender.deps import ReadyDep, RuntimeDep
 
@@ -31,7 +31,7 @@ def readyz(ready: ReadyDep, response: Response) -> dict[str, str]:
 
 @router.get("/metrics")
 def metrics(request: Request) -> Response:
-    # Process-wide metrics plus this app's scrape-time collector (kept in its own registry so that
-    # several apps in one process, as in tests, do not collide).
-    body = generate_latest(REGISTRY) + generate_latest(request.app.state.metrics_registry)
+    # The app's own registry: the extender's series only (several apps in one process, as in tests,
+    # each have theirs).
+    body = generate_latest(request.app.state.metrics_registry)
     return Response(body, media_type=CONTENT_TYPE_LATEST)

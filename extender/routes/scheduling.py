@@ -7,10 +7,10 @@ import time
 from fastapi import APIRouter, HTTPException, Response
 
 from app import managed, request
-from app.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 from app.model import Demand
 from extender import schemas, verbs
 from extender.deps import BinderDep, RankingsDep, ReadyDep, RuntimeDep, StateDep
+from extender.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 
 router = APIRouter(tags=["scheduling"])
 

@@ -46,3 +46,19 @@ def webhook_pod(
     if scheduler:
         spec["schedulerName"] = scheduler
     return {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": spec}
+
+
+def deployment(name: str, labels: dict[str, str], template: dict[str, Any], replicas: int) -> dict[str, Any]:
+    """A Deployment of `replicas` pods from `template` (metadata + spec), selected by `labels`."""
+    meta = dict(template.get("metadata", {}))
+    meta["labels"] = {**meta.get("labels", {}), **labels}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {"metadata": meta, "spec": template["spec"]},
+        },
+    }

@@ -12,6 +12,7 @@ import uuid
 from collections.abc import Callable
 from typing import Any
 
+import podshapes
 import pytest
 from kubernetes import client
 from kubernetes.client.rest import ApiException
@@ -33,17 +34,7 @@ def plain_pod_spec(node: str) -> dict[str, Any]:
 
 
 def deployment(name: str, node: str, replicas: int) -> dict[str, Any]:
-    labels = {APP_LABEL: name}
-    return {
-        "apiVersion": "apps/v1",
-        "kind": "Deployment",
-        "metadata": {"name": name},
-        "spec": {
-            "replicas": replicas,
-            "selector": {"matchLabels": labels},
-            "template": {"metadata": {"labels": labels}, "spec": plain_pod_spec(node)},
-        },
-    }
+    return podshapes.deployment(name, {APP_LABEL: name}, {"spec": plain_pod_spec(node)}, replicas)
 
 
 def fraction_pod(name: str, milli: int) -> dict[str, Any]:

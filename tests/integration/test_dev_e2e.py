@@ -190,8 +190,7 @@ def test_agents_publish_fresh_gpunodes(dev: Dev, api: Any) -> None:
             assert [(g.index, g.model) for g in gn.spec.gpus] == [(0, MODEL), (1, MODEL)]
             assert gn.status is not None
             now = time.time()
-            assert not gn.is_stale(now), (node, now - gn.status.heartbeat_time)
-            assert now - gn.status.heartbeat_time < gn.status.stale_after_seconds
+            assert now - gn.status.heartbeat_time < gn.status.stale_after_seconds, node
         # Simulated UUIDs derive from the node name: the two nodes never share a GPU identity.
         uuids = [g.uuid for n in NODES for g in gpunode(api, n).spec.gpus]
         assert len(set(uuids)) == 4

@@ -172,6 +172,20 @@ def test_memory_request_gets_memory_resource_and_gt(webhook: Webhook, core: Any,
     assert (names.NODE_LABEL_GPU_MEMORY_MAX_MIB, "Gt", ["8191"]) in exprs
 
 
+def test_mig_profile_pod_is_sent_and_gets_the_mig_uuid_env_without_mps(
+    webhook: Webhook, core: Any, namespace: str
+) -> None:
+    """The webhook's matchConditions send a pod with only gpupack.io/mig-profile; it gets no MPS env."""
+    created = core.create_namespaced_pod(namespace, pod("mig", {names.MIG_PROFILE: "1g.10gb"}), dry_run="All")
+    main = created.spec.containers[0]
+    assert created.metadata.labels == {names.LABEL_MANAGED: "true"}
+    assert parse_quantity(main.resources.limits[names.RESOURCE_GPU_MEMORY_MIB]) == 9728
+    env = {e.name: e for e in main.env}
+    assert sorted(env) == ["CUDA_VISIBLE_DEVICES", "GPUPACK_MEMORY_LIMIT_MIB", "NVIDIA_VISIBLE_DEVICES"]
+    ref = env["CUDA_VISIBLE_DEVICES"].value_from.field_ref.field_path
+    assert ref == f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"
+
+
 @pytest.mark.parametrize(
     ("annotations", "resources", "message"),
     [
@@ -209,8 +223,14 @@ def test_memory_request_gets_memory_resource_and_gt(webhook: Webhook, core: Any,
             {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_NUM_DEVICES: "0", names.ISOLATION: "full"},
             None,
             "gpu-fraction-num-devices='0': must be an integer from 1 to 16; "
-            "gpupack.io/isolation='full': must be one of 'mps', 'none'",
+            "gpupack.io/isolation='full': must be one of 'mps', 'none', 'mig'",
             id="two-errors",
+        ),
+        pytest.param(
+            {names.MIG_PROFILE: "1g.9gb"},
+            None,
+            "gpupack.io/mig-profile='1g.9gb': must be a MIG profile gpupack knows (1g.5gb, 1g.10gb",
+            id="unknown-mig-profile",
         ),
     ],
 )

@@ -3,22 +3,22 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import urllib.error
-import urllib.request
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
-from prometheus_client import REGISTRY
+from fastapi.testclient import TestClient
 
+from agent import metrics as agent_metrics
+from agent.command import duration
 from agent.loop import Agent, AgentConfig
-from agent.main import duration, serve
+from agent.main import create_app
 from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.simulated import SimulatedNvml
 from agent.reporter import ReporterConfig
+from agent.settings import Settings
 from app.kube.calls import Request
 from app.model import Allocation
 
@@ -104,8 +104,11 @@ def setup(tmp_path: Path) -> tuple[Agent, FakeKube, Clock, Path]:
     return agent, kube, clock, path
 
 
+METRICS = agent_metrics.registry()  # the same series the agent's app serves
+
+
 def metric(name: str, **labels: str) -> float | None:
-    return REGISTRY.get_sample_value(name, labels)
+    return METRICS.get_sample_value(name, labels)
 
 
 def test_cycle_reports_attributes_and_verifies(setup: tuple[Agent, FakeKube, Clock, Path]) -> None:
@@ -172,23 +175,18 @@ def test_nvml_failure_is_reported_and_init_retried(tmp_path: Path) -> None:
 
 
 def test_metrics_and_healthz_endpoints(setup: tuple[Agent, FakeKube, Clock, Path]) -> None:
-    agent, _, _, _ = setup
-    server = serve("127.0.0.1", 0, agent, max_step_age_s=1e12)
-    port = server.server_address[1]
-    try:
-        with pytest.raises(urllib.error.HTTPError) as exc:
-            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5)
-        assert exc.value.code == 503  # no cycle has run yet
-        agent.step()  # at the pinned T0; the generous max_step_age_s keeps that "recent"
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=5) as resp:
-            assert json.loads(resp.read())["ok"] is True
-        with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as resp:
-            text = resp.read().decode()
+    agent, _, clock, _ = setup
+    with TestClient(create_app(Settings(node="n1"), agent)) as client:
+        health = client.get("/healthz")
+        assert health.status_code == 503  # no cycle has run yet
+        agent.step()
+        health = client.get("/healthz")
+        assert health.status_code == 200 and health.json()["ok"] is True
+        text = client.get("/metrics").text
         assert "gpupack_agent_gpu_memory_used_mib{" in text
         assert 'gpupack_agent_nvml_errors_total{code="NVML_ERROR_GPU_IS_LOST"}' in text
-    finally:
-        server.shutdown()
-        server.server_close()
+        clock.now += Settings(node="n1").max_step_age_s + 1  # no cycle for longer than allowed
+        assert client.get("/healthz").status_code == 503
 
 
 @pytest.mark.parametrize(

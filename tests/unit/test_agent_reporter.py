@@ -245,14 +245,15 @@ def test_freed_memory_bumps_the_node_annotation_once(kube: FakeKube) -> None:
 
 
 def test_foreign_memory_counts_processes_of_no_gpupack_pod() -> None:
+    from agent.nvml.base import ProcessInfo
     from agent.reporter import foreign_mib
-    from agent.sample import GpuSample, ProcSample
+    from agent.sample import GpuSample
 
-    procs = (ProcSample(1, 4000), ProcSample(2, 3000), ProcSample(3, 900))
+    procs = (ProcessInfo(1, 4000), ProcessInfo(2, 3000), ProcessInfo(3, 900))
     g = GpuSample(0, "GPU-0", "Tesla V100", "V100M16", 16_384, memory_used_mib=8400, processes=procs)
     owners = {1: "gpupack-pod", 2: "other-plugin-pod", 3: ""}
     assert foreign_mib(g, owners, {"gpupack-pod"}) == 3900  # another plugin's pod and a host process
     assert foreign_mib(g, owners, {"gpupack-pod", "other-plugin-pod"}) == 900
-    assert foreign_mib(replace(g, processes=(ProcSample(3, None),)), owners, ()) is None  # unreadable
+    assert foreign_mib(replace(g, processes=(ProcessInfo(3, None),)), owners, ()) is None  # unreadable
     assert foreign_mib(replace(g, memory_used_mib=None), owners, ()) is None
     assert foreign_mib(replace(g, processes=()), owners, ()) == 0

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
-from prometheus_client import REGISTRY
 
 from app import certs, cli
-from webhook.tls import ReloadingContext
+from app.tls import ReloadingContext
+from webhook import metrics as webhook_metrics
+from webhook.metrics import count_cert_reload
 
 DNS = certs.service_dns_names("gpupack-webhook", "gpupack-system")
 
@@ -45,8 +46,11 @@ def handshake(server_ctx: ssl.SSLContext, ca_file: Path, hostname: str = "127.0.
     raise AssertionError("handshake did not finish")
 
 
+METRICS = webhook_metrics.registry()
+
+
 def reloads(result: str) -> float:
-    return REGISTRY.get_sample_value("gpupack_webhook_cert_reloads_total", {"result": result}) or 0.0
+    return METRICS.get_sample_value("gpupack_webhook_cert_reloads_total", {"result": result}) or 0.0
 
 
 def test_bundle_files_and_cert_fields(tmp_path: Path) -> None:
@@ -134,7 +138,11 @@ def test_rotated_cert_is_served_to_new_connections(tmp_path: Path) -> None:
     certs.write_bundle(tmp_path, DNS, ["127.0.0.1"])
     now = [0.0]
     tls = ReloadingContext(
-        tmp_path / "tls.crt", tmp_path / "tls.key", check_interval=5.0, clock=lambda: now[0]
+        tmp_path / "tls.crt",
+        tmp_path / "tls.key",
+        check_interval=5.0,
+        clock=lambda: now[0],
+        on_reload=count_cert_reload,
     )
     first = handshake(tls.context, tmp_path / "ca.crt")
 
@@ -153,7 +161,9 @@ def test_rotated_cert_is_served_to_new_connections(tmp_path: Path) -> None:
 
 def test_half_written_rotation_keeps_the_old_cert_then_recovers(tmp_path: Path) -> None:
     certs.write_bundle(tmp_path, DNS, ["127.0.0.1"])
-    tls = ReloadingContext(tmp_path / "tls.crt", tmp_path / "tls.key", check_interval=0.0)
+    tls = ReloadingContext(
+        tmp_path / "tls.crt", tmp_path / "tls.key", check_interval=0.0, on_reload=count_cert_reload
+    )
     first = handshake(tls.context, tmp_path / "ca.crt")
     good_key = (tmp_path / "tls.key").read_bytes()
 

@@ -16,7 +16,9 @@ def _choices(parser: argparse.ArgumentParser) -> set[str]:
 
 
 def test_installed_entry_points_give_every_subcommand() -> None:
-    assert _choices(cli.build_parser()) == {"agent", "certs", "dev", "extender", "simulate", "top", "webhook"}
+    assert _choices(cli.build_parser()) == {
+        "agent", "certs", "dev", "explain", "extender", "repack", "simulate", "top", "webhook",
+    }  # fmt: skip
 
 
 def test_entry_points_come_in_name_order_and_name_a_register_function() -> None:

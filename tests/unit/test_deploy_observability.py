@@ -1,10 +1,11 @@
-"""The Grafana dashboard and the alert rules query only metrics gpupack really exports (app/metrics.py)."""
+"""The Grafana dashboard and the alert rules query only metrics that some gpupack component exports."""
 
 from __future__ import annotations
 
 import json
 import re
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -12,7 +13,10 @@ import pytest
 import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
-from app import metrics
+from agent import metrics as agent_metrics
+from app.quota import QuotaUse
+from extender import metrics
+from webhook import metrics as webhook_metrics
 
 REPO = Path(__file__).resolve().parents[2]
 DASHBOARD = REPO / "deploy/grafana/gpupack-dashboard.json"
@@ -76,16 +80,18 @@ def _family_samples(family_name: str, kind: str) -> set[str]:
 
 
 def exported_names() -> set[str]:
-    """Every sample name app.metrics defines: its module-level metrics and the extender's collector."""
+    """Every sample name the components define: their module-level metrics and the extender's collector."""
     out: set[str] = set()
-    for value in vars(metrics).values():
-        if isinstance(value, MetricWrapperBase):
-            for family in value.describe():
-                out |= _family_samples(family.name, family.type)
+    for module in (webhook_metrics, metrics, agent_metrics):
+        for value in vars(module).values():
+            if isinstance(value, MetricWrapperBase):
+                for family in value.describe():
+                    out |= _family_samples(family.name, family.type)
     sample = metrics.ExtenderGauges(
         gpus=(metrics.GpuGauge(node="n", gpu=0, model="m", milli=500, memory_mib=100, pods=1),),
         pending={"no_fit": 1},
         leader=True,
+        quotas=(QuotaUse("ns", "gpu", "requests.gpupack.io/quota-gpu-milli", Fraction(500), Fraction(1000)),),
     )
     for family in metrics.ExtenderStateCollector(lambda: sample).collect():
         out |= _family_samples(family.name, family.type)
@@ -157,6 +163,8 @@ def test_dashboard_covers_the_issue_panels() -> None:
         "gpupack_extender_pending_pods",
         "histogram_quantile(0.99, sum by (le, verb) (rate(gpupack_extender_request_duration_seconds_bucket",
         "gpupack_webhook_reviews_total",
+        "gpupack_extender_namespace_quota_used",  # use against quota per namespace
+        "gpupack_extender_namespace_quota_hard",
     ):
         assert needed in exprs, needed
     assert any(p["type"] == "heatmap" for p in panels(dashboard()))
@@ -167,7 +175,7 @@ def test_queries_use_only_exported_metrics(where: str, expr: str) -> None:
     used = metric_names(expr)
     assert used, f"{where}: no metric in {expr!r}"
     unknown = used - exported_names()
-    assert not unknown, f"{where}: {sorted(unknown)} not defined in app/metrics.py"
+    assert not unknown, f"{where}: {sorted(unknown)} not defined in any component's metrics module"
 
 
 @pytest.mark.parametrize(("where", "expr"), dashboard_exprs())
@@ -179,7 +187,7 @@ def test_dashboard_uses_only_known_grafana_variables(where: str, expr: str) -> N
 def test_cluster_state_panels_keep_the_leader_only() -> None:
     """Standby extenders export the same per-GPU gauges; summing them all would double-count."""
     state = re.compile(
-        r"gpupack_extender_(gpu_\w+|packing_\w+|fragmented_\w+|typical_\w+|gpus_free|pending_pods)"
+        r"gpupack_extender_(gpu_\w+|packing_\w+|fragmented_\w+|typical_\w+|gpus_free|pending_pods|namespace_quota_\w+)"
     )
     for title, expr in dashboard_exprs():
         if state.search(expr):

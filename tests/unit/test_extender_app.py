@@ -539,7 +539,7 @@ def test_pending_reason_follows_the_last_refusal() -> None:
 )
 def test_settings_validation(settings: Settings, message: str) -> None:
     errors = settings.validate()
-    assert any(e.startswith(message) for e in errors), errors
+    assert any(str(e).startswith(message) for e in errors), errors
     with pytest.raises(ValueError, match="invalid extender settings"):
         create_app(settings, runtime=Env().runtime)
 

@@ -14,12 +14,13 @@ from typing import Any
 
 import pytest
 
+from app.explain import NO_GPUNODE, reason_text
 from app.kube.cache import ClusterCache
 from app.model import Demand, Node
 from app.placement import Placement, Policy, normalize_scores, place, registry, score_nodes, to_allocation
 from extender import verbs
 from extender.rankings import Rankings
-from extender.verbs import NO_GPUNODE, PENDING_REASON, FilterOutcome, reason_text
+from extender.verbs import PENDING_REASON, FilterOutcome
 from tests.unit.test_kube_cache import NOW, cache, gpunode, pod
 
 POLICIES = ("binpack", "spread", "fgd", "fragaware")

@@ -23,7 +23,6 @@ from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.placement import registry
 from extender.binder import Binder
-from extender.command import as_flag
 from extender.config import Settings
 from extender.main import create_app, run, servers
 from extender.runtime import StaticRuntime
@@ -187,7 +186,7 @@ def test_no_api_docs_on_the_scheduler_port(served: Served) -> None:
 
 
 def test_tls_settings_are_checked_with_flag_value_and_rule(tmp_path: Path) -> None:
-    assert Settings().serving_errors() == [
+    assert [str(e) for e in Settings().serving_errors()] == [
         f"{name}=None: required; the scheduler-facing port serves only HTTPS with a client certificate"
         for name in ("tls_cert_file", "tls_key_file", "client_ca_file")
     ]
@@ -195,8 +194,8 @@ def test_tls_settings_are_checked_with_flag_value_and_rule(tmp_path: Path) -> No
     errors = Settings(
         tls_cert_file=missing, tls_key_file=missing, client_ca_file=missing, ops_port=8888
     ).validate()
-    assert as_flag(errors[0]) == "--ops-port=8888: must be in 1..65535 and differ from port=8888"
-    assert as_flag(errors[1]) == (
+    assert errors[0].as_flag() == "--ops-port=8888: must be in 1..65535 and differ from port=8888"
+    assert errors[1].as_flag() == (
         f"--tls-cert={missing!r}: must name a readable PEM file (all three TLS files go together)"
     )
-    assert [as_flag(e).split("=")[0] for e in errors[1:4]] == ["--tls-cert", "--tls-key", "--client-ca"]
+    assert [e.flag for e in errors[1:4]] == ["--tls-cert", "--tls-key", "--client-ca"]

@@ -16,6 +16,7 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from test_deploy_chart import REQUEST_KEYS
 
 from app import names
 from app.errors import KubeError
@@ -59,7 +60,7 @@ def either(good: st.SearchStrategy[Any]) -> st.SearchStrategy[Any]:
     return st.one_of(good, good, good, any_json)
 
 
-ANNOTATION_KEYS = (*names.USER_ANNOTATIONS, names.ALLOC_GPU_MILLI, "other")
+ANNOTATION_KEYS = (*REQUEST_KEYS, names.ALLOC_GPU_MILLI, "other")
 ANNOTATION_VALUES = ("0.5", "1", "0.25", "4096", "4Gi", "2", "main", "V100M16|A100", "nan", "", "-1")
 RESOURCES = (names.RESOURCE_GPU_MILLI, names.RESOURCE_GPU_MEMORY_MIB, "nvidia.com/gpu", "cpu")
 QUANTITIES = ("500", "1k", "0.5", "8192", "-3", "1Gi", "x")

@@ -12,12 +12,14 @@ import pytest
 import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
-from prometheus_client import REGISTRY
 
 from app import names
+from webhook import metrics as webhook_metrics
 from webhook import mutate
 from webhook.main import create_app
 from webhook.settings import Settings
+
+METRICS = webhook_metrics.registry()  # the same series the app serves
 
 
 @pytest.fixture(scope="module")
@@ -27,7 +29,7 @@ def client() -> Iterator[TestClient]:
 
 
 def reviews(outcome: str) -> float:
-    return REGISTRY.get_sample_value("gpupack_webhook_reviews_total", {"outcome": outcome}) or 0.0
+    return METRICS.get_sample_value("gpupack_webhook_reviews_total", {"outcome": outcome}) or 0.0
 
 
 def review(annotations: dict[str, str] | None = None, uid: str = "uid-7") -> dict[str, Any]:
@@ -77,7 +79,7 @@ def test_mutate_counts_and_answers(
     client: TestClient, annotations: dict[str, str] | None, outcome: str, allowed: bool
 ) -> None:
     before = reviews(outcome)
-    seconds_before = REGISTRY.get_sample_value("gpupack_webhook_review_duration_seconds_count") or 0.0
+    seconds_before = METRICS.get_sample_value("gpupack_webhook_review_duration_seconds_count") or 0.0
     resp = client.post("/mutate", json=review(annotations))
     assert resp.status_code == 200
     body = resp.json()
@@ -85,7 +87,7 @@ def test_mutate_counts_and_answers(
     assert body["response"]["uid"] == "uid-7"
     assert body["response"]["allowed"] is allowed
     assert reviews(outcome) == before + 1
-    assert REGISTRY.get_sample_value("gpupack_webhook_review_duration_seconds_count") == seconds_before + 1
+    assert METRICS.get_sample_value("gpupack_webhook_review_duration_seconds_count") == seconds_before + 1
 
 
 def test_patch_over_http_is_base64_jsonpatch(client: TestClient) -> None:

@@ -13,8 +13,8 @@ from hypothesis import strategies as st
 from test_webhook_mutate import apply_patch, decoded, review_of
 
 from app import managed, names
-from app.metrics import WebhookOutcome
 from webhook import mutate
+from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings
 
 HOST_DIR = names.MPS_PIPE_DIRECTORY

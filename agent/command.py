@@ -1,0 +1,131 @@
+"""`gpupack agent run`: flags → Settings → the agent, its cycle and its /metrics + /healthz server."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from agent.settings import FLAGS, Settings
+from app import log, names
+from app.kube.calls import Request
+from app.kube.client import Kube
+from app.settings import from_args
+
+_log = log.get("gpupack.agent")
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)(ms|s|m|h)?$")
+_UNIT_S = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, None: 1.0}
+
+
+def duration(raw: str) -> float:
+    """ "30s", "500ms", "2m", "1h" or bare seconds, as seconds."""
+    match = _DURATION.match(raw.strip())
+    if not match or float(match[1]) <= 0:
+        raise argparse.ArgumentTypeError(f"{raw!r}: must be a positive duration like 30s, 500ms, 2m")
+    return float(match[1]) * _UNIT_S[match[2]]
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    agent = sub.add_parser("agent", help="the node agent (DaemonSet on GPU nodes)")
+    agent_sub = agent.add_subparsers(dest="agent_command", metavar="COMMAND", required=True)
+    run = agent_sub.add_parser("run", help="report this node's GPUs, run MPS, verify containers")
+    run.add_argument(
+        "--node", default=os.environ.get("NODE_NAME", ""), help="node name (default: $NODE_NAME)"
+    )
+    run.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)"
+    )
+    run.add_argument("--sim", type=Path, default=None, help="simulated GPU set file instead of NVML")
+    run.add_argument("--heartbeat", type=duration, default=30.0, help="status heartbeat (default 30s)")
+    run.add_argument("--interval", type=duration, default=5.0, help="NVML sampling interval (default 5s)")
+    run.add_argument(
+        "--min-write-interval", type=duration, default=5.0, help="least time between status writes"
+    )
+    run.add_argument(
+        "--memory-threshold-mib", type=int, default=256, help="memory change that triggers a write"
+    )
+    run.add_argument("--host", default="0.0.0.0", help="address for /metrics and /healthz")
+    run.add_argument("--port", type=int, default=9400, help="port for /metrics and /healthz (0: none)")
+    run.add_argument("--proc-root", type=Path, default=Path("/proc"), help="the host's /proc, for pid → pod")
+    run.add_argument("--toolkit-config", type=Path, default=Path("/etc/nvidia-container-runtime/config.toml"))
+    run.add_argument(
+        "--evict-on-violation", action="store_true", help="evict pods off their GPU or over memory"
+    )
+    run.add_argument("--no-mps", dest="mps", action="store_false", help="do not run the MPS control daemon")
+    run.add_argument("--mps-binary", default="nvidia-cuda-mps-control")
+    run.add_argument("--mps-pipe-dir", type=Path, default=Path(names.MPS_PIPE_DIRECTORY))
+    run.add_argument("--mps-log-dir", type=Path, default=Path("/var/log/nvidia-mps"))
+    run.add_argument("--mps-thread-percentage", type=int, default=100, help="daemon default active thread %%")
+    run.add_argument("--mps-pinned-mem-limit-mib", type=int, default=None, help="daemon default per device")
+    run.add_argument("--log-level", default="info")
+    run.set_defaults(func=run_command)
+
+
+def settings_from(args: argparse.Namespace) -> Settings:
+    return from_args(Settings, args, FLAGS)
+
+
+def run_command(args: argparse.Namespace) -> int:
+    settings = settings_from(args)
+    log.setup(settings.log_level)
+    errors = settings.validate()
+    if errors:
+        for e in errors:
+            print(f"gpupack agent run: {e.as_flag()}", file=sys.stderr)
+        return 2
+    try:
+        kube = Kube.connect(settings.kubeconfig)
+    except Exception as exc:  # the client's config errors are its own types; agent/ must not import them
+        _log.error(
+            "no Kubernetes configuration", extra={"kubeconfig": settings.kubeconfig, "error": str(exc)}
+        )
+        return 2
+    try:
+        return _run(settings, kube.send)
+    finally:
+        kube.close()
+
+
+def _run(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> int:
+    import uvicorn
+
+    from agent.main import Runner, build, create_app
+
+    agent = build(settings, send, time.time)
+    _log.info(
+        "agent started",
+        extra={"node": settings.node, "sim": str(settings.sim or ""), "heartbeat_s": settings.heartbeat_s},
+    )
+    try:
+        if not settings.port:  # no server: the cycle runs here until SIGTERM/SIGINT
+            runner = Runner(agent, settings.interval_s)
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                signal.signal(sig, lambda *_: runner.stop())
+            return runner.run()
+        server: uvicorn.Server | None = None
+
+        def fatal() -> None:
+            if server is not None:
+                server.should_exit = True
+
+        runner = Runner(agent, settings.interval_s, on_fatal=fatal)
+        config = uvicorn.Config(
+            create_app(settings, agent, runner),
+            host=settings.host,
+            port=settings.port,
+            access_log=False,  # scrapes every few seconds would drown the agent's own log lines
+            log_config=None,  # keep log.setup()'s JSON handler
+        )
+        server = uvicorn.Server(config)
+        server.run()
+        return runner.exit_code
+    finally:
+        agent.mps.stop()
+        _log.info("agent stopped", extra={"node": settings.node})

@@ -1,0 +1,96 @@
+"""The node agent's Prometheus series (gpupack_agent_*), served only by the agent's /metrics.
+
+Label values come from the agent's own enums (verify.Kind, NvmlCode), so there is one list of each.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from prometheus_client import CollectorRegistry
+
+from agent.nvml.base import NvmlCode
+from agent.verify import Kind
+from app.metrics import component_registry, counter, gauge
+
+
+class AgentWrite(StrEnum):
+    """Kubernetes API writes the node agent makes."""
+
+    NODE_STATUS = "node_status"  # extended resources in node status (re-asserted every heartbeat)
+    NODE_LABELS = "node_labels"
+    NODE_CAPACITY = "node_capacity"  # annotation that makes kube-scheduler retry pods the extender refused
+    CREATE = "create"  # the GPUNode object
+    SPEC = "spec"
+    STATUS = "status"
+    EVENT = "event"  # a verification violation on a pod
+    EVICTION = "eviction"
+
+
+class AgentWriteResult(StrEnum):
+    OK = "ok"
+    CONFLICT = "conflict"  # GPUNode already existed at create (agent restart): patched instead
+    ERROR = "error"
+
+
+class EnvCheck(StrEnum):
+    """Outcome of the container-start check of one process of a gpupack pod (agent.envcheck)."""
+
+    OK = "ok"
+    MISMATCH = "mismatch"
+
+
+_GPU = ("gpu", "uuid")  # the NVML index and UUID (bounded by the node's GPUs); Prometheus adds the node
+_POD = ("namespace", "pod", "gpu")  # pods on this node only, removed when the pod's processes go
+
+GPU_MEMORY_USED_MIB = gauge(
+    "gpupack_agent_gpu_memory_used_mib", "GPU memory in use, by NVML, whoever uses it.", *_GPU
+)
+GPU_MEMORY_TOTAL_MIB = gauge("gpupack_agent_gpu_memory_total_mib", "GPU memory size.", *_GPU)
+GPU_UTILIZATION_RATIO = gauge(
+    "gpupack_agent_gpu_utilization_ratio", "Share of time a kernel ran (NVML sample period).", *_GPU
+)
+GPU_HEALTHY = gauge("gpupack_agent_gpu_healthy", "1 if the GPU is healthy, else 0.", *_GPU)
+GPU_PROCESSES = gauge(
+    "gpupack_agent_gpu_processes", "Compute processes on the GPU, by owner (pod or foreign).", *_GPU, "owner"
+)
+POD_MEMORY_USED_MIB = gauge(
+    "gpupack_agent_pod_memory_used_mib", "GPU memory used by a gpupack pod's processes.", *_POD
+)
+POD_MEMORY_LIMIT_MIB = gauge(
+    "gpupack_agent_pod_memory_limit_mib", "The pod's allocated memory-limit-mib on that GPU.", *_POD
+)
+HEARTBEAT_AGE_SECONDS = gauge(
+    "gpupack_agent_heartbeat_age_seconds",
+    "Seconds since the GPUNode status was last written (computed at scrape).",
+)
+MPS_UP = gauge("gpupack_agent_mps_up", "1 while the MPS control daemon answers, else 0.")
+NVML_ERRORS = counter(
+    "gpupack_agent_nvml_errors_total", "NVML calls that failed, by return code.", code=NvmlCode
+)
+WRITES = counter(
+    "gpupack_agent_kube_writes_total",
+    "Kubernetes API writes by the agent, by kind and result.",
+    kind=AgentWrite,
+    result=AgentWriteResult,
+)
+VIOLATIONS = counter(
+    "gpupack_agent_violations_total", "Allocation violations found (once per pod, kind and GPU).", kind=Kind
+)
+
+ENV_CHECKS = counter(
+    "gpupack_agent_env_checks_total",
+    "Processes of gpupack pods whose GPU env was checked against the allocation at start, by result.",
+    result=EnvCheck,
+)
+
+COLLECTORS = (
+    GPU_MEMORY_USED_MIB, GPU_MEMORY_TOTAL_MIB, GPU_UTILIZATION_RATIO, GPU_HEALTHY, GPU_PROCESSES,
+    POD_MEMORY_USED_MIB, POD_MEMORY_LIMIT_MIB, HEARTBEAT_AGE_SECONDS, MPS_UP, NVML_ERRORS, WRITES, VIOLATIONS,
+    ENV_CHECKS,
+)  # fmt: skip
+
+
+def registry() -> CollectorRegistry:
+    """A registry of the agent's series (and the process's runtime ones) only."""
+    return component_registry(*COLLECTORS)

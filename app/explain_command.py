@@ -1,0 +1,135 @@
+"""`gpupack explain NAMESPACE/POD`: per node and per GPU, why a gpupack pod went (or would go) there."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from app import explain
+from app.errors import KubeError
+from app.kube import snapshot
+from app.kube.client import Kube
+from app.model import MILLI_PER_GPU, Demand
+from app.objects import as_object, string_map
+from app.placement import DEFAULT_POLICY, registry
+from app.pods import pod_info
+from app.repack.command import seconds_arg
+from app.repack.selectors import node_allows
+
+POD_KEY = re.compile(r"[^/\s]+/[^/\s]+")
+
+
+def _pod_key(text: str) -> str:
+    if not POD_KEY.fullmatch(text):
+        raise argparse.ArgumentTypeError(f"POD={text!r}: must be NAMESPACE/NAME")
+    return text
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="why a gpupack pod was (or would be) placed on each node and GPU",
+        description="Reads the cluster and runs the extender's placement code for the pod, its own share "
+        "left out: every node and GPU with the reason it fits or not, node selector, affinity and cordon "
+        "included.",
+    )
+    p.add_argument("pod", type=_pod_key, metavar="NAMESPACE/POD")
+    p.add_argument("--policy", choices=registry.names(), default=DEFAULT_POLICY, help="the extender's policy")
+    p.add_argument("--json", action="store_true", help="the /explain document instead of a table")
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=seconds_arg("--heartbeat-timeout"),
+        help="the extender's --heartbeat-timeout (seconds)",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.set_defaults(func=run)
+
+
+def scheduler_exclusions(pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> dict[str, str]:
+    """Nodes kube-scheduler removes before asking the extender: cordoned, or selector/affinity mismatch."""
+    spec = as_object(pod.get("spec"))
+    out = {}
+    for node in nodes:
+        meta = as_object(node.get("metadata"))
+        name = str(meta.get("name") or "")
+        if as_object(node.get("spec")).get("unschedulable") is True:
+            out[name] = "cordoned (spec.unschedulable)"
+        elif not node_allows(spec, string_map(meta.get("labels"))):
+            out[name] = "the pod's nodeSelector or required node affinity does not match the node's labels"
+    return out
+
+
+def _demand_text(d: Demand) -> str:
+    what = f"{d.milli / MILLI_PER_GPU:.2f} of a GPU" if d.milli is not None else f"{d.memory_mib} MiB"
+    models = "|".join(sorted(d.models)) or "any model"
+    return f"{d.count} x {what} ({models})"
+
+
+def render(key: str, doc: Mapping[str, Any]) -> str:
+    if doc.get("demand") is None:
+        return f"{key}: {doc.get('error')}"
+    d = doc["demand"]
+    demand = Demand(d["count"], d["milli"], d["memoryMiB"], frozenset(d["models"]))
+    lines = [f"pod {key}: {_demand_text(demand)}, policy {doc['policy']}"]
+    alloc = doc.get("allocation")
+    if doc.get("boundTo"):
+        gpus = (alloc or {}).get("gpupack.io/gpu-indexes", "?")
+        lines.append(f"bound to {doc['boundTo']}, GPU {gpus}")
+    choice = doc.get("choice")
+    where = (
+        f"{choice['node']}, GPU {','.join(map(str, choice['gpus']))}" if choice else "nowhere: no node fits"
+    )
+    lines.append(f"placed now it would go to {where}")
+    lines.append("")
+    lines.append(f"{'NODE / GPU':<28} {'FITS':<4} {'SCORE':>7}  WHY")
+    for row in doc["nodes"]:
+        score = f"{row['score']:.1f}" if row.get("score") is not None else ""
+        why = row.get("reason") or ""
+        lines.append(f"{row['node']:<28} {'yes' if row['fits'] else 'no':<4} {score:>7}  {why}")
+        for g in row.get("gpus", ()):
+            free = f"{g['milliFree'] / MILLI_PER_GPU:.2f} free, {g['memoryRoomMiB']} MiB room"
+            lines.append(
+                f"  gpu{g['gpu']:<23} {'yes' if g['fits'] else 'no':<4} {'':>7}  {g['reason'] or free}"
+            )
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        snap = snapshot.read(Kube.connect(args.kubeconfig))
+    except KubeError as exc:
+        print(f"gpupack explain: {exc}", file=sys.stderr)
+        return 1
+    ns, name = args.pod.split("/", 1)
+    pod = next(
+        (
+            p
+            for p in snap.pods
+            if as_object(p.get("metadata")).get("namespace") == ns
+            and as_object(p.get("metadata")).get("name") == name
+        ),
+        None,
+    )
+    if pod is None:
+        print(
+            f"gpupack explain: pod {args.pod!r} is not a gpupack pod (label gpupack.io/managed)",
+            file=sys.stderr,
+        )
+        return 1
+    info = pod_info(pod)
+    cache = snap.cache(args.heartbeat_timeout)
+    doc = explain.explain(
+        cache.nodes(exclude_uid=info.uid),
+        info.demand,
+        registry.create(args.policy),
+        scheduler_exclusions(pod, snap.nodes),
+    )
+    doc["pod"] = args.pod
+    doc["boundTo"] = info.node_name or None
+    doc["allocation"] = info.alloc.to_annotations() if info.alloc else None
+    print(json.dumps(doc, indent=2) if args.json else render(args.pod, doc))
+    return 0

@@ -1,0 +1,1 @@
+"""Repack: free whole GPUs (or nodes) by evicting pods their controllers re-create elsewhere."""

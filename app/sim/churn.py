@@ -1,0 +1,163 @@
+"""Replaying a trace with departures, optionally repacking between waves (the repack planner, unchanged).
+
+The cluster is first filled the FGD way (shuffled arrivals, failed pods dropped) until the arrived GPU
+request reaches the cluster's capacity. Then each round: every running pod departs with probability
+`depart`; the planner runs on what is left (when `repack` is on) and its moves are carried out as the
+cluster would (evict, then the policy re-places the pod where the plan predicted); then new pods arrive
+(drawn from the trace with replacement, the same draws with or without repack) until the round has
+offered the departed GPU request plus `pressure` x capacity, so the cluster is saturated again.
+Unallocated GPU % is read after each round; idle whole GPUs when the round's arrivals start.
+"""
+
+from __future__ import annotations
+
+import random
+import statistics
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from app.model import MILLI_PER_GPU, Demand, Node
+from app.placement import Policy, TargetWorkload, to_allocation
+from app.repack.plan import Goal, PodRef, plan
+from app.sim.engine import Cluster, IndexedChooser, arrival_sequence
+from app.sim.loader import TracePod
+
+
+@dataclass(frozen=True, slots=True)
+class ChurnResult:
+    policy: str
+    seed: int
+    repack: bool
+    unallocated_pct: tuple[float, ...]  # after the fill (index 0), then after each round
+    evictions: tuple[int, ...]  # per round (0 without repack)
+    gpus_freed: tuple[int, ...]  # per round: GPUs the plan emptied
+    idle_gpus: tuple[int, ...]  # per round: whole GPUs idle when the round's arrivals start
+    seconds: float
+
+    @property
+    def median_unallocated(self) -> float:
+        """Median over the rounds (the fill is not a round)."""
+        return statistics.median(self.unallocated_pct[1:])
+
+
+@dataclass(slots=True)
+class _Running:
+    uid: str
+    node: int
+    gpus: tuple[int, ...]
+    demand: Demand
+
+
+class _Replay:
+    def __init__(self, nodes: Sequence[Node], policy: Policy, workload: TargetWorkload, order: list[int]):
+        self.cluster = Cluster([nodes[j] for j in order], workload)
+        self.chooser = IndexedChooser(self.cluster, policy)
+        self.policy = policy
+        self.running: dict[str, _Running] = {}
+        self.capacity = MILLI_PER_GPU * sum(len(n.gpus) for n in nodes)
+        self._next = 0
+
+    def arrive(self, demand: Demand) -> None:
+        i = self.chooser.choose(demand)
+        if i is None:
+            return  # failed pods are dropped, as in the FGD replay
+        gpus = self.policy.choose_gpus(self.cluster.nodes[i], demand)
+        self.cluster.apply(i, demand, gpus)
+        self.chooser.changed(i)
+        self._next += 1
+        uid = f"pod-{self._next}"
+        self.running[uid] = _Running(uid, i, gpus, demand)
+
+    def depart(self, uid: str) -> None:
+        pod = self.running.pop(uid)
+        self.cluster.release(pod.node, pod.demand, pod.gpus)
+        self.chooser.changed(pod.node)
+
+    def idle_gpus(self) -> int:
+        return sum(g.milli_used == 0 for n in self.cluster.nodes for g in n.gpus)
+
+    def unallocated_pct(self) -> float:
+        used = sum(g.milli_used for n in self.cluster.nodes for g in n.gpus)
+        return 100.0 - 100.0 * used / self.capacity
+
+    def repack(self, max_evictions: int | None) -> tuple[int, int]:
+        """Plan on the current state and carry the moves out; (evictions, GPUs freed)."""
+        nodes = self.cluster.nodes
+        refs = [
+            PodRef(p.uid, p.uid, to_allocation(nodes[p.node], p.demand, p.gpus), p.demand)
+            for p in self.running.values()
+            if p.gpus
+        ]
+        got = plan(nodes, refs, {}, self.policy, goal=Goal.GPUS, max_evictions=max_evictions)
+        index = {n.name: i for i, n in enumerate(nodes)}
+        for m in got.moves:
+            pod = self.running[m.uid]
+            self.depart(m.uid)
+            i = self.chooser.choose(pod.demand)
+            target = index[m.target.node]
+            gpus = self.policy.choose_gpus(self.cluster.nodes[i], pod.demand) if i is not None else ()
+            if i is None or (i, gpus) != (target, m.target.gpu_indexes):
+                raise AssertionError(f"{m.pod}: re-placed on {i}/{gpus}, the plan said {target}/{m.target}")
+            self.cluster.apply(i, pod.demand, gpus)
+            self.chooser.changed(i)
+            self.running[m.uid] = _Running(m.uid, i, gpus, pod.demand)
+        return got.evictions, len(got.freed_gpus)
+
+
+def churn(
+    nodes: Sequence[Node],
+    pods: Sequence[TracePod],
+    policy: Policy,
+    workload: TargetWorkload,
+    *,
+    seed: int,
+    rounds: int = 8,
+    depart: float = 0.1,
+    pressure: float = 0.3,
+    repack: bool = False,
+    max_evictions: int | None = None,
+) -> ChurnResult:
+    """One seed of the churn replay (see the module docstring); the same seed gives the same arrivals."""
+    started = time.perf_counter()
+    seq, order = arrival_sequence(
+        pods, len(nodes), MILLI_PER_GPU * sum(len(n.gpus) for n in nodes), seed, 1.0
+    )
+    sim = _Replay(nodes, policy, workload, order)
+    for pod in seq:
+        sim.arrive(pod.demand)
+    rng = random.Random(seed * 7919 + 1)
+    base = sorted(pods, key=lambda p: p.name)
+    unalloc = [sim.unallocated_pct()]
+
+    def offer(milli: float) -> None:
+        offered = 0
+        while offered < milli:
+            pod = base[rng.randrange(len(base))]
+            offered += pod.gpu_milli
+            sim.arrive(pod.demand)
+
+    evictions: list[int] = []
+    freed: list[int] = []
+    idle: list[int] = []
+    for _ in range(rounds):
+        leaving = [uid for uid in sim.running if rng.random() < depart]
+        departed = sum((sim.running[u].demand.milli or 0) * sim.running[u].demand.count for u in leaving)
+        for uid in leaving:
+            sim.depart(uid)
+        ev, fr = sim.repack(max_evictions) if repack else (0, 0)
+        evictions.append(ev)
+        freed.append(fr)
+        idle.append(sim.idle_gpus())
+        offer(departed + pressure * sim.capacity)
+        unalloc.append(sim.unallocated_pct())
+    return ChurnResult(
+        policy=policy.name,
+        seed=seed,
+        repack=repack,
+        unallocated_pct=tuple(unalloc),
+        evictions=tuple(evictions),
+        gpus_freed=tuple(freed),
+        idle_gpus=tuple(idle),
+        seconds=time.perf_counter() - started,
+    )
