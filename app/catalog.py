@@ -81,12 +81,14 @@ def mig_layout_error(model: GpuModel, profiles: tuple[str, ...]) -> str:
     return ""
 
 
+@cache  # the catalogue is fixed; request parsing asks for every pod
 def mig_profile_names() -> tuple[str, ...]:
     """Every MIG profile some catalogue model offers, sorted by memory then name."""
     every = {p.name for m in models().values() for p in m.mig_profiles}
     return tuple(sorted(every, key=lambda n: (mig_profile_memory(n), n)))
 
 
+@cache
 def mig_profile_memory(profile: str) -> int:
     """The least memory a device of `profile` has on any model (what a pod asking for it is sure to get)."""
     sizes = [p.memory_mib for m in models().values() for p in m.mig_profiles if p.name == profile]
