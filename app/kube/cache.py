@@ -60,6 +60,13 @@ def _bound_host(pod: Mapping[str, Any], host: HostResources | None) -> tuple[str
     return node, host if host is not None else hostres.pod_requests(spec)
 
 
+def _read_pod(obj: JsonDict) -> tuple[str, PodInfo | None, tuple[str, HostResources] | None]:
+    """(uid, how gpupack reads it if it is a gpupack pod, (node, requests) if it holds host resources)."""
+    info = _read(obj) if is_gpupack_pod(obj) else None
+    uid = str((obj.get("metadata") or {}).get("uid", ""))
+    return uid, info, _bound_host(obj, info.host if info is not None else None)
+
+
 def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int) -> Node:
     """`node` with a pod's allocation and host request added (`sign=1`) or taken away (`sign=-1`)."""
     node = node.reserve(() if alloc is None else (alloc,), sign)
@@ -267,16 +274,17 @@ class ClusterCache:
 
     def set_pods(self, objs: Iterable[JsonDict]) -> None:
         listed_at, self._pods_listed_at = self._pods_listed_at, None
-        present: set[str] = set()
+        # Every pod is read before the lock is taken: a relist of 50 000 pods takes seconds to read, and
+        # scheduling requests wait on the lock meanwhile.
+        read = [_read_pod(obj) for obj in objs]
+        present = {uid for uid, _, _ in read}
         with self._lock:
             by_node, host_used = self._by_node, self._host_used
             self._pods, self._by_node, self._bound, self._host_used = {}, {}, {}, {}
             self._quiet = True  # one comparison after the list instead of a change per pod
             try:
-                for obj in objs:
-                    present.add(str((obj.get("metadata") or {}).get("uid", "")))
-                    info = _read(obj) if is_gpupack_pod(obj) else None
-                    self._put_bound(obj, info)
+                for uid, info, bound in read:
+                    self._put_bound(uid, bound)
                     if info is not None:
                         self._put_pod(info)
             finally:
@@ -300,12 +308,10 @@ class ClusterCache:
                 self.assume.release(uid)
 
     def upsert_pod(self, obj: JsonDict) -> None:
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
-        ours = is_gpupack_pod(obj)
-        info = _read(obj) if ours else None
+        uid, info, bound = _read_pod(obj)
         with self._lock:
             self._drop_bound(uid)
-            self._put_bound(obj, info)
+            self._put_bound(uid, bound)
             self._drop_pod(uid)
             if info is not None:
                 self._put_pod(info)
@@ -323,11 +329,9 @@ class ClusterCache:
             self.pending_reason.pop(uid, None)
         self.assume.release(uid)
 
-    def _put_bound(self, obj: JsonDict, info: PodInfo | None) -> None:
-        bound = _bound_host(obj, info.host if info is not None else None)
+    def _put_bound(self, uid: str, bound: tuple[str, HostResources] | None) -> None:
         if bound is None:
             return
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
         node, req = bound
         self._bound[uid] = bound
         self._host_used[node] = self._host_used.get(node, hostres.ZERO) + req

@@ -26,10 +26,10 @@ def _uid(args: schemas.ExtenderArgs) -> str:
     return meta.uid if meta is not None else ""
 
 
-# filter and prioritize compute for a few milliseconds and never wait on I/O, so they run on the event
-# loop (`async def`) rather than behind a thread-pool hop; bind waits on the API server and stays `def`.
+# Plain `def`, run in the thread pool: they may wait on the cache lock (an informer applying a relist), and
+# the event loop also answers the ops port's probes. Their dependencies are `async def` (no hop each).
 @router.post("/filter")
-async def filter_(
+def filter_(
     args: schemas.ExtenderArgs,
     rt: RuntimeDep,
     cache: StateDep,
@@ -68,7 +68,7 @@ async def filter_(
 
 
 @router.post("/prioritize")
-async def prioritize(
+def prioritize(
     args: schemas.ExtenderArgs, rankings: RankingsDep, ready: ReadyDep
 ) -> schemas.HostPriorityList:
     t0 = time.perf_counter()
