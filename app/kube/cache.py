@@ -73,9 +73,8 @@ def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int
     return node.charge_host(sign * host.cpu_milli, sign * host.memory_mib)
 
 
-Delta = tuple[
-    Allocation | None, HostResources, int
-]  # an allocation and host request, added (+1) or removed (-1)
+# An allocation and a host request, added (+1) or taken away (-1) on top of a node's view.
+Delta = tuple[Allocation | None, HostResources, int]
 
 # Heartbeats that go stale within this many seconds of a frame are checked exactly (see frame()).
 STALE_CHECK_AHEAD_S = 1.0
@@ -89,9 +88,8 @@ class Frame:
     full: bool  # `changed` holds every node: the token was too old, a relist came, or the node order moved
     changed: dict[str, Node | None]  # views changed since the token (None: the node is gone)
     rank: Mapping[str, int]  # natural-order position of every node with a GPUNode
-    adjusted: dict[
-        str, Node | None
-    ]  # nodes this request sees other than their view: holds, own share, heartbeat
+    # Nodes this request sees other than their view: holds, the pod's own share, a stale heartbeat.
+    adjusted: dict[str, Node | None]
 
 
 @dataclass(frozen=True, slots=True)
