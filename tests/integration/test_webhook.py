@@ -6,6 +6,7 @@ import ssl
 import subprocess
 import sys
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,8 @@ def webhook(cluster: Cluster, kube: Any, core: Any) -> Iterator[Webhook]:
         yaml.safe_load(TEMPLATE.read_text()), cluster.ca_bundle, f"https://127.0.0.1:{port}/mutate"
     )
     admission.create_mutating_webhook_configuration(body)
-    probe_ns = "webhook-probe"
+    # One probe namespace per use of this fixture (test_quota imports it too); deleted at the end.
+    probe_ns = f"webhook-probe-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": probe_ns}})
     try:
 
@@ -99,6 +101,7 @@ def webhook(cluster: Cluster, kube: Any, core: Any) -> Iterator[Webhook]:
         yield Webhook(cluster)
     finally:
         admission.delete_mutating_webhook_configuration(body["metadata"]["name"])
+        core.delete_namespace(probe_ns)
         cluster.stop_process(PROCESS)
 
 
