@@ -85,7 +85,7 @@ class Frame:
     """One request's reading of the cache for a Ranking (see ClusterCache.frame)."""
 
     token: int  # hand back to the next frame() to get only what changed after this one
-    full: bool  # `changed` holds every node: the token was too old, a relist came, or the node order moved
+    full: bool  # `changed` holds every node: the token was too old, or the node order moved
     changed: dict[str, Node | None]  # views changed since the token (None: the node is gone)
     rank: Mapping[str, int]  # natural-order position of every node with a GPUNode
     # Nodes this request sees other than their view: holds, the pod's own share, a stale heartbeat.
@@ -235,7 +235,9 @@ class ClusterCache:
     def _reorder(self) -> None:
         order = sorted(self._base, key=node_order_key)
         if order != self._order:
-            self._changed_all()  # every rank after an added or removed node moved
+            # Every rank after an added or removed node moved: readers re-read every view (the views
+            # themselves do not depend on the order, so unchanged ones keep their verdicts).
+            self._restart_log()
         self._order = order
         self._rank = {name: i for i, name in enumerate(order)}
 
@@ -258,11 +260,10 @@ class ClusterCache:
         self._view.pop(name, None)
         self._log.append(name)
         if len(self._log) > CHANGE_LOG_LIMIT:
-            self._changed_all()
+            self._restart_log()  # the views stay: readers re-read them all, judging only changed objects
 
-    def _changed_all(self) -> None:
-        """Every view is out of date (a relist, or the node order changed): readers start over."""
-        self._view.clear()
+    def _restart_log(self) -> None:
+        """Readers of frame() start over: their next frame is `full` (every node's view)."""
         self._log_start += len(self._log) + 1  # no token handed out so far is within the log
         self._log.clear()
 

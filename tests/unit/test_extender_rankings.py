@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from app.errors import PlacementReason
 from app.explain import NO_GPUNODE, reason_text
 from app.kube.cache import ClusterCache
 from app.model import Demand, Node
@@ -230,3 +231,52 @@ def test_a_refused_pod_gets_the_most_actionable_reason_class() -> None:
         out: FilterOutcome = verbs.filter_nodes(["n0", "gone"], standings, True)
     assert out.passed == [] and out.refusal is verbs.PendingReason.NO_FIT
     assert out.unresolvable == {"gone": NO_GPUNODE} and set(out.failed) == {"n0"}
+
+
+class Counting:
+    """A policy that counts the nodes it judges."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.judged: list[str] = []
+
+    def filter(self, node: Node, demand: Demand) -> PlacementReason | None:
+        self.judged.append(node.name)
+        return self.inner.filter(node, demand)
+
+    def score(self, node: Node, demand: Demand) -> float:
+        return self.inner.score(node, demand)
+
+    def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+        return self.inner.choose_gpus(node, demand)
+
+
+def test_only_changed_nodes_are_judged_again() -> None:
+    world = World(random.Random(5))
+    policy = Counting(registry.create("fragaware"))
+    rankings = Rankings(world.cache, policy)
+    demand = Demand(count=1, milli=250)
+    with rankings.standings(demand) as standings:
+        first = verbs.filter_nodes(world.nodes, standings, True)
+    assert sorted(policy.judged) == sorted(world.nodes)  # a new shape: every node once
+    policy.judged.clear()
+    with rankings.standings(demand) as standings:
+        assert verbs.filter_nodes(world.nodes, standings, True) == first
+    assert policy.judged == []  # nothing changed: nothing judged
+    node = world.cache.node(first.passed[0])
+    assert node is not None
+    world.bind(first.passed[0], demand, policy.choose_gpus(node, demand))
+    world.beats["n1"] = world.clock[0]
+    world.cache.upsert_gpunode(world.gpunode("n1"))  # a heartbeat alone changes no view
+    with rankings.standings(demand) as standings:
+        verbs.filter_nodes(world.nodes, standings, True)
+    assert policy.judged == [first.passed[0]]
+    policy.judged.clear()
+    world.gpus["n99"] = 2
+    world.beats["n99"] = world.clock[0]
+    world.nodes.append("n99")
+    world.cache.upsert_gpunode(world.gpunode("n99"))  # the order moves; the other views stay
+    with rankings.standings(demand) as standings:
+        verbs.filter_nodes(world.nodes, standings, True)
+    assert policy.judged == ["n99"]
