@@ -19,6 +19,7 @@ from app import names
 from app.devcluster import wait_for
 from app.devcluster.addons import sim_document
 from app.devcluster.nodes import MigLayout
+from app.devcluster.poll import WaitTimeoutError
 from app.model import mig_index
 
 # The agent-and-extender fixtures of test_agent_extender.py (pytest finds fixtures by module attribute).
@@ -48,13 +49,19 @@ def test_mig_devices_are_placed_whole_with_their_own_uuids(
     write_sim(agents.sim(n), sim_document(MODEL, 2, LAYOUT)["gpus"])
     agents.start(n)
 
+    last: list[Any] = [None]
+
     def devices() -> dict[int, dict[str, Any]] | None:
-        row = state_of(extender, n)
+        row = last[0] = state_of(extender, n)
         if not row or not row["schedulable"] or len(row["gpus"]) != 5:
             return None
         return {g["index"]: g for g in row["gpus"]}
 
-    seen = wait_for(devices, 30, f"the extender sees {n}'s GPU 1 and four MIG devices")
+    # The agent starts, reads its simulated NVML and publishes its GPUNode: slow on a loaded machine.
+    try:
+        seen = wait_for(devices, 90, f"the extender sees {n}'s GPU 1 and four MIG devices")
+    except WaitTimeoutError as exc:
+        raise AssertionError(f"{exc}; the extender's last row for {n}: {last[0]!r}") from exc
     assert sorted(seen) == [1, *(mig_index(0, s) for s in range(4))]
     profiles = {i: (g["migProfile"], g["memoryMiB"]) for i, g in seen.items()}
     assert profiles == {
