@@ -24,6 +24,7 @@ class PodInfo:
     uid: str
     namespace: str
     name: str
+    resource_version: str = ""  # of the object this was read from: a write's precondition
     node_name: str = ""  # spec.nodeName, "" while pending
     phase: str = "Pending"
     allocation: Allocation | None = None  # as recorded in the pod's annotations
@@ -75,6 +76,7 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
         uid=str(meta.get("uid") or ""),
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
+        resource_version=str(meta.get("resourceVersion") or ""),
         node_name=str(spec.get("nodeName") or ""),
         phase=str(status.get("phase") or "Pending"),
         allocation=allocation,

@@ -1,5 +1,9 @@
 """Bind: choose GPUs, hold them, write the allocation (resourceVersion precondition), create the Binding.
 
+The pod comes from the informer's copy (its resourceVersion the allocation patch's precondition; a copy
+that is behind meets 409 and the pod is read once and decided again) or, for a pod the informer has not
+shown pending and unheld, from the API server.
+
 Fenced twice: one bind per pod in flight (a retried or concurrent bind of the same pod joins the first
 and gets its result), and leadership is re-checked right before each write, so a replica that lost its
 lease mid-bind stops writing and rolls its own change back.
@@ -20,6 +24,7 @@ from app.kube.cache import ClusterCache
 from app.kube.informers import KubeApi
 from app.model import Allocation, Demand
 from app.placement import Policy, to_allocation
+from app.pods import PodInfo
 from extender.metrics import BindOutcome
 from extender.verbs import invalid_request
 
@@ -108,6 +113,21 @@ class Binder:
 
     def _bind(self, namespace: str, name: str, uid: str, node_name: str) -> BindResult:
         where = {"pod": f"{namespace}/{name}", "node": node_name}
+        cached = self._cached(namespace, name, uid)
+        if cached is not None:
+            # The informer's copy saves reading the pod; its resourceVersion is the patch's precondition,
+            # so a copy that is behind writes nothing (409), and the pod is read once and decided again.
+            result = self._write(
+                namespace,
+                name,
+                cached.uid,
+                rv=cached.resource_version,
+                demand=cached.demand,
+                where=where,
+                stale=True,
+            )
+            if result is not None:
+                return result
         try:
             pod = self.kube.send(calls.get_pod(namespace, name))
         except KubeError as exc:
@@ -121,13 +141,49 @@ class Binder:
         bound_to = (pod.get("spec") or {}).get("nodeName")
         if bound_to:
             return self._already_bound(meta, str(bound_to), where)
+        rv = str(meta.get("resourceVersion", ""))
+        result = self._write(
+            namespace, name, uid, rv=rv, demand=request.pod_demand(pod), where=where, stale=False
+        )
+        assert result is not None  # only a write from the informer's copy asks to be read again
+        return result
+
+    def _cached(self, namespace: str, name: str, uid: str) -> PodInfo | None:
+        """The informer's copy of the pod when a bind may start from it; None: read the pod first.
+
+        Only a pending pod that no hold of ours covers: a hold means an earlier bind of this pod wrote,
+        or may have written, its allocation, and only the pod as the API server has it tells which.
+        """
+        info = self.cache.pod(uid) if uid else None
+        if info is None or (info.namespace, info.name) != (namespace, name):
+            return None
+        if not info.pending or not info.resource_version or self.cache.assume.get(uid) is not None:
+            return None
+        return info
+
+    def _write(
+        self,
+        namespace: str,
+        name: str,
+        uid: str,
+        *,
+        rv: str,
+        demand: request.PodDemand,
+        where: dict[str, str],
+        stale: bool,
+    ) -> BindResult | None:
+        """Decide, then write the allocation (precondition `rv`) and the Binding.
+
+        None when `stale` (rv is the informer's) and the allocation patch met a newer pod: nothing was
+        written and nothing is held, so the caller reads the pod and tries once more.
+        """
+        node_name = where["node"]
         if not self.can_write():
             return self._fail(BindOutcome.ERROR, NOT_LEADER, where)
-        decided = self._decide(uid, pod, node_name)
+        decided = self._decide(uid, demand, node_name)
         if isinstance(decided, BindResult):
             return self._fail(decided.outcome, decided.error, where)
         alloc = decided
-        rv = str(meta.get("resourceVersion", ""))
         if not self.can_write():  # re-checked right before the write: the decision took time
             self.cache.assume.release(uid)
             return self._fail(BindOutcome.ERROR, NOT_LEADER, where)
@@ -136,6 +192,9 @@ class Binder:
         except KubeError as exc:
             # Nothing was written: the hold is ours alone to drop.
             self.cache.assume.release(uid)
+            if stale and exc.is_conflict:
+                LOG.info("informer's copy of the pod is behind: reading it", extra=where)
+                return None
             outcome = BindOutcome.CONFLICT if exc.is_conflict else BindOutcome.ERROR
             return self._fail(outcome, f"writing allocation: {exc}", where)
         if not self.can_write():
@@ -184,9 +243,8 @@ class Binder:
         LOG.info("already bound by an earlier bind", extra=where)
         return BindResult(BindOutcome.BOUND, allocation=alloc)
 
-    def _decide(self, uid: str, pod: dict[str, Any], node_name: str) -> Allocation | BindResult:
+    def _decide(self, uid: str, demand: request.PodDemand, node_name: str) -> Allocation | BindResult:
         """Under the lock: the GPUs on `node_name` for this pod, held in the assume cache."""
-        demand = request.pod_demand(pod)
         if not isinstance(demand, Demand):
             return BindResult(BindOutcome.ERROR, invalid_request(demand))
         with self.lock:

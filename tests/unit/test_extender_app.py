@@ -228,9 +228,9 @@ def test_bind_writes_allocation_with_precondition_then_binding() -> None:
     env.kube.add(p)
     assert env.bind(p, "n1") == ""
     kinds = [(r.method, r.path.rsplit("/", 1)[-1]) for r in env.kube.sent]
-    assert kinds == [("GET", "p"), ("PATCH", "p"), ("POST", "binding")]
-    assert env.kube.sent[1].body["metadata"]["resourceVersion"] == "1"
-    assert env.kube.sent[2].body["metadata"]["resourceVersion"] == "101"  # what the patch produced
+    assert kinds == [("PATCH", "p"), ("POST", "binding")]  # the pod comes from the informer's copy
+    assert env.kube.sent[0].body["metadata"]["resourceVersion"] == "1"  # the copy's version
+    assert env.kube.sent[1].body["metadata"]["resourceVersion"] == "101"  # what the patch produced
     stored = env.kube.pods["p"]
     assert Allocation.from_annotations(stored["metadata"]["annotations"]) == Allocation(
         "n1", (0,), ("GPU-n1-0",), 500, 8192
@@ -245,8 +245,57 @@ def test_bind_conflict_releases_the_hold() -> None:
     env = Env()
     p = pod("p")
     env.kube.add(p)
-    env.kube.fail["PATCH"] = KubeError(409, "Conflict", "the object has been modified")
+    real = env.kube.send
+
+    def always_conflict(req: Request) -> JsonDict:
+        if req.method == "PATCH":
+            env.kube.sent.append(req)
+            raise KubeError(409, "Conflict", "the object has been modified")
+        return real(req)
+
+    env.kube.send = always_conflict  # type: ignore[method-assign]
     assert env.bind(p, "n1").startswith("writing allocation: 409 Conflict")
+    assert len(env.cache.assume) == 0
+    # The informer's copy is tried, then the pod is read once and tried again; nothing more.
+    assert [r.method for r in env.kube.sent] == ["PATCH", "GET", "PATCH"]
+
+
+def test_bind_from_a_stale_informer_copy_reads_the_pod_once_and_binds() -> None:
+    env = Env()
+    p = pod("p", 500)
+    env.kube.add(p)
+    env.kube._bump(env.kube.pods["p"])  # e.g. a label added: the watch has not shown it yet
+    assert env.bind(p, "n1") == ""
+    kinds = [(r.method, r.path.rsplit("/", 1)[-1]) for r in env.kube.sent]
+    assert kinds == [("PATCH", "p"), ("GET", "p"), ("PATCH", "p"), ("POST", "binding")]
+    assert env.kube.sent[0].body["metadata"]["resourceVersion"] == "1"  # refused: nothing written
+    assert env.kube.sent[2].body["metadata"]["resourceVersion"] == "101"  # the version just read
+    assert env.kube.pods["p"]["spec"]["nodeName"] == "n1"
+    assert Allocation.from_annotations(env.kube.pods["p"]["metadata"]["annotations"]) == Allocation(
+        "n1", (0,), ("GPU-n1-0",), 500, 8192
+    )
+    assert env.cache.assume.get("uid-p") is not None  # one hold, until the watch echo
+
+
+def test_bind_reads_the_pod_the_informer_has_not_shown() -> None:
+    env = Env()
+    p = pod("p", 500)
+    env.kube.pods["p"] = copy.deepcopy(p)  # created, but the watch event is still on its way
+    assert env.bind(p, "n1") == ""
+    assert [r.method for r in env.kube.sent] == ["GET", "PATCH", "POST"]
+
+
+def test_bind_of_a_recreated_pod_never_writes_with_the_old_copy() -> None:
+    env = Env()
+    old = pod("p", 500)
+    env.kube.add(old)
+    new = copy.deepcopy(old)
+    new["metadata"]["uid"] = "uid-p2"
+    env.kube.pods["p"] = new
+    env.kube._bump(new)
+    assert env.bind(old, "n1") == "pod was re-created (uid uid-p2, want uid-p)"
+    assert env.kube.pods["p"]["spec"]["nodeName"] == ""
+    assert names.ALLOC_NODE not in env.kube.pods["p"]["metadata"]["annotations"]
     assert len(env.cache.assume) == 0
 
 
@@ -344,7 +393,7 @@ def test_a_second_bind_of_the_same_pod_joins_the_first() -> None:
     env.kube.patch_delay = 0.2
     assert bind_concurrently(env, [(p, "n1"), (p, "n1")]) == ["", ""]
     kinds = [(r.method, r.path.rsplit("/", 1)[-1]) for r in env.kube.sent]
-    assert kinds == [("GET", "p"), ("PATCH", "p"), ("POST", "binding")]  # one bind on the wire
+    assert kinds == [("PATCH", "p"), ("POST", "binding")]  # one bind on the wire
 
 
 def test_a_concurrent_bind_of_the_same_pod_to_another_node_names_both() -> None:
@@ -394,7 +443,7 @@ def test_a_replica_that_lost_the_lease_writes_nothing() -> None:
     env.kube.add(p)
     env.binder.can_write = Fence(False)
     assert env.bind(p, "n1").startswith("stopped before writing: this replica no longer holds")
-    assert [r.method for r in env.kube.sent] == ["GET"]
+    assert env.kube.sent == []
     assert len(env.cache.assume) == 0
 
 
@@ -404,7 +453,7 @@ def test_losing_the_lease_during_the_decision_releases_the_hold() -> None:
     env.kube.add(p)
     env.binder.can_write = Fence(True, False)
     assert env.bind(p, "n1").startswith("stopped before writing")
-    assert [r.method for r in env.kube.sent] == ["GET"]
+    assert env.kube.sent == []
     assert len(env.cache.assume) == 0
 
 
@@ -415,7 +464,7 @@ def test_losing_the_lease_after_the_allocation_rolls_it_back_and_never_binds() -
     env.binder.can_write = Fence(True, True, False)
     err = env.bind(p, "n1")
     assert err.endswith("no longer holds the leader lease; allocation rolled back")
-    assert [r.method for r in env.kube.sent] == ["GET", "PATCH", "PATCH"]  # allocate, then remove
+    assert [r.method for r in env.kube.sent] == ["PATCH", "PATCH"]  # allocate, then remove
     stored = env.kube.pods["p"]
     assert stored["spec"]["nodeName"] == "" and names.ALLOC_NODE not in stored["metadata"]["annotations"]
     assert len(env.cache.assume) == 0
