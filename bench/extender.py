@@ -358,7 +358,16 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cluster-nodes", type=int, default=20)
     ap.add_argument("--out", default=str(REPO / "bench/results/extender.json"))
+    ap.add_argument(
+        "--keep-latency",
+        action="store_true",
+        help="with --nodes '': keep the latency part of the existing --out file (a throughput-only re-run)",
+    )
     args = ap.parse_args()
+    kept: list[Any] = []
+    if args.keep_latency and Path(args.out).exists():
+        before = json.loads(Path(args.out).read_text())
+        kept = [{**row, "measured_with": before.get("inputs")} for row in before.get("latency", [])]
     out: dict[str, Any] = {
         "inputs": vars(args),
         "python": platform.python_version(),
@@ -366,7 +375,7 @@ def main() -> int:
         "cpus": os.cpu_count(),
         # The build machine is shared: a load average above the CPU count means these are contended numbers.
         "loadavg_at_start": [round(x, 1) for x in os.getloadavg()],
-        "latency": [],
+        "latency": kept,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     for n in (int(x) for x in args.nodes.split(",") if x):
