@@ -6,8 +6,6 @@ import threading
 import time
 from collections.abc import Callable
 
-from cachetools import TTLCache
-
 from app.model import Allocation
 
 # Far above the informer's echo latency; an entry outliving it means the echo was lost, and the next
@@ -16,7 +14,11 @@ DEFAULT_TTL_S = 120.0
 
 
 class AssumeCache:
-    """Allocations by pod UID that the cluster state must count although no watch event shows them yet."""
+    """Allocations by pod UID that the cluster state must count although no watch event shows them yet.
+
+    Two plain dicts in hold order: every filter and bind reads all holds, so a copy runs at C speed, and
+    expiry pops from the front (holds are taken in timer order; a replaced hold moves to the back).
+    """
 
     def __init__(
         self,
@@ -26,21 +28,37 @@ class AssumeCache:
     ) -> None:
         self._lock = threading.Lock()
         self._timer = timer
-        self._held: TTLCache[str, Allocation] = TTLCache(maxsize=maxsize, ttl=ttl_s, timer=timer)
-        self._since: dict[str, float] = {}  # when each hold was taken (the cache's timer)
+        self._ttl_s = ttl_s
+        self._maxsize = maxsize
+        self._held: dict[str, Allocation] = {}
+        self._since: dict[str, float] = {}  # when each hold was taken (the cache's timer), oldest first
 
     def now(self) -> float:
         return self._timer()
 
+    def _expire(self) -> None:
+        """Drop holds at or past their TTL, and the oldest beyond `maxsize` (under the lock)."""
+        since = self._since
+        limit = self._timer() - self._ttl_s
+        while since:
+            uid = next(iter(since))
+            if since[uid] > limit and len(since) <= self._maxsize:
+                return
+            del since[uid]
+            self._held.pop(uid, None)
+
     def hold(self, uid: str, alloc: Allocation) -> None:
         """Count `alloc` for pod `uid` until released, confirmed or expired (replaces an earlier hold)."""
         with self._lock:
+            self._since.pop(uid, None)
             self._held[uid] = alloc
             self._since[uid] = self._timer()
+            self._expire()
 
     def release(self, uid: str) -> Allocation | None:
         """Drop the hold (failed bind, deleted pod, or the watch showed the annotation)."""
         with self._lock:
+            self._expire()
             self._since.pop(uid, None)
             return self._held.pop(uid, None)
 
@@ -51,24 +69,25 @@ class AssumeCache:
         its absence there means the pod was deleted. Holds taken after the list started are kept.
         """
         with self._lock:
-            self._held.expire()
-            gone = [u for u in self._held if u not in present and self._since.get(u, listed_at) < listed_at]
+            self._expire()
+            gone = [u for u, t in self._since.items() if u not in present and t < listed_at]
             for uid in gone:
                 del self._held[uid]
-            self._since = {u: t for u, t in self._since.items() if u in self._held}
+                del self._since[uid]
             return gone
 
     def get(self, uid: str) -> Allocation | None:
         with self._lock:
+            self._expire()
             return self._held.get(uid)
 
     def items(self) -> dict[str, Allocation]:
         """Live holds by pod UID (expired ones are dropped first)."""
         with self._lock:
-            self._held.expire()
-            return dict(self._held.items())
+            self._expire()
+            return dict(self._held)
 
     def __len__(self) -> int:
         with self._lock:
-            self._held.expire()
+            self._expire()
             return len(self._held)
