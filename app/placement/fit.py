@@ -6,6 +6,7 @@ from collections.abc import Callable, Sequence
 
 from app.errors import ForeignUse, PlacementReason, Shortfall
 from app.model import Demand, Gpu, Node
+from app.placement.base import Policy
 
 # Foreign processes (outside any gpupack pod) grow and shrink as they run; where a GPU has any, keep this
 # much head-room on top of what they use now. A GPU with no foreign usage needs none: gpupack pods are
@@ -51,8 +52,30 @@ def best_fit(gpus: Sequence[Gpu], count: int) -> tuple[int, ...]:
     return tuple(sorted(g.index for g in sorted(gpus, key=lambda g: (g.milli_free, *tie_order(g)))[:count]))
 
 
+def node_fits(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> bool:
+    """Whether `node` can take `demand`: `node_misfit(...) is None` without building a reason."""
+    if not node.schedulable:
+        return False
+    cpu, mem = node.cpu_milli_free, node.memory_mib_free
+    if (cpu is not None and demand.cpu_milli > cpu) or (mem is not None and demand.host_memory_mib > mem):
+        return False
+    wanted = demand.count
+    if not wanted:
+        return True
+    if demand.needs_mps and not node.mps:
+        return False
+    for g in node.gpus:  # counted, not sorted: which GPUs is the policy's choice, later
+        if gpu_fits(g, demand, margin_mib):
+            wanted -= 1
+            if not wanted:
+                return True
+    return False
+
+
 def node_misfit(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> PlacementReason | None:
     """None when `node` can take `demand`; otherwise the first rule it breaks."""
+    if node_fits(node, demand, margin_mib):
+        return None
 
     def why(shortfall: Shortfall, needed: int = 0, free: int = 0, detail: str = "") -> PlacementReason:
         return PlacementReason(node.name, None, shortfall, needed, free, detail=detail)
@@ -65,10 +88,6 @@ def node_misfit(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB
         return why(Shortfall.HOST_MEMORY, demand.host_memory_mib, node.memory_mib_free)
     if demand.count and demand.needs_mps and not node.mps:
         return why(Shortfall.NO_MPS, detail=node.mps_reason)
-    if demand.count == 0:
-        return None
-    if sum(1 for g in node.gpus if gpu_fits(g, demand, margin_mib)) >= demand.count:
-        return None  # counted, not sorted: which GPUs is the policy's choice, later
     return _gpu_shortfall(node, demand, margin_mib)
 
 
@@ -158,6 +177,19 @@ class FitFilter:
 
     def filter(self, node: Node, demand: Demand) -> PlacementReason | None:
         return node_misfit(node, demand, self.margin_mib)
+
+    def fits(self, node: Node, demand: Demand) -> bool:
+        """`filter(node, demand) is None`, for callers that need no reason (the simulator)."""
+        return node_fits(node, demand, self.margin_mib)
+
+
+def fits_check(policy: Policy) -> Callable[[Node, Demand], bool]:
+    """Yes/no for `policy.filter`: the shared fit check where the policy's filter is FitFilter's own."""
+    if isinstance(policy, FitFilter):
+        own: object = type(policy).filter
+        if own is FitFilter.filter:
+            return policy.fits
+    return lambda node, demand: policy.filter(node, demand) is None
 
 
 def demand_milli(node: Node, demand: Demand) -> int:

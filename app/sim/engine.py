@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 
 from app.model import MILLI_PER_GPU, Demand, Node
 from app.placement import Placement, Policy, TargetWorkload, place, to_allocation
+from app.placement.fit import fits_check
 from app.sim.loader import TracePod
 
 MAX_ARRIVED_PCT = 130  # the paper's x-axis ends here
@@ -141,6 +142,7 @@ class IndexedChooser:
         self.states: dict[tuple[object, ...], int] = {}
         self.state = [self._state_id(node) for node in cluster.nodes]
         self.shapes: dict[Demand, _Shape] = {}
+        self.fits = fits_check(policy)
 
     def _state_id(self, node: Node) -> int:
         return self.states.setdefault(_signature(node), len(self.states))
@@ -149,16 +151,14 @@ class IndexedChooser:
         shape = self.shapes.get(demand)
         if shape is None:
             shape = self.shapes[demand] = _Shape(set(range(len(self.cluster.nodes))))
-        heap, memo, version, state = shape.heap, shape.memo, self.version, self.state
+        heap, memo, version, state, fits = shape.heap, shape.memo, self.version, self.state, self.fits
         for i in shape.dirty:
             sid = state[i]
             if sid in memo:
                 s = memo[sid]
             else:
                 node = self.cluster.nodes[i]
-                s = memo[sid] = (
-                    None if self.policy.filter(node, demand) is not None else self.policy.score(node, demand)
-                )
+                s = memo[sid] = self.policy.score(node, demand) if fits(node, demand) else None
             if s is not None:
                 heapq.heappush(heap, (-s, i, version[i]))
         shape.dirty.clear()

@@ -3,12 +3,22 @@ live load breaks ties between GPUs the policy scores equal."""
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from app.errors import ForeignUse, PlacementReason, ReasonKind, Shortfall
 from app.model import Demand, Gpu, Node
 from app.placement import Placement, place, registry
-from app.placement.fit import FOREIGN_MARGIN_MIB, gpu_fits, memory_room, node_misfit
+from app.placement.fit import (
+    FOREIGN_MARGIN_MIB,
+    FitFilter,
+    fits_check,
+    gpu_fits,
+    memory_room,
+    node_fits,
+    node_misfit,
+)
 
 MIB = 40_960
 POLICIES = ("binpack", "spread", "fgd", "fragaware")
@@ -213,3 +223,61 @@ def test_refusals_are_values_rendered_to_one_sentence(
     assert reason.kind is kind
     assert reason.rule == text
     assert str(reason) == f"n: {text}"
+
+
+def test_the_yes_no_fit_check_agrees_with_the_filter_on_random_nodes() -> None:
+    rng = random.Random(7)
+    models = ("A100-40GB", "V100")
+    for _ in range(3000):
+        gpus = tuple(
+            Gpu(
+                index=i,
+                model=rng.choice(models),
+                memory_mib=MIB,
+                milli_used=rng.choice((0, 250, 500, 750, 1000)),
+                memory_used_mib=rng.choice((0, MIB // 4, MIB // 2, MIB)),
+                foreign_mib=rng.choice((0, 0, 300, 5000)),
+                healthy=rng.random() > 0.1,
+                mig_profile=rng.choice(("", "", "", "1g.10gb")),
+            )
+            for i in range(rng.randint(0, 4))
+        )
+        node = Node(
+            "n",
+            gpus,
+            cpu_milli_free=rng.choice((None, 0, 4000)),
+            memory_mib_free=rng.choice((None, 0, 8000)),
+            schedulable=rng.random() > 0.1,
+            mps=rng.random() > 0.2,
+        )
+        count = rng.randint(0, 3)
+        demand = Demand(
+            count=count,
+            milli=rng.choice((None, 250, 500, 1000)) if count else None,
+            models=frozenset(rng.sample(models, rng.randint(0, 1))),
+            cpu_milli=rng.choice((0, 2000)),
+            host_memory_mib=rng.choice((0, 4000)),
+            needs_mps=rng.random() > 0.7,
+        )
+        if count and demand.milli is None:
+            demand = Demand(count=count, memory_mib=rng.choice((1000, 20_000, 50_000)), models=demand.models)
+        expected = node_misfit(node, demand) is None
+        assert node_fits(node, demand) is expected, (node, demand)
+        for name in POLICIES:
+            assert fits_check(registry.create(name))(node, demand) is expected
+
+
+def test_a_policy_with_its_own_filter_keeps_it_in_the_yes_no_check() -> None:
+    class Picky(FitFilter):
+        name = "picky"
+
+        def filter(self, node: Node, demand: Demand) -> PlacementReason | None:
+            return PlacementReason(node.name, None, Shortfall.UNSCHEDULABLE)
+
+        def score(self, node: Node, demand: Demand) -> float:
+            return 0.0
+
+        def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
+            return ()
+
+    assert fits_check(Picky())(Node("n", (gpu(0),)), Demand(count=1, milli=500)) is False
