@@ -15,7 +15,6 @@ from typing import Any
 from agent.settings import FLAGS, Settings
 from app import log, names
 from app.kube.calls import Request
-from app.kube.client import Kube
 from app.settings import from_args
 
 _log = log.get("gpupack.agent")
@@ -80,6 +79,8 @@ def run_command(args: argparse.Namespace) -> int:
         for e in errors:
             print(f"gpupack agent run: {e.as_flag()}", file=sys.stderr)
         return 2
+    from app.kube.client import Kube  # here: the Kubernetes client costs every other gpupack command 0.2 s
+
     try:
         kube = Kube.connect(settings.kubeconfig)
     except Exception as exc:  # the client's config errors are its own types; agent/ must not import them

@@ -40,3 +40,15 @@ def test_main_runs_the_subcommand_an_entry_point_registered(capsys: pytest.Captu
         cli.main(["simulate", "--help"])
     assert exit_info.value.code == 0
     assert capsys.readouterr().out.startswith("usage: gpupack simulate")
+
+
+def test_each_entry_point_registers_the_subcommand_it_is_named_after() -> None:
+    for ep in cli.command_entry_points():
+        assert ep.name in _choices(cli.build_parser([ep])), ep.value
+
+
+def test_a_named_subcommand_loads_only_its_entry_point_and_others_load_all() -> None:
+    assert [ep.name for ep in cli.commands_for(["simulate", "--seeds", "1"])] == ["simulate"]
+    every = [ep.name for ep in cli.command_entry_points()]
+    assert [ep.name for ep in cli.commands_for(["certs"])] == every  # webhook's second subcommand
+    assert [ep.name for ep in cli.commands_for([])] == every
