@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 from app.errors import ForeignUse, PlacementReason, Shortfall
-from app.model import Demand, Gpu, Node
+from app.model import MILLI_PER_GPU, Demand, Gpu, Node
 from app.placement.base import Policy
 
 # Foreign processes (outside any gpupack pod) grow and shrink as they run; where a GPU has any, keep this
@@ -21,10 +21,13 @@ def memory_room(gpu: Gpu, margin_mib: int = FOREIGN_MARGIN_MIB) -> int:
 
 def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> bool:
     """One GPU can take one device's worth of `demand` (model, health, milli and memory room)."""
-    if not gpu.healthy or not demand.accepts(gpu.model) or not demand.targets(gpu):
+    if not gpu.healthy or (demand.models and gpu.model not in demand.models):
+        return False
+    # A share of a whole GPU (the usual case) targets every whole GPU; MIG asks Demand.targets.
+    if (demand.mig or demand.mig_profile or gpu.mig_profile) and not demand.targets(gpu):
         return False
     milli, mib = demand.on(gpu.memory_mib)
-    return milli <= gpu.milli_free and mib <= memory_room(gpu, margin_mib)
+    return milli + gpu.milli_used <= MILLI_PER_GPU and mib <= memory_room(gpu, margin_mib)
 
 
 def live_load(gpu: Gpu) -> tuple[int, int]:
