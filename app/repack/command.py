@@ -57,7 +57,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mode.add_argument("--plan", action="store_true", help="print the plan (the default)")
     mode.add_argument("--apply", action="store_true", help="carry the plan out, one eviction at a time")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--goal", choices=[g.value for g in Goal], default=Goal.GPUS.value, help="what to free")
+    p.add_argument(
+        "--goal", choices=[Goal.GPUS.value, Goal.NODES.value], default=Goal.GPUS.value, help="what to free"
+    )
     p.add_argument(
         "--policy",
         choices=registry.names(),
