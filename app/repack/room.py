@@ -11,7 +11,7 @@ now) never move.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from app.model import Demand, Node
@@ -132,21 +132,37 @@ def make_room(
     *,
     allowed: frozenset[str] | None = None,
     max_moves: int = DEFAULT_MAX_MOVES,
+    fits_now: Callable[[PodRef], bool] | None = None,
 ) -> Room | None:
     """The fewest moves (at most `max_moves`) after which `demand` fits; None when no such set exists.
 
     `nodes` in placement order with every running pod's share applied (not the pending pod's);
     `allowed` are the nodes the pending pod's selectors and affinity allow (None: any);
-    `budgets` maps each PodDisruptionBudget (namespace/name) to its status.disruptionsAllowed.
+    `budgets` maps each PodDisruptionBudget (namespace/name) to its status.disruptionsAllowed;
+    `fits_now` answers as `place` would whether a running pod's shape fits somewhere as the cluster is
+    (the simulator's incremental index; default: `place` over `nodes`).
     """
-    policy = MemoPolicy(policy)
+    policy = policy if isinstance(policy, MemoPolicy) else MemoPolicy(policy)  # a caller's memo is kept
     state = State(nodes, pods)
     kept = state.pin_kept(budgets)
-    movable = {uid for uid, p in state.pods.items() if not (p.blocked or blocked_by_budget(p, budgets))}
 
-    def fits(s: State) -> Placement | None:
-        got = place(s.ordered(s.nodes, allowed), demand, policy)
+    def fits(s: State, d: Demand = demand, where: frozenset[str] | None = allowed) -> Placement | None:
+        got = place(s.ordered(s.nodes, where), d, policy)
         return got if isinstance(got, Placement) else None
+
+    # A pod that fits nowhere else now cannot move: the room's own GPUs are no target, and every
+    # replacement only takes capacity elsewhere. (Host CPU freed on the room's node is not counted on.)
+    elsewhere: dict[tuple[Demand, frozenset[str] | None], bool] = {}
+
+    def can_go(p: PodRef) -> bool:
+        key = (p.demand, p.nodes)
+        if key not in elsewhere:
+            elsewhere[key] = fits_now(p) if fits_now else fits(state, p.demand, p.nodes) is not None
+        return elsewhere[key]
+
+    movable = {
+        uid for uid, p in state.pods.items() if not (p.blocked or blocked_by_budget(p, budgets)) and can_go(p)
+    }
 
     def room(got: Placement, moves: Sequence[Move]) -> Room:
         return Room(got.node.name, got.gpus, Plan(Goal.ROOM, policy.name, tuple(moves), (), (), kept))
@@ -155,10 +171,11 @@ def make_room(
     if now is not None:
         return room(now, ())
     order = {n: i for i, n in enumerate(state.order)}
+    hosts = {state.pods[u].alloc.node for u in movable}
     options = [
         c
         for name in state.order
-        if allowed is None or name in allowed
+        if name in hosts and (allowed is None or name in allowed)
         for c in _clearings(state, movable, name, demand, policy=policy, most=max_moves)
     ]
     for clearing in sorted(options, key=lambda c: c.rank(order)):
