@@ -137,3 +137,18 @@ def test_a_room_plan_survives_its_json_form() -> None:
     assert room is not None
     assert Plan.from_dict(room.plan.to_dict()) == room.plan
     assert room.plan.to_dict()["goal"] == "room"
+
+
+def test_the_room_table_says_where_the_pod_goes() -> None:
+    from app.repack.command import render_room
+
+    nodes, pods = fragmented(2, 2)
+    pods[0] = PodRef(pods[0].key, pods[0].uid, pods[0].alloc, pods[0].demand, "bare pod")
+    room = make_room(nodes, pods, {}, registry.create("binpack"), WHOLE)
+    assert room is not None
+    lines = render_room("ns/big", room).splitlines()
+    assert lines[0].split() == ["POD", "FROM", "TO", "GPUS", "FREED"]
+    (move,) = room.plan.moves
+    assert lines[1].split()[:2] == [move.pod, f"{move.source.node}/gpu{move.source.gpu_indexes[0]}"]
+    assert lines[3] == f"1 evictions make room for ns/big on {room.node}/gpu{room.gpus[0]} (policy binpack)"
+    assert lines[4:] == ["kept in place: 1 pods", "  ns/p0: bare pod"]
