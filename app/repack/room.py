@@ -6,7 +6,8 @@ predicted with the extender's placement code exactly as `plan` predicts its move
 not the evicted pod is still terminating), must land outside the GPUs being cleared, and the pod must then
 fit (`place` answers) with every move done. Candidates are tried fewest moves first, then least share
 moved, then in placement order; pinned pods (no controller, opted out, a PDB that allows no disruption
-now) never move.
+now) never move, nor does a pod whose shape fits nowhere as the cluster is (the room is no target for it,
+and the moves before it only take capacity elsewhere).
 """
 
 from __future__ import annotations
