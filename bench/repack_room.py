@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
-import platform
 import statistics
 import sys
 import time
@@ -25,11 +23,10 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from packing import MAX_WORKERS, NODE_FILE, _git_commit, _sha256, _trace, pod_file  # noqa: E402
-from repack import TRACES  # noqa: E402
+from packing import _trace  # noqa: E402
+from repack import check_inputs, common_flags, provenance, run_jobs  # noqa: E402
 
-from app.placement import DEFAULT_POLICY, registry  # noqa: E402
-from app.sim.command import UsageError, parse_seeds  # noqa: E402
+from app.placement import registry  # noqa: E402
 from app.sim.saturate import Mode, saturate  # noqa: E402
 
 Job = tuple[str, str, int, str, dict[str, Any]]  # traces dir, trace, seed, mode, knobs
@@ -93,28 +90,16 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
-    ap.add_argument("--traces-dir", default=str(REPO.parent / "shared" / "traces"))
-    ap.add_argument("--traces", default=",".join(TRACES), help="comma list of trace names")
-    ap.add_argument("--seeds", default="42-44")
-    ap.add_argument("--policy", default=DEFAULT_POLICY, choices=registry.names())
+    common_flags(ap)
     ap.add_argument("--inflate", type=float, default=1.02, help="arrivals up to this x capacity")
     ap.add_argument("--max-moves", type=int, default=4, help="moves per failed arrival (on-failure)")
     ap.add_argument("--every", type=float, default=5.0, help="periodic: repack every this % arrived")
     ap.add_argument("--max-evictions", type=int, default=200, help="periodic: evictions per repack")
-    ap.add_argument("--workers", type=int, default=MAX_WORKERS, help=f"processes, at most {MAX_WORKERS}")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "repack.json"))
     args = ap.parse_args(argv)
-    try:
-        seeds = parse_seeds(args.seeds)
-    except UsageError as e:
-        print(f"repack_room: {e}", file=sys.stderr)
+    checked = check_inputs(args, "repack_room")
+    if checked is None:
         return 2
-    traces = [t for t in args.traces.split(",") if t]
-    traces_dir = Path(args.traces_dir).resolve()
-    for t in traces:
-        if not (traces_dir / pod_file(t)).is_file():
-            print(f"repack_room: --traces={t!r}: {traces_dir / pod_file(t)} does not exist", file=sys.stderr)
-            return 2
+    seeds, traces, traces_dir = checked
     knobs = {
         "policy": args.policy,
         "inflate": args.inflate,
@@ -131,28 +116,22 @@ def main(argv: list[str] | None = None) -> int:
         for s in seeds
     ]
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    with multiprocessing.Pool(max(1, min(args.workers, MAX_WORKERS))) as pool:
-        for row in pool.imap_unordered(run_job, jobs):
-            rows.append(row)
-            print(
-                f"[{len(rows)}/{len(jobs)}] {row['trace']} seed {row['seed']} {row['mode']}: "
-                f"unallocated {row['unallocated_pct_at_100']:.2f} %, {row['evictions']} evictions, "
-                f"{row['rescued']} rescued ({row['seconds']} s)",
-                flush=True,
-            )
+    rows = run_jobs(
+        run_job,
+        jobs,
+        args.workers,
+        lambda row: (
+            f"{row['trace']} seed {row['seed']} {row['mode']}: "
+            f"unallocated {row['unallocated_pct_at_100']:.2f} %, {row['evictions']} evictions, "
+            f"{row['rescued']} rescued ({row['seconds']} s)"
+        ),
+    )
     rows.sort(key=lambda r: (r["trace"], r["seed"], r["mode"]))
     section = {
         "question": "unallocated GPU % when arrivals start to fail: no repack, periodic, on failure",
         "method": "app/sim/saturate.py: the FGD replay (arrivals until full, no departures); unallocated "
         "GPU % at arrived = 100 %",
-        "inputs": {
-            "traces": {t: _sha256(traces_dir / pod_file(t)) for t in traces},
-            "nodes": _sha256(traces_dir / NODE_FILE),
-            "seeds": list(seeds),
-            **knobs,
-        },
-        "versions": {"python": platform.python_version(), "git_commit": _git_commit()},
+        **provenance(traces_dir, traces, seeds, knobs),
         "wall_seconds": round(time.perf_counter() - started, 1),
         "summary": summarise(rows),
         "runs": rows,
