@@ -56,6 +56,8 @@ def run_job(job: Job) -> dict[str, Any]:
         "failed": r.failed,
         "evictions": r.evictions,
         "rescued": r.rescued,
+        "running_at_first_failure": r.running_at_first_failure,
+        "could_move_at_first_failure": r.could_move_at_first_failure,
         "evictions_per_placed_pod": round(r.evictions_per_placed_pod, 5),
         "seconds": round(r.seconds, 1),
     }
@@ -80,6 +82,10 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
                 "failed_median": statistics.median(r["failed"] for r in runs),
                 "evictions_median": statistics.median(r["evictions"] for r in runs),
                 "rescued_median": statistics.median(r["rescued"] for r in runs),
+                "could_move_of_running_at_first_failure_median": [
+                    statistics.median(r["could_move_at_first_failure"] for r in runs),
+                    statistics.median(r["running_at_first_failure"] for r in runs),
+                ],
                 "evictions_per_placed_pod_median": round(
                     statistics.median(r["evictions_per_placed_pod"] for r in runs), 5
                 ),

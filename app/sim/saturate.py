@@ -42,6 +42,10 @@ class SaturateResult:
     failed: int  # arrivals dropped
     evictions: int
     rescued: int  # arrivals placed only thanks to an on-failure repack
+    # At the first failed GPU arrival: running GPU pods, and how many of them fit somewhere as the cluster
+    # is (the only ones any move can start with).
+    running_at_first_failure: int
+    could_move_at_first_failure: int
     seconds: float
 
     @property
@@ -73,9 +77,12 @@ def saturate(
     arrived = evictions = failed = rescued = 0
     at_100: list[float] = []
     next_repack = every_pct
+    first: tuple[int, int] | None = None
     for pod in seq:
         arrived += pod.gpu_milli
         placed = sim.arrive(pod.demand)
+        if not placed and first is None and pod.demand.count:
+            first = _could_move(sim)
         if not placed and mode is Mode.ON_FAILURE and pod.demand.count:
             room = make_room(
                 sim.cluster.nodes,
@@ -111,5 +118,14 @@ def saturate(
         failed=failed,
         evictions=evictions,
         rescued=rescued,
+        running_at_first_failure=first[0] if first else 0,
+        could_move_at_first_failure=first[1] if first else 0,
         seconds=time.perf_counter() - started,
     )
+
+
+def _could_move(sim: Replay) -> tuple[int, int]:
+    """(running GPU pods, those whose shape fits somewhere now)."""
+    pods = [p for p in sim.running.values() if p.alloc]
+    fits = {d: sim.chooser.choose(d) is not None for d in {p.demand for p in pods}}
+    return len(pods), sum(fits[p.demand] for p in pods)

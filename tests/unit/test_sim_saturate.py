@@ -26,6 +26,12 @@ def test_on_failure_repack_places_pods_that_fit_nowhere_within_the_move_bound() 
     assert runs[Mode.PERIODIC].rescued == 0 < runs[Mode.PERIODIC].evictions
     for r in runs.values():
         assert 0.0 <= r.unallocated_pct_at_100 <= 100.0
+        assert 0 <= r.could_move_at_first_failure <= r.running_at_first_failure
+    # on-failure repack changes nothing before the first failure
+    assert (none.running_at_first_failure, none.could_move_at_first_failure) == (
+        rescue.running_at_first_failure,
+        rescue.could_move_at_first_failure,
+    )
 
 
 def test_same_seed_same_run_and_no_moves_means_no_rescue() -> None:
