@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dev down status simulate test test-unit test-integration lint deps k8s-bins helm-bin
+.PHONY: dev down status simulate test test-unit test-integration test-realnode lint deps k8s-bins helm-bin
 
 $(STAMP): pyproject.toml
 	@echo "[setup] python venv + gpupack[dev] (pip)"
@@ -46,6 +46,10 @@ test-unit: $(STAMP)
 
 test-integration: k8s-bins helm-bin
 	$(BIN)/pytest -m integration tests
+
+# The real-node tier alone (root; part of test-integration and test too).
+test-realnode: k8s-bins helm-bin
+	$(BIN)/pytest -m realnode tests
 
 test: k8s-bins helm-bin lint
 	$(BIN)/pytest tests

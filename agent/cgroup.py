@@ -52,6 +52,21 @@ class ProcResolver:
     def __init__(self, proc_root: Path = Path("/proc")) -> None:
         self.proc_root = proc_root
 
+    def pids(self) -> list[int]:
+        """Every process under the proc root (the host's, in the agent's pod)."""
+        try:
+            return [int(e.name) for e in self.proc_root.iterdir() if e.name.isdigit()]
+        except OSError:
+            return []
+
+    def environ(self, pid: int) -> bytes | None:
+        """/proc/<pid>/environ; None once the process is gone or when it may not be read (another uid's
+        process needs CAP_SYS_PTRACE)."""
+        try:
+            return (self.proc_root / str(pid) / "environ").read_bytes()
+        except OSError:
+            return None
+
     def pod_of(self, pid: int) -> PodRef | None:
         try:
             return parse((self.proc_root / str(pid) / "cgroup").read_text())

@@ -6,9 +6,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from agent import envcheck, verify
 from agent import metrics as m
 from agent import reporter as rep
-from agent import verify
 from agent.cgroup import PodRef
 from agent.mps import Device, MpsState, MpsSupervisor
 from agent.nvml.base import Nvml, NvmlCode, NvmlError
@@ -24,6 +24,14 @@ _log = log.get("gpupack.agent")
 
 class Resolver(Protocol):
     def pod_of(self, pid: int) -> PodRef | None: ...
+
+
+class Procs(Protocol):
+    """The host's processes (agent.cgroup.ProcResolver), for the container-start env check."""
+
+    def pids(self) -> list[int]: ...
+    def pod_of(self, pid: int) -> PodRef | None: ...
+    def environ(self, pid: int) -> bytes | None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,7 +54,9 @@ class Agent:
         mps: MpsSupervisor,
         send: Callable[[Request], dict[str, Any]],
         clock: Callable[[], float],
+        procs: Procs | None = None,
     ) -> None:
+        """`procs`: the host's processes, for the container-start env check (None: no check)."""
         self.config = config
         self.nvml = nvml
         self.resolver = resolver
@@ -65,6 +75,10 @@ class Agent:
         self._reported: set[tuple[str, verify.Kind, str]] = set()
         self._series: dict[Any, set[tuple[str, ...]]] = {}
         self.last_step: float | None = None
+        self.procs = procs
+        self._env_done: set[int] = set()  # pids checked, or known to be no gpupack container's
+        self._env_waiting: dict[int, float] = {}  # pid -> when first seen with its container not yet listed
+        self._env_relist = False
 
     @staticmethod
     def _count_write(kind: str, result: str) -> None:
@@ -100,6 +114,7 @@ class Agent:
         mps = self.mps.tick([Device(g.uuid, g.memory_mib) for g in spec.shared_gpus], now)
         refs = self._resolve(sample)
         self._refresh_pods(sample, now)
+        self._check_env(now)
         verdict = verify.verify(sample, refs, self._pods)
         self._handle_violations(verdict, now)
         status = rep.build_status(
@@ -132,7 +147,7 @@ class Agent:
             ref is not None and ref.pod_uid not in self._pods for ref in self._refs.values()
         )  # a process of a pod we have not seen yet: a new container started
         due = now - self._pods_at >= cfg.heartbeat_s or (
-            unknown and now - self._pods_at >= cfg.min_interval_s
+            (unknown or self._env_relist) and now - self._pods_at >= cfg.min_interval_s
         )
         if not due:
             return
@@ -144,6 +159,45 @@ class Agent:
             return
         self._pods = {p.uid: p for p in (pod_info(i) for i in out.get("items", [])) if p.uid}
         self._reported = {k for k in self._reported if k[0] in self._pods}
+
+    def _check_env(self, now: float) -> None:
+        """Each new process of a gpupack pod's container, once: its env against the allocation
+        (agent.envcheck); a mismatch is a WRONG_ENV violation (Event on the pod, once per pod)."""
+        if self.procs is None:
+            return
+        alive = set(self.procs.pids())
+        self._env_done &= alive
+        self._env_waiting = {p: t for p, t in self._env_waiting.items() if p in alive}
+        self._env_relist = False
+        found: list[verify.Violation] = []
+        for pid in sorted(alive - self._env_done):
+            ref = self.procs.pod_of(pid)
+            pod = self._pods.get(ref.pod_uid) if ref is not None else None
+            container = pod.containers.get(ref.container_id) if pod is not None and ref is not None else None
+            if ref is None or not ref.container_id:
+                self._env_done.add(pid)  # a host process, or a pod's sandbox cgroup
+            elif pod is None or container is None:
+                # Not listed yet (a new pod, a container the pod status does not name yet): list again,
+                # once; a list taken after the process was first seen that still lacks it settles it.
+                first = self._env_waiting.setdefault(pid, now)
+                if first >= self._pods_at:
+                    self._env_relist = True
+                else:
+                    self._env_done.add(pid)
+            else:
+                self._env_done.add(pid)
+                raw = self.procs.environ(pid)
+                if raw is None:
+                    continue
+                bad = envcheck.mismatches(pod, container, envcheck.parse_environ(raw))
+                m.ENV_CHECKS.labels((m.EnvCheck.MISMATCH if bad else m.EnvCheck.OK).value).inc()
+                if bad:
+                    message = (
+                        f"container {container} (pid {pid}) runs with {'; '.join(bad)}: the kubelet set "
+                        "these from the allocation, so the image or its entrypoint overrides them"
+                    )
+                    found.append(verify.Violation(verify.Kind.WRONG_ENV, pod, "", -1, (pid,), message))
+        self._handle_violations(verify.Verdict({}, (), tuple(found), ()), now)
 
     def _handle_violations(self, verdict: verify.Verdict, now: float) -> None:
         for v in verdict.violations:

@@ -67,7 +67,9 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
             "gpupack pods will not get their assigned GPU",
             extra={"key": toolkit.ENV_KEY, "file": str(settings.toolkit_config)},
         )
-    return Agent(config, nvml=nvml, resolver=resolver, mps=mps, send=send, clock=clock)
+    # The container-start env check reads the host's processes even with simulated GPUs: the pods are real.
+    procs = ProcResolver(settings.proc_root)
+    return Agent(config, nvml=nvml, resolver=resolver, mps=mps, send=send, clock=clock, procs=procs)
 
 
 class Runner:

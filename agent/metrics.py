@@ -33,6 +33,13 @@ class AgentWriteResult(StrEnum):
     ERROR = "error"
 
 
+class EnvCheck(StrEnum):
+    """Outcome of the container-start check of one process of a gpupack pod (agent.envcheck)."""
+
+    OK = "ok"
+    MISMATCH = "mismatch"
+
+
 _GPU = ("gpu", "uuid")  # the NVML index and UUID (bounded by the node's GPUs); Prometheus adds the node
 _POD = ("namespace", "pod", "gpu")  # pods on this node only, removed when the pod's processes go
 
@@ -71,9 +78,16 @@ VIOLATIONS = counter(
     "gpupack_agent_violations_total", "Allocation violations found (once per pod, kind and GPU).", kind=Kind
 )
 
+ENV_CHECKS = counter(
+    "gpupack_agent_env_checks_total",
+    "Processes of gpupack pods whose GPU env was checked against the allocation at start, by result.",
+    result=EnvCheck,
+)
+
 COLLECTORS = (
     GPU_MEMORY_USED_MIB, GPU_MEMORY_TOTAL_MIB, GPU_UTILIZATION_RATIO, GPU_HEALTHY, GPU_PROCESSES,
     POD_MEMORY_USED_MIB, POD_MEMORY_LIMIT_MIB, HEARTBEAT_AGE_SECONDS, MPS_UP, NVML_ERRORS, WRITES, VIOLATIONS,
+    ENV_CHECKS,
 )  # fmt: skip
 
 

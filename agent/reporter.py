@@ -61,7 +61,7 @@ def build_spec(
                 memory_mib=g.memory_total_mib,
                 mig_enabled=g.mig_enabled,
                 mig_devices=tuple(
-                    MigDeviceSpec(m.uuid, m.mig_index, m.memory_total_mib) for m in g.mig_devices
+                    MigDeviceSpec(m.uuid, m.mig_index, m.memory_total_mib, m.profile) for m in g.mig_devices
                 ),
                 mps_capable=mps_capable and not g.mig_enabled,
             )

@@ -13,6 +13,7 @@ from app import names
 from app.kube import calls, paths
 from app.kube.calls import Request
 from app.kube.gpunode import format_time
+from app.model import mig_index
 from app.pods import PodInfo
 
 COMPONENT = "gpupack-agent"
@@ -23,6 +24,9 @@ class Kind(StrEnum):
     OVER_MEMORY = "over_memory"  # the pod's processes on one GPU use more than memory-limit-mib
     WRONG_CONTAINER = "wrong_container"  # a container other than the GPU container uses a GPU
     NO_ALLOCATION = "no_allocation"  # a gpupack pod uses a GPU but has no (valid) allocation
+    WRONG_ENV = (
+        "wrong_env"  # a process of the pod runs with other GPU env than the allocation gives (envcheck)
+    )
 
 
 REASONS: Mapping[Kind, str] = {
@@ -30,6 +34,7 @@ REASONS: Mapping[Kind, str] = {
     Kind.OVER_MEMORY: "GpupackMemoryOverLimit",
     Kind.WRONG_CONTAINER: "GpupackWrongContainer",
     Kind.NO_ALLOCATION: "GpupackNoAllocation",
+    Kind.WRONG_ENV: "GpupackEnvMismatch",
 }
 
 
@@ -70,7 +75,8 @@ def verify(sample: NodeSample, refs: Mapping[int, PodRef | None], pods: Mapping[
     """Attribute every GPU process to a pod and check each gpupack pod against its allocation.
 
     `refs` maps pid → the pod its cgroup points into; `pods` are this node's gpupack pods by UID.
-    MIG devices are not shared by gpupack, so processes on them are attributed but not checked.
+    A process on a MIG device is checked against that MIG device's UUID (and its node-wide index,
+    app.model.mig_index), as a process on a whole GPU against the GPU's.
     """
     owners: dict[int, str] = {}
     foreign: list[int] = []
@@ -78,13 +84,15 @@ def verify(sample: NodeSample, refs: Mapping[int, PodRef | None], pods: Mapping[
     index_of: dict[str, int] = {}
     for gpu in sample.gpus:
         index_of[gpu.uuid] = gpu.index
+        for m in gpu.mig_devices:
+            index_of[m.uuid] = mig_index(gpu.index, m.mig_index)
         for p in gpu.processes:
             ref = refs.get(p.pid)
             owners[p.pid] = ref.pod_uid if ref else ""
             if ref is None:
                 foreign.append(p.pid)
-            elif ref.pod_uid in pods and not p.mig_uuid:
-                per[(ref.pod_uid, gpu.uuid)].append((p.pid, p.used_mib or 0, ref.container_id))
+            elif ref.pod_uid in pods and (not p.mig_uuid or p.mig_uuid in index_of):
+                per[(ref.pod_uid, p.mig_uuid or gpu.uuid)].append((p.pid, p.used_mib or 0, ref.container_id))
     usage: list[PodUsage] = []
     violations: list[Violation] = []
     for (uid, gpu_uuid), procs in sorted(per.items()):
@@ -109,7 +117,7 @@ def _check(
     """One pod's processes on one GPU against its allocation: (kind, message, pids) per broken rule."""
     pids = tuple(p for p, _, _ in procs)
     used = sum(m for _, m, _ in procs)
-    where = f"GPU {idx} ({gpu_uuid})"
+    where = f"{'MIG device' if gpu_uuid.startswith('MIG-') else 'GPU'} {idx} ({gpu_uuid})"
     alloc = pod.allocation
     if alloc is None:
         why = pod.allocation_error or "it has no allocation annotations"

@@ -103,12 +103,14 @@ def issue_client_cert(
     common_name: str,
     *,
     days: int = 365,
+    organizations: Sequence[str] = (),
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     """A clientAuth-only certificate signed by the CA: what kube-scheduler presents to the extender.
 
     No serverAuth and no SANs, so it cannot stand in for a server; it never outlives the CA.
+    `organizations` become O= entries: the groups kube-apiserver reads from a client certificate.
     """
-    return _issue_leaf(ca_cert, ca_key, common_name, days, ExtendedKeyUsageOID.CLIENT_AUTH, [])
+    return _issue_leaf(ca_cert, ca_key, common_name, days, ExtendedKeyUsageOID.CLIENT_AUTH, [], organizations)
 
 
 def _issue_leaf(  # noqa: PLR0917 (private; the two issuers differ in exactly these)
@@ -118,13 +120,21 @@ def _issue_leaf(  # noqa: PLR0917 (private; the two issuers differ in exactly th
     days: int,
     usage: x509.ObjectIdentifier,
     sans: list[x509.GeneralName],
+    organizations: Sequence[str] = (),
 ) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     """A non-CA certificate for one extended key usage, signed by the CA and never outliving it."""
     key = new_key()
     now = dt.datetime.now(dt.UTC)
     builder = (
         x509.CertificateBuilder()
-        .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, common_name)]))
+        .subject_name(
+            x509.Name(
+                [
+                    *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, o) for o in organizations),
+                    x509.NameAttribute(NameOID.COMMON_NAME, common_name),
+                ]
+            )
+        )
         .issuer_name(ca_cert.subject)
         .public_key(key.public_key())
         .serial_number(x509.random_serial_number())
@@ -151,11 +161,22 @@ def new_serving_cert(
     ca: Pem, dns: Sequence[str], ips: Sequence[str], days: int = 365, *, common_name: str | None = None
 ) -> Pem:
     """`issue_serving_cert` for a CA given as PEM (as `gpupack certs` writes it)."""
+    ca_cert, ca_key = _load_ca(ca)
+    return to_pem(*issue_serving_cert(ca_cert, ca_key, dns, ips, days=days, common_name=common_name))
+
+
+def new_client_cert(ca: Pem, common_name: str, days: int = 365, *, organizations: Sequence[str] = ()) -> Pem:
+    """`issue_client_cert` for a CA given as PEM."""
+    ca_cert, ca_key = _load_ca(ca)
+    return to_pem(*issue_client_cert(ca_cert, ca_key, common_name, days=days, organizations=organizations))
+
+
+def _load_ca(ca: Pem) -> tuple[x509.Certificate, ec.EllipticCurvePrivateKey]:
     ca_cert = x509.load_pem_x509_certificate(ca.cert)
     ca_key = serialization.load_pem_private_key(ca.key, password=None)
     if not isinstance(ca_key, ec.EllipticCurvePrivateKey):
         raise ValueError("the CA key must be an EC key (as `gpupack certs` makes it)")
-    return to_pem(*issue_serving_cert(ca_cert, ca_key, dns, ips, days=days, common_name=common_name))
+    return ca_cert, ca_key
 
 
 def to_pem(cert: x509.Certificate, key: ec.EllipticCurvePrivateKey) -> Pem:

@@ -53,12 +53,24 @@ class Shortfall(StrEnum):
     NO_GPUS = "no_gpus"
     NO_HEALTHY_GPU = "no_healthy_gpu"
     MODEL = "model"  # detail: the node's model; models: the acceptable ones
+    ALL_MIG = (
+        "all_mig"  # a whole-GPU or share demand on a node whose every GPU is partitioned into MIG devices
+    )
+    # A MIG demand no free MIG device fits: needed = MiB (0 for a profile), profile = the one asked for,
+    # free / detail = memory and profile of the largest free MIG device, count, passing, mig_devices
+    MIG_DEVICE = "mig_device"
     GPU_SHARE = "gpu_share"  # needed / free milli per GPU (free: the best GPU's), count, passing
     GPU_MEMORY = "gpu_memory"  # needed / free MiB per GPU (free: the best GPU's), count, passing, foreign
 
     @property
     def kind(self) -> ReasonKind:
-        if self in (Shortfall.CPU, Shortfall.HOST_MEMORY, Shortfall.GPU_SHARE, Shortfall.GPU_MEMORY):
+        if self in (
+            Shortfall.CPU,
+            Shortfall.HOST_MEMORY,
+            Shortfall.GPU_SHARE,
+            Shortfall.GPU_MEMORY,
+            Shortfall.MIG_DEVICE,
+        ):
             return ReasonKind.CAPACITY
         return ReasonKind.MODEL if self is Shortfall.MODEL else ReasonKind.NODE
 
@@ -88,6 +100,8 @@ class PlacementReason:
     detail: str = ""  # the node's own words (unschedulable, no MPS) or its GPU model
     models: tuple[str, ...] = ()  # acceptable models (MODEL)
     foreign: ForeignUse | None = None  # memory used outside gpupack pods (GPU_MEMORY)
+    profile: str = ""  # the MIG profile asked for (MIG_DEVICE)
+    mig_devices: int = 0  # MIG devices on the node (MIG_DEVICE)
 
     @property
     def kind(self) -> ReasonKind:
@@ -124,6 +138,13 @@ def render_reason(r: PlacementReason) -> str:
             return "no healthy GPU"
         case Shortfall.MODEL:
             return f"GPU model {r.detail} is not one of {'|'.join(r.models)}"
+        case Shortfall.ALL_MIG:
+            return (
+                "every GPU is partitioned into MIG devices, which are taken whole: ask with "
+                "gpupack.io/mig-profile, or gpu-memory with gpupack.io/isolation: mig"
+            )
+        case Shortfall.MIG_DEVICE:
+            return render_mig(r)
     fmt = share if r.shortfall is Shortfall.GPU_SHARE else (lambda v: f"{v} MiB")
     if r.count == 1:
         text = f"no GPU with {fmt(r.needed)} free: best has {fmt(max(r.free, 0))}"
@@ -136,6 +157,20 @@ def render_reason(r: PlacementReason) -> str:
             f" {f.foreign_mib} MiB used by processes outside gpupack pods, {f.margin_mib} MiB margin)"
         )
     return text
+
+
+def render_mig(r: PlacementReason) -> str:
+    """A MIG refusal, naming the largest free MIG device (what the pod could have had)."""
+    want = f"of profile {r.profile}" if r.profile else f"with {r.needed} MiB"
+    if not r.mig_devices:
+        return f"no MIG device {want}: node has no MIG devices"
+    if r.count == 1:
+        text = f"no free MIG device {want}"
+    else:
+        text = f"needs {r.count} free MIG devices {want}: {r.passing} free"
+    if not r.detail:
+        return f"{text}: all {r.mig_devices} MIG devices are in use"
+    return f"{text}: the largest free is {r.detail} ({r.free} MiB)"
 
 
 class KubeError(Exception):

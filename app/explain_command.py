@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from app import explain
@@ -42,10 +42,18 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.set_defaults(func=run)
 
 
-def scheduler_exclusions(pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> dict[str, str]:
-    """Nodes kube-scheduler removes before asking the extender: cordoned, or selector/affinity mismatch."""
+def scheduler_exclusions(
+    pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], gpunodes: Iterable[str] = ()
+) -> dict[str, str]:
+    """Nodes kube-scheduler removes before asking the extender: cordoned, selector/affinity mismatch, or
+    no Node object at all (a GPUNode can outlive its Node; the scheduler only offers nodes that exist)."""
     spec = as_object(pod.get("spec"))
-    out = {}
+    existing = {str(as_object(n.get("metadata")).get("name") or "") for n in nodes}
+    out = {
+        name: "no Node object of that name (only its GPUNode is left)"
+        for name in gpunodes
+        if name not in existing
+    }
     for node in nodes:
         meta = as_object(node.get("metadata"))
         name = str(meta.get("name") or "")
@@ -115,11 +123,9 @@ def run(args: argparse.Namespace) -> int:
         return 1
     info = pod_info(pod)
     cache = snap.cache(args.heartbeat_timeout)
+    nodes = cache.nodes(exclude_uid=info.uid)
     doc = explain.explain(
-        cache.nodes(exclude_uid=info.uid),
-        info.demand,
-        registry.create(args.policy),
-        scheduler_exclusions(pod, snap.nodes),
+        nodes, info.demand, registry.create(args.policy), scheduler_exclusions(pod, snap.nodes, nodes)
     )
     doc["pod"] = args.pod
     doc["boundTo"] = info.node_name or None

@@ -10,6 +10,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from fractions import Fraction
+from functools import lru_cache
 from typing import Any
 
 from app import units
@@ -40,7 +41,13 @@ def _value(raw: Any) -> Fraction:
     validated the pod already, so this only guards against hand-made test objects)."""
     if isinstance(raw, bool) or not isinstance(raw, str | int):
         return Fraction(0)
-    value = units.quantity_value(str(raw))
+    return _quantity(str(raw))
+
+
+@lru_cache(maxsize=4096)
+def _quantity(raw: str) -> Fraction:
+    """Pods repeat a few request strings ("500m", "8Gi"): each is parsed once (a relist reads every pod)."""
+    value = units.quantity_value(raw)
     return value if value is not None and value > 0 else Fraction(0)
 
 

@@ -10,6 +10,14 @@ from app import names
 from app.errors import RequestError
 
 MILLI_PER_GPU = 1000
+# A MIG device is a placement target of its own; its index on the node is MIG_INDEX_BASE * (parent GPU
+# index + 1) + its NVML slot (GPU 0 slot 2 = 102, GPU 1 slot 0 = 200), so it never collides with a GPU's.
+MIG_INDEX_BASE = 100
+
+
+def mig_index(parent: int, slot: int) -> int:
+    """The node-wide index of MIG device `slot` of GPU `parent` (see MIG_INDEX_BASE)."""
+    return MIG_INDEX_BASE * (parent + 1) + slot
 
 
 @dataclass(frozen=True, slots=True)
@@ -30,9 +38,15 @@ class Demand:
     cpu_milli: int = 0
     host_memory_mib: int = 0
     needs_mps: bool = False  # the pod asked for `isolation: mps` explicitly: only nodes running MPS fit
+    # MIG: the demand takes whole MIG devices (never a whole GPU or a share of one): of this profile when
+    # `mig_profile` is set, else the smallest free one with `memory_mib` (isolation: mig).
+    mig: bool = False
+    mig_profile: str = ""
 
     def on(self, gpu_memory_mib: int) -> tuple[int, int]:
         """(milli, MiB) this demand takes on one GPU that has `gpu_memory_mib` in total."""
+        if self.mig:  # a MIG device is taken whole, all its memory included
+            return MILLI_PER_GPU, gpu_memory_mib
         if self.milli is not None:
             # Floor, so shares that sum to at most 1000 milli also fit the GPU's memory together.
             return self.milli, self.milli * gpu_memory_mib // MILLI_PER_GPU
@@ -46,6 +60,15 @@ class Demand:
 
     def accepts(self, model: str) -> bool:
         return not self.models or model in self.models
+
+    def targets(self, gpu: Gpu) -> bool:
+        """Whether `gpu` is the kind of target this demand can use at all: MIG devices for MIG demands
+        (of the profile, or with the memory), whole GPUs for every other one."""
+        if self.mig != gpu.is_mig:
+            return False
+        if self.mig_profile:
+            return gpu.mig_profile == self.mig_profile
+        return not self.mig or self.memory_mib is None or gpu.memory_mib >= self.memory_mib
 
     @property
     def is_whole(self) -> bool:
@@ -69,6 +92,12 @@ class Gpu:
     live_free_mib: int | None = None
     utilization_percent: int | None = None
     healthy: bool = True
+    mig_profile: str = ""  # set on a MIG device (e.g. "1g.10gb"): a target taken whole, never shared
+    parent: int | None = None  # a MIG device's GPU index
+
+    @property
+    def is_mig(self) -> bool:
+        return bool(self.mig_profile)
 
     @property
     def milli_free(self) -> int:
@@ -104,8 +133,13 @@ class Node:
 
     @property
     def milli_free_total(self) -> int:
-        """Unreserved compute over the node's healthy GPUs."""
-        return sum(g.milli_free for g in self.gpus if g.healthy)
+        """Unreserved compute over the node's healthy whole GPUs (MIG devices are not shared)."""
+        return sum(g.milli_free for g in self.gpus if g.healthy and not g.is_mig)
+
+    @property
+    def whole_lefts(self) -> tuple[int, ...]:
+        """Free milli of each healthy whole GPU, ascending: what fragmentation is measured on."""
+        return tuple(sorted(g.milli_free for g in self.gpus if g.healthy and not g.is_mig))
 
     def gpu(self, index: int) -> Gpu:
         for g in self.gpus:
@@ -217,8 +251,16 @@ class ClusterState:
 
     @property
     def packing_efficiency(self) -> float:
-        """Allocated share on the GPUs in use over those GPUs (0 when none is in use)."""
-        used = [g.milli_used for node in self.nodes.values() for g in node.gpus if g.milli_used > 0]
+        """Allocated share on the (whole) GPUs in use over those GPUs (0 when none is in use).
+
+        MIG devices are left out: each is taken whole, so it is either full or free.
+        """
+        used = [
+            g.milli_used
+            for node in self.nodes.values()
+            for g in node.gpus
+            if g.milli_used > 0 and not g.is_mig
+        ]
         return sum(used) / (len(used) * MILLI_PER_GPU) if used else 0.0
 
     def apply(self, alloc: Allocation) -> None:

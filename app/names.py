@@ -13,6 +13,7 @@ GPU_FRACTION_NUM_DEVICES: Final = "gpu-fraction-num-devices"
 GPU_FRACTION_CONTAINER_NAME: Final = "gpu-fraction-container-name"
 GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
 ISOLATION: Final = f"{DOMAIN}/isolation"
+MIG_PROFILE: Final = f"{DOMAIN}/mig-profile"  # a whole MIG device of this profile (e.g. "1g.10gb")
 MOVABLE: Final = f"{DOMAIN}/movable"  # "false": `gpupack repack` never evicts the pod
 
 # --- the allocation, written by the extender at bind: the single source of truth ---
@@ -45,6 +46,11 @@ NODE_ANNOTATION_CAPACITY_CHANGED: Final = f"{DOMAIN}/capacity-changed-at"
 # --- extended resources (node status by the agent; container requests by the webhook) ---
 RESOURCE_GPU_MILLI: Final = f"{DOMAIN}/gpu-milli"
 RESOURCE_GPU_MEMORY_MIB: Final = f"{DOMAIN}/gpu-memory-mib"
+RESOURCE_PREFIX: Final = f"{DOMAIN}/"  # every extended resource of ours starts with it
+# Quota-only resources (app.quota): the webhook charges every GPU request to both; no node advertises them,
+# kube-scheduler ignores them (ignoredByScheduler) and a namespace's ResourceQuota caps them.
+RESOURCE_QUOTA_GPU_MILLI: Final = f"{DOMAIN}/quota-gpu-milli"
+RESOURCE_QUOTA_GPU_MEMORY_MIB: Final = f"{DOMAIN}/quota-gpu-memory-mib"
 
 # --- env vars the webhook adds to the GPU container ---
 ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"

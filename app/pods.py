@@ -87,6 +87,42 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     )
 
 
+# What pod_info, is_gpupack_pod and hostres.pod_requests read; everything else of a pod is dropped.
+_META_KEYS = ("name", "namespace", "uid", "resourceVersion", "annotations", "labels", "deletionTimestamp")
+_CONTAINER_KEYS = ("name", "resources", "restartPolicy")
+
+
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a pod gpupack reads (identity, annotations, labels, node, phase, container resources
+    and IDs): a listed pod without managedFields, images, env, volumes and conditions, about a fifth of it.
+    """
+    meta = objects.as_object(pod.get("metadata"))
+    spec = objects.as_object(pod.get("spec"))
+    status = objects.as_object(pod.get("status"))
+
+    def containers(items: Any) -> list[Any]:
+        return [_keep(c, _CONTAINER_KEYS) if isinstance(c, Mapping) else c for c in objects.as_list(items)]
+
+    def statuses(items: Any) -> list[Any]:
+        return [
+            _keep(c, ("name", "containerID")) if isinstance(c, Mapping) else c for c in objects.as_list(items)
+        ]
+
+    out_spec = _keep(spec, ("nodeName", "overhead"))
+    for key in ("containers", "initContainers"):
+        if key in spec:
+            out_spec[key] = containers(spec[key])
+    out_status = _keep(status, ("phase",))
+    for key in ("containerStatuses", "initContainerStatuses"):
+        if key in status:
+            out_status[key] = statuses(status[key])
+    return {"metadata": _keep(meta, _META_KEYS), "spec": out_spec, "status": out_status}
+
+
+def _keep(obj: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: obj[k] for k in keys if k in obj}
+
+
 def _container_ids(status: Mapping[str, Any]) -> dict[str, str]:
     """Runtime container ID (without the runtime:// prefix) -> container name, init containers included.
 

@@ -28,6 +28,7 @@ class Isolation(StrEnum):
 
     MPS = "mps"  # MPS client limits (thread share, pinned memory); inert where no MPS daemon runs
     NONE = "none"  # co-location only
+    MIG = "mig"  # hardware isolation: a whole MIG device (gpu-memory picks the smallest that fits), no MPS
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,6 +50,7 @@ class GpuRequest:
     count: int
     milli: int | None  # set for a gpu-fraction request
     memory_mib: int | None  # set for a gpu-memory request
+    mig_profile: str = ""  # set for a gpupack.io/mig-profile request (neither milli nor memory_mib)
     models: tuple[str, ...] = ()  # acceptable GPU models (node label values); empty = any
     isolation: Isolation = Isolation.MPS
     isolation_explicit: bool = False  # written by the pod: then MPS is required, not best effort
@@ -59,6 +61,8 @@ class GpuRequest:
         """The extended resource and amount the GPU container requests (all devices together)."""
         if self.milli is not None:
             return names.RESOURCE_GPU_MILLI, self.milli * self.count
+        if self.mig_profile:  # the least memory a device of that profile has on any model
+            return names.RESOURCE_GPU_MEMORY_MIB, catalog.mig_profile_memory(self.mig_profile) * self.count
         assert self.memory_mib is not None
         return names.RESOURCE_GPU_MEMORY_MIB, self.memory_mib * self.count
 
@@ -69,12 +73,14 @@ class GpuRequest:
             memory_mib=self.memory_mib,
             models=frozenset(self.models),
             needs_mps=self.isolation_explicit and self.isolation is Isolation.MPS,
+            mig=self.isolation is Isolation.MIG,
+            mig_profile=self.mig_profile,
         )
 
 
 def wants_gpu(annotations: Mapping[str, str]) -> bool:
     """True when the pod asks gpupack for a GPU share (the webhook's matchConditions say the same)."""
-    return names.GPU_FRACTION in annotations or names.GPU_MEMORY in annotations
+    return any(key in annotations for key in (names.GPU_FRACTION, names.GPU_MEMORY, names.MIG_PROFILE))
 
 
 def gpupack_resources(resources: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
@@ -242,6 +248,18 @@ class _View:
 
 def _one_of_fraction_or_memory(v: _View) -> Iterable[RequestError]:
     fraction, memory = v.get(names.GPU_FRACTION), v.get(names.GPU_MEMORY)
+    profile = v.get(names.MIG_PROFILE)
+    if profile is not None and (fraction is not None or memory is not None):
+        other = names.GPU_FRACTION if fraction is not None else names.GPU_MEMORY
+        yield RequestError(
+            names.MIG_PROFILE,
+            profile,
+            f"must not be set together with {other}: a MIG device of a profile is taken whole "
+            f"(for the smallest MIG device with some memory, use {names.GPU_MEMORY} with "
+            f"{names.ISOLATION}: mig)",
+        )
+    elif profile is not None:
+        return
     if fraction is None and memory is None:
         yield RequestError(
             names.GPU_FRACTION, "", f"one of {names.GPU_FRACTION} or {names.GPU_MEMORY} is required"
@@ -253,7 +271,10 @@ def _one_of_fraction_or_memory(v: _View) -> Iterable[RequestError]:
 
 
 def _no_whole_gpus(v: _View) -> Iterable[RequestError]:
-    key = names.GPU_FRACTION if names.GPU_FRACTION in v.annotations else names.GPU_MEMORY
+    key = next(
+        (k for k in (names.GPU_FRACTION, names.GPU_MEMORY, names.MIG_PROFILE) if k in v.annotations),
+        names.GPU_MEMORY,
+    )
     raw = v.get(key)
     # An explicit 0 asks for no whole GPU, so charts that template `nvidia.com/gpu: 0` still work.
     offenders = [c.name for c in v.containers if c.whole_gpus not in (None, "0")]
@@ -332,7 +353,29 @@ def _gpupack_resources_only_on_the_gpu_container(v: _View) -> Iterable[RequestEr
 def _isolation(v: _View) -> Iterable[RequestError]:
     raw = v.get(names.ISOLATION)
     if raw is not None and raw not in {i.value for i in Isolation}:
-        yield RequestError(names.ISOLATION, raw, "must be one of 'mps', 'none'")
+        yield RequestError(names.ISOLATION, raw, "must be one of 'mps', 'none', 'mig'")
+    elif raw is None:
+        return
+    elif raw == Isolation.MIG and v.get(names.GPU_FRACTION) is not None:
+        yield RequestError(
+            names.ISOLATION,
+            raw,
+            f"needs {names.GPU_MEMORY} or {names.MIG_PROFILE}, not {names.GPU_FRACTION}: a MIG device is "
+            "taken whole, never shared",
+        )
+    elif raw != Isolation.MIG and v.get(names.MIG_PROFILE) is not None:
+        yield RequestError(
+            names.ISOLATION, raw, f"must be 'mig' or absent with {names.MIG_PROFILE}: a MIG device has no MPS"
+        )
+
+
+def _mig_profile_value(v: _View) -> Iterable[RequestError]:
+    raw = v.get(names.MIG_PROFILE)
+    known = catalog.mig_profile_names()
+    if raw is not None and raw not in known:
+        yield RequestError(
+            names.MIG_PROFILE, raw, f"must be a MIG profile gpupack knows ({', '.join(known)})"
+        )
 
 
 def _memory_fits_a_gpu(v: _View) -> Iterable[RequestError]:
@@ -341,6 +384,18 @@ def _memory_fits_a_gpu(v: _View) -> Iterable[RequestError]:
         mib = units.memory_mib(raw).mib if raw is not None else 0
     except units.UnitError:
         return  # already reported by _memory_value
+    if raw is not None and v.get(names.ISOLATION) == Isolation.MIG:
+        profile = max(
+            (p for m in catalog.models().values() for p in m.mig_profiles), key=lambda p: p.memory_mib
+        )
+        if mib > profile.memory_mib:
+            yield RequestError(
+                names.GPU_MEMORY,
+                raw,
+                f"is {mib} MiB, more than any MIG device gpupack knows "
+                f"({profile.name} has {profile.memory_mib} MiB)",
+            )
+        return
     largest, scope = _largest_gpu(v.get(names.GPU_MODEL))
     if raw is not None and mib > largest.memory_mib:
         yield RequestError(
@@ -359,6 +414,7 @@ RULES: Final[tuple[Callable[[_View], Iterable[RequestError]], ...]] = (
     _container_name,
     _gpu_models,
     _isolation,
+    _mig_profile_value,
     _memory_fits_a_gpu,
     _gpupack_resources_only_on_the_gpu_container,
 )
@@ -421,6 +477,7 @@ def _build(v: _View) -> GpuRequest:
             )
     raw_count = v.get(names.GPU_FRACTION_NUM_DEVICES)
     count = units.positive_int(raw_count, MAX_DEVICES) if raw_count is not None else 1
+    profile = v.get(names.MIG_PROFILE)
     raw_models = v.get(names.GPU_MODEL)
     for model in (raw_models or "").split("|") if raw_models else ():
         if (canonical := _canonical_model(model)) != model:
@@ -430,8 +487,9 @@ def _build(v: _View) -> GpuRequest:
         count=count,
         milli=milli,
         memory_mib=memory,
+        mig_profile=v.get(names.MIG_PROFILE) or "",
         models=gpu_models(raw_models),
-        isolation=Isolation(v.get(names.ISOLATION) or Isolation.MPS),
+        isolation=Isolation.MIG if profile else Isolation(v.get(names.ISOLATION) or Isolation.MPS),
         isolation_explicit=v.get(names.ISOLATION) is not None,
         warnings=tuple(warnings),
     )

@@ -1,4 +1,8 @@
-"""FastAPI dependencies: the process runtime and what handlers take from it, as Annotated aliases."""
+"""FastAPI dependencies: the process runtime and what handlers take from it, as Annotated aliases.
+
+All `async def`: they only read attributes, and FastAPI runs a plain `def` dependency in its thread
+pool, a thread hop per dependency per request (most of a warm filter's time before this).
+"""
 
 from __future__ import annotations
 
@@ -9,10 +13,11 @@ from fastapi import Depends, Request
 from app.kube.cache import ClusterCache
 from app.placement import Policy
 from extender.binder import Binder
+from extender.rankings import Rankings
 from extender.runtime import Runtime
 
 
-def get_runtime(request: Request) -> Runtime:
+async def get_runtime(request: Request) -> Runtime:
     rt: Runtime = request.app.state.runtime
     return rt
 
@@ -20,23 +25,28 @@ def get_runtime(request: Request) -> Runtime:
 RuntimeDep = Annotated[Runtime, Depends(get_runtime)]
 
 
-def get_cache(rt: RuntimeDep) -> ClusterCache:
+async def get_cache(rt: RuntimeDep) -> ClusterCache:
     return rt.cache
 
 
-def get_policy(rt: RuntimeDep) -> Policy:
+async def get_policy(rt: RuntimeDep) -> Policy:
     return rt.policy
 
 
-def get_binder(rt: RuntimeDep) -> Binder:
+async def get_rankings(rt: RuntimeDep) -> Rankings:
+    return rt.rankings
+
+
+async def get_binder(rt: RuntimeDep) -> Binder:
     return rt.binder
 
 
-def get_readiness(rt: RuntimeDep) -> tuple[bool, str]:
+async def get_readiness(rt: RuntimeDep) -> tuple[bool, str]:
     return rt.ready()
 
 
 StateDep = Annotated[ClusterCache, Depends(get_cache)]
 PolicyDep = Annotated[Policy, Depends(get_policy)]
+RankingsDep = Annotated[Rankings, Depends(get_rankings)]
 BinderDep = Annotated[Binder, Depends(get_binder)]
 ReadyDep = Annotated[tuple[bool, str], Depends(get_readiness)]

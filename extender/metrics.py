@@ -11,6 +11,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from app.metrics import FAST_HANDLER_BUCKETS, component_registry, counter, precreate
+from app.quota import QuotaUse
 
 
 class ExtenderVerb(StrEnum):
@@ -57,6 +58,8 @@ class GpuGauge:
     milli: int  # allocated compute share
     memory_mib: int  # allocated memory
     pods: int
+    mig_profile: str = ""  # set for a MIG device (taken whole: milli is 0 or 1000)
+    parent: int | None = None  # a MIG device's GPU index
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +73,7 @@ class ExtenderGauges:
     gpus_free: int = 0
     pending: Mapping[str, int] = field(default_factory=dict)  # PendingReason value -> pods
     leader: bool = False
+    quotas: tuple[QuotaUse, ...] = ()  # gpupack resources capped by a namespace's ResourceQuota
 
 
 class ExtenderStateCollector(Collector):
@@ -95,12 +99,19 @@ class ExtenderStateCollector(Collector):
             labels=gpu_labels,
         )
         pods = GaugeMetricFamily("gpupack_extender_gpu_pods", "Pods sharing each GPU.", labels=gpu_labels)
+        mig = GaugeMetricFamily(
+            "gpupack_extender_mig_device_allocated",
+            "1 for a MIG device a pod holds, 0 for a free one (gpu: parent GPU, mig: node-wide index).",
+            labels=["node", "gpu", "mig", "profile"],
+        )
         for x in g.gpus:
             labels = [x.node, str(x.gpu), x.model]
             milli.add_metric(labels, x.milli)
             mem.add_metric(labels, x.memory_mib)
             pods.add_metric(labels, x.pods)
-        yield from (milli, mem, pods)
+            if x.mig_profile:
+                mig.add_metric([x.node, str(x.parent), str(x.gpu), x.mig_profile], int(x.milli > 0))
+        yield from (milli, mem, pods, mig)
         yield GaugeMetricFamily(
             "gpupack_extender_packing_efficiency_ratio",
             "Allocated share on GPUs in use divided by the number of GPUs in use.",
@@ -128,6 +139,30 @@ class ExtenderStateCollector(Collector):
         yield GaugeMetricFamily(
             "gpupack_extender_leader", "1 on the replica holding the lease.", value=int(g.leader)
         )
+        yield from _quota_families(g.quotas)
+
+
+def _quota_families(quotas: tuple[QuotaUse, ...]) -> Iterator[Metric]:
+    """Use and hard limit of each gpupack resource a ResourceQuota caps, in the resource's own unit.
+
+    Bounded by namespaces x quotas x the few gpupack resources; the unit is in the resource label
+    (`...-milli`: 1000 = one GPU; `...-mib`: MiB).
+    """
+    what = {
+        "used": "What a namespace uses of a gpupack resource its ResourceQuota caps (quota status.used).",
+        "hard": "The limit a namespace's ResourceQuota sets on a gpupack resource (quota status.hard).",
+    }
+    used, hard = (
+        GaugeMetricFamily(
+            f"gpupack_extender_namespace_quota_{k}", text, labels=["namespace", "quota", "resource"]
+        )
+        for k, text in what.items()
+    )
+    for q in quotas:
+        key = [q.namespace, q.quota, q.resource]
+        used.add_metric(key, float(q.used))
+        hard.add_metric(key, float(q.hard))
+    yield from (used, hard)
 
 
 def registry(source: Callable[[], ExtenderGauges]) -> CollectorRegistry:

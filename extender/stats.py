@@ -7,6 +7,7 @@ from collections.abc import Iterable, Mapping
 
 from app.fragmentation import fragmented_milli, typical_milli
 from app.model import Allocation, ClusterState
+from app.quota import QuotaUse
 from extender.metrics import ExtenderGauges, GpuGauge, PendingReason
 
 
@@ -15,6 +16,7 @@ def gauges(
     allocs: Mapping[str, Allocation],
     pending: Iterable[PendingReason],
     leader: bool,
+    quotas: Iterable[QuotaUse] = (),
 ) -> ExtenderGauges:
     pods: Counter[tuple[str, int]] = Counter()
     for a in allocs.values():
@@ -27,11 +29,18 @@ def gauges(
         for g in node.gpus:
             rows.append(
                 GpuGauge(
-                    node.name, g.index, g.model, g.milli_used, g.memory_used_mib, pods[(node.name, g.index)]
+                    node.name,
+                    g.index,
+                    g.model,
+                    g.milli_used,
+                    g.memory_used_mib,
+                    pods[(node.name, g.index)],
+                    g.mig_profile,
+                    g.parent,
                 )
             )
-            free += g.milli_used <= 0
-        fragmented += fragmented_milli(node.gpus, typical)
+            free += g.milli_used <= 0 and not g.is_mig  # a free MIG device is no free GPU
+        fragmented += fragmented_milli([g for g in node.gpus if not g.is_mig], typical)
     return ExtenderGauges(
         gpus=tuple(rows),
         packing_efficiency=state.packing_efficiency,
@@ -40,4 +49,5 @@ def gauges(
         gpus_free=free,
         pending=dict(Counter(p.value for p in pending)),
         leader=leader,
+        quotas=tuple(quotas),
     )

@@ -1,16 +1,16 @@
-"""Filter, prioritize and explain as pure functions over Nodes, a Demand and a placement Policy."""
+"""Filter and prioritize over a ranking's standings (pure); /explain is app.explain's."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from app import explain as app_explain
 from app import request
 from app.errors import ReasonKind, RequestError
-from app.explain import NO_GPUNODE, reason_text
-from app.model import Demand, Node
-from app.placement import Placement, Policy, normalize_scores, place, score_nodes
+from app.explain import NO_GPUNODE
+from app.placement import normalize_scores
+from app.placement.ranking import Standings
 from extender.metrics import PendingReason
 
 # /explain is app.explain.explain, shared with `gpupack explain`.
@@ -38,73 +38,47 @@ class FilterOutcome:
     refusal: PendingReason | None = None  # set when no node passed
 
 
-def filter_nodes(
-    names: Sequence[str],
-    nodes: Mapping[str, Node | None],
-    demand: request.PodDemand,
-    policy: Policy,
-    decide: bool,
-) -> FilterOutcome:
-    """Which of `names` can take `demand`; with `decide`, only the node `place` picks passes.
+def refuse_invalid(names: Sequence[str], errors: tuple[RequestError, ...]) -> FilterOutcome:
+    """No node can take a pod whose GPU request cannot be read."""
+    return FilterOutcome(
+        [], unresolvable=dict.fromkeys(names, invalid_request(errors)), refusal=PendingReason.INVALID
+    )
 
-    `nodes` must be in the order placement breaks ties in (ClusterCache.nodes: natural name order).
-    """
-    if not isinstance(demand, Demand):
-        msg = invalid_request(demand)
-        return FilterOutcome([], unresolvable=dict.fromkeys(names, msg), refusal=PendingReason.INVALID)
-    passed: list[Node] = []
-    failed: dict[str, str] = {}
-    unresolvable: dict[str, str] = {}
-    classes: set[PendingReason] = set()
-    # Walk `nodes` (natural name order, as ClusterCache gives them) so `passed` is already in the
-    # order place() breaks ties in; names the mapping lacks have no GPUNode.
+
+def filter_nodes(names: Sequence[str], standings: Standings, decide: bool) -> FilterOutcome:
+    """Which of `names` can take the demand `standings` judged; with `decide`, only `place`'s node passes."""
     wanted = set(names)
-    for name in [n for n in names if n not in nodes]:
-        unresolvable[name] = NO_GPUNODE
-        classes.add(PendingReason.UNSCHEDULABLE)
-    for name, node in nodes.items():
-        if name not in wanted:
-            continue
-        if node is None:
-            unresolvable[name] = NO_GPUNODE
-            classes.add(PendingReason.UNSCHEDULABLE)
-            continue
-        reason = policy.filter(node, demand)
-        if reason is None:
-            passed.append(node)
-            continue
+    rank = standings.rank
+    failed: dict[str, str] = {}
+    unresolvable = dict.fromkeys(wanted - rank.keys(), NO_GPUNODE)
+    classes = {PendingReason.UNSCHEDULABLE} if unresolvable else set()
+    refused = standings.refusals(wanted)
+    for name, (reason, text) in refused.items():
         cls = PENDING_REASON[reason.kind]
         classes.add(cls)
-        (failed if cls is PendingReason.NO_FIT else unresolvable)[name] = reason_text(reason)
+        (failed if cls is PendingReason.NO_FIT else unresolvable)[name] = text
+    if decide:
+        # The other fitting nodes are left out of the answer: kube-scheduler drops nodes an extender does
+        # not return, and their statuses would be read only if no node passed. A line per node would make
+        # the answer (and kube-scheduler's decoding of it) grow with the cluster for nothing.
+        best = standings.best(wanted)
+        passed = [] if best is None else [best]
+    else:
+        fitting = wanted - unresolvable.keys() - failed.keys()
+        passed = sorted(fitting, key=rank.__getitem__)
     if not passed:
         # The most actionable class wins: capacity first, then model, then node state.
         precedence = (PendingReason.NO_FIT, PendingReason.MODEL, PendingReason.UNSCHEDULABLE)
         refusal = next((c for c in precedence if c in classes), PendingReason.UNSCHEDULABLE)
         return FilterOutcome([], failed, unresolvable, refusal)
-    if decide and len(passed) > 1:
-        chosen = place(passed, demand, policy)
-        assert isinstance(chosen, Placement)  # every node in `passed` passed filter
-        best = chosen.node.name
-        # No per-node score here: it would double the cost of filter on big clusters; /explain has them.
-        for node in passed:
-            if node.name != best:
-                failed[node.name] = f"fits, but policy {policy.name} places it on {best} (see /explain)"
-        return FilterOutcome([best], failed, unresolvable)
-    return FilterOutcome([n.name for n in passed], failed, unresolvable)
+    return FilterOutcome(passed, failed, unresolvable)
 
 
-def ordered(nodes: Mapping[str, Node | None]) -> list[Node]:
-    """The nodes that exist, in the mapping's order (ClusterCache.nodes gives natural name order)."""
-    return [n for n in nodes.values() if n is not None]
-
-
-def prioritize(
-    names: Sequence[str], nodes: Mapping[str, Node | None], demand: request.PodDemand, policy: Policy
-) -> list[tuple[str, int]]:
+def prioritize(names: Sequence[str], standings: Standings) -> list[tuple[str, int]]:
     """0..10 per node in `names` order: the policy's raw score, min-max normalised; unfit nodes get 0."""
-    if not isinstance(demand, Demand):
-        return [(n, 0) for n in names]
-    raw: dict[str, float | None] = dict.fromkeys(names)
-    raw.update(score_nodes(ordered({n: nodes.get(n) for n in names}), demand, policy))
+    raw: dict[str, float | None] = {}
+    for name in names:
+        v = standings.verdict(name)
+        raw[name] = v.score if v is not None and v.reason is None else None
     scaled = normalize_scores(raw)
     return [(n, scaled[n]) for n in names]

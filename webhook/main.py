@@ -1,4 +1,5 @@
-"""The webhook's FastAPI app: POST /mutate (AdmissionReview v1), /healthz, /readyz, /metrics."""
+"""The webhook's FastAPI app: POST /mutate and /mutate/pod-security/<level> (AdmissionReview v1), /healthz,
+/readyz, /metrics."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from starlette.exceptions import HTTPException
 
 from app import log, wire
 from webhook import metrics as webhook_metrics
-from webhook import mutate
+from webhook import mutate, podsecurity
 from webhook.metrics import WEBHOOK_REVIEW_SECONDS, WEBHOOK_REVIEWS, WebhookOutcome
 from webhook.schemas import AdmissionReview
 from webhook.settings import Settings
@@ -40,16 +41,31 @@ def create_app(settings: Settings, ready: Callable[[], bool] | None = None) -> F
         responses={200: {"content": {"application/json": {}}}},
     )
     async def mutate_route(review: AdmissionReview) -> Response:
-        # async: the work is a few hundred microseconds of pure CPU, cheaper on the loop than a thread hop.
+        return _review(review, None)
+
+    def _review(review: AdmissionReview, pod_security: str | None) -> Response:
+        # Called on the loop: the work is a few hundred microseconds of pure CPU, cheaper than a thread hop.
         start = time.perf_counter()
         body = review.model_dump(by_alias=True)
         try:
-            decision = mutate.decide(body, settings)
+            decision = mutate.decide(body, settings, pod_security)
         except Exception:  # a bug in our code: deny with a pointer to the log (failurePolicy is Fail anyway)
             _log.exception("review failed", extra={"uid": review.request.uid})
             decision = _internal_error(review.request.uid)
         _record(review, decision, start)
         return _json_response(decision.response)
+
+    @app.post(
+        "/mutate/pod-security/{level}",
+        summary="/mutate for a namespace that enforces Pod Security `level` (baseline or restricted)",
+        response_class=Response,
+        responses={200: {"content": {"application/json": {}}}},
+    )
+    async def mutate_pod_security_route(level: str, review: AdmissionReview) -> Response:
+        if level not in podsecurity.LEVELS_WITHOUT_HOSTPATH:
+            rule = "must be one of " + ", ".join(podsecurity.LEVELS_WITHOUT_HOSTPATH)
+            return _json_response({"error": f"level={level!r}: {rule}"}, 404)
+        return _review(review, level)
 
     @app.get("/healthz", summary="Liveness")
     async def healthz() -> dict[str, str]:

@@ -12,11 +12,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
-from app import managed, names, request, units
+from app import managed, names, quota, request, units
 from app.errors import RequestError
 from app.jsonpointer import pointer
 from app.request import GpuRequest, Isolation
-from webhook import hami, pipe
+from webhook import hami, pipe, podsecurity
 from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings
 
@@ -38,12 +38,14 @@ class Decision:
     ops: int = 0  # number of JSONPatch operations
 
 
-def review(body: Mapping[str, Json], settings: Settings) -> dict[str, Json]:
+def review(body: Mapping[str, Json], settings: Settings, pod_security: str | None = None) -> dict[str, Json]:
     """An AdmissionReview request (dict) → the AdmissionReview response (dict)."""
-    return decide(body, settings).response
+    return decide(body, settings, pod_security).response
 
 
-def decide(body: Mapping[str, Json], settings: Settings) -> Decision:
+def decide(body: Mapping[str, Json], settings: Settings, pod_security: str | None = None) -> Decision:
+    """`pod_security`: the Pod Security level the pod's namespace enforces, where the configuration says
+    (see webhook.podsecurity); an MPS share is refused where that level forbids its pipe mount."""
     req = body.get("request") or {}
     uid = req.get("uid", "")
     pod = req.get("object")
@@ -70,6 +72,10 @@ def decide(body: Mapping[str, Json], settings: Settings) -> Decision:
     parsed = request.parse(annotations, containers)
     if isinstance(parsed, tuple):
         return _deny(uid, parsed)
+    if pod_security and (
+        refused := podsecurity.refusal(parsed, annotations, pod_security, req.get("namespace", ""))
+    ):
+        return _deny(uid, (refused,))
     if errors := clashes(pod, parsed, settings):
         return _deny(uid, errors)
     ops = taken + pod_patch(pod, parsed, settings)
@@ -284,26 +290,38 @@ def _same_quantity(have: Json, want: int) -> bool:
     return units.quantity_value(str(have)) == want
 
 
-def _resource_ops(path: str, container: Mapping[str, Json], req: GpuRequest) -> list[Op]:
-    """Request and limit our extended resource (they must be equal); drop the other one a stale pass set."""
+def gpu_resources(req: GpuRequest) -> dict[str, int]:
+    """Every gpupack resource the GPU container requests: the one placement reads, and the quota charge."""
     name, amount = req.resource
-    other = names.RESOURCE_GPU_MEMORY_MIB if name == names.RESOURCE_GPU_MILLI else names.RESOURCE_GPU_MILLI
+    return {name: amount, **quota.charge(req).resources()}
+
+
+def _resource_ops(path: str, container: Mapping[str, Json], req: GpuRequest) -> list[Op]:
+    """Request and limit our extended resources (they must be equal), with the values the request implies.
+
+    gpupack.io/* resources are the webhook's to set: any other one on the GPU container (the other kind a
+    stale pass set, a charge the user wrote to shrink their quota use) is removed, a wrong value replaced.
+    """
+    wanted = gpu_resources(req)
+    quantities = {k: str(v) for k, v in wanted.items()}
     resources = container.get("resources")
     if not resources:
-        value = {"requests": {name: str(amount)}, "limits": {name: str(amount)}}
+        value = {"requests": quantities, "limits": dict(quantities)}
         return [{"op": "add", "path": f"{path}/resources", "value": value}]
     ops: list[Op] = []
     for part in ("requests", "limits"):
         current = resources.get(part)
         if not current:
-            ops.append({"op": "add", "path": f"{path}/resources/{part}", "value": {name: str(amount)}})
+            ops.append({"op": "add", "path": f"{path}/resources/{part}", "value": dict(quantities)})
             continue
-        if other in current:
-            ops.append({"op": "remove", "path": f"{path}/resources/{part}" + pointer(other)})
-        if not _same_quantity(current.get(name), amount):
-            ops.append(
-                {"op": "add", "path": f"{path}/resources/{part}" + pointer(name), "value": str(amount)}
-            )
+        for key in current:
+            if str(key).startswith(names.RESOURCE_PREFIX) and key not in wanted:
+                ops.append({"op": "remove", "path": f"{path}/resources/{part}" + pointer(key)})
+        for name, amount in wanted.items():
+            if not _same_quantity(current.get(name), amount):
+                ops.append(
+                    {"op": "add", "path": f"{path}/resources/{part}" + pointer(name), "value": str(amount)}
+                )
     return ops
 
 

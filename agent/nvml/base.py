@@ -69,6 +69,7 @@ class MigDeviceInfo:
     uuid: str  # "MIG-..."
     memory_total_mib: int
     memory_used_mib: int
+    profile: str = ""  # e.g. "1g.10gb": the suffix of the MIG device's NVML name ("" when it has none)
 
 
 class Nvml(Protocol):

@@ -21,6 +21,12 @@ MIB = 1 << 20
 _CODES: dict[int, NvmlCode] = {int(getattr(pynvml, c.value)): c for c in NvmlCode if hasattr(pynvml, c.value)}
 
 
+def mig_profile_of(name: str) -> str:
+    """The profile in a MIG device's NVML name ("NVIDIA A100-SXM4-80GB MIG 1g.10gb" -> "1g.10gb")."""
+    head, sep, tail = name.rpartition(" MIG ")
+    return tail.strip() if sep and head else ""
+
+
 def translate(exc: Exception) -> NvmlError:
     """An NVMLError (or anything raised while loading the library) as an NvmlError."""
     if isinstance(exc, pynvml.NVMLLibraryMismatchError):
@@ -129,6 +135,7 @@ class PynvmlBackend:
             uuid=str(_call(pynvml.nvmlDeviceGetUUID, h)),
             memory_total_mib=int(m.total) // MIB,
             memory_used_mib=int(m.used) // MIB,
+            profile=mig_profile_of(str(_call(pynvml.nvmlDeviceGetName, h))),
         )
 
     def processes(self, index: int, mig_index: int | None = None) -> tuple[ProcessInfo, ...]:

@@ -297,16 +297,30 @@ def _mig(
         )
         return enabled, ()
     out: list[SimMig] = []
+    profiles = catalog.lookup(model).mig_profiles
     for slot, dpath, d in _mappings(devices_raw, f"{path}.devices", "must be a mapping", errors):
+        for key in sorted(set(d) - {"profile", "memory_mib", "processes"}):
+            errors.append(RequestError(f"{dpath}.{key}", "", "is not a known field"))
+        name = str(d.get("profile", ""))
+        profile = next((p for p in profiles if p.name == name), None)
+        if profile is None:
+            known = ", ".join(p.name for p in profiles)
+            errors.append(
+                RequestError(f"{dpath}.profile", name, f"must be a MIG profile of {model} ({known})")
+            )
+            continue
         out.append(
             SimMig(
                 slot=slot,
                 uuid=f"MIG-{uuidlib.uuid5(_UUID_NS, f'{gpu_uuid}/{slot}')}",
-                profile=str(d.get("profile", "")),
-                memory_mib=_int(d, "memory_mib", dpath, 0, (1, 1 << 22), errors=errors),
+                profile=profile.name,
+                memory_mib=_int(d, "memory_mib", dpath, profile.memory_mib, (1, 1 << 22), errors=errors),
                 processes=_processes(d.get("processes", []), f"{dpath}.processes", errors),
             )
         )
+    layout = tuple(m.profile for m in out)
+    if layout and (rule := catalog.mig_layout_error(catalog.lookup(model), layout)):
+        errors.append(RequestError(f"{path}.devices", ",".join(layout), rule))
     return enabled, tuple(out)
 
 

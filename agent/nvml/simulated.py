@@ -165,6 +165,7 @@ class SimulatedNvml:
             uuid=m.uuid,
             memory_total_mib=m.memory_mib,
             memory_used_mib=sum(p.used_mib for p in m.processes),
+            profile=m.profile,
         )
 
     def processes(self, index: int, mig_index: int | None = None) -> tuple[ProcessInfo, ...]:

@@ -58,7 +58,7 @@ def ensure_binaries(progress: IO[str] | None = None) -> Path:
     if proc.returncode != 0:
         detail = "\n".join((proc.stderr or "").splitlines()[-30:])
         raise BinariesError(
-            f"{script} failed (exit {proc.returncode}); it needs Go >= 1.24 and the Go module proxy\n{detail}"
+            f"{script} failed (exit {proc.returncode}); it needs Go >= 1.26 and the Go module proxy\n{detail}"
         )
     lines = proc.stdout.strip().splitlines()
     if not lines:

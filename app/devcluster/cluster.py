@@ -25,7 +25,7 @@ from app.kube.client import Kube, api_client
 from . import components, identities, schedconfig
 from .binaries import repo_root
 from .layout import Layout, Ports
-from .nodes import create_gpu_nodes
+from .nodes import MigLayout, create_gpu_nodes
 from .poll import wait_for
 from .ports import free_ports
 from .processes import ComponentError, ComponentSpec, ManagedProcess, log_tail, start_and_wait, wait_healthy
@@ -267,7 +267,11 @@ class Cluster:
     def start(self, progress: Progress = _quiet) -> None:
         """Start the control plane in order, each healthy before the next; on failure stop what started."""
         try:
-            for spec in components.control_plane(self.bin_dir, self.layout, self.ports):
+            # meta "service_accounts" (set before start): see components.apiserver.
+            sa = bool(self.meta.get("service_accounts"))
+            for spec in components.control_plane(
+                self.bin_dir, self.layout, self.ports, service_account_admission=sa
+            ):
                 self.start_process(spec, progress)
                 if spec.name == "kube-apiserver":
                     self._bootstrap()
@@ -418,10 +422,15 @@ class Cluster:
         *,
         prefix: str = "gpu-node-",
         labels: dict[str, str] | None = None,
+        mig: MigLayout | None = None,
     ) -> list[str]:
-        """Create fake GPU nodes (see nodes.node_body) and wait until kwok has them Ready; returns names."""
+        """Create fake GPU nodes (see nodes.node_body) and wait until kwok has them Ready; returns names.
+
+        With `mig`, each node's simulated agent reports its first `mig.gpus` GPUs in MIG mode with
+        those MIG devices.
+        """
         with self.api_client() as api:
-            return create_gpu_nodes(api, count, gpus_per_node, model, prefix=prefix, labels=labels)
+            return create_gpu_nodes(api, count, gpus_per_node, model, prefix=prefix, labels=labels, mig=mig)
 
     def log_path(self, name: str) -> Path:
         return self.layout.log(name)

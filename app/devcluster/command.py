@@ -10,10 +10,12 @@ from typing import Any
 
 from app import catalog
 
-from .addons import DEV_ADDONS
+from . import kubeletnode
+from .addons import DEV_ADDONS, Components, Definitions
 from .binaries import BinariesError, ensure_binaries, repo_root
 from .cluster import Cluster, default_dir, locked
 from .components import CONTROL_PLANE
+from .nodes import MigLayout
 from .processes import ComponentError
 
 DEFAULT_NODES = 4
@@ -53,10 +55,28 @@ def register(subparsers: Any) -> None:
     )
     up.add_argument("--gpu-model", default=DEFAULT_GPU_MODEL, help="GPU model name (default %(default)s)")
     up.add_argument(
+        "--mig",
+        default="",
+        metavar="PROFILES",
+        help="partition GPUs into MIG devices of these profiles, e.g. 3g.40gb,2g.20gb,1g.10gb,1g.10gb",
+    )
+    up.add_argument(
+        "--mig-gpus",
+        type=_positive,
+        default=None,
+        help="with --mig: how many GPUs per node (the first ones) are partitioned (default: all)",
+    )
+    up.add_argument(
         "--no-components",
         dest="components",
         action="store_false",
         help="start only the control plane and nodes, not gpupack's extender, webhook and agents",
+    )
+    up.add_argument(
+        "--real-node",
+        action="store_true",
+        help="also run a real kubelet + containerd node (root; Debian containerd, runc, CNI plugins, "
+        "busybox-static) with simulated GPUs, tainted gpupack.test/real-node=true:NoSchedule",
     )
     up.set_defaults(func=cmd_up)
     add("down", "stop every process of the cluster and verify none remains").set_defaults(func=cmd_down)
@@ -83,7 +103,8 @@ def _summary(cluster: Cluster) -> str:
     kubeconfig = cluster.kubeconfig
     kubectl = f"kubectl --kubeconfig {kubeconfig}"
     lines = [
-        f"nodes: {meta.get('nodes')} x {meta.get('gpus_per_node')} {meta.get('gpu_model')} GPUs",
+        f"nodes: {meta.get('nodes')} x {meta.get('gpus_per_node')} {meta.get('gpu_model')} GPUs"
+        + (f", the first {meta.get('mig_gpus')} as MIG devices {meta['mig']}" if meta.get("mig") else ""),
         f"kubeconfig: {kubeconfig}",
         f"  {kubectl} get nodes",
     ]
@@ -104,6 +125,12 @@ def _summary(cluster: Cluster) -> str:
         ]
     else:
         lines.append("gpupack components not started (--no-components): GPU pods stay Pending")
+    node = kubeletnode.recorded(cluster)
+    if node is not None:
+        lines += [
+            f"real node: {node.name} (kubelet + containerd, IP {node.ip}; pods need a toleration for "
+            f"{kubeletnode.TAINT_KEY} and an image imported into it: {kubeletnode.BUSYBOX_IMAGE})",
+        ]
     lines += [
         f"extender port (scheduler calls it, mutual TLS): {cluster.extender_port}   "
         f"extender metrics: http://127.0.0.1:{cluster.extender_ops_port}/metrics",
@@ -119,6 +146,10 @@ def cmd_up(args: argparse.Namespace) -> int:
         model = catalog.lookup(args.gpu_model).name
     except KeyError as exc:
         _err("up", str(exc.args[0]))
+        return 2
+    mig = MigLayout.parse(args.mig, args.mig_gpus or args.gpus_per_node)
+    if rule := mig.error(model, args.gpus_per_node):
+        _err("up", f"--mig={args.mig!r}: {rule}")
         return 2
     directory: Path = (args.dir or default_dir()).resolve()
     t0 = time.monotonic()
@@ -139,7 +170,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             return 0
         if existing is not None:
             progress("found a stopped or partial cluster; stopping what is left and starting fresh")
-            existing.stop()
+            _stop(existing)
         progress("Kubernetes binaries ($GPUPACK_K8S_BIN or tests/k8s/build.sh; a first build takes minutes)")
         try:
             bins = ensure_binaries(progress=sys.stderr)
@@ -151,13 +182,26 @@ def cmd_up(args: argparse.Namespace) -> int:
             "nodes": args.nodes,
             "gpus_per_node": args.gpus_per_node,
             "gpu_model": model,
+            "mig": ",".join(mig.profiles),
+            "mig_gpus": mig.gpus,
             "components": args.components,
+            # A real node runs pods that talk to the API (the chart's): they need their ServiceAccount token.
+            "service_accounts": args.real_node,
         }
+        addons = DEV_ADDONS
         try:
             cluster.start(progress)
             progress(f"creating {args.nodes} nodes x {args.gpus_per_node} {model}")
-            nodes = cluster.create_gpu_nodes(args.nodes, args.gpus_per_node, model)
-            for addon in DEV_ADDONS if args.components else ():
+            nodes = cluster.create_gpu_nodes(args.nodes, args.gpus_per_node, model, mig=mig)
+            if args.real_node:
+                node = kubeletnode.RealNode.of(cluster)
+                progress(f"real node {node.name}: containerd + kubelet")
+                kubeletnode.start(cluster, node, progress)
+                kubeletnode.as_gpu_node(cluster, node, model, args.gpus_per_node)
+                nodes.append(node.name)
+                # The webhook's MPS pipe hostPath inside the cluster dir: the kubelet creates it there.
+                addons = (Definitions(), Components(mps_pipe_host_dir=cluster.dir / "mps-pipe"))
+            for addon in addons if args.components else ():
                 progress(f"addon {addon.name}")
                 t_addon = time.monotonic()
                 addon.start(cluster, nodes, progress)
@@ -166,7 +210,7 @@ def cmd_up(args: argparse.Namespace) -> int:
         except BaseException as exc:  # Ctrl-C included: never leave half a cluster running
             _err("up", f"{type(exc).__name__}: {exc}")
             _err("up", f"stopping what was started; logs in {cluster.layout.logs}")
-            cluster.stop()
+            _stop(cluster)
             if not isinstance(exc, Exception):
                 raise
             return 1
@@ -184,13 +228,24 @@ def cmd_down(args: argparse.Namespace) -> int:
             return 0
         stopped = [f"{p.name}({p.pid})" for p in cluster.processes]
         try:
-            cluster.stop()
-        except ComponentError as exc:
+            _stop(cluster)
+        except (ComponentError, kubeletnode.RealNodeError) as exc:
             _err("down", str(exc))
             return 1
         cluster.layout.state.unlink()
     print(f"stopped {len(stopped)} processes: {' '.join(reversed(stopped))}; none remains")
     return 0
+
+
+def _stop(cluster: Cluster) -> None:
+    """The real node first (its Node object goes while the apiserver runs), then every process; both run
+    even when the first fails, and the first failure is raised."""
+    node = kubeletnode.recorded(cluster)
+    try:
+        if node is not None:
+            kubeletnode.stop(cluster, node)
+    finally:
+        cluster.stop()
 
 
 def cmd_status(args: argparse.Namespace) -> int:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from . import realnode
 from .layout import Layout, Ports
 from .processes import ComponentSpec, HealthCheck
 
@@ -38,8 +39,15 @@ def etcd(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
     )
 
 
-def apiserver(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
+def apiserver(
+    bins: Path, layout: Layout, ports: Ports, *, service_account_admission: bool = False
+) -> ComponentSpec:
+    """`service_account_admission`: pods get their ServiceAccount token mounted, as in any cluster; what
+    pods that talk to the API need (the chart's, on a real node), off otherwise (see the comment below)."""
     pki = layout.pki
+    disabled = (
+        "TaintNodesByCondition" if service_account_admission else "ServiceAccount,TaintNodesByCondition"
+    )
     return ComponentSpec(
         name="kube-apiserver",
         argv=(
@@ -65,8 +73,12 @@ def apiserver(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
             # after its namespace fails until the serviceaccount controller has made `default` there, and
             # TaintNodesByCondition keeps every new Node unschedulable until the node lifecycle controller
             # has seen kwok mark it Ready. Tests create namespaces and nodes and use them at once.
-            "--disable-admission-plugins=ServiceAccount,TaintNodesByCondition",
+            f"--disable-admission-plugins={disabled}",
+            # Webhooks behind a Service are dialled at a ready endpoint's IP: there is no kube-proxy.
+            "--enable-aggregator-routing=true",
             "--allow-privileged=true",
+            # For a real kubelet node (kubeletnode.py): its client certificate, and its InternalIP to dial.
+            *realnode.apiserver_flags(pki.kubelet_client.cert, pki.kubelet_client.key),
             f"--cert-dir={layout.apiserver_cert_dir}",
             "--profiling=false",
             "--v=1",
@@ -155,11 +167,13 @@ def kwok(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
     )
 
 
-def control_plane(bins: Path, layout: Layout, ports: Ports) -> list[ComponentSpec]:
+def control_plane(
+    bins: Path, layout: Layout, ports: Ports, *, service_account_admission: bool = False
+) -> list[ComponentSpec]:
     """In start order. The scheduler before kwok: kwok only acts on pods the scheduler already bound."""
     return [
         etcd(bins, layout, ports),
-        apiserver(bins, layout, ports),
+        apiserver(bins, layout, ports, service_account_admission=service_account_admission),
         controller_manager(bins, layout, ports),
         scheduler(bins, layout, ports),
         kwok(bins, layout, ports),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from app import catalog, names
@@ -17,6 +18,42 @@ NODE_MEMORY = "256Gi"
 NODE_PODS = "110"
 
 
+# Dev-cluster node annotations: the MIG layout its simulated agent is to report (`gpupack dev up --mig`).
+MIG_LAYOUT_ANNOTATION = "dev.gpupack.io/mig-layout"  # comma list of profiles, e.g. "3g.40gb,1g.10gb"
+MIG_GPUS_ANNOTATION = "dev.gpupack.io/mig-gpus"  # how many of its GPUs (the first ones) are partitioned
+
+
+@dataclass(frozen=True, slots=True)
+class MigLayout:
+    """The MIG devices each of a node's first `gpus` GPUs is partitioned into (no profiles: no MIG)."""
+
+    profiles: tuple[str, ...] = ()
+    gpus: int = 0
+
+    @classmethod
+    def parse(cls, raw: str, gpus: int) -> MigLayout:
+        return cls(tuple(p.strip() for p in raw.split(",") if p.strip()), gpus)
+
+    def error(self, model: str, gpus_per_node: int) -> str:
+        """Why this layout cannot be made on `gpus_per_node` GPUs of `model` ("" when it can)."""
+        if not self.profiles:
+            return ""
+        if not 1 <= self.gpus <= gpus_per_node:
+            return f"MIG GPUs per node={self.gpus}: must be from 1 to the GPUs per node ({gpus_per_node})"
+        return catalog.mig_layout_error(catalog.lookup(model), self.profiles)
+
+    def annotations(self) -> dict[str, str]:
+        if not self.profiles:
+            return {}
+        return {MIG_LAYOUT_ANNOTATION: ",".join(self.profiles), MIG_GPUS_ANNOTATION: str(self.gpus)}
+
+    @classmethod
+    def of(cls, annotations: Mapping[str, str]) -> MigLayout:
+        raw = annotations.get(MIG_LAYOUT_ANNOTATION, "")
+        gpus = annotations.get(MIG_GPUS_ANNOTATION, "0")
+        return cls.parse(raw, int(gpus) if gpus.isdigit() else 0)
+
+
 def node_body(
     name: str,
     gpus: int,
@@ -25,6 +62,7 @@ def node_body(
     cpu: str = NODE_CPU,
     memory: str = NODE_MEMORY,
     labels: dict[str, str] | None = None,
+    mig: MigLayout | None = None,
 ) -> dict[str, Any]:
     """A kwok-managed Node advertising `gpus` GPUs of `model` the way the gpupack agent would (DESIGN.md).
 
@@ -48,7 +86,11 @@ def node_body(
         "kind": "Node",
         "metadata": {
             "name": name,
-            "annotations": {key: value, "node.alpha.kubernetes.io/ttl": "0"},
+            "annotations": {
+                key: value,
+                "node.alpha.kubernetes.io/ttl": "0",
+                **(mig or MigLayout()).annotations(),
+            },
             "labels": {
                 "kubernetes.io/hostname": name,
                 "kubernetes.io/os": "linux",
@@ -100,12 +142,13 @@ def create_gpu_nodes(
     prefix: str = "gpu-node-",
     labels: dict[str, str] | None = None,
     ready_timeout_s: float = 60.0,
+    mig: MigLayout | None = None,
 ) -> list[str]:
     """Create `count` fake GPU nodes named <prefix>0.. and wait until kwok reports each Ready."""
     kube = Kube(api_client)
     created = node_names(prefix, count)
     for name in created:
-        kube.send(calls.create(node_body(name, gpus_per_node, model, labels=labels)))
+        kube.send(calls.create(node_body(name, gpus_per_node, model, labels=labels, mig=mig)))
     wait_for_ready_nodes(api_client, created, ready_timeout_s)
     return created
 

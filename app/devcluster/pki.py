@@ -17,6 +17,8 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from app import certs
 
+from . import realnode
+
 _VALIDITY_DAYS = 365
 
 LOOPBACK_SANS: tuple[str, ...] = ("127.0.0.1", "localhost")
@@ -29,7 +31,13 @@ APISERVER_SANS: tuple[str, ...] = (
     "kubernetes.default",
     "kubernetes.default.svc",
     "kubernetes.default.svc.cluster.local",
+    # A real node's pods reach the apiserver at their node's IP (kubeletnode's relay).
+    realnode.node_ip(realnode.DEFAULT_SUBNET),
 )
+
+
+# The user kube-apiserver is to a kubelet; it needs system:kubelet-api-admin there (kubeletnode.py binds it).
+KUBELET_CLIENT_USER = "kube-apiserver-kubelet-client"
 
 
 @dataclass(frozen=True)
@@ -109,6 +117,11 @@ class Pki:
         return CertPaths(self.dir / "scheduler-client.crt", self.dir / "scheduler-client.key")
 
     @property
+    def kubelet_client(self) -> CertPaths:
+        """kube-apiserver's client certificate for kubelets (`kubectl logs/exec` on a real node)."""
+        return CertPaths(self.dir / "kubelet-client.crt", self.dir / "kubelet-client.key")
+
+    @property
     def sa_key(self) -> Path:
         return self.dir / "sa.key"
 
@@ -137,6 +150,8 @@ class Pki:
         )
         client = certs.issue_client_cert(client_ca_cert, client_ca_key, "kube-scheduler", days=_VALIDITY_DAYS)
         certs.write_pem(certs.to_pem(*client), self.scheduler_client.cert, self.scheduler_client.key)
+        kubelet_client = certs.issue_client_cert(ca_cert, ca_key, KUBELET_CLIENT_USER, days=_VALIDITY_DAYS)
+        certs.write_pem(certs.to_pem(*kubelet_client), self.kubelet_client.cert, self.kubelet_client.key)
         sa = certs.new_key()
         certs.write_atomic(self.sa_key, certs.key_pem(sa), 0o600)
         pub = sa.public_key().public_bytes(

@@ -1,4 +1,4 @@
-"""A real kubelet node next to the kwok ones: its configuration files as data (not started by anything yet).
+"""A real kubelet node next to the kwok ones: its configuration files as data (started by kubeletnode.py).
 
 What each setting is for was found by running a kubelet (v1.34.10 and v1.37.2) with Debian's containerd
 1.6.20, runc and CNI plugins against a dev cluster on this project's machine kind: Debian 12, hybrid
@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
+DEFAULT_SUBNET = "10.250.0.0/24"  # the real node's pod network; its first host is the node IP
 NODE_TAINT = {"key": "gpupack.test/real-node", "value": "true", "effect": "NoSchedule"}
 
 
@@ -43,8 +44,28 @@ class NodePaths:
         return self.root / "containerd" / "containerd.sock"
 
     @property
+    def runc_root(self) -> Path:
+        """runc's state (default /run/containerd/runc, shared with any other containerd on the host)."""
+        return self.root / "containerd" / "runc"
+
+    @property
     def cni_conf_dir(self) -> Path:
         return self.root / "cni"
+
+    @property
+    def cni_ipam_dir(self) -> Path:
+        """host-local's leases (default /var/lib/cni/networks, outside anything a teardown removes)."""
+        return self.root / "cni-ipam"
+
+    @property
+    def images(self) -> Path:
+        """Docker-archive tarballs imported into containerd."""
+        return self.root / "images"
+
+    @property
+    def kubeconfig(self) -> Path:
+        """The kubelet's kubeconfig: its own client certificate (system:node:<name>, group system:nodes)."""
+        return self.root / "kubelet.kubeconfig"
 
     @property
     def kubelet_root(self) -> Path:
@@ -80,17 +101,27 @@ def containerd_config(paths: NodePaths, sandbox_image: str, cni_bin_dir: Path = 
             # The kubelet asks for oom_score_adj -998 on sandboxes; a root without CAP_SYS_RESOURCE cannot
             # lower it, and runc then fails every sandbox with only "can't get final child's PID from pipe".
             "  restrict_oom_score_adj = true",
+            # Sandbox network namespaces under our state dir, not /var/run/netns: a teardown unmounts
+            # everything under the node's root and nothing of the node is left elsewhere.
+            "  netns_mounts_under_state_dir = true",
             f"[{cri}.cni]",
             f"  bin_dir = {_toml_str(cni_bin_dir)}",
             f"  conf_dir = {_toml_str(paths.cni_conf_dir)}",
             f"[{cri}.containerd.runtimes.runc]",
             '  runtime_type = "io.containerd.runc.v2"',
+            f"[{cri}.containerd.runtimes.runc.options]",
+            f"  Root = {_toml_str(paths.runc_root)}",
             "",
         ]
     )
 
 
-def cni_conflist(bridge: str, subnet: str) -> dict[str, Any]:
+def network_name(bridge: str) -> str:
+    """The CNI network of `bridge`; libcni names its cached results <network>-<sandbox id>-<ifname>."""
+    return f"gpupack-{bridge}"
+
+
+def cni_conflist(bridge: str, subnet: str, ipam_dir: Path) -> dict[str, Any]:
     """One bridge network on a private subnet; its gateway (first host) is the node's IP, see node_ip."""
     net = ipaddress.ip_network(subnet)
     if net.version != 4 or not net.is_private or net.prefixlen > 29:
@@ -99,7 +130,7 @@ def cni_conflist(bridge: str, subnet: str) -> dict[str, Any]:
         raise ValueError(f"bridge={bridge!r}: must be 1 to 15 characters (a Linux interface name)")
     return {
         "cniVersion": "0.4.0",
-        "name": f"gpupack-{bridge}",
+        "name": network_name(bridge),
         # containerd sets up the pod's loopback itself; the chain configures eth0 only.
         "plugins": [
             {
@@ -109,6 +140,7 @@ def cni_conflist(bridge: str, subnet: str) -> dict[str, Any]:
                 "ipMasq": False,
                 "ipam": {
                     "type": "host-local",
+                    "dataDir": str(ipam_dir),
                     "ranges": [[{"subnet": str(net)}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                 },

@@ -6,6 +6,7 @@ placement scores with the same inputs as the simulator.
 
 from __future__ import annotations
 
+import math
 import re
 import threading
 import time
@@ -22,6 +23,14 @@ from app.model import Allocation, ClusterState, Node
 from app.pods import TERMINAL_PHASES, PodInfo, is_gpupack_pod, pod_info
 
 LOG = log.get("gpupack.cache")
+
+# Changes a reader of frame() may be behind by before it is told to start over (a full re-read is one
+# pass over the nodes, so a log longer than a few passes saves nothing).
+CHANGE_LOG_LIMIT = 50_000
+
+
+def obj_name(obj: JsonDict) -> str:
+    return str((obj.get("metadata") or {}).get("name", ""))
 
 
 def node_order_key(name: str) -> tuple[Any, ...]:
@@ -51,10 +60,36 @@ def _bound_host(pod: Mapping[str, Any], host: HostResources | None) -> tuple[str
     return node, host if host is not None else hostres.pod_requests(spec)
 
 
+def _read_pod(obj: JsonDict) -> tuple[str, PodInfo | None, tuple[str, HostResources] | None]:
+    """(uid, how gpupack reads it if it is a gpupack pod, (node, requests) if it holds host resources)."""
+    info = _read(obj) if is_gpupack_pod(obj) else None
+    uid = str((obj.get("metadata") or {}).get("uid", ""))
+    return uid, info, _bound_host(obj, info.host if info is not None else None)
+
+
 def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int) -> Node:
     """`node` with a pod's allocation and host request added (`sign=1`) or taken away (`sign=-1`)."""
     node = node.reserve(() if alloc is None else (alloc,), sign)
     return node.charge_host(sign * host.cpu_milli, sign * host.memory_mib)
+
+
+# An allocation and a host request, added (+1) or taken away (-1) on top of a node's view.
+Delta = tuple[Allocation | None, HostResources, int]
+
+# Heartbeats that go stale within this many seconds of a frame are checked exactly (see frame()).
+STALE_CHECK_AHEAD_S = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class Frame:
+    """One request's reading of the cache for a Ranking (see ClusterCache.frame)."""
+
+    token: int  # hand back to the next frame() to get only what changed after this one
+    full: bool  # `changed` holds every node: the token was too old, or the node order moved
+    changed: dict[str, Node | None]  # views changed since the token (None: the node is gone)
+    rank: Mapping[str, int]  # natural-order position of every node with a GPUNode
+    # Nodes this request sees other than their view: holds, the pod's own share, a stale heartbeat.
+    adjusted: dict[str, Node | None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -92,6 +127,12 @@ class ClusterCache:
         self._view: dict[str, Node] = {}  # base + pod allocations, rebuilt lazily per node
         self._order: list[str] = []
         self._rank: dict[str, int] = {}  # name -> position in _order, so sorting a request is cheap
+        self._fresh_until: dict[str, float] = {}  # name -> heartbeat + staleness limit (-inf: none yet)
+        self._earliest_stale = -math.inf  # no entry of _fresh_until is lower (frame() recomputes it)
+        # Names whose view changed, in order; token t (see frame()) has seen the log up to t - _log_start.
+        self._log: list[str] = []
+        self._log_start = 0
+        self._quiet = False  # set while a relist rebuilds: it compares once at the end instead
         self.pending_reason: dict[str, str] = {}  # uid -> reason class of the last refusal
 
     # --- fed by the informers ---
@@ -110,29 +151,30 @@ class ClusterCache:
 
     def set_nodes(self, objs: Iterable[JsonDict]) -> None:
         with self._lock:
+            before = dict(self._allocatable)
             self._allocatable.clear()
             for obj in objs:
                 self._put_node(obj)
-            self._view.clear()
+            self._changed_where(before, self._allocatable)
 
     def upsert_node(self, obj: JsonDict) -> None:
-        name = str((obj.get("metadata") or {}).get("name", ""))
+        name = obj_name(obj)
         with self._lock:
             before = self._allocatable.get(name)
             self._put_node(obj)
             # Node status changes often (conditions, images); only allocatable matters to placement,
             # and an unchanged view keeps the node's memoised answers valid.
             if self._allocatable.get(name) != before:
-                self._view.pop(name, None)
+                self._changed(name)
 
     def delete_node(self, obj: JsonDict) -> None:
-        name = str((obj.get("metadata") or {}).get("name", ""))
+        name = obj_name(obj)
         with self._lock:
             self._allocatable.pop(name, None)
-            self._view.pop(name, None)
+            self._changed(name)
 
     def _put_node(self, obj: JsonDict) -> str:
-        name = str((obj.get("metadata") or {}).get("name", ""))
+        name = obj_name(obj)
         alloc = hostres.node_allocatable(obj)
         if alloc is None:
             self._allocatable.pop(name, None)
@@ -142,28 +184,34 @@ class ClusterCache:
 
     def set_gpunodes(self, objs: Iterable[JsonDict]) -> None:
         with self._lock:
-            self._base.clear()
+            before, self._base = self._base, {}
             self._heartbeat.clear()
             self._stale_after.clear()
+            self._fresh_until.clear()
             for obj in objs:
                 self._put_gpunode(obj)
-            self._view.clear()
+            self._changed_where(before, self._base)
             self._reorder()
 
     def upsert_gpunode(self, obj: JsonDict) -> None:
         with self._lock:
+            before = self._base.get(obj_name(obj))
             name = self._put_gpunode(obj)
-            self._view.pop(name, None)
-            if name not in self._order:
+            # Most updates are heartbeats: staleness is judged per request, so an unchanged inventory
+            # keeps the node's view (and every answer ranked on it).
+            if self._base[name] != before:
+                self._changed(name)
+            if name not in self._rank:
                 self._reorder()
 
     def delete_gpunode(self, obj: JsonDict) -> None:
-        name = str((obj.get("metadata") or {}).get("name", ""))
+        name = obj_name(obj)
         with self._lock:
             self._base.pop(name, None)
             self._heartbeat.pop(name, None)
             self._stale_after.pop(name, None)
-            self._view.pop(name, None)
+            self._fresh_until.pop(name, None)
+            self._changed(name)
             self._reorder()
 
     def _put_gpunode(self, obj: JsonDict) -> str:
@@ -171,11 +219,53 @@ class ClusterCache:
         self._base[node.name] = node
         self._heartbeat[node.name] = heartbeat
         self._stale_after[node.name] = stale_after
+        limit = self._heartbeat_limit(node.name)
+        until = -math.inf if heartbeat is None else heartbeat + limit
+        self._fresh_until[node.name] = until
+        self._earliest_stale = min(self._earliest_stale, until)  # a lower bound; frame() tightens it
         return node.name
 
+    def _heartbeat_limit(self, name: str) -> float:
+        return (
+            self.heartbeat_timeout_s
+            or self._stale_after.get(name)
+            or gpunode.DEFAULT_HEARTBEAT_S * gpunode.STALE_FACTOR
+        )
+
     def _reorder(self) -> None:
-        self._order = sorted(self._base, key=node_order_key)
-        self._rank = {name: i for i, name in enumerate(self._order)}
+        order = sorted(self._base, key=node_order_key)
+        if order != self._order:
+            # Every rank after an added or removed node moved: readers re-read every view (the views
+            # themselves do not depend on the order, so unchanged ones keep their verdicts).
+            self._restart_log()
+        self._order = order
+        self._rank = {name: i for i, name in enumerate(order)}
+
+    def _changed_where(
+        self,
+        before: Mapping[str, object],
+        after: Mapping[str, object],
+        norm: Callable[[Any], object] = lambda v: v,
+    ) -> None:
+        """A relist replaced `before` with `after` (one input of the views): only nodes whose entry differs
+        change, so a relist that finds what the watch already delivered invalidates nothing."""
+        for name in before.keys() | after.keys():
+            if norm(before.get(name)) != norm(after.get(name)):
+                self._changed(name)
+
+    def _changed(self, name: str) -> None:
+        """`name`'s view is out of date: rebuild it on next read, and tell frame() readers."""
+        if self._quiet:
+            return
+        self._view.pop(name, None)
+        self._log.append(name)
+        if len(self._log) > CHANGE_LOG_LIMIT:
+            self._restart_log()  # the views stay: readers re-read them all, judging only changed objects
+
+    def _restart_log(self) -> None:
+        """Readers of frame() start over: their next frame is `full` (every node's view)."""
+        self._log_start += len(self._log) + 1  # no token handed out so far is within the log
+        self._log.clear()
 
     def pods_listing(self) -> None:
         """The pod informer starts a full list (see `set_pods`)."""
@@ -183,19 +273,23 @@ class ClusterCache:
 
     def set_pods(self, objs: Iterable[JsonDict]) -> None:
         listed_at, self._pods_listed_at = self._pods_listed_at, None
-        present: set[str] = set()
+        # Every pod is read before the lock is taken: a relist of 50 000 pods takes seconds to read, and
+        # scheduling requests wait on the lock meanwhile.
+        read = [_read_pod(obj) for obj in objs]
+        present = {uid for uid, _, _ in read}
         with self._lock:
-            self._pods.clear()
-            self._by_node.clear()
-            self._bound.clear()
-            self._host_used.clear()
-            for obj in objs:
-                present.add(str((obj.get("metadata") or {}).get("uid", "")))
-                info = _read(obj) if is_gpupack_pod(obj) else None
-                self._put_bound(obj, info)
-                if info is not None:
-                    self._put_pod(info)
-            self._view.clear()
+            by_node, host_used = self._by_node, self._host_used
+            self._pods, self._by_node, self._bound, self._host_used = {}, {}, {}, {}
+            self._quiet = True  # one comparison after the list instead of a change per pod
+            try:
+                for uid, info, bound in read:
+                    self._put_bound(uid, bound)
+                    if info is not None:
+                        self._put_pod(info)
+            finally:
+                self._quiet = False
+            self._changed_where(by_node, self._by_node, lambda d: d or None)
+            self._changed_where(host_used, self._host_used)
             live = set(self._pods)
             for uid in list(self.pending_reason):
                 if uid not in live:
@@ -213,12 +307,10 @@ class ClusterCache:
                 self.assume.release(uid)
 
     def upsert_pod(self, obj: JsonDict) -> None:
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
-        ours = is_gpupack_pod(obj)
-        info = _read(obj) if ours else None
+        uid, info, bound = _read_pod(obj)
         with self._lock:
             self._drop_bound(uid)
-            self._put_bound(obj, info)
+            self._put_bound(uid, bound)
             self._drop_pod(uid)
             if info is not None:
                 self._put_pod(info)
@@ -236,15 +328,13 @@ class ClusterCache:
             self.pending_reason.pop(uid, None)
         self.assume.release(uid)
 
-    def _put_bound(self, obj: JsonDict, info: PodInfo | None) -> None:
-        bound = _bound_host(obj, info.host if info is not None else None)
+    def _put_bound(self, uid: str, bound: tuple[str, HostResources] | None) -> None:
         if bound is None:
             return
-        uid = str((obj.get("metadata") or {}).get("uid", ""))
         node, req = bound
         self._bound[uid] = bound
         self._host_used[node] = self._host_used.get(node, hostres.ZERO) + req
-        self._view.pop(node, None)
+        self._changed(node)
 
     def _drop_bound(self, uid: str) -> None:
         old = self._bound.pop(uid, None)
@@ -256,13 +346,13 @@ class ClusterCache:
             self._host_used.pop(node, None)
         else:
             self._host_used[node] = left
-        self._view.pop(node, None)
+        self._changed(node)
 
     def _put_pod(self, info: PodInfo) -> None:
         self._pods[info.uid] = info
         if info.alloc is not None:
             self._by_node.setdefault(info.alloc.node, {})[info.uid] = info.alloc
-            self._view.pop(info.alloc.node, None)
+            self._changed(info.alloc.node)
         if not info.pending:
             self.pending_reason.pop(info.uid, None)
 
@@ -270,7 +360,7 @@ class ClusterCache:
         old = self._pods.pop(uid, None)
         if old is not None and old.alloc is not None:
             self._by_node.get(old.alloc.node, {}).pop(uid, None)
-            self._view.pop(old.alloc.node, None)
+            self._changed(old.alloc.node)
 
     # --- read by the verbs ---
 
@@ -307,37 +397,69 @@ class ClusterCache:
                     set(names_), key=lambda n: (rank.get(n, last), node_order_key(n) if n not in rank else ())
                 )
             )
-            # Per node: allocations and host requests to add (+1) or take away (-1) on top of the view.
-            delta: dict[str, list[tuple[Allocation | None, HostResources, int]]] = {}
-            zero = hostres.ZERO
-            for uid, held in holds.items():
-                info = self._pods.get(uid)
-                counted = info.alloc if info is not None else None
-                if counted is not None and counted != held:
-                    delta.setdefault(counted.node, []).append((counted, zero, -1))
-                if uid == exclude_uid:
-                    continue
-                add = None if counted == held else held
-                # A held pod's host request is charged once its bound pod shows up in the watch.
-                bound = self._bound.get(uid)
-                host = info.host if info is not None and (bound is None or bound[0] != held.node) else zero
-                if add is not None or host != zero:
-                    delta.setdefault(held.node, []).append((add, host, +1))
-            own = self._pods.get(exclude_uid)
-            if exclude_uid and exclude_uid not in holds and own is not None and own.alloc is not None:
-                delta.setdefault(own.alloc.node, []).append((own.alloc, zero, -1))
-            own_bound = self._bound.get(exclude_uid) if exclude_uid else None
-            if own_bound is not None:
-                delta.setdefault(own_bound[0], []).append((None, own_bound[1], -1))
-            out: dict[str, Node | None] = {}
-            for name in wanted:
-                node = self._materialize(name)
-                if node is not None:
-                    for alloc, host, sign in delta.get(name, ()):
-                        node = _adjust(node, alloc, host, sign)
-                    node = self._with_heartbeat(node, now)
-                out[name] = node
-            return out
+            delta = self._deltas(holds, exclude_uid)
+            return {name: self._current(name, delta, now) for name in wanted}
+
+    def frame(self, token: int | None, exclude_uid: str = "") -> Frame:
+        """What changed since `token` (a previous frame's), and what one request sees differently.
+
+        `nodes()` for any name is the frame's `adjusted` node where it has one, else its view as of
+        this frame; `changed` holds the views that changed since `token` (every view when `full`).
+        """
+        now = self._wall()
+        holds = self.assume.items()
+        with self._lock:
+            full = token is None or token < self._log_start
+            names = self._order if token is None or full else set(self._log[token - self._log_start :])
+            changed = {name: self._materialize(name) for name in names}
+            delta = self._deltas(holds, exclude_uid)
+            touched = set(delta)
+            # A heartbeat this close to its limit is judged exactly, as nodes() does; the rest are fresh.
+            soon = now + STALE_CHECK_AHEAD_S
+            if soon >= self._earliest_stale:  # else no heartbeat is near its limit: skip the pass
+                self._earliest_stale = min(self._fresh_until.values(), default=math.inf)
+                touched.update(name for name, until in self._fresh_until.items() if until <= soon)
+            adjusted: dict[str, Node | None] = {}
+            for name in touched:
+                view = self._materialize(name)
+                node = self._current(name, delta, now)
+                if view is not None and node is not view:
+                    adjusted[name] = node
+            return Frame(self._log_start + len(self._log), full, changed, self._rank, adjusted)
+
+    def _deltas(self, holds: Mapping[str, Allocation], exclude_uid: str) -> dict[str, list[Delta]]:
+        """Per node: allocations and host requests to add (+1) or take away (-1) on top of the view."""
+        delta: dict[str, list[Delta]] = {}
+        zero = hostres.ZERO
+        for uid, held in holds.items():
+            info = self._pods.get(uid)
+            counted = info.alloc if info is not None else None
+            if counted is not None and counted != held:
+                delta.setdefault(counted.node, []).append((counted, zero, -1))
+            if uid == exclude_uid:
+                continue
+            add = None if counted == held else held
+            # A held pod's host request is charged once its bound pod shows up in the watch.
+            bound = self._bound.get(uid)
+            host = info.host if info is not None and (bound is None or bound[0] != held.node) else zero
+            if add is not None or host != zero:
+                delta.setdefault(held.node, []).append((add, host, +1))
+        own = self._pods.get(exclude_uid)
+        if exclude_uid and exclude_uid not in holds and own is not None and own.alloc is not None:
+            delta.setdefault(own.alloc.node, []).append((own.alloc, zero, -1))
+        own_bound = self._bound.get(exclude_uid) if exclude_uid else None
+        if own_bound is not None:
+            delta.setdefault(own_bound[0], []).append((None, own_bound[1], -1))
+        return delta
+
+    def _current(self, name: str, delta: Mapping[str, list[Delta]], now: float) -> Node | None:
+        """The view of `name` with `delta` applied and its heartbeat judged at `now`."""
+        node = self._materialize(name)
+        if node is not None:
+            for alloc, host, sign in delta.get(name, ()):
+                node = _adjust(node, alloc, host, sign)
+            node = self._with_heartbeat(node, now)
+        return node
 
     def node(self, name: str, exclude_uid: str = "") -> Node | None:
         return self.nodes([name], exclude_uid)[name]
@@ -360,11 +482,7 @@ class ClusterCache:
     def _with_heartbeat(self, node: Node, now: float) -> Node:
         if not node.schedulable:
             return node
-        limit = (
-            self.heartbeat_timeout_s
-            or self._stale_after.get(node.name)
-            or gpunode.DEFAULT_HEARTBEAT_S * gpunode.STALE_FACTOR
-        )
+        limit = self._heartbeat_limit(node.name)
         reason = gpunode.stale_reason(self._heartbeat.get(node.name), limit, now)
         return replace(node, schedulable=False, unschedulable_reason=reason) if reason else node
 

@@ -99,6 +99,17 @@ class Kube:
             raise KubeError(0, "BadResponse", f"{req.method} {req.path}: reply is not a JSON object")
         return out
 
+    def text(self, path: str, query: Mapping[str, str | int | bool] | None = None) -> str:
+        """GET a plain-text resource (a pod's log through the apiserver and the kubelet), decoded as UTF-8."""
+        resp = self._call("GET", path, None, query or {}, "application/json", self.timeouts.call())
+        try:
+            data: bytes = resp.data
+        except TRANSPORT_ERRORS as exc:
+            raise transport_error(exc) from None
+        finally:
+            resp.release_conn()
+        return data.decode("utf-8", "replace")
+
     def watch(
         self, path: str, query: Mapping[str, str | int | bool], timeout_s: int = 300
     ) -> Iterator[JsonDict]:

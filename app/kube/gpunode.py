@@ -17,7 +17,7 @@ from typing import Any
 from app import catalog, names
 from app.kube import paths
 from app.kube.calls import MERGE_PATCH, Request, parse_time
-from app.model import MILLI_PER_GPU, Gpu, Node
+from app.model import MILLI_PER_GPU, Gpu, Node, mig_index
 
 API_VERSION = f"{names.GPUNODE_GROUP}/{names.GPUNODE_VERSION}"
 DEFAULT_HEARTBEAT_S = 30
@@ -47,16 +47,24 @@ def _get(d: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
 
 @dataclass(frozen=True, slots=True)
 class MigDeviceSpec:
+    """One MIG device of a GPU in MIG mode: its own UUID, memory and profile; `index` is its NVML slot."""
+
     uuid: str
     index: int
     memory_mib: int
+    profile: str = ""
 
     def to_dict(self) -> dict[str, Any]:
-        return {"uuid": self.uuid, "index": self.index, "memoryMiB": self.memory_mib}
+        return {"uuid": self.uuid, "index": self.index, "memoryMiB": self.memory_mib, "profile": self.profile}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> MigDeviceSpec:
-        return cls(_get(d, "uuid", str, ""), _get(d, "index", int, 0), _get(d, "memoryMiB", int, 0))
+        return cls(
+            _get(d, "uuid", str, ""),
+            _get(d, "index", int, 0),
+            _get(d, "memoryMiB", int, 0),
+            _get(d, "profile", str, ""),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,8 +82,13 @@ class GpuSpec:
 
     @property
     def shared(self) -> bool:
-        """Offered for fractional sharing; MIG-enabled GPUs are not (no fractions on MIG slices)."""
+        """Offered for fractional sharing; MIG-enabled GPUs are not: their MIG devices are offered whole."""
         return not self.mig_enabled
+
+    @property
+    def mig_targets(self) -> tuple[MigDeviceSpec, ...]:
+        """The MIG devices placement may hand out whole (none unless the GPU is in MIG mode)."""
+        return self.mig_devices if self.mig_enabled else ()
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -113,6 +126,11 @@ class GPUNodeSpec:
     @property
     def shared_gpus(self) -> tuple[GpuSpec, ...]:
         return tuple(g for g in self.gpus if g.shared)
+
+    @property
+    def mig_gpus(self) -> tuple[GpuSpec, ...]:
+        """GPUs in MIG mode with at least one MIG device."""
+        return tuple(g for g in self.gpus if g.mig_targets)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -344,7 +362,9 @@ class GPUNode:
         """
         status = self.status
         live = {g.uuid: g for g in status.gpus} if status else {}
-        gpus = tuple(_model_gpu(g, live.get(g.uuid)) for g in self.spec.shared_gpus)
+        gpus = tuple(_model_gpu(g, live.get(g.uuid)) for g in self.spec.shared_gpus) + tuple(
+            _model_mig(g, m, live.get(g.uuid)) for g in self.spec.mig_gpus for m in g.mig_targets
+        )
         if status is None:
             return Node(
                 name=self.name, gpus=gpus, schedulable=False, unschedulable_reason=stale_reason(None, 0, now)
@@ -380,6 +400,28 @@ def _model_gpu(spec: GpuSpec, live: GpuStatus | None) -> Gpu:
         live_free_mib=live.memory_free_mib if live else None,
         utilization_percent=live.utilization_percent if live else None,
         healthy=live is not None and live.healthy,
+    )
+
+
+def _model_mig(parent: GpuSpec, mig: MigDeviceSpec, live: GpuStatus | None) -> Gpu:
+    """A MIG device as a placement target: the parent's model and health, its own UUID, memory and profile.
+
+    Foreign memory is what processes of no gpupack pod use on this MIG device.
+    """
+    foreign = (
+        sum(p.used_mib or 0 for p in live.processes if p.mig_uuid == mig.uuid and not p.pod_uid)
+        if live
+        else 0
+    )
+    return Gpu(
+        index=mig_index(parent.index, mig.index),
+        model=parent.model,
+        memory_mib=mig.memory_mib,
+        uuid=mig.uuid,
+        foreign_mib=foreign,
+        healthy=live is not None and live.healthy,
+        mig_profile=mig.profile or f"{mig.memory_mib}mib",  # a profile NVML did not name: by its memory
+        parent=parent.index,
     )
 
 
@@ -419,28 +461,39 @@ def idle(
 
 
 def node_model(spec: GPUNodeSpec) -> str:
-    """The node's model label: the most common model among its shared GPUs (first seen wins a tie)."""
-    shared = spec.shared_gpus
-    if not shared:
+    """The node's model label: the most common model among its shared and MIG GPUs (first seen wins a tie)."""
+    offered = spec.shared_gpus + spec.mig_gpus
+    if not offered:
         return ""
-    return Counter(g.model for g in shared).most_common(1)[0][0]
+    return Counter(g.model for g in offered).most_common(1)[0][0]
+
+
+def _target_sizes(spec: GPUNodeSpec, healthy_uuids: frozenset[str] | None = None) -> list[int]:
+    """Memory of every placement target: shared GPUs and the MIG devices of GPUs in MIG mode."""
+
+    def ok(g: GpuSpec) -> bool:
+        return healthy_uuids is None or g.uuid in healthy_uuids
+
+    return [g.memory_mib for g in spec.shared_gpus if ok(g)] + [
+        m.memory_mib for g in spec.mig_gpus if ok(g) for m in g.mig_targets
+    ]
 
 
 def node_labels(spec: GPUNodeSpec) -> dict[str, str]:
-    shared = spec.shared_gpus
+    sizes = _target_sizes(spec)
     return {
-        names.NODE_LABEL_ENABLED: "true" if shared else "false",
+        names.NODE_LABEL_ENABLED: "true" if sizes else "false",
         names.NODE_LABEL_GPU_MODEL: label_value(node_model(spec)),
-        names.NODE_LABEL_GPU_MEMORY_MAX_MIB: str(max((g.memory_mib for g in shared), default=0)),
+        names.NODE_LABEL_GPU_MEMORY_MAX_MIB: str(max(sizes, default=0)),
     }
 
 
 def extended_resources(spec: GPUNodeSpec, healthy_uuids: frozenset[str]) -> dict[str, str]:
-    """Node-status quantities: 1000 milli and its memory for each healthy shared GPU."""
-    gpus = [g for g in spec.shared_gpus if g.uuid in healthy_uuids]
+    """Node-status quantities: 1000 milli and its memory for each healthy shared GPU and MIG device."""
+    sizes = _target_sizes(spec, healthy_uuids)
     return {
-        names.RESOURCE_GPU_MILLI: str(MILLI_PER_GPU * len(gpus)),
-        names.RESOURCE_GPU_MEMORY_MIB: str(sum(g.memory_mib for g in gpus)),
+        names.RESOURCE_GPU_MILLI: str(MILLI_PER_GPU * len(sizes)),
+        names.RESOURCE_GPU_MEMORY_MIB: str(sum(sizes)),
     }
 
 

@@ -96,10 +96,14 @@ class Informer:
         config: InformerConfig | None = None,
         sleep: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
+        slim: Callable[[JsonDict], JsonDict] | None = None,
     ) -> None:
         self.kube = kube
         self.path = path
         self.handler = handler
+        # What to keep of each object, applied as each list page and watch event arrives: a full list
+        # is handed over at once, so without it every listed object is held whole until the last page.
+        self.slim = slim
         self.name = name
         self.label_selector = label_selector
         self.config = config or InformerConfig()
@@ -246,7 +250,8 @@ class Informer:
             req = calls.list_request(self.path, self.label_selector, self.config.page_limit, token)
             page = self.kube.send(req)
             self._beat()  # a long paginated list is progress, not a stuck thread
-            items.extend(page.get("items") or [])
+            listed = page.get("items") or []
+            items.extend(listed if self.slim is None else map(self.slim, listed))
             meta = page.get("metadata") or {}
             rv = str(meta.get("resourceVersion", ""))
             token = str(meta.get("continue") or "")
@@ -272,7 +277,7 @@ class Informer:
             obj = event.get("object") or {}
             rv = (obj.get("metadata") or {}).get("resourceVersion")
             if kind in ("ADDED", "MODIFIED"):
-                self.handler.upsert(obj)
+                self.handler.upsert(obj if self.slim is None else self.slim(obj))
             elif kind == "DELETED":
                 self.handler.delete(obj)
             elif kind != "BOOKMARK":

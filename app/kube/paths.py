@@ -23,6 +23,10 @@ def pod_eviction(namespace: str, name: str) -> str:
     return f"{pod(namespace, name)}/eviction"
 
 
+def resource_quotas(namespace: str | None = None) -> str:
+    return f"/api/v1/namespaces/{quote(namespace)}/resourcequotas" if namespace else "/api/v1/resourcequotas"
+
+
 def events(namespace: str) -> str:
     return f"/api/v1/namespaces/{quote(namespace)}/events"
 

@@ -20,7 +20,7 @@ def memory_room(gpu: Gpu, margin_mib: int = FOREIGN_MARGIN_MIB) -> int:
 
 def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> bool:
     """One GPU can take one device's worth of `demand` (model, health, milli and memory room)."""
-    if not gpu.healthy or not demand.accepts(gpu.model):
+    if not gpu.healthy or not demand.accepts(gpu.model) or not demand.targets(gpu):
         return False
     milli, mib = demand.on(gpu.memory_mib)
     return milli <= gpu.milli_free and mib <= memory_room(gpu, margin_mib)
@@ -67,8 +67,8 @@ def node_misfit(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB
         return why(Shortfall.NO_MPS, detail=node.mps_reason)
     if demand.count == 0:
         return None
-    if len(fitting_gpus(node, demand, margin_mib)) >= demand.count:
-        return None
+    if sum(1 for g in node.gpus if gpu_fits(g, demand, margin_mib)) >= demand.count:
+        return None  # counted, not sorted: which GPUs is the policy's choice, later
     return _gpu_shortfall(node, demand, margin_mib)
 
 
@@ -97,6 +97,11 @@ def _gpu_shortfall(node: Node, demand: Demand, margin_mib: int) -> PlacementReas
     if not gpus:
         models = tuple(sorted(demand.models))
         return PlacementReason(node.name, None, Shortfall.MODEL, detail=node.model, models=models)
+    if demand.mig:
+        return mig_shortfall(node.name, gpus, demand, margin_mib)
+    gpus = [g for g in gpus if not g.is_mig]
+    if not gpus:
+        return PlacementReason(node.name, None, Shortfall.ALL_MIG)
     checks: tuple[tuple[_Check, Shortfall], ...] = (
         (_milli_check, Shortfall.GPU_SHARE),
         (_memory_check, Shortfall.GPU_MEMORY),
@@ -128,6 +133,24 @@ def _foreign(gpus: Sequence[Gpu], margin_mib: int) -> ForeignUse | None:
     return ForeignUse(g.index, g.memory_mib, g.memory_used_mib, g.foreign_mib, margin_mib)
 
 
+def mig_shortfall(node: str, gpus: Sequence[Gpu], demand: Demand, margin_mib: int) -> PlacementReason:
+    """Why none (or too few) of a node's MIG devices can take a MIG demand, naming the largest free one."""
+    free = [g for g in gpus if g.is_mig and g.milli_used == 0 and g.memory_mib <= memory_room(g, margin_mib)]
+    largest = max(free, key=lambda g: (g.memory_mib, -g.index), default=None)
+    return PlacementReason(
+        node,
+        None,
+        Shortfall.MIG_DEVICE,
+        needed=demand.memory_mib or 0,
+        free=largest.memory_mib if largest else 0,
+        count=demand.count,
+        passing=sum(1 for g in free if demand.targets(g)),
+        detail=largest.mig_profile if largest else "",
+        profile=demand.mig_profile,
+        mig_devices=sum(1 for g in gpus if g.is_mig),
+    )
+
+
 class FitFilter:
     """The filter every built-in policy shares: node state, host resources, then per-GPU fit."""
 
@@ -138,5 +161,6 @@ class FitFilter:
 
 
 def demand_milli(node: Node, demand: Demand) -> int:
-    """Milli per device the demand takes on this node's GPU model."""
-    return demand.on(node.gpus[0].memory_mib)[0] if node.gpus and demand.count else 0
+    """Milli per device the demand takes on this node's (first whole) GPU model."""
+    whole = next((g for g in node.gpus if not g.is_mig), None)
+    return demand.on(whole.memory_mib)[0] if whole is not None and demand.count else 0

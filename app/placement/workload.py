@@ -5,11 +5,13 @@ from __future__ import annotations
 import json
 import math
 import random
+from bisect import bisect_left
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 from importlib import resources
+from itertools import accumulate
 from typing import Any
 
 from app.model import MILLI_PER_GPU, Demand
@@ -41,6 +43,7 @@ class TargetWorkload:
     shapes: tuple[PodShape, ...]
     _memo: dict[tuple[int, tuple[int, ...], str], float] = field(default_factory=dict, repr=False)
     _settled: dict[int, tuple[float, ...]] = field(default_factory=dict, repr=False)
+    _plans: dict[str, tuple[tuple[float, int, int, int], ...]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         errors = [f"shapes[{i}]: {e}" for i, s in enumerate(self.shapes) for e in _shape_errors(s)]
@@ -196,22 +199,32 @@ class TargetWorkload:
         hit = self._memo.get(key)
         if hit is not None:
             return hit
-        total = sum(lefts)
+        ordered = sorted(lefts)
+        below = [0, *accumulate(ordered)]  # below[k]: the k smallest free shares together
+        total, n = below[-1], len(ordered)
         frag = 0.0
-        for s in self.shapes:
-            if s.count == 0 or (s.models and model not in s.models):
-                frag += s.weight * total
-                continue
-            if (cpu_left is None or cpu_left >= s.cpu_milli) and sum(
-                1 for x in lefts if x >= s.milli
-            ) >= s.count:
-                frag += s.weight * sum(x for x in lefts if x < s.milli)
+        # Shape order and one multiply-add per shape, as the plain sum over shapes: the same float.
+        for weight, milli, count, cpu in self._plan(model):
+            k = bisect_left(ordered, milli) if count else n
+            if count and (cpu_left is None or cpu_left >= cpu) and n - k >= count:
+                frag += weight * below[k]  # only the GPUs too small for the shape are fragments
             else:
-                frag += s.weight * total
+                frag += weight * total  # the node cannot host the shape: every free milli is
         if len(self._memo) >= _MEMO_LIMIT:
             self._memo.clear()
         self._memo[key] = frag
         return frag
+
+    def _plan(self, model: str) -> tuple[tuple[float, int, int, int], ...]:
+        """(weight, milli, count, cpu) per shape for nodes of `model`; count 0 where it can never fit."""
+        plan = self._plans.get(model)
+        if plan is None:
+            plan = tuple(
+                (s.weight, s.milli, s.count if not s.models or model in s.models else 0, s.cpu_milli)
+                for s in self.shapes
+            )
+            self._plans[model] = plan
+        return plan
 
 
 def _sortable(key: ShapeKey) -> tuple[int, int, int, str]:

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
+import os
 import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from contextlib import contextmanager
+from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from typing import TextIO
@@ -15,7 +19,7 @@ from typing import TextIO
 from app.model import Node
 from app.placement import DEFAULT_POLICY, TargetWorkload, registry
 from app.sim import report
-from app.sim.engine import RunResult, simulate
+from app.sim.engine import Progress, RunResult, simulate
 from app.sim.loader import TraceError, TracePod, load_nodes, load_pods, read_nodes, read_pods
 
 SYNTHETIC_NODES = "synthetic_nodes.csv"
@@ -48,6 +52,11 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p.add_argument(
         "--inflate", default="1.3", help="total GPU request as a multiple of capacity (default 1.3)"
     )
+    p.add_argument(
+        "--jobs",
+        default=str(os.cpu_count() or 1),
+        help="runs at once, one process each (default: the CPU count); results do not depend on it",
+    )
     p.add_argument("--json", help="write the per-policy means to this JSON file")
     p.add_argument("--plot", help="draw allocation vs arrived workload to this PNG (needs matplotlib)")
     p.set_defaults(func=run)
@@ -63,6 +72,12 @@ def parse_seeds(raw: str) -> tuple[int, ...]:
         if len(seeds) > MAX_SEEDS:
             raise UsageError("--seeds", raw, f"must name at most {MAX_SEEDS} seeds")
     return tuple(dict.fromkeys(seeds))
+
+
+def parse_jobs(raw: str) -> int:
+    if not re.fullmatch(r"[1-9][0-9]{0,2}", raw.strip(), flags=re.ASCII):
+        raise UsageError("--jobs", raw, "must be a whole number from 1 to 999")
+    return int(raw)
 
 
 def parse_inflate(raw: str) -> float:
@@ -108,6 +123,55 @@ def _text(content: str) -> TextIO:
     return io.StringIO(content, newline="")
 
 
+Trace = tuple[Sequence[Node], Sequence[TracePod], TargetWorkload]
+
+
+@dataclass(frozen=True, slots=True)
+class Run:
+    """One (policy, seed) replay."""
+
+    policy: str
+    seed: int
+    inflate: float
+
+    @property
+    def label(self) -> str:
+        return f"{self.policy} seed {self.seed}"
+
+    def simulate(self, trace: Trace, progress: Progress | None = None) -> RunResult:
+        nodes, pods, workload = trace
+        policy = registry.create(self.policy, workload)
+        return simulate(
+            nodes, pods, policy, workload, seed=self.seed, inflate=self.inflate, progress=progress
+        )
+
+
+# The trace, shared with worker processes by fork (set just before the pool starts), not pickled per run.
+_SHARED: Trace | None = None
+
+
+def _run_shared(run: Run) -> RunResult:
+    assert _SHARED is not None
+    return run.simulate(_SHARED)
+
+
+def _in_parallel(runs: Sequence[Run], trace: Trace, jobs: int, progress: ProgressLine) -> list[RunResult]:
+    """The runs in `jobs` forked processes; each run is deterministic, so results equal a serial run's."""
+    global _SHARED  # noqa: PLW0603 - read by the forked workers
+    _SHARED = trace
+    try:
+        ctx = multiprocessing.get_context("fork")
+        with ProcessPoolExecutor(max_workers=min(jobs, len(runs)), mp_context=ctx) as pool:
+            futures = [pool.submit(_run_shared, r) for r in runs]
+            results = []
+            for r, future in zip(runs, futures, strict=True):
+                with progress.running(r.label):
+                    results.append(future.result())
+            return results
+    finally:
+        _SHARED = None
+
+
 class ProgressLine:
     """One line on stderr, rewritten in place on a terminal, printed once per run otherwise."""
 
@@ -145,6 +209,7 @@ def run(args: argparse.Namespace) -> int:
         seeds = parse_seeds(args.seeds)
         inflate = parse_inflate(args.inflate)
         policies = parse_policies(args.policy)
+        jobs = parse_jobs(args.jobs)
         nodes, pods, label = load_trace(args.nodes, args.pods)
     except UsageError as e:
         print(f"gpupack simulate: {e}", file=sys.stderr)
@@ -153,15 +218,15 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpupack simulate: {e}", file=sys.stderr)
         return 2
     workload = TargetWorkload.from_demands(p.demand for p in pods)
-    progress = ProgressLine(sys.stderr, len(policies) * len(seeds))
-    results: list[RunResult] = []
-    for name in policies:
-        for seed in seeds:
-            with progress.running(f"{name} seed {seed}"):
-                policy = registry.create(name, workload)
-                results.append(
-                    simulate(nodes, pods, policy, workload, seed=seed, inflate=inflate, progress=progress)
-                )
+    runs = [Run(name, seed, inflate) for name in policies for seed in seeds]
+    progress = ProgressLine(sys.stderr, len(runs))
+    if jobs > 1 and len(runs) > 1:
+        results = _in_parallel(runs, (nodes, pods, workload), jobs, progress)
+    else:
+        results = []
+        for r in runs:
+            with progress.running(r.label):
+                results.append(r.simulate((nodes, pods, workload), progress))
     summaries = report.summarise(results)
     gpus = sum(len(n.gpus) for n in nodes)
     print(

@@ -78,8 +78,7 @@ class Cluster:
         self.frag_total = sum(self.frag)
 
     def _frag(self, node: Node) -> float:
-        lefts = tuple(sorted(g.milli_free for g in node.gpus if g.healthy))
-        return self.workload.node_frag(node.cpu_milli_free, lefts, node.model)
+        return self.workload.node_frag(node.cpu_milli_free, node.whole_lefts, node.model)
 
     def apply(self, i: int, demand: Demand, gpus: tuple[int, ...]) -> int:
         """Reserve `demand` on node i's `gpus`; returns the milli reserved. Refuses any over-commit."""
@@ -111,7 +110,16 @@ class Cluster:
 
 def _signature(node: Node) -> tuple[object, ...]:
     gpus = tuple(
-        (g.model, g.memory_mib, g.milli_used, g.memory_used_mib, g.foreign_mib, g.live_free_mib, g.healthy)
+        (
+            g.model,
+            g.memory_mib,
+            g.milli_used,
+            g.memory_used_mib,
+            g.foreign_mib,
+            g.live_free_mib,
+            g.healthy,
+            g.mig_profile,
+        )
         for g in node.gpus
     )
     return (node.cpu_milli_free, node.memory_mib_free, node.schedulable, gpus)

@@ -7,8 +7,9 @@ import time
 from fastapi import APIRouter, HTTPException, Response
 
 from app import managed, request
+from app.model import Demand
 from extender import schemas, verbs
-from extender.deps import BinderDep, PolicyDep, ReadyDep, RuntimeDep, StateDep
+from extender.deps import BinderDep, RankingsDep, ReadyDep, RuntimeDep, StateDep
 from extender.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 
 router = APIRouter(tags=["scheduling"])
@@ -25,12 +26,14 @@ def _uid(args: schemas.ExtenderArgs) -> str:
     return meta.uid if meta is not None else ""
 
 
+# Plain `def`, run in the thread pool: they may wait on the cache lock (an informer applying a relist), and
+# the event loop also answers the ops port's probes. Their dependencies are `async def` (no hop each).
 @router.post("/filter")
 def filter_(
     args: schemas.ExtenderArgs,
     rt: RuntimeDep,
     cache: StateDep,
-    policy: PolicyDep,
+    rankings: RankingsDep,
     ready: ReadyDep,
     *,
     response: Response,
@@ -48,9 +51,11 @@ def filter_(
             )
         uid = _uid(args)
         demand = request.pod_demand(args.pod())
-        out = verbs.filter_nodes(
-            names, cache.nodes(names, exclude_uid=uid), demand, policy, rt.decide_in_filter
-        )
+        if isinstance(demand, Demand):
+            with rankings.standings(demand, exclude_uid=uid) as standings:
+                out = verbs.filter_nodes(names, standings, rt.decide_in_filter)
+        else:
+            out = verbs.refuse_invalid(names, demand)
         if out.refusal is not None:
             cache.note_refusal(uid, out.refusal)
         else:
@@ -64,7 +69,7 @@ def filter_(
 
 @router.post("/prioritize")
 def prioritize(
-    args: schemas.ExtenderArgs, cache: StateDep, policy: PolicyDep, ready: ReadyDep
+    args: schemas.ExtenderArgs, rankings: RankingsDep, ready: ReadyDep
 ) -> schemas.HostPriorityList:
     t0 = time.perf_counter()
     try:
@@ -72,9 +77,12 @@ def prioritize(
             # The scheduler ignores prioritize errors, so a non-200 just means "no opinion".
             raise HTTPException(503, f"gpupack extender not ready: {ready[1]}", headers=CLOSE)
         names = args.node_names()
-        uid = _uid(args)
         demand = request.pod_demand(args.pod())
-        scores = verbs.prioritize(names, cache.nodes(names, exclude_uid=uid), demand, policy)
+        if isinstance(demand, Demand):
+            with rankings.standings(demand, exclude_uid=_uid(args)) as standings:
+                scores = verbs.prioritize(names, standings)
+        else:
+            scores = [(n, 0) for n in names]
         return schemas.HostPriorityList([schemas.HostPriority(Host=n, Score=s) for n, s in scores])
     finally:
         EXTENDER_REQUEST_SECONDS.labels(ExtenderVerb.PRIORITIZE.value).observe(time.perf_counter() - t0)

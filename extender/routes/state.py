@@ -39,6 +39,8 @@ def state(cache: StateDep) -> dict[str, Any]:
                         "foreignMiB": g.foreign_mib,
                         "liveFreeMiB": g.live_free_mib,
                         "utilizationPercent": g.utilization_percent,
+                        "migProfile": g.mig_profile,
+                        "parent": g.parent,
                         "pods": sorted(pods.get((name, g.index), [])),
                     }
                     for g in node.gpus

@@ -29,8 +29,8 @@ CHART = ROOT / "deploy/helm/gpupack"
 MANIFEST = ROOT / "deploy/manifests/gpupack.yaml"
 RELEASE = "gpupack"
 NAMESPACE = "gpupack-system"
-# The Kubernetes version the chart is rendered for: the one the integration tests run (tests/k8s/build.sh).
-KUBE_VERSION = "v1.34.10"
+# The Kubernetes version the chart is rendered for: the one the integration tests run (tests/k8s/VERSION).
+KUBE_VERSION = (ROOT / "tests/k8s/VERSION").read_text().strip()
 MANIFEST_SETS = ("webhook.certs.mode=certManager",)
 
 COPIES: tuple[tuple[str, str], ...] = (

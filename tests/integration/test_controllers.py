@@ -124,14 +124,25 @@ def test_resource_quota_on_gpu_milli_refuses_the_third_half_gpu_pod(core: Any, n
         60,
         "quota status.used = 1000 milli",
     )
-    # Freeing half a GPU lets the third pod in: the controller recomputes usage after the delete.
+    # Freeing half a GPU lets the third pod in: the controller recomputes usage after the delete. Quota
+    # admission reads the quota through its own cache, which may lag the status just read by a moment.
     core.delete_namespaced_pod("half-1", namespace, grace_period_seconds=0)
     wait_for(
         lambda: core.read_namespaced_resource_quota("gpu", namespace).status.used.get(quota) == "500",
         60,
         "quota status.used back to 500 milli",
     )
-    core.create_namespaced_pod(namespace, fraction_pod("half-3", 500))
+
+    def admitted() -> bool:
+        try:
+            core.create_namespaced_pod(namespace, fraction_pod("half-3", 500))
+        except ApiException as exc:
+            if exc.status == 403 and "exceeded quota: gpu" in exc.body:
+                return False
+            raise
+        return True
+
+    wait_for(admitted, 30, "the third half-GPU pod admitted once half a GPU is free")
 
 
 def test_garbage_collector_deletes_dependents_of_a_deleted_owner(core: Any, namespace: str) -> None:

@@ -33,7 +33,7 @@ from app.devcluster.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy/helm/gpupack"
-KUBE_VERSION = "v1.34.10"  # what tests/k8s/build.sh builds
+KUBE_VERSION = (REPO / "tests/k8s/VERSION").read_text().strip()  # what tests/k8s/build.sh builds
 
 VARIANTS: dict[str, tuple[str, ...]] = {
     "defaults": (),
@@ -175,7 +175,8 @@ def test_helm_mode_puts_its_own_ca_in_the_webhook_configuration(helm: str) -> No
     secret = next(o for o in objs if o["kind"] == "Secret" and o["metadata"]["name"] == "gpupack-webhook-tls")
     mwc = next(o for o in objs if o["kind"] == "MutatingWebhookConfiguration")
     assert secret["metadata"]["name"] == "gpupack-webhook-tls"
-    assert [w["clientConfig"]["caBundle"] for w in mwc["webhooks"]] == [secret["data"]["ca.crt"]]
+    # One entry per Pod Security level (deploy/webhook/), each with the same CA.
+    assert [w["clientConfig"]["caBundle"] for w in mwc["webhooks"]] == [secret["data"]["ca.crt"]] * 3
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
@@ -278,6 +279,8 @@ RBAC_CASES = [
     ("extender", "patch", "pods", "team-a", "p", True),
     ("extender", "create", "pods/binding", "team-a", "p", True),
     ("extender", "watch", "gpunodes.gpupack.io", "", "", True),
+    ("extender", "watch", "resourcequotas", "", "", True),
+    ("extender", "update", "resourcequotas", "team-a", "q", False),
     ("extender", "create", "events", "team-a", "", True),
     ("extender", "update", "leases.coordination.k8s.io", "@release", "@release-extender", True),
     ("extender", "create", "leases.coordination.k8s.io", "@release", "", True),
@@ -474,6 +477,16 @@ def test_every_dashboard_query_returns_data_from_a_real_prometheus(  # noqa: PLR
         )  # fmt: skip
         _start(cluster, "deploy-prometheus", argv, f"http://127.0.0.1:{prom_port}/-/ready")
 
+        # a GPU quota on the namespace (the quota panels), computed before any pod it counts is created
+        quota_key = "requests.gpupack.io/quota-gpu-milli"
+        core.create_namespaced_resource_quota(
+            namespace, {"metadata": {"name": "gpu"}, "spec": {"hard": {quota_key: "8000"}}}
+        )
+        wait_for(
+            lambda: quota_key in (core.read_namespaced_resource_quota("gpu", namespace).status.hard or {}),
+            60,
+            "quota status computed",
+        )
         # the workload: fractions and memory that fit, one asking for a model nobody has, one invalid
         fits = {
             "quarter-a": {"gpu-fraction": "0.25"},

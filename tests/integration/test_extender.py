@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 import yaml
+from kubernetes import client
 from podshapes import webhook_pod
 
-from app import catalog, units
+from app import catalog, names, units
 from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
 from app.devcluster.addons import install_rbac
 from app.devcluster.nodes import NODE_CPU, NODE_MEMORY
@@ -44,15 +45,18 @@ EXTENDER_RULES = [
     {"apiGroups": [""], "resources": ["pods/binding"], "verbs": ["create"]},
     {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]},
     {"apiGroups": ["gpupack.io"], "resources": ["gpunodes"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [""], "resources": ["resourcequotas"], "verbs": ["list", "watch"]},
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 ]
 
 
 @pytest.fixture(scope="module")
-def setup(cluster: Cluster, kube: Any, gpunode_crd: None) -> Kube:
-    """CRD, the extender's RBAC (what the chart must ship); returns an admin client.
+def setup(cluster: Cluster, kube: Any, gpunode_crd: None) -> Iterator[Kube]:
+    """CRD, the extender's RBAC (what the chart must ship); yields an admin client.
 
-    The lease namespace (gpupack-system) is the harness's own: it creates it at start.
+    The lease namespace (gpupack-system) is the harness's own: it creates it at start. The GPUNodes this
+    module creates are deleted at its end: their kwok Nodes go with the module, and a GPUNode outliving its
+    Node would steer later modules (explain, top, quota) that list every GPUNode.
     """
     install_rbac(
         kube,
@@ -70,7 +74,20 @@ def setup(cluster: Cluster, kube: Any, gpunode_crd: None) -> Kube:
             },
         ],
     )
-    return Kube.connect(str(cluster.kubeconfig))
+    admin = Kube.connect(str(cluster.kubeconfig))
+    before = _gpunode_names(kube)
+    yield admin
+    for name in _gpunode_names(kube) - before:
+        client.CustomObjectsApi(kube).delete_cluster_custom_object(
+            names.GPUNODE_GROUP, names.GPUNODE_VERSION, names.GPUNODE_PLURAL, name
+        )
+
+
+def _gpunode_names(kube: Any) -> set[str]:
+    listed = client.CustomObjectsApi(kube).list_cluster_custom_object(
+        names.GPUNODE_GROUP, names.GPUNODE_VERSION, names.GPUNODE_PLURAL
+    )
+    return {item["metadata"]["name"] for item in listed["items"]}
 
 
 def scheduler_extender_url(cluster: Cluster) -> str:

@@ -6,6 +6,7 @@ import ssl
 import subprocess
 import sys
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,7 +86,8 @@ def webhook(cluster: Cluster, kube: Any, core: Any) -> Iterator[Webhook]:
         yaml.safe_load(TEMPLATE.read_text()), cluster.ca_bundle, f"https://127.0.0.1:{port}/mutate"
     )
     admission.create_mutating_webhook_configuration(body)
-    probe_ns = "webhook-probe"
+    # One probe namespace per use of this fixture (test_quota imports it too); deleted at the end.
+    probe_ns = f"webhook-probe-{uuid.uuid4().hex[:8]}"
     core.create_namespace({"metadata": {"name": probe_ns}})
     try:
 
@@ -99,6 +101,7 @@ def webhook(cluster: Cluster, kube: Any, core: Any) -> Iterator[Webhook]:
         yield Webhook(cluster)
     finally:
         admission.delete_mutating_webhook_configuration(body["metadata"]["name"])
+        core.delete_namespace(probe_ns)
         cluster.stop_process(PROCESS)
 
 
@@ -172,6 +175,20 @@ def test_memory_request_gets_memory_resource_and_gt(webhook: Webhook, core: Any,
     assert (names.NODE_LABEL_GPU_MEMORY_MAX_MIB, "Gt", ["8191"]) in exprs
 
 
+def test_mig_profile_pod_is_sent_and_gets_the_mig_uuid_env_without_mps(
+    webhook: Webhook, core: Any, namespace: str
+) -> None:
+    """The webhook's matchConditions send a pod with only gpupack.io/mig-profile; it gets no MPS env."""
+    created = core.create_namespaced_pod(namespace, pod("mig", {names.MIG_PROFILE: "1g.10gb"}), dry_run="All")
+    main = created.spec.containers[0]
+    assert created.metadata.labels == {names.LABEL_MANAGED: "true"}
+    assert parse_quantity(main.resources.limits[names.RESOURCE_GPU_MEMORY_MIB]) == 9728
+    env = {e.name: e for e in main.env}
+    assert sorted(env) == ["CUDA_VISIBLE_DEVICES", "GPUPACK_MEMORY_LIMIT_MIB", "NVIDIA_VISIBLE_DEVICES"]
+    ref = env["CUDA_VISIBLE_DEVICES"].value_from.field_ref.field_path
+    assert ref == f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"
+
+
 @pytest.mark.parametrize(
     ("annotations", "resources", "message"),
     [
@@ -209,8 +226,14 @@ def test_memory_request_gets_memory_resource_and_gt(webhook: Webhook, core: Any,
             {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_NUM_DEVICES: "0", names.ISOLATION: "full"},
             None,
             "gpu-fraction-num-devices='0': must be an integer from 1 to 16; "
-            "gpupack.io/isolation='full': must be one of 'mps', 'none'",
+            "gpupack.io/isolation='full': must be one of 'mps', 'none', 'mig'",
             id="two-errors",
+        ),
+        pytest.param(
+            {names.MIG_PROFILE: "1g.9gb"},
+            None,
+            "gpupack.io/mig-profile='1g.9gb': must be a MIG profile gpupack knows (1g.5gb, 1g.10gb",
+            id="unknown-mig-profile",
         ),
     ],
 )

@@ -1,21 +1,27 @@
 #!/usr/bin/env bash
-# Build kube-apiserver, kube-scheduler, kube-controller-manager, etcd and kwok for one pinned Kubernetes
-# version into a per-version cache dir. Skips the build when the cached binaries answer --version.
+# Build kube-apiserver, kube-scheduler, kube-controller-manager, kubelet, etcd and kwok for the Kubernetes
+# version in VERSION (the one-line switch) into a per-version cache dir, from the Go module in mod/<version>
+# (gen.sh makes it when missing). Skips the build when the cached binaries answer --version.
 # GPUPACK_K8S_BIN=/path/with/binaries skips building altogether.
 # Prints the bin dir as the last line of stdout.
 set -euo pipefail
-KV=v1.34.10
-KWOKV=v0.7.0
-ETCDV=3.6.4   # = the go.etcd.io/etcd/server/v3 version in go.mod
 here=$(cd "$(dirname "$0")" && pwd)
+KV=$(tr -d '[:space:]' < "$here/VERSION")
+KWOKV=v0.7.0
 
 if [ -n "${GPUPACK_K8S_BIN:-}" ]; then
-  for b in kube-apiserver kube-scheduler kube-controller-manager etcd kwok; do
+  for b in kube-apiserver kube-scheduler kube-controller-manager etcd kwok; do  # kubelet: only the real-node tier
     [ -x "$GPUPACK_K8S_BIN/$b" ] || { echo "GPUPACK_K8S_BIN=$GPUPACK_K8S_BIN: missing executable $b" >&2; exit 2; }
   done
   echo "$GPUPACK_K8S_BIN"; exit 0
 fi
 
+mod="$here/mod/$KV"
+if [ ! -f "$mod/go.mod" ]; then
+  echo "[k8s-bins] no Go module for $KV yet: generating $mod (tests/k8s/gen.sh)" >&2
+  KV=$KV bash "$here/gen.sh" >&2
+fi
+ETCDV=$(tr -d '[:space:]v' < "$mod/ETCD_VERSION")   # the etcd server k8s $KV pins
 cache=${XDG_CACHE_HOME:-$HOME/.cache}/gpupack/k8s/$KV-kwok-$KWOKV
 mkdir -p "$cache"
 ok() { # ok NAME EXPECTED-VERSION-LINE-REGEX (anchored, so v1.34.10 does not accept v1.34.100)
@@ -23,7 +29,7 @@ ok() { # ok NAME EXPECTED-VERSION-LINE-REGEX (anchored, so v1.34.10 does not acc
   local v
   [ -x "$cache/$1" ] && v=$("$cache/$1" --version 2>/dev/null) && grep -qE -- "^$2\$" <<<"$v"
 }
-step=0; total=5
+step=0; total=6
 progress() { step=$((step + 1)); echo "[k8s-bins $step/$total] $*" >&2; }
 
 export CGO_ENABLED=0 GOFLAGS=-trimpath GOTOOLCHAIN=${GOTOOLCHAIN:-local}
@@ -39,16 +45,17 @@ build() { # build NAME PKG VERSION-CHECK LDFLAGS
   if ok "$name" "$check"; then progress "$name: cached"; return; fi
   progress "$name: building $pkg (first time only; several minutes on 2 cores)"
   t0=$(date +%s)
-  ( cd "$here" && go build -ldflags "-s -w $ldflags" -o "$cache/$name.tmp" "$pkg" ) >&2
+  ( cd "$mod" && go build -ldflags "-s -w $ldflags" -o "$cache/$name.tmp" "$pkg" ) >&2
   mv "$cache/$name.tmp" "$cache/$name"
   echo "    $name built in $(( $(date +%s) - t0 ))s" >&2
 }
 
-# Version lines: "etcd Version: 3.6.4", "Kubernetes v1.34.10", "kwok version v0.7.0 go1.26.8 (linux/amd64)".
+# Version lines: "etcd Version: 3.7.0", "Kubernetes v1.37.2", "kwok version v0.7.0 go1.26.8 (linux/amd64)".
 build etcd go.etcd.io/etcd/server/v3 "etcd Version: $ETCDV" ""
 build kube-apiserver k8s.io/kubernetes/cmd/kube-apiserver "Kubernetes $KV" "$V"
 build kube-scheduler k8s.io/kubernetes/cmd/kube-scheduler "Kubernetes $KV" "$V"
 build kube-controller-manager k8s.io/kubernetes/cmd/kube-controller-manager "Kubernetes $KV" "$V"
+build kubelet k8s.io/kubernetes/cmd/kubelet "Kubernetes $KV" "$V"
 if ok kwok "kwok version $KWOKV .*"; then progress "kwok: cached"; else
   progress "kwok: go install sigs.k8s.io/kwok/cmd/kwok@$KWOKV"
   t0=$(date +%s)

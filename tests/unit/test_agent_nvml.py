@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from agent import metrics as m
-from agent.nvml import simfile
+from agent.nvml import pynvml_backend, simfile
 from agent.nvml.base import NvmlCode, NvmlError
 from agent.nvml.pynvml_backend import PynvmlBackend, translate
 from agent.nvml.simulated import SimulatedNvml
@@ -123,6 +123,32 @@ def test_mig_devices_and_their_processes(faults: SimulatedNvml) -> None:
     assert faults.memory(3).used_mib == 4096  # the parent's memory covers its MIG devices
 
 
+def test_mig_devices_report_their_profile_and_its_memory_by_default(tmp_path: Path) -> None:
+    path = tmp_path / "mig.yaml"
+    layout = ["3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"]
+    write(
+        path,
+        {
+            "gpus": [
+                {"model": "A100-80GB", "mig": {"enabled": True, "devices": [{"profile": p} for p in layout]}}
+            ]
+        },
+    )
+    s = SimulatedNvml(path, node="n1")
+    s.init()
+    devices = [s.mig_device(0, i) for i in range(4)]
+    assert [d.profile for d in devices] == layout
+    assert [d.memory_total_mib for d in devices] == [40192, 19968, 9728, 9728]
+    assert len({d.uuid for d in devices} | {s.uuid(0)}) == 5  # own UUIDs, none the parent's
+    assert code_of(s.mig_device, 0, 4) is NvmlCode.NOT_FOUND
+
+
+def test_mig_profile_is_read_from_the_nvml_device_name() -> None:
+    assert pynvml_backend.mig_profile_of("NVIDIA A100-SXM4-80GB MIG 1g.10gb") == "1g.10gb"
+    assert pynvml_backend.mig_profile_of("NVIDIA H100 80GB HBM3 MIG 3g.40gb") == "3g.40gb"
+    assert pynvml_backend.mig_profile_of("NVIDIA A100-SXM4-80GB") == ""
+
+
 def test_process_list_on_a_mig_parent_is_refused(faults: SimulatedNvml) -> None:
     assert code_of(faults.processes, 3) is NvmlCode.NO_PERMISSION
     assert code_of(faults.utilization, 3) is NvmlCode.NOT_SUPPORTED
@@ -196,12 +222,27 @@ def test_invalid_edit_keeps_the_previous_set(tmp_path: Path) -> None:
                 "gpus": [
                     {
                         "model": "A100-40GB",
-                        "mig": {"enabled": True, "devices": [{"memory_mib": 10}]},
+                        "mig": {"enabled": True, "devices": [{"profile": "1g.5gb"}]},
                         "processes": [{"pid": 3, "used_mib": 1}],
                     }
                 ]
             },
             ["gpus[0].processes"],
+        ),
+        (
+            {"gpus": [{"model": "A100-80GB", "mig": {"enabled": True, "devices": [{"profile": "1g.5gb"}]}}]},
+            ["gpus[0].mig.devices[0].profile"],
+        ),
+        (
+            {
+                "gpus": [
+                    {
+                        "model": "A100-80GB",
+                        "mig": {"enabled": True, "devices": [{"profile": "4g.40gb"}, {"profile": "4g.40gb"}]},
+                    }
+                ]
+            },
+            ["gpus[0].mig.devices"],
         ),
         ({"gpus": [], "init_error": "BROKEN", "colour": 1}, ["init_error", "colour"]),
         (

@@ -6,10 +6,10 @@ from typing import Any
 
 from agent import verify
 from agent.cgroup import PodRef
-from agent.nvml.base import ProcessInfo
+from agent.nvml.base import MigDeviceInfo, ProcessInfo
 from agent.sample import GpuSample, NodeSample
 from agent.verify import Kind
-from app.model import Allocation
+from app.model import Allocation, mig_index
 from app.pods import PodInfo, pod_info
 
 T0 = 1_700_000_000.0
@@ -187,3 +187,36 @@ def test_eviction_and_pod_list_requests() -> None:
         "labelSelector": "gpupack.io/managed=true",
         "resourceVersion": "0",
     }
+
+
+def mig_node(*procs: tuple[int, int, int]) -> NodeSample:
+    """GPU 0 in MIG mode with MIG devices in slots 0 and 1 (1g.10gb); (slot, pid, MiB) processes on them."""
+    migs = tuple(MigDeviceInfo(slot, f"MIG-{slot}", 9728, 0, "1g.10gb") for slot in (0, 1))
+    ps = tuple(ProcessInfo(pid, mib, f"MIG-{slot}") for slot, pid, mib in procs)
+    gpu = GpuSample(
+        index=0,
+        uuid=GPU0,
+        product_name="NVIDIA A100-SXM4-80GB",
+        model="A100-80GB",
+        memory_total_mib=81920,
+        mig_enabled=True,
+        mig_devices=migs,
+        processes=ps,
+    )
+    return NodeSample(gpus=(gpu,))
+
+
+def test_a_pod_on_its_mig_device_is_checked_against_that_devices_uuid() -> None:
+    mine = Allocation("n1", (mig_index(0, 1),), ("MIG-1",), 1000, 9728)
+    refs = {30: PodRef("a", ""), 31: PodRef("b", "")}
+    other = Allocation("n1", (mig_index(0, 0),), ("MIG-0",), 1000, 9728)
+    v = verify.verify(mig_node((1, 30, 9000), (1, 31, 100)), refs, pods(pod("a", mine), pod("b", other)))
+    assert [(u.pod.uid, u.gpu_uuid, u.gpu_index, u.limit_mib) for u in v.usage] == [
+        ("a", "MIG-1", 101, 9728),
+        ("b", "MIG-1", 101, None),
+    ]
+    (bad,) = v.violations
+    assert (bad.kind, bad.pod.uid, bad.gpu_uuid) == (Kind.WRONG_GPU, "b", "MIG-1")
+    assert bad.message.startswith("processes 31 run on MIG device 101 (MIG-1) but the allocation is MIG-0")
+    over = verify.verify(mig_node((1, 30, 9729)), refs, pods(pod("a", mine)))
+    assert [b.kind for b in over.violations] == [Kind.OVER_MEMORY]

@@ -31,6 +31,7 @@ GPUPACK_IMAGE = "ghcr.io/gpupack/gpupack:"
 REQUEST_KEYS = (
     names.GPU_FRACTION,
     names.GPU_MEMORY,
+    names.MIG_PROFILE,
     names.GPU_FRACTION_NUM_DEVICES,
     names.GPU_FRACTION_CONTAINER_NAME,
     names.GPU_MODEL,
@@ -196,7 +197,8 @@ def test_every_container_is_locked_down_and_sized(objects: list[dict[str, Any]])
         assert sc["readOnlyRootFilesystem"] is True, name
         assert sc["capabilities"]["drop"] == ["ALL"], name
         if name == "gpupack-agent":
-            assert sc["capabilities"].get("add") == ["SYS_ADMIN"]  # NVML/MPS: see values.yaml
+            # /proc of other containers, their env (container-start check): see values.yaml
+            assert sc["capabilities"].get("add") == ["SYS_ADMIN", "SYS_PTRACE"]
             continue
         assert pod["securityContext"]["runAsNonRoot"] is True, name
         assert sc["allowPrivilegeEscalation"] is False, name

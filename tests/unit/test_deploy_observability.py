@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Iterator
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from agent import metrics as agent_metrics
+from app.quota import QuotaUse
 from extender import metrics
 from webhook import metrics as webhook_metrics
 
@@ -89,6 +91,7 @@ def exported_names() -> set[str]:
         gpus=(metrics.GpuGauge(node="n", gpu=0, model="m", milli=500, memory_mib=100, pods=1),),
         pending={"no_fit": 1},
         leader=True,
+        quotas=(QuotaUse("ns", "gpu", "requests.gpupack.io/quota-gpu-milli", Fraction(500), Fraction(1000)),),
     )
     for family in metrics.ExtenderStateCollector(lambda: sample).collect():
         out |= _family_samples(family.name, family.type)
@@ -160,6 +163,8 @@ def test_dashboard_covers_the_issue_panels() -> None:
         "gpupack_extender_pending_pods",
         "histogram_quantile(0.99, sum by (le, verb) (rate(gpupack_extender_request_duration_seconds_bucket",
         "gpupack_webhook_reviews_total",
+        "gpupack_extender_namespace_quota_used",  # use against quota per namespace
+        "gpupack_extender_namespace_quota_hard",
     ):
         assert needed in exprs, needed
     assert any(p["type"] == "heatmap" for p in panels(dashboard()))
@@ -182,7 +187,7 @@ def test_dashboard_uses_only_known_grafana_variables(where: str, expr: str) -> N
 def test_cluster_state_panels_keep_the_leader_only() -> None:
     """Standby extenders export the same per-GPU gauges; summing them all would double-count."""
     state = re.compile(
-        r"gpupack_extender_(gpu_\w+|packing_\w+|fragmented_\w+|typical_\w+|gpus_free|pending_pods)"
+        r"gpupack_extender_(gpu_\w+|packing_\w+|fragmented_\w+|typical_\w+|gpus_free|pending_pods|namespace_quota_\w+)"
     )
     for title, expr in dashboard_exprs():
         if state.search(expr):

@@ -16,7 +16,7 @@ from app.devcluster import addons, command
 from app.devcluster.cluster import Cluster
 from app.devcluster.identities import IDENTITIES
 from app.devcluster.layout import Layout, Ports
-from app.devcluster.nodes import node_body
+from app.devcluster.nodes import MigLayout, node_body
 from app.devcluster.processes import ManagedProcess
 
 REPO = Path(__file__).resolve().parents[2]
@@ -142,8 +142,15 @@ def test_webhook_configuration_points_at_the_url_with_the_ca() -> None:
     before = copy.deepcopy(template)
     got = admission.webhook_configuration(template, "Q0E=", "https://127.0.0.1:1234/mutate")
     assert template == before  # the template is not modified
-    for hook in got["webhooks"]:
-        assert hook["clientConfig"] == {"url": "https://127.0.0.1:1234/mutate", "caBundle": "Q0E="}
+    # Each entry keeps its own path (one per Pod Security level), on the url's host and port.
+    urls = [hook["clientConfig"]["url"] for hook in got["webhooks"]]
+    assert urls == [
+        "https://127.0.0.1:1234/mutate",
+        "https://127.0.0.1:1234/mutate/pod-security/baseline",
+        "https://127.0.0.1:1234/mutate/pod-security/restricted",
+    ]
+    assert all(hook["clientConfig"]["caBundle"] == "Q0E=" for hook in got["webhooks"])
+    assert all(set(hook["clientConfig"]) == {"url", "caBundle"} for hook in got["webhooks"])
     # Without a url the Service reference stays (the chart's in-cluster form); only the CA is filled.
     in_cluster = admission.webhook_configuration(template, "Q0E=")
     for hook, orig in zip(in_cluster["webhooks"], template["webhooks"], strict=True):
@@ -230,6 +237,40 @@ def test_node_shape_reads_model_label_and_milli_capacity() -> None:
     plain = {"metadata": {"name": "cpu-only", "labels": {}}, "status": {"capacity": {"cpu": "4"}}}
     with pytest.raises(ValueError, match="not a gpupack dev node"):
         addons.node_shape(plain)
+
+
+def test_a_mig_layout_goes_from_the_node_to_a_simulated_set_in_mig_mode(tmp_path: Path) -> None:
+    layout = MigLayout(("3g.40gb", "2g.20gb", "1g.10gb", "1g.10gb"), gpus=1)
+    body = node_body("gpu-node-0", 2, "A100-80GB", mig=layout)
+    shape = addons.node_shape(body)
+    assert shape == addons.NodeShape("A100-80GB", 2, layout)
+    path = addons.sim_file_for(shape.model, shape.gpus, SAMPLES, tmp_path / "sim", shape.mig)
+    parsed = simfile.load(path, node="gpu-node-0")
+    partitioned, whole = parsed.gpus
+    assert partitioned.mig_enabled and not whole.mig_enabled and whole.mig_devices == ()
+    assert [(m.profile, m.memory_mib) for m in partitioned.mig_devices] == [
+        ("3g.40gb", 40192),
+        ("2g.20gb", 19968),
+        ("1g.10gb", 9728),
+        ("1g.10gb", 9728),
+    ]
+
+
+@pytest.mark.parametrize(
+    ("model", "profiles", "gpus", "rule"),
+    [
+        ("T4", ("1g.10gb",), 1, "model T4 has no MIG support"),
+        ("A100-80GB", ("1g.5gb",), 1, "'1g.5gb' must be a MIG profile of A100-80GB (1g.10gb, 1g.20gb"),
+        ("A100-80GB", ("4g.40gb", "4g.40gb"), 1, "must name 1 to 7 compute slices of MIG devices: names 8"),
+        ("A100-80GB", ("1g.10gb",), 3, "MIG GPUs per node=3: must be from 1 to the GPUs per node (2)"),
+    ],
+)
+def test_impossible_mig_layouts_are_refused_with_the_rule(
+    model: str, profiles: tuple[str, ...], gpus: int, rule: str
+) -> None:
+    assert MigLayout(profiles, gpus).error(model, 2).startswith(rule)
+    with pytest.raises(ValueError, match="mig="):
+        addons.sim_document(model, 2, MigLayout(profiles, gpus))
 
 
 # ---- command lines: every flag exists in the real CLI ----

@@ -54,3 +54,14 @@ def test_bad_binaries_dir_is_named_exit_2(
         f"gpupack dev up: GPUPACK_K8S_BIN={tmp_path / 'nope'}: missing executables: "
         "etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok"
     )
+
+
+def test_an_impossible_mig_layout_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["up", "--dir", str(tmp_path), "--gpu-model", "A100-80GB", "--mig", "3g.40gb,7g.80gb"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    rule = "must name 1 to 7 compute slices of MIG devices: names 10"
+    assert err == f"gpupack dev up: --mig='3g.40gb,7g.80gb': {rule}\n"
+    assert list(tmp_path.iterdir()) == []

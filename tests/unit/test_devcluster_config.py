@@ -53,6 +53,9 @@ def test_scheduler_config_extender_entry_is_exactly_the_contract() -> None:
         "managedResources": [
             {"name": names.RESOURCE_GPU_MILLI, "ignoredByScheduler": False},
             {"name": names.RESOURCE_GPU_MEMORY_MIB, "ignoredByScheduler": False},
+            # quota-only: no node advertises them, so NodeResourcesFit must not count them
+            {"name": names.RESOURCE_QUOTA_GPU_MILLI, "ignoredByScheduler": True},
+            {"name": names.RESOURCE_QUOTA_GPU_MEMORY_MIB, "ignoredByScheduler": True},
         ],
     }
 

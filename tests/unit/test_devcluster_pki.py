@@ -61,8 +61,16 @@ def written(tmp_path_factory: pytest.TempPathFactory) -> pki.Pki:
 def test_apiserver_cert_answers_to_the_service_names(written: pki.Pki) -> None:
     cert = x509.load_pem_x509_certificate(written.apiserver.cert.read_bytes())
     ips, dns = _sans(cert)
-    assert ips == ["127.0.0.1", "10.0.0.1"]
+    # Loopback, the `kubernetes` Service IP, and the real node's IP (its pods reach the apiserver there).
+    assert ips == ["127.0.0.1", "10.0.0.1", "10.250.0.1"]
     assert {"localhost", "kubernetes.default.svc", "kubernetes.default.svc.cluster.local"} <= set(dns)
+
+
+def test_kubelet_client_cert_names_the_user_bound_to_the_kubelet_api(written: pki.Pki) -> None:
+    cert = x509.load_pem_x509_certificate(written.kubelet_client.cert.read_bytes())
+    assert cert.subject.rfc4514_string() == f"CN={pki.KUBELET_CLIENT_USER}"
+    ca = x509.load_pem_x509_certificate(written.ca.cert.read_bytes())
+    assert cert.issuer == ca.subject  # the CA the apiserver's --client-ca-file names, which kubelets trust
 
 
 def test_private_keys_are_owner_only(written: pki.Pki) -> None:

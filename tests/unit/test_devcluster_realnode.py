@@ -31,6 +31,9 @@ def test_containerd_config_is_toml_with_private_paths_and_the_oom_setting() -> N
     assert cri["restrict_oom_score_adj"] is True
     assert cri["cni"] == {"bin_dir": "/usr/lib/cni", "conf_dir": str(PATHS.cni_conf_dir)}
     assert cri["containerd"]["runtimes"]["runc"]["runtime_type"] == "io.containerd.runc.v2"
+    # Sandbox netns and runc state under the node's root too: a teardown finds every mount there.
+    assert cri["netns_mounts_under_state_dir"] is True
+    assert Path(cri["containerd"]["runtimes"]["runc"]["options"]["Root"]).is_relative_to(PATHS.root)
 
 
 def test_containerd_config_quotes_paths_it_is_given() -> None:
@@ -40,10 +43,11 @@ def test_containerd_config_quotes_paths_it_is_given() -> None:
 
 
 def test_cni_bridge_gateway_is_the_node_ip_inside_the_subnet() -> None:
-    conf = realnode.cni_conflist("gpk0", SUBNET)
+    conf = realnode.cni_conflist("gpk0", SUBNET, PATHS.cni_ipam_dir)
     (bridge,) = conf["plugins"]
     assert (bridge["type"], bridge["bridge"], bridge["isGateway"]) == ("bridge", "gpk0", True)
     assert bridge["ipam"]["ranges"] == [[{"subnet": SUBNET}]]
+    assert bridge["ipam"]["dataDir"] == str(PATHS.cni_ipam_dir)
     ip = realnode.node_ip(SUBNET)
     assert ip == "10.88.77.1"
     assert ipaddress.ip_address(ip) in ipaddress.ip_network(SUBNET)
@@ -61,7 +65,7 @@ def test_cni_bridge_gateway_is_the_node_ip_inside_the_subnet() -> None:
 )
 def test_cni_conflist_refuses_bad_networks(bridge: str, subnet: str, message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
-        realnode.cni_conflist(bridge, subnet)
+        realnode.cni_conflist(bridge, subnet, PATHS.cni_ipam_dir)
 
 
 def test_kubelet_config_for_hybrid_cgroup_v1_and_a_shared_disk() -> None:

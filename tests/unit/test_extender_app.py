@@ -173,12 +173,12 @@ def test_filter_reports_human_reasons_and_decides_one_node() -> None:
     assert set(out) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
 
 
-def test_filter_decide_keeps_only_the_policy_choice_and_explains_the_rest() -> None:
+def test_filter_decide_keeps_only_the_policy_choice() -> None:
     env = Env(policy="binpack")
     env.kube.add(pod("a", 250, node="n2", alloc=Allocation("n2", (0,), (), 250, 4096)))
     out = env.filter(pod("p", 500), ["n1", "n2"])
     assert out["NodeNames"] == ["n2"]  # best fit: the node already in use
-    assert out["FailedNodes"]["n1"].startswith("fits, but policy binpack places it on n2")
+    assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}  # n1 fits: no failure
     env2 = Env(policy="binpack", decide=False)
     assert env2.filter(pod("p", 500), ["n1", "n2"])["NodeNames"] == ["n1", "n2"]
 

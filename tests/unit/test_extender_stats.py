@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from app.model import Allocation, ClusterState, Gpu, Node
 from app.top import bar, render
-from extender.metrics import PendingReason
+from extender.metrics import ExtenderStateCollector, PendingReason
 from extender.stats import gauges, typical_milli
 
 
@@ -91,3 +91,42 @@ def test_memo_policy_answers_like_the_policy_and_never_reuses_a_changed_node() -
     reason = memo.filter(full, d)
     assert reason is not None and reason.rule == "no GPU with 0.50 free: best has 0.00"
     assert calls == ["filter", "score", "filter"]
+
+
+def mig_state() -> ClusterState:
+    """n0: GPU 1 whole at 500 milli; GPU 0 as MIG devices 100 (3g.40gb, held) and 101 (1g.10gb, free)."""
+    gpus = (
+        Gpu(1, "A100-80GB", 81920, milli_used=500, memory_used_mib=40960),
+        Gpu(100, "A100-80GB", 40192, milli_used=1000, memory_used_mib=40192, mig_profile="3g.40gb", parent=0),
+        Gpu(101, "A100-80GB", 9728, mig_profile="1g.10gb", parent=0),
+    )
+    return ClusterState({"n0": Node("n0", gpus)})
+
+
+def test_mig_devices_have_their_own_gauge_and_stay_out_of_free_gpus() -> None:
+    allocs = {"1": a("n0", 1, 500), "2": Allocation("n0", (100,), ("MIG-a",), 1000, 40192)}
+    g = gauges(mig_state(), allocs, [], leader=True)
+    assert g.gpus_free == 0  # the whole GPU is in use; a free MIG device is no free GPU
+    assert [(x.gpu, x.mig_profile, x.parent, x.milli, x.pods) for x in g.gpus] == [
+        (1, "", None, 500, 1),
+        (100, "3g.40gb", 0, 1000, 1),
+        (101, "1g.10gb", 0, 0, 0),
+    ]
+    families = {f.name: f for f in ExtenderStateCollector(lambda: g).collect()}
+    samples = [(s.labels, s.value) for s in families["gpupack_extender_mig_device_allocated"].samples]
+    assert samples == [
+        ({"node": "n0", "gpu": "0", "mig": "100", "profile": "3g.40gb"}, 1),
+        ({"node": "n0", "gpu": "0", "mig": "101", "profile": "1g.10gb"}, 0),
+    ]
+
+
+def test_top_shows_mig_devices_as_parent_slot_with_their_profile() -> None:
+    out = render(mig_state(), {("n0", 100): ["ns/big"]}, typical=500)
+    lines = out.splitlines()
+    assert lines[4].endswith(
+        "n0: 0.50 of 1 GPUs allocated, 0 free, fragmented 0.00; 1 of 2 MIG devices in use"
+    )
+    assert lines[2].split()[:4] == ["n0", "0/0", "A100-80GB", "3g.40gb"] and lines[2].endswith(" 1")
+    assert lines[3].split()[:4] == ["n0", "0/1", "A100-80GB", "1g.10gb"]
+    assert "1 GPUs: 0.50 allocated, 1 in use, 0 free; packing efficiency 50.0%" in out  # MIG devices left out
+    assert out.endswith("2 MIG devices: 1 in use, 1 free")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from app.kube import gpunode
@@ -33,7 +35,7 @@ SPEC = GPUNodeSpec(
             "NVIDIA A100-SXM4-40GB",
             40960,
             mig_enabled=True,
-            mig_devices=(MigDeviceSpec("MIG-x", 0, 19968),),
+            mig_devices=(MigDeviceSpec("MIG-x", 0, 19968, "3g.20gb"),),
         ),
     ),
 )
@@ -105,7 +107,7 @@ def test_create_body() -> None:
                     "productName": "NVIDIA A100-SXM4-40GB",
                     "memoryMiB": 40960,
                     "migEnabled": True,
-                    "migDevices": [{"uuid": "MIG-x", "index": 0, "memoryMiB": 19968}],
+                    "migDevices": [{"uuid": "MIG-x", "index": 0, "memoryMiB": 19968, "profile": "3g.20gb"}],
                     "mpsCapable": False,
                     "shared": False,
                 },
@@ -194,21 +196,30 @@ def test_patch_spec_node_labels_and_resources() -> None:
         "gpu-1", gpunode.extended_resources(SPEC, frozenset({"GPU-a", "GPU-c"}))
     )
     assert (res.method, res.path, res.content_type) == ("PATCH", "/api/v1/nodes/gpu-1/status", MERGE_PATCH)
-    # GPU-b is unhealthy and GPU-c is MIG (not shared): only GPU-a is advertised.
-    want = {"gpupack.io/gpu-milli": "1000", "gpupack.io/gpu-memory-mib": "40960"}
+    # GPU-b is unhealthy; GPU-c is in MIG mode: its one MIG device (19968 MiB) is advertised, not GPU-c.
+    want = {"gpupack.io/gpu-milli": "2000", "gpupack.io/gpu-memory-mib": str(40960 + 19968)}
     assert res.body == {"status": {"capacity": want, "allocatable": want}}
 
 
-def test_node_without_shared_gpus_is_not_enabled() -> None:
-    spec = GPUNodeSpec("n", gpus=(SPEC.gpus[2],))
+@pytest.mark.parametrize(
+    ("mig_devices", "enabled", "model", "mib"),
+    [
+        pytest.param(SPEC.gpus[2].mig_devices, "true", "A100-40GB", 19968, id="mig-devices-offered"),
+        pytest.param((), "false", "", 0, id="mig-mode-without-devices-is-not-enabled"),
+    ],
+)
+def test_a_node_of_mig_gpus_offers_their_mig_devices(
+    mig_devices: tuple[MigDeviceSpec, ...], enabled: str, model: str, mib: int
+) -> None:
+    spec = GPUNodeSpec("n", gpus=(replace(SPEC.gpus[2], mig_devices=mig_devices),))
     assert gpunode.node_labels(spec) == {
-        "gpupack.io/enabled": "false",
-        "gpupack.io/gpu-model": "",
-        "gpupack.io/gpu-memory-max-mib": "0",
+        "gpupack.io/enabled": enabled,
+        "gpupack.io/gpu-model": model,
+        "gpupack.io/gpu-memory-max-mib": str(mib),
     }
     assert gpunode.extended_resources(spec, frozenset({"GPU-c"})) == {
-        "gpupack.io/gpu-milli": "0",
-        "gpupack.io/gpu-memory-mib": "0",
+        "gpupack.io/gpu-milli": str(1000 * len(mig_devices)),
+        "gpupack.io/gpu-memory-mib": str(mib),
     }
 
 
@@ -263,7 +274,8 @@ def test_to_model_node_for_the_extender() -> None:
     assert [(g.index, g.uuid, g.live_free_mib, g.healthy) for g in fresh.gpus] == [
         (0, "GPU-a", 39936, True),
         (1, "GPU-b", None, False),
-    ]  # the MIG GPU is not offered
+        (300, "MIG-x", None, True),
+    ]  # the MIG GPU is not offered; its MIG device is, with its own index and UUID
     stale = node.to_model_node(T0 + 100)
     assert not stale.schedulable
     assert stale.unschedulable_reason == "gpupack agent heartbeat is 100s old (limit 90s)"
@@ -290,7 +302,7 @@ def test_foreign_memory_round_trips_and_reaches_placement() -> None:
     assert status.to_dict()["gpus"][0]["foreignMemoryMiB"] == 7987
     assert GPUNodeStatus.from_dict(status.to_dict()) == status
     node = GPUNode("gpu-1", SPEC, status).to_model_node(T0)
-    assert [(g.foreign_mib, g.utilization_percent) for g in node.gpus] == [(7987, 12), (0, None)]
+    assert [(g.foreign_mib, g.utilization_percent) for g in node.gpus] == [(7987, 12), (0, None), (0, None)]
     assert node.gpus[0].memory_free_mib == 40960 - 7987
 
 

@@ -410,3 +410,72 @@ def test_a_relist_releases_holds_of_pods_deleted_before_it_started() -> None:
     # A list the cache was not told about (e.g. `gpupack top`'s one-off) releases nothing.
     c.set_pods([])
     assert set(c.assume.items()) == {"u2", "u3"}
+
+
+def test_a_heartbeat_keeps_the_view_and_a_changed_inventory_replaces_it() -> None:
+    c = cache()
+    c.set_gpunodes([gpunode("n1"), gpunode("n2")])
+    c.set_pods([])
+    first = c.frame(None)
+    assert first.full and set(first.changed) == {"n1", "n2"} and first.adjusted == {}
+    view = c.node("n1")
+    c.upsert_gpunode(gpunode("n1", beat=NOW + 5))  # heartbeat only
+    assert c.node("n1") is view
+    assert c.frame(first.token).changed == {}
+    sick = gpunode("n1", beat=NOW + 10)
+    sick["status"]["gpus"][1]["healthy"] = False
+    c.upsert_gpunode(sick)
+    after = c.frame(first.token)
+    n1 = after.changed["n1"]
+    assert not after.full and set(after.changed) == {"n1"} and n1 is not None
+    assert [g.healthy for g in n1.gpus] == [True, False]
+
+
+def test_frame_names_what_changed_and_what_one_request_sees_differently() -> None:
+    clock = [NOW]
+    c = cache(now=clock)
+    c.set_gpunodes([gpunode("n1"), gpunode("n2"), gpunode("n10", beat=NOW - 200)])
+    c.set_pods([pod("a", "ua", node="n1", allocation=alloc("n1", 0), phase="Running")])
+    start = c.frame(None, exclude_uid="ua")
+    assert start.rank == {"n1": 0, "n2": 1, "n10": 2}
+    # The pod's own share is taken off n1 for its own request; n10's heartbeat is stale.
+    assert set(start.adjusted) == {"n1", "n10"}
+    own, stale = start.adjusted["n1"], start.adjusted["n10"]
+    assert own is not None and [g.milli_used for g in own.gpus] == [0, 0]
+    assert stale is not None and not stale.schedulable
+    c.assume.hold("ub", alloc("n2", 1, milli=300))
+    c.upsert_pod(pod("c", "uc", node="n2", allocation=alloc("n2", 0), phase="Running"))
+    later = c.frame(start.token)
+    assert not later.full and set(later.changed) == {"n2"}
+    assert set(later.adjusted) == {"n2", "n10"}  # the hold is not in n2's view, only in this request's
+    clock[0] += 95  # n1 and n2 go stale too (limit 90 s)
+    assert set(c.frame(later.token).adjusted) == {"n1", "n2", "n10"}
+    c.upsert_gpunode(gpunode("n3"))  # a new node moves the order: readers start over
+    assert c.frame(later.token).full
+
+
+def test_a_relist_that_finds_what_the_watch_delivered_changes_no_view() -> None:
+    c = cache()
+    objs = [gpunode("n1"), gpunode("n2"), gpunode("n3")]
+    pods = [
+        pod("a", "ua", node="n1", allocation=alloc("n1", 0), phase="Running"),
+        pod("b", "ub", node="n2", allocation=alloc("n2", 1), phase="Running"),
+    ]
+    c.set_gpunodes(objs)
+    c.set_pods(pods)
+    start = c.frame(None)
+    views = {n: c.node(n) for n in ("n1", "n2", "n3")}
+    c.set_gpunodes(objs)
+    c.set_pods(pods)
+    c.set_nodes([])
+    assert c.frame(start.token).changed == {}
+    assert all(c.node(n) is views[n] for n in views)
+    # A relist that shows a pod gone and another GPU's inventory changed touches just those nodes.
+    sick = gpunode("n3")
+    sick["status"]["gpus"][0]["healthy"] = False
+    c.set_gpunodes([objs[0], objs[1], sick])
+    c.set_pods(pods[:1])
+    c.set_nodes([{"metadata": {"name": "n1"}, "status": {"allocatable": {"cpu": "8", "memory": "64Gi"}}}])
+    after = c.frame(start.token)
+    assert not after.full and set(after.changed) == {"n1", "n2", "n3"}
+    assert used(c, "n2") == [0, 0] and c.node("n1") is not views["n1"]

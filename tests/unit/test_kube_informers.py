@@ -288,3 +288,16 @@ def test_config_bounds_are_consistent() -> None:
         " (a quiet watch proves itself live only when it ends)",
         "stuck_after_s=30.0: must exceed live_within_s=60.0",
     ]
+
+
+def test_slim_keeps_only_what_the_handler_needs_of_listed_and_watched_objects() -> None:
+    kube = FakeKube()
+    kube.pages = [
+        {"items": [{**obj("a", "1"), "spec": {"big": "x" * 100}}], "metadata": {"resourceVersion": "5"}}
+    ]
+    kube.streams = [[{"type": "ADDED", "object": {**obj("b", "6"), "spec": {"big": "y"}}}]]
+    rec = Recorder()
+    inf = Informer(kube, "/api/v1/pods", rec, name="pods", slim=lambda o: {"metadata": o["metadata"]})
+    inf.step()
+    inf.step()
+    assert rec.store == {"default/a": obj("a", "1"), "default/b": obj("b", "6")}

@@ -22,7 +22,7 @@ from app.placement import (
     to_allocation,
 )
 from app.placement.fit import node_misfit
-from app.placement.workload import PodShape
+from app.placement.workload import PodShape, default_workload
 
 T4_MIB = 15109
 POLICIES = ("binpack", "spread", "fgd", "fragaware")
@@ -314,6 +314,32 @@ def test_node_frag_counts_holes_too_small_for_each_shape() -> None:
     # CPU-only (.1) wastes every free milli.
     frag = WORKLOAD.node_frag(None, (530, 1000), "T4")
     assert frag == pytest.approx(0.4 * 530 + 0.3 * 0 + 0.2 * 530 + 0.1 * 1530)
+
+
+def _frag_by_definition(wl: TargetWorkload, cpu: int | None, lefts: Sequence[int], model: str) -> float:
+    """FGD's expected fragmentation, literally: shape by shape, in the workload's order."""
+    total, frag = sum(lefts), 0.0
+    for s in wl.shapes:
+        hostable = s.count > 0 and (not s.models or model in s.models)
+        if hostable and (cpu is None or cpu >= s.cpu_milli) and sum(x >= s.milli for x in lefts) >= s.count:
+            frag += s.weight * sum(x for x in lefts if x < s.milli)
+        else:
+            frag += s.weight * total
+    return frag
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(min_value=-50, max_value=1000), max_size=8),
+    st.one_of(st.none(), st.integers(0, 200_000)),
+    st.sampled_from(["T4", "V100M32", "A100-40GB", "G2"]),
+)
+def test_node_frag_is_bit_for_bit_the_definition(lefts: list[int], cpu: int | None, model: str) -> None:
+    wl = default_workload()
+    # Unsorted input and a memo hit answer the same float as the shape-by-shape sum (==, not approx:
+    # scores truncate, so a last-bit difference could move a placement).
+    assert wl.node_frag(cpu, tuple(lefts), model) == _frag_by_definition(wl, cpu, lefts, model)
+    assert wl.node_frag(cpu, tuple(sorted(lefts)), model) == _frag_by_definition(wl, cpu, lefts, model)
 
 
 # --- invariants -----------------------------------------------------------------------------------------

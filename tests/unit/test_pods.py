@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 import pytest
 
-from app import names
+from app import hostres, names
+from app.hostres import HostResources
 from app.model import Allocation, Demand
-from app.pods import pod_info
+from app.pods import is_gpupack_pod, pod_info, slim_pod
 
 ALLOC = Allocation("n1", (0,), ("GPU-a",), 500, 7554)
 
@@ -60,3 +62,50 @@ def test_corrupt_allocation_is_reported_not_raised() -> None:
     info = pod_info(_pod("n1", **{names.ALLOC_GPU_MILLI: "lots"}))
     assert info.allocation is None and info.alloc is None
     assert names.ALLOC_GPU_MILLI in info.allocation_error and "'lots'" in info.allocation_error
+
+
+def _full_pod(gpu: bool, **spec_extra: Any) -> dict[str, Any]:
+    """A pod as the apiserver lists it, with the fields gpupack never reads."""
+    pod = _pod("n1")
+    pod["metadata"].update(
+        managedFields=[{"manager": "kubelet", "fieldsV1": {"f:status": {}}}],
+        labels={names.LABEL_MANAGED: "true"} if gpu else {"app": "web"},
+        deletionTimestamp="2026-01-01T00:00:00Z",
+        ownerReferences=[{"kind": "ReplicaSet", "name": "rs"}],
+    )
+    if not gpu:
+        pod["metadata"]["annotations"] = {"note": "plain"}
+    res = {
+        "requests": {"cpu": "1500m", "memory": "2Gi"},
+        "limits": {names.RESOURCE_GPU_MILLI: "500"} if gpu else {},
+    }
+    pod["spec"]["containers"][0].update(resources=res, image="x", env=[{"name": "A", "value": "1"}])
+    pod["spec"]["initContainers"][0].update(
+        restartPolicy="Always", resources={"requests": {"cpu": "250m"}}, command=["sh"]
+    )
+    pod["spec"].update(overhead={"cpu": "100m"}, volumes=[{"name": "v"}], **spec_extra)
+    pod["status"]["conditions"] = [{"type": "Ready", "status": "True"}]
+    pod["status"]["containerStatuses"][0]["image"] = "x"
+    return pod
+
+
+@pytest.mark.parametrize("gpu", [True, False], ids=["gpupack-pod", "other-pod"])
+def test_a_slim_pod_reads_exactly_like_the_listed_one(gpu: bool) -> None:
+    full = _full_pod(gpu)
+    slim = slim_pod(full)
+    assert pod_info(slim) == pod_info(full)
+    assert is_gpupack_pod(slim) == is_gpupack_pod(full) == gpu
+    assert (
+        hostres.pod_requests(slim["spec"]) == hostres.pod_requests(full["spec"]) == HostResources(1850, 2048)
+    )
+    assert "managedFields" not in slim["metadata"] and "env" not in slim["spec"]["containers"][0]
+    assert len(json.dumps(slim)) < len(json.dumps(full))
+
+
+def test_slim_pod_tolerates_what_the_readers_tolerate() -> None:
+    odd: dict[str, Any] = {
+        "metadata": "x",
+        "spec": {"containers": ["not-a-dict"], "nodeName": 3},
+        "status": None,
+    }
+    assert pod_info(slim_pod(odd)) == pod_info(odd)

@@ -192,13 +192,13 @@ def test_memory_checked_against_the_listed_models() -> None:
         pytest.param(
             {names.GPU_FRACTION: "0.5", names.ISOLATION: "MPS"},
             MAIN,
-            ["gpupack.io/isolation='MPS': must be one of 'mps', 'none'"],
+            ["gpupack.io/isolation='MPS': must be one of 'mps', 'none', 'mig'"],
             id="isolation-case",
         ),
         pytest.param(
             {names.GPU_FRACTION: "0.5", names.ISOLATION: ""},
             MAIN,
-            ["gpupack.io/isolation='': must be one of 'mps', 'none'"],
+            ["gpupack.io/isolation='': must be one of 'mps', 'none', 'mig'"],
             id="isolation-empty",
         ),
     ],
@@ -299,3 +299,81 @@ def test_wants_gpu() -> None:
     assert request.wants_gpu({names.GPU_FRACTION: "x"})
     assert request.wants_gpu({names.GPU_MEMORY: ""})
     assert not request.wants_gpu({names.GPU_FRACTION_NUM_DEVICES: "2", names.GPU_MODEL: "T4"})
+
+
+# --- MIG ---
+
+PROFILES = "1g.5gb, 1g.10gb, 2g.10gb, 1g.20gb, 2g.20gb, 3g.20gb, 4g.20gb, 3g.40gb, 4g.40gb, 7g.40gb, 7g.80gb"
+
+
+def test_a_mig_profile_request_takes_one_device_of_that_profile_without_mps() -> None:
+    req = parsed({names.MIG_PROFILE: "1g.10gb"})
+    assert (req.mig_profile, req.milli, req.memory_mib, req.isolation) == (
+        "1g.10gb",
+        None,
+        None,
+        Isolation.MIG,
+    )
+    # charged as the least memory a 1g.10gb has on any model (A100-80GB: 9728 MiB)
+    assert req.resource == (names.RESOURCE_GPU_MEMORY_MIB, 9728)
+    assert req.demand() == Demand(count=1, mig=True, mig_profile="1g.10gb")
+    assert request.wants_gpu({names.MIG_PROFILE: "1g.10gb"})
+
+
+def test_memory_with_mig_isolation_is_a_mig_demand() -> None:
+    req = parsed({names.GPU_MEMORY: "15Gi", names.ISOLATION: "mig"})
+    assert req.demand() == Demand(count=1, memory_mib=15360, mig=True)
+    assert req.resource == (names.RESOURCE_GPU_MEMORY_MIB, 15360)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        pytest.param(
+            {names.MIG_PROFILE: "1g.9gb"},
+            [f"gpupack.io/mig-profile='1g.9gb': must be a MIG profile gpupack knows ({PROFILES})"],
+            id="unknown-profile",
+        ),
+        pytest.param(
+            {names.MIG_PROFILE: "1g.10gb", names.GPU_MEMORY: "4Gi"},
+            [
+                "gpupack.io/mig-profile='1g.10gb': must not be set together with gpu-memory: a MIG device of "
+                "a profile is taken whole (for the smallest MIG device with some memory, use gpu-memory with "
+                "gpupack.io/isolation: mig)"
+            ],
+            id="profile-and-memory",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.ISOLATION: "mig"},
+            [
+                "gpupack.io/isolation='mig': needs gpu-memory or gpupack.io/mig-profile, not gpu-fraction: "
+                "a MIG device is taken whole, never shared"
+            ],
+            id="fraction-on-mig",
+        ),
+        pytest.param(
+            {names.MIG_PROFILE: "1g.10gb", names.ISOLATION: "mps"},
+            [
+                "gpupack.io/isolation='mps': must be 'mig' or absent with gpupack.io/mig-profile: "
+                "a MIG device has no MPS"
+            ],
+            id="profile-with-mps",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY: "80000", names.ISOLATION: "mig"},
+            [],
+            id="largest-device-fits",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY: "81000", names.ISOLATION: "mig"},
+            [
+                "gpu-memory='81000': is 81000 MiB, more than any MIG device gpupack knows "
+                "(7g.80gb has 80640 MiB)"
+            ],
+            id="more-than-any-device",
+        ),
+    ],
+)
+def test_mig_rules(annotations: dict[str, str], expected: list[str]) -> None:
+    result = request.parse(annotations, MAIN)
+    assert ([str(e) for e in result] if isinstance(result, tuple) else []) == expected

@@ -191,6 +191,7 @@ def test_synthetic_run_is_deterministic_and_consistent() -> None:
         pytest.param(
             ["--nodes", str(NODES)], "--pods='': is required together with --nodes", id="pods-missing"
         ),
+        pytest.param(["--jobs", "0"], "--jobs='0': must be a whole number from 1 to 999", id="jobs"),
     ],
 )
 def test_cli_rejects_bad_input_with_one_line(
@@ -232,3 +233,16 @@ def test_cli_default_is_the_builtin_synthetic_trace(
     assert main(["simulate", "--seeds", "42", "--policy", "fragaware", "--plot", str(plot)]) == 0
     assert "built-in synthetic trace: 40 nodes, 164 GPUs" in capsys.readouterr().out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_runs_in_parallel_give_exactly_the_serial_results(tmp_path: Path) -> None:
+    outs = []
+    for jobs in ("1", "2"):
+        out = tmp_path / f"jobs{jobs}.json"
+        argv = ["simulate", "--seeds", "42-43", "--policy", "fgd", "--policy", "spread", "--jobs", jobs]
+        assert main([*argv, "--json", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        for numbers in doc["policies"].values():
+            numbers.pop("pods_per_second", None)  # wall-clock, the one field allowed to differ
+        outs.append(doc)
+    assert outs[0] == outs[1]

@@ -91,6 +91,12 @@ def test_scheduler_exclusions_and_pod_key() -> None:
         "out": "the pod's nodeSelector or required node affinity does not match the node's labels",
         "off": "cordoned (spec.unschedulable)",
     }
+    # a GPUNode whose Node is gone is never offered by kube-scheduler
+    assert scheduler_exclusions(pod, nodes, ["in", "gone"]) == {
+        "out": "the pod's nodeSelector or required node affinity does not match the node's labels",
+        "off": "cordoned (spec.unschedulable)",
+        "gone": "no Node object of that name (only its GPUNode is left)",
+    }
     assert _pod_key("ns/p") == "ns/p"
     with pytest.raises(argparse.ArgumentTypeError, match="POD='p': must be NAMESPACE/NAME"):
         _pod_key("p")

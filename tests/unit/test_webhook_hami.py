@@ -85,7 +85,11 @@ def test_takeover_of_an_init_container() -> None:
     obj = hami_pod({"nvidia.com/gpumem": "2048"}, init=True)
     out = apply_patch(obj, decoded(mutate.review(review_of(obj), ON)))
     init = out["spec"]["initContainers"][0]
-    assert init["resources"]["limits"] == {names.RESOURCE_GPU_MEMORY_MIB: "2048"}
+    assert init["resources"]["limits"] == {
+        names.RESOURCE_GPU_MEMORY_MIB: "2048",
+        names.RESOURCE_QUOTA_GPU_MILLI: "136",  # 2048 MiB of a T4's 15109, rounded up
+        names.RESOURCE_QUOTA_GPU_MEMORY_MIB: "2048",
+    }
     assert out["spec"]["containers"][0]["env"] == [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "void"}]
 
 

@@ -154,10 +154,13 @@ def test_fraction_pod_gets_everything() -> None:
     obj = apply_patch(pod({names.GPU_FRACTION: "0.3"}), decoded(decision.response))
     main = obj["spec"]["containers"][0]
     assert obj["metadata"]["labels"] == {names.LABEL_MANAGED: "true"}
-    assert main["resources"] == {
-        "requests": {names.RESOURCE_GPU_MILLI: "900"},
-        "limits": {names.RESOURCE_GPU_MILLI: "900"},
+    # quota charge: 3 x 0.3 of the largest GPU the catalogue knows (A100-80GB, 81920 MiB) = 3 x 24576 MiB
+    charged = {
+        names.RESOURCE_GPU_MILLI: "900",
+        names.RESOURCE_QUOTA_GPU_MILLI: "900",
+        names.RESOURCE_QUOTA_GPU_MEMORY_MIB: "73728",
     }
+    assert main["resources"] == {"requests": charged, "limits": charged}
     env = {e["name"]: e for e in main["env"]}
     assert set(env) == {
         "NVIDIA_VISIBLE_DEVICES",
@@ -183,7 +186,12 @@ def test_memory_request_adds_memory_resource_and_gt_affinity() -> None:
     obj = pod({names.GPU_MEMORY: "4Gi", names.GPU_FRACTION_NUM_DEVICES: "2"})
     out = apply_patch(obj, decoded(mutate.review(review_of(obj), Settings())))
     limits = out["spec"]["containers"][0]["resources"]["limits"]
-    assert limits == {names.RESOURCE_GPU_MEMORY_MIB: "8192"}
+    # quota charge: 2 x the share 4096 MiB takes of the smallest GPU that holds it (T4, 15109 MiB): 2 x 272
+    assert limits == {
+        names.RESOURCE_GPU_MEMORY_MIB: "8192",
+        names.RESOURCE_QUOTA_GPU_MILLI: "544",
+        names.RESOURCE_QUOTA_GPU_MEMORY_MIB: "8192",
+    }
     exprs = out["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert {"key": names.NODE_LABEL_GPU_MEMORY_MAX_MIB, "operator": "Gt", "values": ["4095"]} in (
         exprs["nodeSelectorTerms"][0]["matchExpressions"]
@@ -302,9 +310,14 @@ def test_stale_resource_from_an_earlier_pass_is_replaced() -> None:
     }
     obj = pod({names.GPU_MEMORY: "1024"}, stale)
     out = apply_patch(obj, decoded(mutate.review(review_of(obj), Settings())))
+    charged = {
+        names.RESOURCE_GPU_MEMORY_MIB: "1024",
+        names.RESOURCE_QUOTA_GPU_MILLI: "68",  # 1024 MiB of a T4's 15109, rounded up
+        names.RESOURCE_QUOTA_GPU_MEMORY_MIB: "1024",
+    }
     assert out["spec"]["containers"][0]["resources"] == {
-        "requests": {names.RESOURCE_GPU_MEMORY_MIB: "1024"},
-        "limits": {"cpu": "1", names.RESOURCE_GPU_MEMORY_MIB: "1024"},
+        "requests": charged,
+        "limits": {"cpu": "1", **charged},
     }
 
 
@@ -579,4 +592,28 @@ def test_our_resource_on_the_gpu_container_is_rewritten_not_refused() -> None:
     decision = mutate.decide(review_of(obj), Settings())
     assert decision.outcome is WebhookOutcome.MUTATED
     out = apply_patch(obj, decoded(decision.response))
-    assert out["spec"]["containers"][0]["resources"]["limits"] == {names.RESOURCE_GPU_MILLI: "500"}
+    assert out["spec"]["containers"][0]["resources"]["limits"] == {
+        names.RESOURCE_GPU_MILLI: "500",
+        names.RESOURCE_QUOTA_GPU_MILLI: "500",
+        names.RESOURCE_QUOTA_GPU_MEMORY_MIB: "40960",
+    }
+
+
+def test_a_quota_charge_the_user_wrote_is_replaced_by_the_real_one() -> None:
+    """A tenant cannot shrink what the quota counts: the webhook owns every gpupack.io/* resource."""
+    dodge = {
+        names.RESOURCE_QUOTA_GPU_MILLI: "1",
+        names.RESOURCE_QUOTA_GPU_MEMORY_MIB: "1",
+        "gpupack.io/x": "1",
+    }
+    obj = pod(
+        {names.GPU_FRACTION: "0.5", names.GPU_MODEL: "T4"},
+        {"name": "main", "resources": {"requests": dict(dodge), "limits": dict(dodge)}},
+    )
+    out = apply_patch(obj, decoded(mutate.review(review_of(obj), Settings())))
+    charged = {
+        names.RESOURCE_GPU_MILLI: "500",
+        names.RESOURCE_QUOTA_GPU_MILLI: "500",
+        names.RESOURCE_QUOTA_GPU_MEMORY_MIB: "7554",  # half of a T4's 15109 MiB, rounded down
+    }
+    assert out["spec"]["containers"][0]["resources"] == {"requests": charged, "limits": charged}

@@ -34,6 +34,13 @@ helm.sh/chart: {{ printf "%s-%s" .root.Chart.Name .root.Chart.Version }}
 {{- end }}
 {{- end -}}
 
+{{- define "gpupack.apiServerEnv" -}}
+{{- if .Values.kubernetesAPI.host }}
+- {name: KUBERNETES_SERVICE_HOST, value: {{ .Values.kubernetesAPI.host | quote }}}
+- {name: KUBERNETES_SERVICE_PORT, value: {{ .Values.kubernetesAPI.port | toString | quote }}}
+{{- end }}
+{{- end }}
+
 {{- define "gpupack.image" -}}
 {{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
 {{- end -}}

@@ -1,0 +1,60 @@
+"""The container-start check: the env a gpupack pod's container runs with, against its allocation (pure).
+
+The kubelet fills the GPU container's env from the allocation annotations (DESIGN.md, "What the system
+writes"); every other container of the pod gets NVIDIA_VISIBLE_DEVICES=void. A process whose env says
+otherwise was started with other values than the kubelet gave (an entrypoint that exports its own, an
+image that overrides them) and may use GPUs or limits it was not given. `mismatches` names each variable
+that differs; the agent checks every new process of a gpupack pod once and raises a Warning Event.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from app import names
+from app.pods import PodInfo
+
+NO_GPU = "void"
+# Env var -> the allocation annotation the webhook's fieldRef reads it from.
+FROM_ANNOTATION: Mapping[str, str] = {
+    names.ENV_NVIDIA_VISIBLE_DEVICES: names.ALLOC_GPU_UUIDS,
+    names.ENV_CUDA_VISIBLE_DEVICES: names.ALLOC_GPU_UUIDS,
+    names.ENV_MPS_THREAD_PERCENTAGE: names.ALLOC_THREAD_PERCENTAGE,
+    names.ENV_MPS_MEMORY_LIMIT: names.ALLOC_MPS_MEMORY_LIMIT,
+    names.ENV_MEMORY_LIMIT_MIB: names.ALLOC_MEMORY_LIMIT_MIB,
+}
+# Always set on the GPU container; the MPS ones are absent with isolation none, so checked only when present.
+REQUIRED = (names.ENV_NVIDIA_VISIBLE_DEVICES, names.ENV_CUDA_VISIBLE_DEVICES)
+
+
+def parse_environ(raw: bytes) -> dict[str, str]:
+    """/proc/<pid>/environ: NUL-separated NAME=value entries (the last of a repeated name wins, as getenv)."""
+    out: dict[str, str] = {}
+    for entry in raw.split(b"\0"):
+        name, sep, value = entry.partition(b"=")
+        if sep and name:
+            out[name.decode("utf-8", "replace")] = value.decode("utf-8", "replace")
+    return out
+
+
+def mismatches(pod: PodInfo, container: str, env: Mapping[str, str]) -> tuple[str, ...]:
+    """Each variable of `env` (a process of `container`) that is not what the pod's allocation gives it,
+    as "NAME='have' (allocation: 'want')"; empty when it matches or the pod has no allocation to compare."""
+    if container != pod.gpu_container:
+        have = env.get(names.ENV_NVIDIA_VISIBLE_DEVICES, "")
+        return () if have == NO_GPU else (_differs(names.ENV_NVIDIA_VISIBLE_DEVICES, have, NO_GPU),)
+    if pod.allocation is None:
+        return ()
+    want = pod.allocation.to_annotations()
+    out = []
+    for var, annotation in FROM_ANNOTATION.items():
+        if var not in env and var not in REQUIRED:
+            continue
+        have = env.get(var, "")
+        if have != want[annotation]:
+            out.append(_differs(var, have, want[annotation]))
+    return tuple(out)
+
+
+def _differs(var: str, have: str, want: str) -> str:
+    return f"{var}={have!r} (allocation: {want!r})"

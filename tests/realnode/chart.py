@@ -1,0 +1,155 @@
+"""gpupack installed by its Helm chart into a dev cluster with a real node: the path README's install takes.
+
+What the dev cluster lacks compared with a full cluster, and how the install makes up for it (README, "A real
+node"): no registry (the image is built by deploy/image/build.sh and imported into the node's containerd,
+`image.pullPolicy=Never`); no kube-proxy and an apiserver on 127.0.0.1 only (the node's relay at the node
+IP, chart value `kubernetesAPI`); kube-scheduler runs on the host (`scheduler.mode=default`, the harness's
+kube-scheduler already calls the extender at 127.0.0.1:<extender port>, where a relay forwards to the
+extender Service's ready endpoint, with the harness's extender certificates in `extender.certs.mode=secret`);
+no GPUs (`agent.simulated`). Every host path the chart mounts points into the cluster directory.
+"""
+
+from __future__ import annotations
+
+import base64
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from app.devcluster import Cluster, ComponentSpec, kubeletnode
+from app.devcluster.addons import SIM_SAMPLES_RELPATH, sim_file_for
+from app.devcluster.identities import GPUPACK_NAMESPACE
+from app.kube.calls import MERGE_PATCH, Request
+from app.kube.client import Kube
+
+REPO = Path(__file__).resolve().parents[2]
+CHART = REPO / "deploy/helm/gpupack"
+RELEASE = "gpupack"  # fullname = release name: Services gpupack-webhook, gpupack-extender
+GPU_NODE_LABEL = "nvidia.com/gpu.present"  # the chart's default agent nodeSelector
+EXTENDER_RELAY = "relay-extender"
+
+
+def _run(argv: list[str], what: str, timeout_s: float = 600) -> str:
+    done = subprocess.run(argv, capture_output=True, text=True, check=False, timeout=timeout_s)
+    if done.returncode != 0:
+        pytest.fail(f"{what} failed (exit {done.returncode}):\n{done.stderr[-3000:]}", pytrace=False)
+    return done.stdout
+
+
+def helm_binary() -> str:
+    return _run([str(REPO / "tests/helm/build.sh")], "tests/helm/build.sh").strip().splitlines()[-1]
+
+
+def build_image(archive: Path) -> str:
+    """deploy/image/build.sh with a docker-archive for containerd; returns the image reference."""
+    out = _run(
+        ["bash", str(REPO / "deploy/image/build.sh"), "--archive", str(archive)], "deploy/image/build.sh"
+    )
+    return out.strip().splitlines()[-1]
+
+
+def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str, gpus: int) -> dict[str, Any]:
+    repository, tag = image.rsplit(":", 1)
+    sim = sim_file_for(model, gpus, sorted((REPO / SIM_SAMPLES_RELPATH).glob("*.yaml")), cluster.dir / "sim")
+    tolerate = [{"key": kubeletnode.TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
+    return {
+        "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
+        "kubernetesAPI": {"host": node.ip, "port": str(cluster.ports.apiserver)},
+        "scheduler": {"mode": "default"},
+        "webhook": {
+            "certs": {"mode": "helm"},
+            "mpsPipeHostDir": str(cluster.dir / "mps-pipe"),
+            "tolerations": tolerate,
+        },
+        "extender": {"certs": {"mode": "secret"}, "tolerations": tolerate},
+        "agent": {
+            "simulated": sim.read_text(),
+            "mps": {"enabled": False},  # simulated GPUs: no MPS daemon to run
+            "toolkitConfigDir": str(cluster.dir / "toolkit"),
+            "tolerations": [*tolerate, {"key": "node.kubernetes.io/not-ready", "operator": "Exists"}],
+        },
+    }
+
+
+def extender_secret(cluster: Cluster) -> dict[str, Any]:
+    """The chart's <fullname>-extender-tls (secret mode) from the harness PKI, which kube-scheduler trusts."""
+    pki = cluster.layout.pki
+
+    def b64(path: Path) -> str:
+        return base64.b64encode(path.read_bytes()).decode()
+
+    return {
+        "metadata": {"name": f"{RELEASE}-extender-tls"},
+        "type": "kubernetes.io/tls",
+        "data": {
+            "tls.crt": b64(pki.extender.cert),
+            "tls.key": b64(pki.extender.key),
+            "ca.crt": b64(pki.extender_client_ca.cert),  # --client-ca: the scheduler's client certificate
+        },
+    }
+
+
+def prepare(kube: Kube, cluster: Cluster, node: kubeletnode.RealNode, image_archive: Path) -> None:
+    kube.send(
+        Request(
+            "PATCH",
+            f"/api/v1/nodes/{node.name}",
+            {"metadata": {"labels": {GPU_NODE_LABEL: "true"}}},
+            content_type=MERGE_PATCH,
+        )
+    )
+    kubeletnode.import_image(node, image_archive)
+    image_archive.unlink()
+    kube.send(Request("POST", f"/api/v1/namespaces/{GPUPACK_NAMESPACE}/secrets", extender_secret(cluster)))
+
+
+def helm(helm_bin: str, cluster: Cluster, *args: str, values_doc: dict[str, Any] | None = None) -> str:
+    argv = [helm_bin, *args, "--namespace", GPUPACK_NAMESPACE, "--kubeconfig", str(cluster.kubeconfig)]
+    if values_doc is not None:
+        path = cluster.dir / "values.yaml"
+        path.write_text(yaml.safe_dump(values_doc))
+        argv += ["--values", str(path)]
+    return _run(argv, f"helm {args[0]}")
+
+
+def start_extender_relay(cluster: Cluster) -> None:
+    service = f"{GPUPACK_NAMESPACE}/{RELEASE}-extender:8888"
+    listen = f"127.0.0.1:{cluster.extender_port}"
+    argv = (sys.executable, "-m", "app.devcluster.relay", "--listen", listen, "--service", service)
+    cluster.start_process(ComponentSpec(EXTENDER_RELAY, (*argv, "--kubeconfig", str(cluster.kubeconfig))))
+
+
+def pods(kube: Kube, component: str) -> list[dict[str, Any]]:
+    selector = f"app.kubernetes.io/instance={RELEASE},app.kubernetes.io/component={component}"
+    path = f"/api/v1/namespaces/{GPUPACK_NAMESPACE}/pods"
+    items: list[dict[str, Any]] = kube.send(Request("GET", path, query={"labelSelector": selector}))["items"]
+    return [p for p in items if not p["metadata"].get("deletionTimestamp")]
+
+
+def ready(pod: dict[str, Any]) -> bool:
+    conditions = pod.get("status", {}).get("conditions") or []
+    return any(c.get("type") == "Ready" and c.get("status") == "True" for c in conditions)
+
+
+def installed(kube: Kube) -> bool:
+    """Webhook 2/2 Ready, extender 2 running with exactly one Ready (the leader), the agent Ready."""
+    webhook, extender, agent = pods(kube, "webhook"), pods(kube, "extender"), pods(kube, "agent")
+    return (
+        len(webhook) == 2
+        and all(ready(p) for p in webhook)
+        and len(extender) == 2
+        and all(p.get("status", {}).get("phase") == "Running" for p in extender)
+        and sum(ready(p) for p in extender) == 1
+        and len(agent) == 1
+        and ready(agent[0])
+    )
+
+
+def uninstall_if_installed(helm_bin: str, cluster: Cluster) -> None:
+    listed = helm(helm_bin, cluster, "list", "--short")
+    if RELEASE in listed.split():
+        helm(helm_bin, cluster, "uninstall", RELEASE, "--wait", "--timeout", "120s")

@@ -1,0 +1,84 @@
+"""`helm upgrade` rolls the components and keeps placing; `helm uninstall` leaves none of the chart's objects.
+
+Runs last in the tier (file order): it replaces the components the other tests used, then removes them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from app import names
+from app.devcluster import Cluster, kubeletnode, wait_for
+from app.devcluster.identities import GPUPACK_NAMESPACE
+from app.kube.calls import Request
+from app.kube.client import Kube
+
+from . import chart
+from .pods import busybox_pod, env_of, new_namespace, run_to_completion
+
+ROLLOUT_TIMEOUT_S = 180
+
+
+@pytest.fixture
+def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
+    k = Kube.connect(str(real_cluster[0].kubeconfig))
+    yield k
+    k.close()
+
+
+def _names(kube: Kube) -> set[str]:
+    return {p["metadata"]["name"] for c in ("webhook", "extender", "agent") for p in chart.pods(kube, c)}
+
+
+def test_upgrade_rolls_every_component_and_pods_still_get_their_gpu(
+    real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube, helm_bin: str
+) -> None:
+    cluster, node = real_cluster
+    before = _names(kube)
+    debug = [arg for c in ("webhook", "extender", "agent") for arg in ("--set", f"{c}.logLevel=debug")]
+    chart.helm(helm_bin, cluster, "upgrade", chart.RELEASE, str(chart.CHART), "--reuse-values", *debug)
+    wait_for(
+        lambda: chart.installed(kube) and not (_names(kube) & before),
+        ROLLOUT_TIMEOUT_S,
+        "every component replaced and Ready",
+        interval=1,
+    )
+    ns = new_namespace(kube)
+    done = run_to_completion(
+        kube, ns, busybox_pod("after", {names.GPU_FRACTION: "0.5"}, {"main": ("env",)}, node.name)
+    )
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    env = env_of(kube, ns, "after", "main")
+    assert env[names.ENV_CUDA_VISIBLE_DEVICES] == done["metadata"]["annotations"][names.ALLOC_GPU_UUIDS]
+
+
+def test_uninstall_removes_every_object_of_the_chart(
+    real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube, helm_bin: str
+) -> None:
+    cluster, _ = real_cluster
+    chart.helm(helm_bin, cluster, "uninstall", chart.RELEASE, "--wait", "--timeout", "120s")
+    selector = {"labelSelector": f"app.kubernetes.io/instance={chart.RELEASE}"}
+    paths = (
+        f"/api/v1/namespaces/{GPUPACK_NAMESPACE}/pods",
+        f"/api/v1/namespaces/{GPUPACK_NAMESPACE}/services",
+        f"/api/v1/namespaces/{GPUPACK_NAMESPACE}/configmaps",
+        f"/api/v1/namespaces/{GPUPACK_NAMESPACE}/serviceaccounts",
+        f"/apis/apps/v1/namespaces/{GPUPACK_NAMESPACE}/deployments",
+        f"/apis/apps/v1/namespaces/{GPUPACK_NAMESPACE}/daemonsets",
+        "/apis/admissionregistration.k8s.io/v1/mutatingwebhookconfigurations",
+        "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
+        "/apis/rbac.authorization.k8s.io/v1/clusterroles",
+        "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+    )
+
+    def left() -> list[str]:
+        return [
+            f"{p}/{o['metadata']['name']}"
+            for p in paths
+            for o in kube.send(Request("GET", p, query=selector))["items"]
+        ]
+
+    wait_for(lambda: not left(), 60, "no object of the release left")
+    # Helm keeps CRDs (crds/) on uninstall by design: the GPUNode CRD stays, as README says.
