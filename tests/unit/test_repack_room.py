@@ -152,3 +152,28 @@ def test_the_room_table_says_where_the_pod_goes() -> None:
     assert lines[1].split()[:2] == [move.pod, f"{move.source.node}/gpu{move.source.gpu_indexes[0]}"]
     assert lines[3] == f"1 evictions make room for ns/big on {room.node}/gpu{room.gpus[0]} (policy binpack)"
     assert lines[4:] == ["kept in place: 1 pods", "  ns/p0: bare pod"]
+
+
+def test_repack_for_refuses_a_pod_it_cannot_make_room_for_naming_the_flag() -> None:
+    from test_kube_cache import pod
+
+    from app import names
+    from app.kube.snapshot import Snapshot
+    from app.repack.command import compute_room
+
+    bound = pod("bound", "uid-b", node="node-0")
+    pending = pod("waiting", "uid-w")
+    broken = pod("broken", "uid-x")
+    broken["metadata"]["annotations"][names.GPU_FRACTION] = "1.5"
+    snap = Snapshot(pods=[bound, pending, broken])
+    kw: dict[str, object] = {"policy": "binpack", "max_moves": 4, "namespace": None}
+    cases = {
+        "ns/missing": "--for='ns/missing': no such gpupack pod (label gpupack.io/managed)",
+        "ns/bound": "--for='ns/bound': must be a Pending pod, not yet bound (bound to node-0)",
+        "ns/broken": "--for='ns/broken': its GPU request is invalid: ",
+        "ns/waiting": "--for='ns/waiting': no 4 moves or fewer of movable pods make room for it",
+    }
+    for key, message in cases.items():
+        with pytest.raises(ValueError) as err:
+            compute_room(snap, snap.cache(), key, **kw)  # type: ignore[arg-type]
+        assert str(err.value).startswith(message), str(err.value)
