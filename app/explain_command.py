@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -17,16 +16,10 @@ from app.model import MILLI_PER_GPU, Demand
 from app.objects import as_object, string_map
 from app.placement import DEFAULT_POLICY, registry
 from app.pods import pod_info
-from app.repack.command import seconds_arg
+from app.repack.command import pod_key_arg, seconds_arg
 from app.repack.selectors import node_allows
 
-POD_KEY = re.compile(r"[^/\s]+/[^/\s]+")
-
-
-def _pod_key(text: str) -> str:
-    if not POD_KEY.fullmatch(text):
-        raise argparse.ArgumentTypeError(f"POD={text!r}: must be NAMESPACE/NAME")
-    return text
+_pod_key = pod_key_arg("POD")
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:

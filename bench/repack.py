@@ -16,6 +16,7 @@ import platform
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,32 +98,76 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+def common_flags(ap: argparse.ArgumentParser) -> None:
+    """The flags every repack bench takes: which traces, seeds and policy, how many processes, where to."""
     ap.add_argument("--traces-dir", default=str(REPO.parent / "shared" / "traces"))
     ap.add_argument("--traces", default=",".join(TRACES), help="comma list of trace names")
     ap.add_argument("--seeds", default="42-44")
     ap.add_argument("--policy", default=DEFAULT_POLICY, choices=registry.names())
+    ap.add_argument("--workers", type=int, default=MAX_WORKERS, help=f"processes, at most {MAX_WORKERS}")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "repack.json"))
+
+
+def run_jobs(
+    fn: Callable[[Any], dict[str, Any]],
+    jobs: Sequence[Any],
+    workers: int,
+    line: Callable[[dict[str, Any]], str],
+) -> list[dict[str, Any]]:
+    """Every job's row, run in a pool of at most MAX_WORKERS processes; one progress line per row."""
+    rows: list[dict[str, Any]] = []
+    with multiprocessing.Pool(max(1, min(workers, MAX_WORKERS))) as pool:
+        for row in pool.imap_unordered(fn, jobs):
+            rows.append(row)
+            print(f"[{len(rows)}/{len(jobs)}] {line(row)}", flush=True)
+    return rows
+
+
+def provenance(
+    traces_dir: Path, traces: Sequence[str], seeds: Sequence[int], knobs: dict[str, Any]
+) -> dict[str, Any]:
+    """The "inputs" (trace and node file hashes, seeds, knobs) and "versions" of a result."""
+    return {
+        "inputs": {
+            "traces": {t: _sha256(traces_dir / pod_file(t)) for t in traces},
+            "nodes": _sha256(traces_dir / NODE_FILE),
+            "seeds": list(seeds),
+            **knobs,
+        },
+        "versions": {"python": platform.python_version(), "git_commit": _git_commit()},
+    }
+
+
+def check_inputs(args: argparse.Namespace, prog: str) -> tuple[tuple[int, ...], list[str], Path] | None:
+    """Seeds, traces and traces folder from --seeds, --traces, --traces-dir; None once a bad one is said."""
+    try:
+        seeds = parse_seeds(args.seeds)
+    except UsageError as e:
+        print(f"{prog}: {e}", file=sys.stderr)
+        return None
+    traces = [t for t in args.traces.split(",") if t]
+    traces_dir = Path(args.traces_dir).resolve()
+    for t in traces:
+        if not (traces_dir / pod_file(t)).is_file():
+            print(f"{prog}: --traces={t!r}: {traces_dir / pod_file(t)} does not exist", file=sys.stderr)
+            return None
+    return seeds, traces, traces_dir
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    common_flags(ap)
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument(
         "--depart", type=float, default=0.1, help="probability that a running pod departs per round"
     )
     ap.add_argument("--pressure", type=float, default=0.3, help="extra arrivals per round, x capacity")
     ap.add_argument("--max-evictions", type=int, default=200, help="evictions per repack round")
-    ap.add_argument("--workers", type=int, default=MAX_WORKERS, help=f"processes, at most {MAX_WORKERS}")
-    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "repack.json"))
     args = ap.parse_args(argv)
-    try:
-        seeds = parse_seeds(args.seeds)
-    except UsageError as e:
-        print(f"repack: {e}", file=sys.stderr)
+    checked = check_inputs(args, "repack")
+    if checked is None:
         return 2
-    traces = [t for t in args.traces.split(",") if t]
-    traces_dir = Path(args.traces_dir).resolve()
-    for t in traces:
-        if not (traces_dir / pod_file(t)).is_file():
-            print(f"repack: --traces={t!r}: {traces_dir / pod_file(t)} does not exist", file=sys.stderr)
-            return 2
+    seeds, traces, traces_dir = checked
     knobs = {
         "policy": args.policy,
         "rounds": args.rounds,
@@ -134,26 +179,20 @@ def main(argv: list[str] | None = None) -> int:
         (str(traces_dir), t, s, rp, knobs) for t in traces for s in seeds for rp in (True, False)
     ]
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    with multiprocessing.Pool(max(1, min(args.workers, MAX_WORKERS))) as pool:
-        for row in pool.imap_unordered(run_job, jobs):
-            rows.append(row)
-            print(
-                f"[{len(rows)}/{len(jobs)}] {row['trace']} seed {row['seed']} repack={row['repack']}: "
-                f"median unallocated {row['unallocated_pct_median']:.2f} % ({row['seconds']} s)",
-                flush=True,
-            )
+    rows = run_jobs(
+        run_job,
+        jobs,
+        args.workers,
+        lambda row: (
+            f"{row['trace']} seed {row['seed']} repack={row['repack']}: "
+            f"median unallocated {row['unallocated_pct_median']:.2f} % ({row['seconds']} s)"
+        ),
+    )
     rows.sort(key=lambda r: (r["trace"], r["seed"], r["repack"]))
     result = {
         "question": "unallocated GPU % with and without periodic repack, openb traces with departures",
         "method": "app/sim/churn.py: fill to 100 % arrived, then rounds of departures, repack, arrivals",
-        "inputs": {
-            "traces": {t: _sha256(traces_dir / pod_file(t)) for t in traces},
-            "nodes": _sha256(traces_dir / NODE_FILE),
-            "seeds": list(seeds),
-            **knobs,
-        },
-        "versions": {"python": platform.python_version(), "git_commit": _git_commit()},
+        **provenance(traces_dir, traces, seeds, knobs),
         "wall_seconds": round(time.perf_counter() - started, 1),
         "summary": summarise(rows),
         "runs": rows,

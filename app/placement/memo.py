@@ -30,10 +30,11 @@ class MemoPolicy:
     dict reads and writes are atomic, and a lost write only costs a recomputation.
     """
 
-    def __init__(self, inner: Policy, size: int = DEFAULT_SIZE) -> None:
+    def __init__(self, inner: Policy, size: int = DEFAULT_SIZE, shapes: int = MAX_SHAPES) -> None:
         self.inner = inner
         self.name = inner.name
         self.size = size
+        self.shapes = shapes
         self._tables: dict[Demand, _Table] = {}
         self._last: tuple[Demand, _Table] | None = None  # one request passes one Demand object for every node
 
@@ -43,7 +44,7 @@ class MemoPolicy:
             return last[1]
         table = self._tables.get(demand)
         if table is None:
-            if len(self._tables) >= MAX_SHAPES:  # many one-off shapes: start over rather than grow
+            if len(self._tables) >= self.shapes:  # many one-off shapes: start over rather than grow
                 self._tables.clear()
             table = self._tables.setdefault(demand, _Table())
         self._last = (demand, table)

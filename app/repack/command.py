@@ -5,18 +5,23 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+from app import names
 from app.errors import KubeError
 from app.kube import snapshot
 from app.kube.cache import ClusterCache
 from app.kube.client import Kube
+from app.model import Demand
 from app.placement import DEFAULT_POLICY, registry
+from app.pods import pod_info
 from app.repack import candidates
 from app.repack.apply import Executor, Report, Step
-from app.repack.plan import Goal, GpuRef, Plan, plan
+from app.repack.plan import Goal, GpuRef, Plan, PodRef, plan
+from app.repack.room import DEFAULT_MAX_MOVES, Room, make_room
 
 EXIT_STOPPED = 3  # --apply stopped at a surprise
 
@@ -26,6 +31,20 @@ def _count(flag: str) -> Any:
         if not (text.isascii() and text.isdigit()):
             raise argparse.ArgumentTypeError(f"{flag}={text!r}: must be a whole number >= 0")
         return int(text)
+
+    return parse
+
+
+POD_KEY = re.compile(r"[^/\s]+/[^/\s]+")
+
+
+def pod_key_arg(flag: str) -> Any:
+    """An argparse type: NAMESPACE/NAME, refused with the flag, the value and the rule."""
+
+    def parse(text: str) -> str:
+        if not POD_KEY.fullmatch(text):
+            raise argparse.ArgumentTypeError(f"{flag}={text!r}: must be NAMESPACE/NAME")
+        return text
 
     return parse
 
@@ -57,12 +76,22 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     mode.add_argument("--plan", action="store_true", help="print the plan (the default)")
     mode.add_argument("--apply", action="store_true", help="carry the plan out, one eviction at a time")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--goal", choices=[g.value for g in Goal], default=Goal.GPUS.value, help="what to free")
+    p.add_argument(
+        "--goal", choices=[Goal.GPUS.value, Goal.NODES.value], default=Goal.GPUS.value, help="what to free"
+    )
     p.add_argument(
         "--policy",
         choices=registry.names(),
         default=DEFAULT_POLICY,
         help=f"the extender's placement policy, used to predict where replacements land ({DEFAULT_POLICY})",
+    )
+    p.add_argument(
+        "--for",
+        dest="for_pod",
+        type=pod_key_arg("--for"),
+        metavar="NAMESPACE/POD",
+        help="instead: the fewest moves after which this Pending gpupack pod fits (at most --max-evictions, "
+        f"default {DEFAULT_MAX_MOVES})",
     )
     p.add_argument("--max-evictions", type=_count("--max-evictions"), help="evict at most this many pods")
     p.add_argument("--namespace", help="move only pods of this namespace (others stay where they are)")
@@ -95,6 +124,15 @@ def compute(
     namespace: str | None,
 ) -> Plan:
     """The plan for a listed cluster, as the extender would place every replacement."""
+    pods, budgets = _running(snap, cache, namespace)
+    nodes = [n for n in cache.nodes().values() if n is not None]
+    return plan(nodes, pods, budgets, registry.create(policy), goal=goal, max_evictions=max_evictions)
+
+
+def _running(
+    snap: snapshot.Snapshot, cache: ClusterCache, namespace: str | None
+) -> tuple[list[PodRef], dict[str, int]]:
+    """Every running gpupack pod as the planner sees it (only `namespace`'s may move), and the budgets."""
     budgets = candidates.budgets_of(snap.pdbs)
     infos = {p.uid: p for p in cache.pods()}
     pods = candidates.pod_refs(snap.pods, infos, budgets, snap.nodes)
@@ -105,15 +143,46 @@ def compute(
             else candidates.with_block(p, f"not in namespace {namespace}")
             for p in pods
         ]
-    nodes = [n for n in cache.nodes().values() if n is not None]
-    return plan(
+    return pods, candidates.budget_map(budgets)
+
+
+def compute_room(
+    snap: snapshot.Snapshot,
+    cache: ClusterCache,
+    key: str,
+    *,
+    policy: str,
+    max_moves: int,
+    namespace: str | None,
+) -> Room:
+    """The fewest moves after which the Pending pod `key` fits; ValueError naming --for when none do."""
+    ns, name = key.split("/", 1)
+    pod = next((p for p in snap.pods if (pod_info(p).namespace, pod_info(p).name) == (ns, name)), None)
+    if pod is None:
+        raise ValueError(f"--for={key!r}: no such gpupack pod (label {names.LABEL_MANAGED})")
+    info = pod_info(pod)
+    if not info.pending:
+        where = f"bound to {info.node_name}" if info.node_name else f"{info.phase}, deleting={info.deleting}"
+        raise ValueError(f"--for={key!r}: must be a Pending pod, not yet bound ({where})")
+    if not isinstance(info.demand, Demand):
+        raise ValueError(f"--for={key!r}: its GPU request is invalid: {'; '.join(map(str, info.demand))}")
+    pods, budgets = _running(snap, cache, namespace)
+    nodes = [n for n in cache.nodes(exclude_uid=info.uid).values() if n is not None]
+    room = make_room(
         nodes,
-        pods,
-        candidates.budget_map(budgets),
+        [p for p in pods if p.uid != info.uid],
+        budgets,
         registry.create(policy),
-        goal=goal,
-        max_evictions=max_evictions,
+        info.demand,
+        allowed=candidates.allowed_nodes(pod, snap.nodes),
+        max_moves=max_moves,
     )
+    if room is None:
+        raise ValueError(
+            f"--for={key!r}: no {max_moves} moves or fewer of movable pods make room for it "
+            "(a pod moves only where the extender would place it now, off the room)"
+        )
+    return room
 
 
 def _gpu(node: str, indexes: tuple[int, ...]) -> str:
@@ -125,6 +194,30 @@ def _refs(refs: tuple[GpuRef, ...]) -> str:
 
 
 def render_plan(p: Plan) -> str:
+    lines = _table(p)
+    lines.append(
+        f"\n{p.evictions} evictions free {len(p.freed_gpus)} GPUs and {len(p.freed_nodes)} whole nodes "
+        f"(goal {p.goal}, policy {p.policy})"
+    )
+    return "\n".join(lines + _kept(p))
+
+
+def render_room(key: str, room: Room) -> str:
+    lines = _table(room.plan)
+    lines.append(
+        f"\n{room.plan.evictions} evictions make room for {key} on {_gpu(room.node, room.gpus)} "
+        f"(policy {room.plan.policy})"
+    )
+    return "\n".join(lines + _kept(room.plan))
+
+
+def _kept(p: Plan) -> list[str]:
+    if not p.kept:
+        return []
+    return [f"kept in place: {len(p.kept)} pods"] + [f"  {pod}: {why}" for pod, why in p.kept]
+
+
+def _table(p: Plan) -> list[str]:
     rows = [("POD", "FROM", "TO", "GPUS FREED")]
     rows += [
         (
@@ -136,15 +229,7 @@ def render_plan(p: Plan) -> str:
         for m in p.moves
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(3)]
-    lines = [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}" for a, b, c, d in rows]
-    lines.append(
-        f"\n{p.evictions} evictions free {len(p.freed_gpus)} GPUs and {len(p.freed_nodes)} whole nodes "
-        f"(goal {p.goal}, policy {p.policy})"
-    )
-    if p.kept:
-        lines.append(f"kept in place: {len(p.kept)} pods")
-        lines += [f"  {pod}: {why}" for pod, why in p.kept]
-    return "\n".join(lines)
+    return [f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d}" for a, b, c, d in rows]
 
 
 def render_step(s: Step) -> str:
@@ -173,11 +258,29 @@ def run(args: argparse.Namespace) -> int:
         flag = "--dry-run" if args.dry_run else "--from"
         print(f"gpupack repack: {flag} only makes sense with --apply", file=sys.stderr)
         return 2
+    if args.for_pod and args.from_file:
+        print("gpupack repack: --for plans anew; --from carries out a saved plan: give one", file=sys.stderr)
+        return 2
     try:
         saved = _load(args.from_file) if args.from_file else None
         kube = Kube.connect(args.kubeconfig)
+        shown = ""
+        extra: dict[str, Any] = {}
         if saved is not None:
             the_plan = saved
+        elif args.for_pod:
+            snap = snapshot.read(kube, with_pdbs=True)
+            room = compute_room(
+                snap,
+                snap.cache(args.heartbeat_timeout),
+                args.for_pod,
+                policy=args.policy,
+                max_moves=DEFAULT_MAX_MOVES if args.max_evictions is None else args.max_evictions,
+                namespace=args.namespace,
+            )
+            the_plan = room.plan
+            shown = render_room(args.for_pod, room)
+            extra = {"for": args.for_pod, "room": {"node": room.node, "gpus": list(room.gpus)}}
         else:
             snap = snapshot.read(kube, with_pdbs=True)
             the_plan = compute(
@@ -188,11 +291,13 @@ def run(args: argparse.Namespace) -> int:
                 max_evictions=args.max_evictions,
                 namespace=args.namespace,
             )
+        shown = shown or render_plan(the_plan)
+        doc = {**the_plan.to_dict(), **extra}
         if not args.apply:
-            print(json.dumps(the_plan.to_dict(), indent=2) if args.json else render_plan(the_plan))
+            print(json.dumps(doc, indent=2) if args.json else shown)
             return 0
         if not args.json:
-            print(render_plan(the_plan) + "\n")
+            print(shown + "\n")
         executor = Executor(
             kube,
             timeout_s=args.timeout,
@@ -203,7 +308,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpupack repack: {exc}", file=sys.stderr)
         return 1
     if args.json:
-        print(json.dumps({"plan": the_plan.to_dict(), "report": report.to_dict()}, indent=2))
+        print(json.dumps({"plan": doc, "report": report.to_dict()}, indent=2))
     else:
         print(render_report(report))
     return EXIT_STOPPED if report.stopped else 0

@@ -22,6 +22,7 @@ from app.placement.memo import MemoPolicy
 class Goal(StrEnum):
     GPUS = "gpus"  # free the most whole GPUs
     NODES = "nodes"  # free the most whole nodes (every GPU idle)
+    ROOM = "room"  # make room for one pending pod (app.repack.room)
 
 
 GpuRef = tuple[str, int]  # (node, GPU index)
@@ -127,7 +128,7 @@ def blocked_by_budget(pod: PodRef, budgets: Mapping[str, int]) -> str:
     return ""
 
 
-class _State:
+class State:
     """The cluster as the plan leaves it so far: nodes in placement order, pods per GPU, pinned GPUs."""
 
     def __init__(self, nodes: Sequence[Node], pods: Iterable[PodRef]) -> None:
@@ -143,9 +144,9 @@ class _State:
                 self.on_gpu.setdefault((p.alloc.node, i), set()).add(p.uid)
         self.pinned: set[GpuRef] = set()  # GPUs holding a pod the plan may not move (or a replacement)
 
-    def copy(self) -> _State:
+    def copy(self) -> State:
         """A trial copy; the sets in `on_gpu` are shared, so change them only through `move_pod`."""
-        out = object.__new__(_State)
+        out = object.__new__(State)
         out.order = self.order
         out.nodes = dict(self.nodes)
         out.on_gpu = dict(self.on_gpu)
@@ -160,6 +161,25 @@ class _State:
         for i in target.gpu_indexes:
             ref = (target.node, i)
             self.on_gpu[ref] = self.on_gpu.get(ref, set()) | {uid}
+
+    def relocate(self, pod: PodRef, target: Allocation) -> Move:
+        """Carry out one move on this (trial) state; the plan never moves the replacement again."""
+        self.nodes = self.take(pod)
+        self.nodes[target.node] = with_share(self.nodes[target.node], target, pod.demand, +1)
+        self.move_pod(pod.uid, pod.alloc, target)
+        self.pinned.update((target.node, i) for i in target.gpu_indexes)
+        del self.pods[pod.uid]
+        return Move(pod.key, pod.uid, pod.alloc, target, pod.pdbs)
+
+    def pin_kept(self, budgets: Mapping[str, int]) -> tuple[tuple[str, str], ...]:
+        """Pin the GPUs of every pod the plan may not move; (pod, why) for each, by pod name."""
+        kept = []
+        for p in sorted(self.pods.values(), key=lambda p: p.key):
+            why = p.blocked or blocked_by_budget(p, budgets)
+            if why:
+                kept.append((p.key, why))
+                self.pinned.update((p.alloc.node, i) for i in p.alloc.gpu_indexes)
+        return tuple(kept)
 
     def used(self, ref: GpuRef) -> bool:
         return bool(self.on_gpu.get(ref))
@@ -176,7 +196,7 @@ class _State:
         return nodes
 
 
-def _predict(state: _State, pod: PodRef, policy: Policy) -> Allocation | None:
+def predict(state: State, pod: PodRef, policy: Policy) -> Allocation | None:
     """Where the extender puts the pod's replacement, if that does not depend on when the old pod goes."""
     after = state.take(pod)
     answers = []
@@ -191,7 +211,7 @@ def _predict(state: _State, pod: PodRef, policy: Policy) -> Allocation | None:
     return to_allocation(after[name], pod.demand, gpus)
 
 
-def _target_helps(state: _State, target: Allocation, drained: set[GpuRef], goal: Goal) -> bool:
+def _target_helps(state: State, target: Allocation, drained: set[GpuRef], goal: Goal) -> bool:
     """The replacement lands on capacity already in use and outside what is being drained."""
     refs = [(target.node, i) for i in target.gpu_indexes]
     if any(r in drained for r in refs):
@@ -202,8 +222,8 @@ def _target_helps(state: _State, target: Allocation, drained: set[GpuRef], goal:
 
 
 def _drain(
-    state: _State, source: set[GpuRef], policy: Policy, goal: Goal, budgets: Mapping[str, int]
-) -> tuple[_State, list[Move]] | None:
+    state: State, source: set[GpuRef], policy: Policy, goal: Goal, budgets: Mapping[str, int]
+) -> tuple[State, list[Move]] | None:
     """Move every pod off `source`, or None when one of them cannot go somewhere that helps."""
     trial = state.copy()
     uids = sorted(
@@ -217,21 +237,14 @@ def _drain(
             return None
         if goal is Goal.GPUS and pod.alloc.milli >= MILLI_PER_GPU:
             return None  # a whole-GPU pod only fits an idle GPU: moving it frees none
-        target = _predict(trial, pod, policy)
+        target = predict(trial, pod, policy)
         if target is None or not _target_helps(trial, target, source, goal):
             return None
-        trial.nodes = trial.take(pod)
-        node = trial.nodes[target.node]
-        trial.nodes[target.node] = with_share(node, target, pod.demand, +1)
-        trial.move_pod(uid, pod.alloc, target)
-        # The replacement is a new pod: this plan does not move it again.
-        trial.pinned.update((target.node, i) for i in target.gpu_indexes)
-        del trial.pods[uid]
-        moves.append(Move(pod.key, uid, pod.alloc, target, pod.pdbs))
+        moves.append(trial.relocate(pod, target))
     return trial, moves
 
 
-def _sources(state: _State, goal: Goal) -> list[set[GpuRef]]:
+def _sources(state: State, goal: Goal) -> list[set[GpuRef]]:
     """Units to drain, cheapest first: fewest pods, least share, last in placement order."""
     rank = {n: i for i, n in enumerate(state.order)}
     units: list[tuple[tuple[int, int, int, int], set[GpuRef]]] = []
@@ -266,13 +279,8 @@ def plan(
     `budgets` maps each PodDisruptionBudget (namespace/name) to its status.disruptionsAllowed.
     """
     policy = MemoPolicy(policy)  # one place() per trial: unchanged nodes answer from the memo
-    state = _State(nodes, pods)
-    kept = []
-    for p in sorted(state.pods.values(), key=lambda p: p.key):
-        why = p.blocked or blocked_by_budget(p, budgets)
-        if why:
-            kept.append((p.key, why))
-            state.pinned.update((p.alloc.node, i) for i in p.alloc.gpu_indexes)
+    state = State(nodes, pods)
+    kept = state.pin_kept(budgets)
     used_before = {r for r in state.on_gpu if state.used(r)}
     nodes_before = {n for n in state.order if state.node_used(n)}
     moves: list[Move] = []
@@ -299,4 +307,4 @@ def plan(
             progress = True
     freed_gpus = tuple(sorted(r for r in used_before if not state.used(r)))
     freed_nodes = tuple(n for n in state.order if n in nodes_before and not state.node_used(n))
-    return Plan(goal, policy.name, tuple(moves), freed_gpus, freed_nodes, tuple(kept))
+    return Plan(goal, policy.name, tuple(moves), freed_gpus, freed_nodes, kept)

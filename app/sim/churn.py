@@ -17,9 +17,9 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from app.model import MILLI_PER_GPU, Demand, Node
+from app.model import MILLI_PER_GPU, Allocation, Demand, Node
 from app.placement import Policy, TargetWorkload, to_allocation
-from app.repack.plan import Goal, PodRef, plan
+from app.repack.plan import Move, PodRef, plan
 from app.sim.engine import Cluster, IndexedChooser, arrival_sequence
 from app.sim.loader import TracePod
 
@@ -47,9 +47,10 @@ class _Running:
     node: int
     gpus: tuple[int, ...]
     demand: Demand
+    alloc: Allocation | None  # None for a CPU-only pod
 
 
-class _Replay:
+class Replay:
     def __init__(self, nodes: Sequence[Node], policy: Policy, workload: TargetWorkload, order: list[int]):
         self.cluster = Cluster([nodes[j] for j in order], workload)
         self.chooser = IndexedChooser(self.cluster, policy)
@@ -58,16 +59,24 @@ class _Replay:
         self.capacity = MILLI_PER_GPU * sum(len(n.gpus) for n in nodes)
         self._next = 0
 
-    def arrive(self, demand: Demand) -> None:
+    def arrive(self, demand: Demand) -> bool:
+        """Place the pod where the policy says; False when it fits nowhere (it is dropped, as in FGD)."""
         i = self.chooser.choose(demand)
         if i is None:
-            return  # failed pods are dropped, as in the FGD replay
-        gpus = self.policy.choose_gpus(self.cluster.nodes[i], demand)
+            return False
+        self._next += 1
+        self._put(f"pod-{self._next}", i, demand)
+        return True
+
+    def _put(self, uid: str, i: int, demand: Demand) -> tuple[int, ...]:
+        """Reserve the pod on node i, on the GPUs the policy chooses there; returns them."""
+        node = self.cluster.nodes[i]
+        gpus = self.policy.choose_gpus(node, demand)
+        alloc = to_allocation(node, demand, gpus) if gpus else None
         self.cluster.apply(i, demand, gpus)
         self.chooser.changed(i)
-        self._next += 1
-        uid = f"pod-{self._next}"
-        self.running[uid] = _Running(uid, i, gpus, demand)
+        self.running[uid] = _Running(uid, i, gpus, demand, alloc)
+        return gpus
 
     def depart(self, uid: str) -> None:
         pod = self.running.pop(uid)
@@ -81,28 +90,27 @@ class _Replay:
         used = sum(g.milli_used for n in self.cluster.nodes for g in n.gpus)
         return 100.0 - 100.0 * used / self.capacity
 
+    def pod_refs(self) -> list[PodRef]:
+        """Every running GPU pod as the planner sees it (each may move: the trace has no PDBs or owners)."""
+        return [PodRef(p.uid, p.uid, p.alloc, p.demand) for p in self.running.values() if p.alloc]
+
     def repack(self, max_evictions: int | None) -> tuple[int, int]:
         """Plan on the current state and carry the moves out; (evictions, GPUs freed)."""
-        nodes = self.cluster.nodes
-        refs = [
-            PodRef(p.uid, p.uid, to_allocation(nodes[p.node], p.demand, p.gpus), p.demand)
-            for p in self.running.values()
-            if p.gpus
-        ]
-        got = plan(nodes, refs, {}, self.policy, goal=Goal.GPUS, max_evictions=max_evictions)
-        index = {n.name: i for i, n in enumerate(nodes)}
-        for m in got.moves:
+        got = plan(self.cluster.nodes, self.pod_refs(), {}, self.policy, max_evictions=max_evictions)
+        self.carry_out(got.moves)
+        return got.evictions, len(got.freed_gpus)
+
+    def carry_out(self, moves: Sequence[Move]) -> None:
+        """Evict each moved pod and let the policy re-place it; it must land where the plan said."""
+        index = {n.name: i for i, n in enumerate(self.cluster.nodes)}
+        for m in moves:
             pod = self.running[m.uid]
             self.depart(m.uid)
             i = self.chooser.choose(pod.demand)
             target = index[m.target.node]
-            gpus = self.policy.choose_gpus(self.cluster.nodes[i], pod.demand) if i is not None else ()
+            gpus = self._put(m.uid, i, pod.demand) if i is not None else ()
             if i is None or (i, gpus) != (target, m.target.gpu_indexes):
                 raise AssertionError(f"{m.pod}: re-placed on {i}/{gpus}, the plan said {target}/{m.target}")
-            self.cluster.apply(i, pod.demand, gpus)
-            self.chooser.changed(i)
-            self.running[m.uid] = _Running(m.uid, i, gpus, pod.demand)
-        return got.evictions, len(got.freed_gpus)
 
 
 def churn(
@@ -123,7 +131,7 @@ def churn(
     seq, order = arrival_sequence(
         pods, len(nodes), MILLI_PER_GPU * sum(len(n.gpus) for n in nodes), seed, 1.0
     )
-    sim = _Replay(nodes, policy, workload, order)
+    sim = Replay(nodes, policy, workload, order)
     for pod in seq:
         sim.arrive(pod.demand)
     rng = random.Random(seed * 7919 + 1)

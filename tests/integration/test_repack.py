@@ -222,3 +222,50 @@ def test_apply_stops_when_a_replacement_lands_off_plan(  # noqa: PLR0917  (pytes
     assert {n: v for n, v in after.items() if n in before} == {
         n: v for n, v in before.items() if n != evicted
     }
+
+
+def test_repack_for_a_pending_pod_moves_one_quarter_and_the_pod_binds(  # noqa: PLR0917  (pytest fixtures)
+    extender: Callable[..., str], setup: Kube, kube: Any, core: Any, namespace: str, gpu_nodes: Any, cli: Run
+) -> None:
+    (node,) = gpu_nodes(1, gpus_per_node=2, model=MODEL, labels={POOL: namespace})
+    create_gpunodes(setup, [node], 2)
+    extender("binpack")
+    apps = client.AppsV1Api(kube)
+    # gpu A: a bare 0.5 pod; gpu B: one 0.25 pod of a Deployment (a 0.75 filler steers it there, then goes)
+    for name, milli in (("anchor", 500), ("filler", 750)):
+        core.create_namespaced_pod(namespace, gpu_pod(name, namespace, namespace, milli=milli))
+        wait_for(lambda name=name: outcome(core, namespace, name) == node, 30, f"{name} bound")
+    apps.create_namespaced_deployment(namespace, deployment("web", namespace, 1, 250, {}))
+    wait_for(lambda: len(bound_pods(core, namespace)) == 3, 60, "the web pod bound")
+    core.delete_namespaced_pod("filler", namespace, grace_period_seconds=0)
+    wait_for(lambda: len(bound_pods(core, namespace)) == 2, 60, "filler gone")
+    before = bound_pods(core, namespace)
+    (web,) = (n for n in before if n.startswith("web-"))
+    anchor_gpu, web_gpu = before["anchor"][1].gpu_indexes, before[web][1].gpu_indexes
+    assert anchor_gpu != web_gpu
+
+    # a whole-GPU pod fits nowhere: 0.5 and 0.75 free
+    core.create_namespaced_pod(namespace, gpu_pod("big", namespace, namespace, milli=1000))
+    wait_for(lambda: outcome(core, namespace, "big") == "unschedulable", 60, "big unschedulable")
+    planned = cli("--plan", "--json", "--for", f"{namespace}/big", "--namespace", namespace)
+    assert planned.returncode == 0, planned.stderr
+    plan = json.loads(planned.stdout)
+    assert plan["goal"] == "room" and plan["for"] == f"{namespace}/big"
+    (move,) = plan["moves"]
+    assert move["pod"] == f"{namespace}/{web}"
+    assert move["to"][names.ALLOC_GPU_INDEXES] == ",".join(map(str, anchor_gpu))
+    assert plan["room"] == {"node": node, "gpus": list(web_gpu)}
+    assert {k["pod"] for k in plan["kept"] if k["pod"].startswith(f"{namespace}/")} == {f"{namespace}/anchor"}
+    print(cli("--plan", "--for", f"{namespace}/big", "--namespace", namespace).stdout)
+
+    applied = cli("--apply", "--json", "--for", f"{namespace}/big", "--namespace", namespace)
+    assert applied.returncode == 0, applied.stdout + applied.stderr
+    report = json.loads(applied.stdout)["report"]
+    assert [s["outcome"] for s in report["steps"]] == ["moved"]
+    wait_for(lambda: outcome(core, namespace, "big") == node, 60, "big bound")
+    after = bound_pods(core, namespace)
+    assert after["big"][1].gpu_indexes == web_gpu
+    assert after["anchor"] == before["anchor"]
+    (moved,) = (v for n, v in after.items() if n.startswith("web-"))
+    assert moved[1].gpu_indexes == anchor_gpu
+    used_gpus(after)  # nothing over-committed

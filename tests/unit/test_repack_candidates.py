@@ -167,3 +167,8 @@ def test_repack_command_refuses_bad_input_before_touching_the_cluster(
     with pytest.raises(SystemExit):
         main(["explain", "ns/p", "--heartbeat-timeout", "nan"])
     assert "--heartbeat-timeout='nan': must be a number of seconds > 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["repack", "--for", "just-a-name"])
+    assert "--for='just-a-name': must be NAMESPACE/NAME" in capsys.readouterr().err
+    assert main(["repack", "--apply", "--for", "ns/p", "--from", str(bad)]) == 2
+    assert "--for plans anew; --from carries out a saved plan" in capsys.readouterr().err
