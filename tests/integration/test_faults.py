@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
+from kubernetes import client
 from kubernetes.client.rest import ApiException
 from podshapes import webhook_pod
 
@@ -149,8 +150,28 @@ def assert_promise_kept(
 
 
 @pytest.fixture(scope="module")
-def definitions(cluster: Cluster) -> None:
-    Definitions().start(cluster, [])  # the GPUNode CRD and the chart's RBAC
+def definitions(cluster: Cluster, kube: Any) -> Iterator[None]:
+    """The GPUNode CRD, the chart's RBAC and admission policies, the policies removed at the module's end.
+
+    The policies stay in effect for later modules otherwise, and their agent-own-node rule refuses the
+    simulated agents that other modules start with tokens naming no node.
+    """
+    admission = client.AdmissionregistrationV1Api(kube)
+
+    def policies() -> tuple[set[str], set[str]]:
+        return (
+            {p.metadata.name for p in admission.list_validating_admission_policy().items},
+            {b.metadata.name for b in admission.list_validating_admission_policy_binding().items},
+        )
+
+    before = policies()
+    Definitions().start(cluster, [])
+    yield
+    after = policies()
+    for name in after[1] - before[1]:
+        admission.delete_validating_admission_policy_binding(name)
+    for name in after[0] - before[0]:
+        admission.delete_validating_admission_policy(name)
 
 
 @pytest.fixture
