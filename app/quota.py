@@ -74,7 +74,7 @@ def charge(req: GpuRequest) -> Charge:
 def _mig_charge(profile: str, candidates: tuple[catalog.GpuModel, ...], largest: int) -> Charge:
     """A whole MIG device: its compute slices' share of a GPU, and its largest memory on a candidate model."""
     sizes = [p.memory_mib for g in candidates if (p := g.mig_profile(profile)) is not None]
-    slices = catalog.MigProfile(profile, 0).compute_slices
+    slices = catalog.compute_slices(profile)
     milli = min(MILLI_PER_GPU, -(-slices * MILLI_PER_GPU // catalog.MIG_COMPUTE_SLICES))
     return Charge(milli, max(sizes, default=largest))
 
