@@ -50,6 +50,23 @@ EXTENDER_RULES = [
 ]
 
 
+def extender_rbac() -> list[dict[str, Any]]:
+    """The extender's ClusterRole and its binding to the gpupack-extender ServiceAccount."""
+    return [
+        {"kind": "ClusterRole", "metadata": {"name": "gpupack-extender"}, "rules": EXTENDER_RULES},
+        {
+            "kind": "ClusterRoleBinding",
+            "metadata": {"name": "gpupack-extender"},
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": "gpupack-extender",
+            },
+            "subjects": [{"kind": "ServiceAccount", "name": "gpupack-extender", "namespace": LEASE_NS}],
+        },
+    ]
+
+
 @pytest.fixture(scope="module")
 def setup(cluster: Cluster, kube: Any, gpunode_crd: None) -> Iterator[Kube]:
     """CRD, the extender's RBAC (what the chart must ship); yields an admin client.
@@ -58,22 +75,7 @@ def setup(cluster: Cluster, kube: Any, gpunode_crd: None) -> Iterator[Kube]:
     module creates are deleted at its end: their kwok Nodes go with the module, and a GPUNode outliving its
     Node would steer later modules (explain, top, quota) that list every GPUNode.
     """
-    install_rbac(
-        kube,
-        [
-            {"kind": "ClusterRole", "metadata": {"name": "gpupack-extender"}, "rules": EXTENDER_RULES},
-            {
-                "kind": "ClusterRoleBinding",
-                "metadata": {"name": "gpupack-extender"},
-                "roleRef": {
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "ClusterRole",
-                    "name": "gpupack-extender",
-                },
-                "subjects": [{"kind": "ServiceAccount", "name": "gpupack-extender", "namespace": LEASE_NS}],
-            },
-        ],
-    )
+    install_rbac(kube, extender_rbac())
     admin = Kube.connect(str(cluster.kubeconfig))
     before = _gpunode_names(kube)
     yield admin

@@ -19,13 +19,13 @@ from typing import Any
 import pytest
 import yaml
 from test_extender import (
-    EXTENDER_RULES,
     LEASE_NS,
     MODEL,
     PROC,
     allocations,
     assert_no_overcommit,
     create_gpunodes,
+    extender_rbac,
     gpu_pod,
     scheduler_extender_url,
 )
@@ -123,19 +123,7 @@ class Proxy:
 @pytest.fixture(scope="module")
 def api(cluster: Cluster, kube: Any, gpunode_crd: None) -> Kube:
     """The extender's RBAC, as in test_extender.py; returns an admin client."""
-    role_name = "gpupack-extender"
-    role = {"kind": "ClusterRole", "metadata": {"name": role_name}, "rules": EXTENDER_RULES}
-    binding = {
-        "kind": "ClusterRoleBinding",
-        "metadata": {"name": "gpupack-extender"},
-        "roleRef": {
-            "apiGroup": "rbac.authorization.k8s.io",
-            "kind": "ClusterRole",
-            "name": "gpupack-extender",
-        },
-        "subjects": [{"kind": "ServiceAccount", "name": "gpupack-extender", "namespace": LEASE_NS}],
-    }
-    install_rbac(kube, [role, binding])
+    install_rbac(kube, extender_rbac())
     return Kube.connect(str(cluster.kubeconfig))
 
 
