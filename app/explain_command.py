@@ -13,11 +13,11 @@ from app.errors import KubeError
 from app.kube import snapshot
 from app.kube.client import Kube
 from app.model import MILLI_PER_GPU, Demand
-from app.objects import as_object, string_map
+from app.objects import as_object
 from app.placement import DEFAULT_POLICY, registry
 from app.pods import pod_info
 from app.repack.command import pod_key_arg, seconds_arg
-from app.repack.selectors import node_allows
+from app.repack.selectors import scheduler_refusal
 
 _pod_key = pod_key_arg("POD")
 
@@ -55,12 +55,9 @@ def scheduler_exclusions(
         if name not in existing
     }
     for node in nodes:
-        meta = as_object(node.get("metadata"))
-        name = str(meta.get("name") or "")
-        if as_object(node.get("spec")).get("unschedulable") is True:
-            out[name] = "cordoned (spec.unschedulable)"
-        elif not node_allows(spec, string_map(meta.get("labels"))):
-            out[name] = "the pod's nodeSelector or required node affinity does not match the node's labels"
+        refusal = scheduler_refusal(spec, node)
+        if refusal is not None:
+            out[str(as_object(node.get("metadata")).get("name") or "")] = refusal
     return out
 
 

@@ -11,7 +11,7 @@ from app.model import Demand
 from app.objects import as_list, as_object, string_map
 from app.pods import PodInfo
 from app.repack.plan import PodRef
-from app.repack.selectors import matches, node_allows
+from app.repack.selectors import matches, scheduler_refusal
 
 # Controllers that re-create a pod evicted from under them. A DaemonSet's pod comes back on the same
 # node, so evicting it frees nothing; a bare pod never comes back.
@@ -74,14 +74,11 @@ def pdbs_covering(pod: Mapping[str, Any], budgets: Sequence[Budget]) -> tuple[st
 def allowed_nodes(pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]]) -> frozenset[str]:
     """Nodes kube-scheduler would pass to the extender for this pod: selectors, affinity, not cordoned."""
     spec = as_object(pod.get("spec"))
-    out = set()
-    for node in nodes:
-        meta = as_object(node.get("metadata"))
-        if as_object(node.get("spec")).get("unschedulable") is True:
-            continue
-        if node_allows(spec, string_map(meta.get("labels"))):
-            out.add(str(meta.get("name") or ""))
-    return frozenset(out)
+    return frozenset(
+        str(as_object(node.get("metadata")).get("name") or "")
+        for node in nodes
+        if scheduler_refusal(spec, node) is None
+    )
 
 
 def pod_refs(

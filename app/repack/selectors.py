@@ -54,3 +54,17 @@ def node_allows(pod_spec: Mapping[str, Any], node_labels: Mapping[str, str]) -> 
         all(_expression(as_object(e), node_labels) for e in as_list(as_object(t).get("matchExpressions")))
         for t in terms
     )
+
+
+CORDONED = "cordoned (spec.unschedulable)"
+NOT_SELECTED = "the pod's nodeSelector or required node affinity does not match the node's labels"
+
+
+def scheduler_refusal(pod_spec: Mapping[str, Any], node: Mapping[str, Any]) -> str | None:
+    """Why kube-scheduler removes `node` for this pod before asking the extender (cordon, selector,
+    required affinity); None when it passes the node on."""
+    if as_object(node.get("spec")).get("unschedulable") is True:
+        return CORDONED
+    if not node_allows(pod_spec, string_map(as_object(node.get("metadata")).get("labels"))):
+        return NOT_SELECTED
+    return None
