@@ -66,7 +66,7 @@ class FragAware(FitFilter):
             return strand * (stranded(cpu, lefts) - stranded(cpu_after, after))
 
         if demand.count == 0:
-            return _score(before - frag(cpu_after, lefts, model) + stranding(lefts)), ()
+            return score_of(before - frag(cpu_after, lefts, model) + stranding(lefts)), ()
         fits = fitting_gpus(node, demand, self.margin_mib)
         if demand.count == 1 and not demand.is_whole:
             weight = self.options.settle_weight
@@ -82,7 +82,7 @@ class FragAware(FitFilter):
                 delta = before - frag(cpu_after, after, model) + stranding(after)
                 if weight:
                     delta += weight * (settled[g.milli_free] - settled[g.milli_free - milli])
-                s = _score(delta)
+                s = score_of(delta)
                 if s > best[0]:
                     best = (s, (g.index,))
             return best
@@ -91,10 +91,11 @@ class FragAware(FitFilter):
         for i in chosen:
             g = node.gpu(i)
             after = _take(after, g.milli_free, demand.on(g.memory_mib)[0])
-        return _score(before - frag(cpu_after, after, model) + stranding(after)), chosen
+        return score_of(before - frag(cpu_after, after, model) + stranding(after)), chosen
 
 
-def _score(delta: float) -> float:
+def score_of(delta: float) -> float:
+    """The integer score of a fragmentation delta: int(100 * sigmoid(delta / 1000)), as a float."""
     return float(int(100.0 / (1.0 + math.exp(-delta / MILLI_PER_GPU))))
 
 

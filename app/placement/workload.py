@@ -204,7 +204,7 @@ class TargetWorkload:
         total, n = below[-1], len(ordered)
         frag = 0.0
         # Shape order and one multiply-add per shape, as the plain sum over shapes: the same float.
-        for weight, milli, count, cpu in self._plan(model):
+        for weight, milli, count, cpu in self.plan(model):
             k = bisect_left(ordered, milli) if count else n
             if count and (cpu_left is None or cpu_left >= cpu) and n - k >= count:
                 frag += weight * below[k]  # only the GPUs too small for the shape are fragments
@@ -215,7 +215,7 @@ class TargetWorkload:
         self._memo[key] = frag
         return frag
 
-    def _plan(self, model: str) -> tuple[tuple[float, int, int, int], ...]:
+    def plan(self, model: str) -> tuple[tuple[float, int, int, int], ...]:
         """(weight, milli, count, cpu) per shape for nodes of `model`; count 0 where it can never fit."""
         plan = self._plans.get(model)
         if plan is None:

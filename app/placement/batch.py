@@ -1,0 +1,265 @@
+"""FragAware's filter and score on many nodes in one numpy pass, float for float the scalar answer (pure).
+
+A new demand shape is judged on every node at once. Per node arrays hold each GPU's free milli, memory
+room and health; the fit mask, the "after" states (one per GPU for a share, the best-fit GPUs for whole and
+multi-GPU demands) and `TargetWorkload.node_frag`'s sum over the workload's shapes are array operations
+that add the same terms in the same order, so every float is the scalar path's. Only the sigmoid's exp may
+differ by an ulp from `math.exp`: a node whose score lands next to an integer is scored again the scalar
+way. Nodes the pass does not model (MIG devices, GPUs of mixed models or sizes, an over-committed GPU) and
+refusals other than a GPU share or memory shortfall are left to the policy itself (None in the answer).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from operator import attrgetter
+
+import numpy as np
+import numpy.typing as npt
+
+from app.errors import PlacementReason, Shortfall
+from app.model import MILLI_PER_GPU, Demand, Node
+from app.placement.base import Policy
+from app.placement.fragaware import FragAware, score_of
+from app.placement.workload import TargetWorkload
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+Bools = npt.NDArray[np.bool_]
+Judged = PlacementReason | float  # a refusal, or the fitting node's score
+# A sigmoid value this close to an integer may truncate differently with math.exp: score it again.
+_NEAR_INTEGER = 1e-9
+_NOT_FITTING = 2 * MILLI_PER_GPU  # sorts after every free share
+
+
+def covers(policy: Policy, demand: Demand) -> bool:
+    """Whether `judge` answers for this policy and demand (else every answer would be None)."""
+    return (
+        type(policy) is FragAware
+        and demand.count > 0
+        and not demand.mig
+        and not demand.mig_profile
+        and (demand.milli is not None or demand.memory_mib is not None)
+    )
+
+
+def judge(nodes: Sequence[Node], demand: Demand, policy: Policy) -> list[Judged | None]:
+    """Per node: the refusal `policy.filter` gives, else `policy.score`; None where the caller must ask."""
+    out: list[Judged | None] = [None] * len(nodes)
+    if not isinstance(policy, FragAware) or not covers(policy, demand):
+        return out
+    groups: dict[tuple[int, str, int], tuple[list[int], list[tuple[int, int, int, int]]]] = {}
+    for i, node in enumerate(nodes):
+        gpus = node.gpus
+        kinds = set(map(_kind, gpus))
+        if len(kinds) != 1:
+            continue  # no GPUs, or GPUs of several models or sizes
+        model, memory_mib, mig_profile = kinds.pop()
+        if mig_profile:
+            continue
+        idx, rows = groups.setdefault((len(gpus), model, memory_mib), ([], []))
+        idx.append(i)
+        rows.extend(map(_usage, gpus))
+    for (_, model, memory_mib), (idx, rows) in groups.items():
+        _Pass(policy, demand, (model, memory_mib), [nodes[i] for i in idx], rows).fill(out, idx)
+    return out
+
+
+_kind = attrgetter("model", "memory_mib", "mig_profile")
+_usage = attrgetter("milli_used", "healthy", "memory_used_mib", "foreign_mib")
+
+
+def _column(values: list[int | None]) -> tuple[Ints, Bools]:
+    """Values with None as 0, and where they are known."""
+    known = np.array([v is not None for v in values], dtype=np.bool_)
+    return np.array([0 if v is None else v for v in values], dtype=np.int64), known
+
+
+class _Pass:
+    """One group of nodes (same GPU count, model and memory) judged together."""
+
+    def __init__(
+        self,
+        policy: FragAware,
+        demand: Demand,
+        kind: tuple[str, int],
+        nodes: list[Node],
+        rows: list[tuple[int, int, int, int]],
+    ):
+        model, memory_mib = kind  # of every GPU of these nodes
+        self.policy, self.demand, self.model, self.nodes = policy, demand, model, nodes
+        self.workload: TargetWorkload = policy.workload
+        self.milli, self.mib = demand.on(memory_mib)
+        gpus = np.array(rows, dtype=np.int64).reshape(len(nodes), -1, 4)
+        self.free: Ints = MILLI_PER_GPU - gpus[:, :, 0]
+        self.healthy: Bools = gpus[:, :, 1] != 0
+        foreign = gpus[:, :, 3]
+        self.foreign: Bools = foreign > 0
+        # memory_room: total - reserved - foreign, less the margin where foreign processes run
+        self.room: Ints = memory_mib - gpus[:, :, 2] - foreign - np.where(self.foreign, policy.margin_mib, 0)
+        self.cpu, self.cpu_known = _column([n.cpu_milli_free for n in nodes])
+        mem, mem_known = _column([n.memory_mib_free for n in nodes])
+        host_ok = np.array([n.schedulable and (n.mps or not demand.needs_mps) for n in nodes], dtype=np.bool_)
+        # An over-committed GPU (reservations past its capacity) is the policy's to judge.
+        host_ok &= ((self.free >= 0) & (self.free <= MILLI_PER_GPU)).all(axis=1)
+        host_ok &= ~self.cpu_known | (demand.cpu_milli <= self.cpu)
+        host_ok &= ~mem_known | (demand.host_memory_mib <= mem)
+        self.host_ok = host_ok
+        self.share_ok = self.healthy & (self.milli <= self.free)
+        self.gpu_fit = self.share_ok & (self.mib <= self.room) & demand.accepts(model)
+        self.fits = host_ok & (self.gpu_fit.sum(axis=1) >= demand.count)
+
+    def fill(self, out: list[Judged | None], idx: list[int]) -> None:
+        fitting = np.flatnonzero(self.fits)
+        if len(fitting):
+            for k, s in zip(fitting.tolist(), self._scores(fitting).tolist(), strict=True):
+                out[idx[k]] = s
+        if self.demand.accepts(self.model):
+            refused = np.flatnonzero(~self.fits & self.host_ok & self.healthy.any(axis=1))
+            for k, reason in zip(refused.tolist(), self._shortfalls(refused), strict=True):
+                out[idx[k]] = reason
+
+    # --- refusals ---
+
+    def _shortfalls(self, refused: Ints) -> list[PlacementReason | None]:
+        """`_gpu_shortfall`'s share or memory refusal per node of `refused` (host checks passed, a healthy
+        GPU); None where the refusal names foreign processes: the policy builds that one."""
+        count = self.demand.count
+        healthy, share_ok = self.healthy[refused], self.share_ok[refused]
+        room = self.room[refused]
+        passing = share_ok.sum(axis=1).tolist()
+        best_free = np.where(healthy, self.free[refused], -MILLI_PER_GPU).max(axis=1).tolist()
+        foreign = (self.foreign[refused] & share_ok).any(axis=1).tolist()
+        best_room = np.where(share_ok, room, np.iinfo(np.int64).min).max(axis=1).tolist()
+        fit = (share_ok & (room >= self.mib)).sum(axis=1).tolist()
+        out: list[PlacementReason | None] = []
+        for j, k in enumerate(refused.tolist()):
+            name = self.nodes[k].name
+            if passing[j] < count:
+                out.append(
+                    PlacementReason(
+                        name, None, Shortfall.GPU_SHARE, self.milli, best_free[j], count, passing[j]
+                    )
+                )
+            elif foreign[j]:
+                out.append(None)
+            else:
+                out.append(
+                    PlacementReason(name, None, Shortfall.GPU_MEMORY, self.mib, best_room[j], count, fit[j])
+                )
+        return out
+
+    # --- scores ---
+
+    def _scores(self, fitting: Ints) -> Floats:
+        """FragAware's score per node of `fitting` (nodes that fit)."""
+        options, workload, demand = self.policy.options, self.workload, self.demand
+        free, healthy, fit = self.free[fitting], self.healthy[fitting], self.gpu_fit[fitting]
+        cpu, known = self.cpu[fitting], self.cpu_known[fitting]
+        lefts = np.where(healthy, free, 0)  # an unhealthy GPU adds nothing to any frag sum
+        cpu_after = cpu - demand.cpu_milli
+        below = self._below(lefts)
+        total = lefts.sum(axis=1)
+        before = self._accumulate(below, total, cpu, known)
+        strand = options.strand_weight
+        stranded_before = self._stranded(lefts, healthy, cpu, known) if strand else None
+        if demand.count == 1 and not demand.is_whole:
+            # One "after" state per GPU: that GPU's free share less the demand. Sums below each shape's
+            # share move by that one GPU's terms, so no after state is summed from scratch.
+            taken = lefts - self.milli
+            after_below = {
+                milli: (
+                    small[:, None] - np.where(lefts < milli, lefts, 0) + np.where(taken < milli, taken, 0),
+                    at_least[:, None] - (lefts >= milli) + (taken >= milli),
+                )
+                for milli, (small, at_least) in below.items()
+            }
+            grid = np.broadcast_to
+            shape = lefts.shape
+            frag_after = self._accumulate(
+                after_below,
+                grid((total - self.milli)[:, None], shape),
+                grid(cpu_after[:, None], shape),
+                grid(known[:, None], shape),
+            )
+            delta = before[:, None] - frag_after
+            if strand and stranded_before is not None:
+                n, g = shape
+                after = np.repeat(lefts[:, None, :], g, axis=1)
+                cols = np.arange(g)
+                after[:, cols, cols] = taken
+                stranded_after = self._stranded(
+                    after.reshape(n * g, g),
+                    np.repeat(healthy[:, None, :], g, axis=1).reshape(n * g, g),
+                    np.repeat(cpu_after, g),
+                    np.repeat(known, g),
+                ).reshape(n, g)
+                delta = delta + strand * (stranded_before[:, None] - stranded_after)
+            else:
+                delta = delta + 0.0
+            if options.settle_weight:
+                settled = np.asarray(workload.settled_waste(), dtype=np.float64)
+                rest = np.clip(free - self.milli, 0, MILLI_PER_GPU)  # GPUs that do not fit are masked
+                delta = delta + options.settle_weight * (settled[free] - settled[rest])
+            scores = self._sigmoid(delta)
+            best: Floats = np.where(fit, scores, -1.0).max(axis=1)
+            return best
+        # Whole and multi-GPU: the best-fit GPUs (least free first) each lose the demand's share.
+        order = np.argsort(np.where(fit, free, _NOT_FITTING), axis=1, kind="stable")
+        after = lefts.copy()
+        after[np.arange(len(after))[:, None], order[:, : demand.count]] -= self.milli
+        delta = before - self._accumulate(self._below(after), after.sum(axis=1), cpu_after, known)
+        if strand and stranded_before is not None:
+            stranded_after = self._stranded(after, healthy, cpu_after, known)
+            delta = delta + strand * (stranded_before - stranded_after)
+        else:
+            delta = delta + 0.0
+        return self._sigmoid(delta)
+
+    def _below(self, lefts: Ints) -> dict[int, tuple[Ints, Ints]]:
+        """Per shape share: the free shares below it summed, and how many GPUs have at least it."""
+        out: dict[int, tuple[Ints, Ints]] = {}
+        for _, milli, count, _ in self.workload.plan(self.model):
+            if count and milli not in out:
+                small = lefts < milli
+                out[milli] = np.where(small, lefts, 0).sum(axis=1), (~small).sum(axis=1)
+        return out
+
+    def _accumulate(
+        self, below: dict[int, tuple[Ints, Ints]], total: Ints, cpu: Ints, known: Bools
+    ) -> Floats:
+        """`node_frag` per element from `_below`'s sums, with `cpu` free where `known`."""
+        frag = np.zeros(total.shape, dtype=np.float64)
+        # Shape order and one multiply-add per shape, as node_frag: the same float in every element.
+        for weight, milli, count, shape_cpu in self.workload.plan(self.model):
+            if count:
+                small_sum, at_least = below[milli]
+                ok = (at_least >= count) & (~known | (cpu >= shape_cpu))
+                frag = frag + weight * np.where(ok, small_sum, total)
+            else:
+                frag = frag + weight * total
+        return frag
+
+    def _stranded(self, lefts: Ints, healthy: Bools, cpu: Ints, known: Bools) -> Floats:
+        """`TargetWorkload.cpu_stranded` per row: free shares summed in ascending order, as the scalar sum."""
+        ratio = self.workload.cpu_per_milli
+        if ratio is None:
+            return np.zeros(len(lefts), dtype=np.float64)
+        settled = np.asarray(self.workload.settled_waste(), dtype=np.float64)
+        keyed = np.sort(np.where(healthy, lefts, -1), axis=1)
+        usable = np.zeros(len(lefts), dtype=np.float64)
+        for j in range(keyed.shape[1]):
+            x = keyed[:, j]
+            usable = usable + np.where(x >= 0, x - settled[np.maximum(x, 0)], 0.0)
+        stranded = np.maximum(0.0, usable - cpu / ratio)
+        return np.where(known, stranded, 0.0)
+
+    def _sigmoid(self, delta: Floats) -> Floats:
+        """`score_of` per element; values next to an integer are computed again with math.exp."""
+        value = 100.0 / (1.0 + np.exp(-delta / MILLI_PER_GPU))
+        out = np.floor(value)
+        near = np.flatnonzero(((value - out) < _NEAR_INTEGER) | ((out + 1.0 - value) < _NEAR_INTEGER))
+        flat_out, flat_delta = out.reshape(-1), delta.reshape(-1)
+        for i in near.tolist():
+            flat_out[i] = score_of(float(flat_delta[i]))
+        return out

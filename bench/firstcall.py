@@ -1,0 +1,87 @@
+"""How long the first filter of a new pod shape takes in-process: one Ranking brought up from nothing.
+
+The extender's first request for a shape judges every node (`Ranking.update` with `full`). This runs that
+pass alone, in one process, on bench/extender.py's cluster (N nodes x 8 A100-40GB GPUs, 10 resident pods
+per GPU of 20/50/80/100 milli, so nearly every node state is distinct), for the bench's three new shapes
+(100/250/500 milli) under the default policy, and reports CPU time (time.process_time, so the other
+builds on a shared machine count less): the medians of --runs passes per shape, with the node views
+already built (a new shape in a live extender) and the one-off cost of building the views (a fresh process).
+
+Usage: .venv/bin/python bench/firstcall.py [--nodes 1000,5000] [--runs 5] [--out bench/results/firstcall.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from app.explain import reason_text  # noqa: E402
+from app.model import Demand  # noqa: E402
+from app.placement import TargetWorkload, default_workload, registry  # noqa: E402
+from app.placement.ranking import Ranking  # noqa: E402
+from bench.extender import build_cache  # noqa: E402
+
+SHAPES = (100, 250, 500)
+
+
+def measure(n_nodes: int, runs: int, policy_name: str) -> dict[str, Any]:
+    cache, _ = build_cache(n_nodes, random.Random(7))
+    t0 = time.process_time()
+    frame = cache.frame(None)  # builds every node's view (a fresh process's first request does this)
+    views_ms = (time.process_time() - t0) * 1e3
+    gc.freeze()  # as the extender does once synced (extender.runtime.settle_heap)
+    per_shape: dict[str, float] = {}
+    fitting: dict[str, int] = {}
+    for milli in SHAPES:
+        times = []
+        for _ in range(runs):
+            # A fresh workload: no fragmentation memo left from the previous run or shape.
+            policy = registry.create(policy_name, TargetWorkload(default_workload().shapes))
+            ranking = Ranking(Demand(1, milli=milli), policy, reason_text)
+            t1 = time.process_time()
+            ranking.update(frame.token, frame.changed, frame.rank, frame.full)
+            times.append((time.process_time() - t1) * 1e3)
+        per_shape[str(milli)] = round(statistics.median(times), 2)
+        fitting[str(milli)] = len(ranking.verdicts) - len(ranking.refused)
+    return {
+        "nodes": n_nodes,
+        "policy": policy_name,
+        "runs": runs,
+        "build_views_cpu_ms": round(views_ms, 1),
+        "first_pass_cpu_ms_median": per_shape,
+        "fitting_nodes": fitting,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--nodes", default="1000,5000")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--policy", default="fragaware")
+    ap.add_argument("--out", default=str(REPO / "bench" / "results" / "firstcall.json"))
+    args = ap.parse_args()
+    results = [measure(int(n), args.runs, args.policy) for n in args.nodes.split(",")]
+    out = {
+        "command": " ".join([".venv/bin/python", "bench/firstcall.py", *sys.argv[1:]]),
+        "python": platform.python_version(),
+        "load_average": os.getloadavg(),
+        "results": results,
+    }
+    print(json.dumps(out, indent=2))
+    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

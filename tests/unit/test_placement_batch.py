@@ -1,0 +1,125 @@
+"""The numpy pass judges every node exactly as the policy does one node at a time.
+
+Random clusters mix what the pass models (whole GPUs of one kind: fractions, memory shares, whole and
+multi-GPU demands, unhealthy GPUs, CPU- and memory-limited hosts, foreign memory use) with what it hands
+back to the policy (MIG devices, mixed models, cordoned and MPS-less nodes); every answer it gives must
+be the policy's own, float for float, refusals field for field.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from app.model import Demand, Gpu, Node
+from app.placement import batch, registry
+from app.placement.fragaware import FragAware, FragOptions
+from app.placement.workload import default_workload
+
+DEMANDS = (
+    Demand(1, milli=100),
+    Demand(1, milli=250, cpu_milli=4000),
+    Demand(1, milli=500, host_memory_mib=2048),
+    Demand(1, milli=810),
+    Demand(1, memory_mib=4096),
+    Demand(1, memory_mib=30000, cpu_milli=12000),
+    Demand(1, milli=1000, cpu_milli=8000),
+    Demand(2, milli=1000),
+    Demand(2, milli=600),
+    Demand(3, memory_mib=8000),
+    Demand(1, milli=300, models=frozenset({"A100-40GB"})),
+    Demand(1, milli=300, models=frozenset({"H100-80GB"})),
+    Demand(1, milli=200, needs_mps=True),
+)
+
+
+def random_gpu(rng: random.Random, index: int, model: str, memory: int) -> Gpu:
+    used = rng.choice((0, 0, 0, 1000, rng.randrange(0, 1001, 10), rng.randrange(0, 1001)))
+    return Gpu(
+        index,
+        model,
+        memory,
+        milli_used=used,
+        memory_used_mib=used * memory // 1000,
+        foreign_mib=rng.choice((0, 0, 0, 0, 512, rng.randrange(0, memory))),
+        healthy=rng.random() > 0.1,
+        utilization_percent=rng.choice((None, rng.randrange(100))),
+    )
+
+
+def random_node(rng: random.Random, i: int) -> Node:
+    model, memory = rng.choice((("A100-40GB", 40960), ("H100-80GB", 81920)))
+    n = rng.choice((1, 2, 4, 8, 8))
+    gpus = [random_gpu(rng, g, model, memory) for g in range(n)]
+    odd = rng.random()
+    if odd < 0.05:  # a MIG device among the GPUs
+        gpus.append(Gpu(100 * n + 100, model, 10240, mig_profile="1g.10gb", parent=n))
+    elif odd < 0.08:  # GPUs of two models
+        gpus.append(random_gpu(rng, n, "T4", 15360))
+    elif odd < 0.1:
+        gpus = []
+    return Node(
+        f"n{i}",
+        tuple(gpus),
+        cpu_milli_free=rng.choice((None, rng.randrange(0, 96_000), rng.randrange(0, 16_000))),
+        memory_mib_free=rng.choice((None, rng.randrange(0, 512_000), rng.randrange(0, 4096))),
+        schedulable=rng.random() > 0.05,
+        unschedulable_reason="cordoned",
+        mps=rng.random() > 0.1,
+        mps_reason="no daemon",
+    )
+
+
+POLICIES = {
+    "fragaware": lambda: registry.create("fragaware"),
+    "fgd": lambda: registry.create("fgd"),
+    "settle-only": lambda: FragAware(default_workload(), options=FragOptions(settle_weight=0.5)),
+    "strand-only": lambda: FragAware(default_workload(), options=FragOptions(strand_weight=0.7)),
+}
+
+
+@pytest.mark.parametrize("policy_name", sorted(POLICIES))
+@pytest.mark.parametrize("seed", range(6))
+def test_the_pass_answers_as_the_policy(policy_name: str, seed: int) -> None:
+    rng = random.Random(seed)
+    policy = POLICIES[policy_name]()
+    nodes = [random_node(rng, i) for i in range(300)]
+    answered = 0
+    for demand in DEMANDS:
+        got = batch.judge(nodes, demand, policy)
+        for node, answer in zip(nodes, got, strict=True):
+            if answer is None:
+                continue
+            answered += 1
+            reason = policy.filter(node, demand)
+            if reason is not None:
+                assert answer == reason, (node, demand)
+            else:
+                assert answer == policy.score(node, demand), (node, demand)
+    assert answered > 0.5 * len(nodes) * len(DEMANDS)  # the pass answers for most nodes (host refusals aside)
+
+
+def test_the_pass_scores_bench_like_nodes_exactly() -> None:
+    """8 GPUs each with many small resident shares: nearly every node state distinct, scores spread."""
+    rng = random.Random(3)
+    policy = registry.create("fragaware")
+    nodes = []
+    for i in range(400):
+        used = [sum(rng.choice((20, 50, 80, 100)) for _ in range(rng.randrange(0, 13))) for _ in range(8)]
+        gpus = tuple(Gpu(g, "A100-40GB", 40960, milli_used=min(u, 1000)) for g, u in enumerate(used))
+        nodes.append(Node(f"n{i}", gpus, cpu_milli_free=rng.randrange(2000, 128_000)))
+    for milli in (100, 250, 500, 1000):
+        for count in (1, 2) if milli == 1000 else (1,):
+            demand = Demand(count, milli=milli, cpu_milli=2000)
+            got = batch.judge(nodes, demand, policy)
+            assert all(a is not None for a in got)
+            want = [policy.filter(n, demand) or policy.score(n, demand) for n in nodes]
+            assert got == want
+
+
+def test_other_policies_and_mig_demands_are_left_to_the_policy() -> None:
+    nodes = [random_node(random.Random(1), i) for i in range(20)]
+    assert set(batch.judge(nodes, Demand(1, milli=100), registry.create("binpack"))) == {None}
+    mig = Demand(1, memory_mib=10240, mig=True)
+    assert set(batch.judge(nodes, mig, registry.create("fragaware"))) == {None}
