@@ -31,6 +31,12 @@ from app.explain import reason_text  # noqa: E402
 from app.model import Demand  # noqa: E402
 from app.placement import TargetWorkload, default_workload, registry  # noqa: E402
 from app.placement.ranking import Ranking  # noqa: E402
+
+try:  # the array pass's row table; absent before it (this script measures that commit too: --before)
+    from app.placement.batch import Rows
+except ImportError:
+    Rows = None  # type: ignore[assignment,misc]
+
 from bench.extender import build_cache  # noqa: E402
 
 SHAPES = (100, 250, 500)
@@ -42,18 +48,28 @@ def measure(n_nodes: int, runs: int, policy_name: str) -> dict[str, Any]:
     frame = cache.frame(None)  # builds every node's view (a fresh process's first request does this)
     views_ms = (time.process_time() - t0) * 1e3
     gc.freeze()  # as the extender does once synced (extender.runtime.settle_heap)
-    per_shape: dict[str, float] = {}
+    per_shape: dict[str, dict[str, float]] = {}
     fitting: dict[str, int] = {}
+    nodes = [n for n in frame.changed.values() if n is not None]
     for milli in SHAPES:
-        times = []
+        demand = Demand(1, milli=milli)
+        times: dict[str, list[float]] = {"fresh_rows": [], "shared_rows": []}
         for _ in range(runs):
-            # A fresh workload: no fragmentation memo left from the previous run or shape.
-            policy = registry.create(policy_name, TargetWorkload(default_workload().shapes))
-            ranking = Ranking(Demand(1, milli=milli), policy, reason_text)
-            t1 = time.process_time()
-            ranking.update(frame.token, frame.changed, frame.rank, frame.full)
-            times.append((time.process_time() - t1) * 1e3)
-        per_shape[str(milli)] = round(statistics.median(times), 2)
+            for key, samples in times.items():
+                extra = []
+                if Rows is not None:
+                    rows = Rows()
+                    if key == "shared_rows":  # another shape's pass read the nodes already
+                        for node in nodes:
+                            rows.get(node)
+                    extra.append(rows)
+                # A fresh workload: no fragmentation memo left from the previous run or shape.
+                policy = registry.create(policy_name, TargetWorkload(default_workload().shapes))
+                ranking = Ranking(demand, policy, reason_text, *extra)
+                t1 = time.process_time()
+                ranking.update(frame.token, frame.changed, frame.rank, frame.full)
+                samples.append((time.process_time() - t1) * 1e3)
+        per_shape[str(milli)] = {k: round(statistics.median(v), 2) for k, v in times.items()}
         fitting[str(milli)] = len(ranking.verdicts) - len(ranking.refused)
     return {
         "nodes": n_nodes,

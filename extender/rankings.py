@@ -10,6 +10,7 @@ from app.explain import reason_text
 from app.kube.cache import ClusterCache
 from app.model import Demand
 from app.placement import Policy
+from app.placement.batch import Rows
 from app.placement.ranking import Ranking, Standings
 
 # Shapes ranked at once. Each ranking holds one verdict per node; pods come in a handful of shapes,
@@ -26,6 +27,7 @@ class Rankings:
         self.max_shapes = max_shapes
         self._lock = threading.Lock()
         self._rankings: dict[Demand, Ranking] = {}
+        self._rows = Rows()  # what the array pass reads of each node, shared by every shape
 
     @contextmanager
     def standings(self, demand: Demand, exclude_uid: str = "") -> Iterator[Standings]:
@@ -35,7 +37,7 @@ class Rankings:
             if ranking is None:
                 if len(self._rankings) >= self.max_shapes:
                     self._rankings.clear()
-                ranking = self._rankings[demand] = Ranking(demand, self.policy, reason_text)
+                ranking = self._rankings[demand] = Ranking(demand, self.policy, reason_text, self._rows)
             frame = self.cache.frame(ranking.token, exclude_uid)
             ranking.update(frame.token, frame.changed, frame.rank, frame.full)
             yield ranking.standings(frame.adjusted)

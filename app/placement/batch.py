@@ -12,6 +12,7 @@ refusals other than a GPU share or memory shortfall are left to the policy itsel
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import chain
 from operator import attrgetter
 
 import numpy as np
@@ -43,30 +44,71 @@ def covers(policy: Policy, demand: Demand) -> bool:
     )
 
 
-def judge(nodes: Sequence[Node], demand: Demand, policy: Policy) -> list[Judged | None]:
-    """Per node: the refusal `policy.filter` gives, else `policy.score`; None where the caller must ask."""
-    out: list[Judged | None] = [None] * len(nodes)
-    if not isinstance(policy, FragAware) or not covers(policy, demand):
-        return out
-    groups: dict[tuple[int, str, int], tuple[list[int], list[tuple[int, int, int, int]]]] = {}
-    for i, node in enumerate(nodes):
-        gpus = node.gpus
-        kinds = set(map(_kind, gpus))
-        if len(kinds) != 1:
-            continue  # no GPUs, or GPUs of several models or sizes
-        model, memory_mib, mig_profile = kinds.pop()
-        if mig_profile:
-            continue
-        idx, rows = groups.setdefault((len(gpus), model, memory_mib), ([], []))
-        idx.append(i)
-        rows.extend(map(_usage, gpus))
-    for (_, model, memory_mib), (idx, rows) in groups.items():
-        _Pass(policy, demand, (model, memory_mib), [nodes[i] for i in idx], rows).fill(out, idx)
-    return out
+Group = tuple[int, str, int]  # GPUs, model, memory of each GPU
+Row = tuple[
+    Group, tuple[int, ...]
+]  # a node's group and its GPUs' (milli used, healthy, memory used, foreign)
+# Node states whose rows are kept: a pass over 5 000 nodes reads 40 000 GPUs, a third of its time.
+ROWS_SIZE = 20_000
+
+
+class Rows:
+    """What the pass reads of each node object, kept across demands (a node's GPUs are one for every pod).
+
+    Keyed by the node object's identity, as MemoPolicy: each entry keeps its node alive, and a changed
+    node is a new object. A table that fills up is started over.
+    """
+
+    def __init__(self, size: int = ROWS_SIZE) -> None:
+        self.size = size
+        self._table: dict[int, tuple[Node, Row | None]] = {}
+
+    def get(self, node: Node) -> Row | None:
+        """The node's row; None when the pass does not model it."""
+        hit = self._table.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        row = _row(node)
+        if len(self._table) >= self.size:
+            self._table.clear()
+        self._table[id(node)] = (node, row)
+        return row
+
+
+def _row(node: Node) -> Row | None:
+    """None unless every GPU is a whole GPU of one model and size (MIG devices and mixes: the policy's)."""
+    gpus = node.gpus
+    kinds = set(map(_kind, gpus))
+    if len(kinds) != 1:
+        return None  # no GPUs, or GPUs of several models or sizes
+    model, memory_mib, mig_profile = kinds.pop()
+    if mig_profile:
+        return None
+    return (len(gpus), model, memory_mib), tuple(chain.from_iterable(map(_usage, gpus)))
 
 
 _kind = attrgetter("model", "memory_mib", "mig_profile")
 _usage = attrgetter("milli_used", "healthy", "memory_used_mib", "foreign_mib")
+
+
+def judge(
+    nodes: Sequence[Node], demand: Demand, policy: Policy, rows: Rows | None = None
+) -> list[Judged | None]:
+    """Per node: the refusal `policy.filter` gives, else `policy.score`; None where the caller must ask."""
+    out: list[Judged | None] = [None] * len(nodes)
+    if not isinstance(policy, FragAware) or not covers(policy, demand):
+        return out
+    get = (rows or Rows()).get
+    groups: dict[Group, tuple[list[int], list[int]]] = {}
+    for i, node in enumerate(nodes):
+        row = get(node)
+        if row is not None:
+            idx, usage = groups.setdefault(row[0], ([], []))
+            idx.append(i)
+            usage += row[1]
+    for (_, model, memory_mib), (idx, usage) in groups.items():
+        _Pass(policy, demand, (model, memory_mib), [nodes[i] for i in idx], usage).fill(out, idx)
+    return out
 
 
 def _column(values: list[int | None]) -> tuple[Ints, Bools]:
@@ -84,13 +126,13 @@ class _Pass:
         demand: Demand,
         kind: tuple[str, int],
         nodes: list[Node],
-        rows: list[tuple[int, int, int, int]],
+        usage: list[int],
     ):
         model, memory_mib = kind  # of every GPU of these nodes
         self.policy, self.demand, self.model, self.nodes = policy, demand, model, nodes
         self.workload: TargetWorkload = policy.workload
         self.milli, self.mib = demand.on(memory_mib)
-        gpus = np.array(rows, dtype=np.int64).reshape(len(nodes), -1, 4)
+        gpus = np.fromiter(usage, dtype=np.int64, count=len(usage)).reshape(len(nodes), -1, 4)
         self.free: Ints = MILLI_PER_GPU - gpus[:, :, 0]
         self.healthy: Bools = gpus[:, :, 1] != 0
         foreign = gpus[:, :, 3]
@@ -108,6 +150,10 @@ class _Pass:
         self.share_ok = self.healthy & (self.milli <= self.free)
         self.gpu_fit = self.share_ok & (self.mib <= self.room) & demand.accepts(model)
         self.fits = host_ok & (self.gpu_fit.sum(axis=1) >= demand.count)
+        # The shares the workload's shapes ask, where node_frag splits a node's free shares.
+        shares = sorted({milli for _, milli, count, _ in self.workload.plan(model) if count})
+        self.thresholds: Ints = np.array(shares, dtype=np.int64)
+        self.threshold_index = {milli: i for i, milli in enumerate(shares)}
 
     def fill(self, out: list[Judged | None], idx: list[int]) -> None:
         fitting = np.flatnonzero(self.fits)
@@ -158,33 +204,23 @@ class _Pass:
         cpu, known = self.cpu[fitting], self.cpu_known[fitting]
         lefts = np.where(healthy, free, 0)  # an unhealthy GPU adds nothing to any frag sum
         cpu_after = cpu - demand.cpu_milli
-        below = self._below(lefts)
+        small, at_least, below = self._below(lefts)
         total = lefts.sum(axis=1)
-        before = self._accumulate(below, total, cpu, known)
+        before = self._accumulate(small, at_least, total, self._cpu_ok(cpu, known))
         strand = options.strand_weight
         stranded_before = self._stranded(lefts, healthy, cpu, known) if strand else None
         if demand.count == 1 and not demand.is_whole:
-            # One "after" state per GPU: that GPU's free share less the demand. Sums below each shape's
-            # share move by that one GPU's terms, so no after state is summed from scratch.
+            # One "after" state per GPU: that GPU's free share less the demand. The sums below each
+            # shape's share move by that one GPU's terms, so no after state is summed from scratch.
             taken = lefts - self.milli
-            after_below = {
-                milli: (
-                    small[:, None] - np.where(lefts < milli, lefts, 0) + np.where(taken < milli, taken, 0),
-                    at_least[:, None] - (lefts >= milli) + (taken >= milli),
-                )
-                for milli, (small, at_least) in below.items()
-            }
-            grid = np.broadcast_to
-            shape = lefts.shape
-            frag_after = self._accumulate(
-                after_below,
-                grid((total - self.milli)[:, None], shape),
-                grid(cpu_after[:, None], shape),
-                grid(known[:, None], shape),
-            )
+            taken_below = taken < self.thresholds[:, None, None]
+            after_small = small[:, :, None] - np.where(below, lefts, 0) + np.where(taken_below, taken, 0)
+            after_at_least = at_least[:, :, None] + below - taken_below
+            cpu_ok = {c: ok[:, None] for c, ok in self._cpu_ok(cpu_after, known).items()}
+            frag_after = self._accumulate(after_small, after_at_least, (total - self.milli)[:, None], cpu_ok)
             delta = before[:, None] - frag_after
             if strand and stranded_before is not None:
-                n, g = shape
+                n, g = lefts.shape
                 after = np.repeat(lefts[:, None, :], g, axis=1)
                 cols = np.arange(g)
                 after[:, cols, cols] = taken
@@ -208,7 +244,9 @@ class _Pass:
         order = np.argsort(np.where(fit, free, _NOT_FITTING), axis=1, kind="stable")
         after = lefts.copy()
         after[np.arange(len(after))[:, None], order[:, : demand.count]] -= self.milli
-        delta = before - self._accumulate(self._below(after), after.sum(axis=1), cpu_after, known)
+        after_small, after_at_least, _ = self._below(after)
+        cpu_ok = self._cpu_ok(cpu_after, known)
+        delta = before - self._accumulate(after_small, after_at_least, after.sum(axis=1), cpu_ok)
         if strand and stranded_before is not None:
             stranded_after = self._stranded(after, healthy, cpu_after, known)
             delta = delta + strand * (stranded_before - stranded_after)
@@ -216,26 +254,30 @@ class _Pass:
             delta = delta + 0.0
         return self._sigmoid(delta)
 
-    def _below(self, lefts: Ints) -> dict[int, tuple[Ints, Ints]]:
-        """Per shape share: the free shares below it summed, and how many GPUs have at least it."""
-        out: dict[int, tuple[Ints, Ints]] = {}
-        for _, milli, count, _ in self.workload.plan(self.model):
-            if count and milli not in out:
-                small = lefts < milli
-                out[milli] = np.where(small, lefts, 0).sum(axis=1), (~small).sum(axis=1)
-        return out
+    def _below(self, lefts: Ints) -> tuple[Floats, Floats, Bools]:
+        """Per threshold (a shape's share) and row: the free shares below it summed, how many GPUs have
+        at least it, and which GPUs are below it (thresholds first). Sums of integers: exact as floats."""
+        below = lefts < self.thresholds[:, None, None]
+        ones = np.ones(lefts.shape[1], dtype=np.float64)
+        small: Floats = np.where(below, lefts, 0).astype(np.float64) @ ones
+        at_least: Floats = lefts.shape[1] - below.astype(np.float64) @ ones
+        return small, at_least, below
+
+    def _cpu_ok(self, cpu: Ints, known: Bools) -> dict[int, Bools]:
+        """Per CPU request of the workload's shapes: whether each node has that much CPU free."""
+        return {c: ~known | (cpu >= c) for _, _, count, c in self.workload.plan(self.model) if count}
 
     def _accumulate(
-        self, below: dict[int, tuple[Ints, Ints]], total: Ints, cpu: Ints, known: Bools
+        self, small: Floats, at_least: Floats, total: Ints | Floats, cpu_ok: dict[int, Bools]
     ) -> Floats:
-        """`node_frag` per element from `_below`'s sums, with `cpu` free where `known`."""
-        frag = np.zeros(total.shape, dtype=np.float64)
+        """`node_frag` per element from `_below`'s sums and `_cpu_ok`'s answers."""
+        frag = np.zeros(small.shape[1:], dtype=np.float64)
         # Shape order and one multiply-add per shape, as node_frag: the same float in every element.
         for weight, milli, count, shape_cpu in self.workload.plan(self.model):
             if count:
-                small_sum, at_least = below[milli]
-                ok = (at_least >= count) & (~known | (cpu >= shape_cpu))
-                frag = frag + weight * np.where(ok, small_sum, total)
+                t = self.threshold_index[milli]
+                ok = (at_least[t] >= count) & cpu_ok[shape_cpu]
+                frag = frag + weight * np.where(ok, small[t], total)
             else:
                 frag = frag + weight * total
         return frag

@@ -37,12 +37,14 @@ def judge(node: Node, demand: Demand, policy: Policy) -> Verdict:
     return Verdict(node, reason) if reason is not None else Verdict(node, None, policy.score(node, demand))
 
 
-def judge_all(nodes: list[Node], demand: Demand, policy: Policy) -> list[Verdict]:
+def judge_all(
+    nodes: list[Node], demand: Demand, policy: Policy, rows: batch.Rows | None = None
+) -> list[Verdict]:
     """`judge` on every node: in one array pass where `batch` covers the policy, else one by one."""
     if not batch.covers(policy, demand):
         return [judge(node, demand, policy) for node in nodes]
     out = []
-    for node, answer in zip(nodes, batch.judge(nodes, demand, policy), strict=True):
+    for node, answer in zip(nodes, batch.judge(nodes, demand, policy, rows), strict=True):
         if answer is None:
             out.append(judge(node, demand, policy))
         elif isinstance(answer, PlacementReason):
@@ -66,11 +68,16 @@ class Ranking:
     """Verdicts on every node for one demand, updated from the names that changed since `token`."""
 
     def __init__(
-        self, demand: Demand, policy: Policy, describe: Callable[[PlacementReason], str] = _rule
+        self,
+        demand: Demand,
+        policy: Policy,
+        describe: Callable[[PlacementReason], str] = _rule,
+        rows: batch.Rows | None = None,
     ) -> None:
         self.demand = demand
         self.policy = policy
         self.describe = describe  # a refusal's text, as the caller shows it
+        self.rows = rows if rows is not None else batch.Rows()  # share one between the rankings of a cache
         self.token: int | None = None  # the change-log position the verdicts reflect; None: nothing yet
         self.rank: Mapping[str, int] = {}
         self.verdicts: dict[str, Verdict] = {}
@@ -88,7 +95,7 @@ class Ranking:
             current = {name: node for name, node in changed.items() if node is not None}
             kept = {n: v for n, v in old.items() if (node := current.get(n)) is not None and v.node is node}
             todo = [name for name in current if name not in kept]
-            judged = judge_all([current[n] for n in todo], self.demand, self.policy)
+            judged = judge_all([current[n] for n in todo], self.demand, self.policy, self.rows)
             kept.update(zip(todo, judged, strict=True))
             for name in current:
                 v = kept[name]
@@ -105,7 +112,7 @@ class Ranking:
             present = {name: node for name, node in changed.items() if node is not None}
             nodes = list(present.values())
             if len(nodes) >= BATCH_MIN:
-                verdicts = judge_all(nodes, self.demand, self.policy)
+                verdicts = judge_all(nodes, self.demand, self.policy, self.rows)
             else:
                 verdicts = [judge(node, self.demand, self.policy) for node in nodes]
             for name, v in zip(present, verdicts, strict=True):
