@@ -287,12 +287,14 @@ class _Pass:
         ratio = self.workload.cpu_per_milli
         if ratio is None:
             return np.zeros(len(lefts), dtype=np.float64)
+        # x - V[x] per free share x, and 0.0 at index -1 for GPUs left out (adding 0.0 changes no sum).
         settled = np.asarray(self.workload.settled_waste(), dtype=np.float64)
-        keyed = np.sort(np.where(healthy, lefts, -1), axis=1)
-        usable = np.zeros(len(lefts), dtype=np.float64)
-        for j in range(keyed.shape[1]):
-            x = keyed[:, j]
-            usable = usable + np.where(x >= 0, x - settled[np.maximum(x, 0)], 0.0)
+        usable_of = np.append(np.arange(len(settled)) - settled, 0.0)
+        keyed = np.sort(np.where(healthy, np.clip(lefts, 0, MILLI_PER_GPU), -1), axis=1)
+        terms = usable_of[keyed].T.copy()  # one contiguous row per position in the ascending order
+        usable = terms[0]
+        for term in terms[1:]:
+            usable = usable + term
         stranded = np.maximum(0.0, usable - cpu / ratio)
         return np.where(known, stranded, 0.0)
 

@@ -12,9 +12,11 @@ import random
 
 import pytest
 
+from app.explain import reason_text
 from app.model import Demand, Gpu, Node
 from app.placement import batch, registry
-from app.placement.fragaware import FragAware, FragOptions
+from app.placement.fragaware import GPUPACK_OPTIONS, FragAware, FragOptions
+from app.placement.ranking import Ranking
 from app.placement.workload import default_workload
 
 DEMANDS = (
@@ -123,3 +125,35 @@ def test_other_policies_and_mig_demands_are_left_to_the_policy() -> None:
     assert set(batch.judge(nodes, Demand(1, milli=100), registry.create("binpack"))) == {None}
     mig = Demand(1, memory_mib=10240, mig=True)
     assert set(batch.judge(nodes, mig, registry.create("fragaware"))) == {None}
+
+
+class OneByOne(FragAware):
+    """The same policy, which the pass does not cover (another type): judged node by node."""
+
+
+def test_a_ranking_from_the_pass_equals_one_judged_node_by_node() -> None:
+    rng = random.Random(11)
+    nodes = {f"n{i}": random_node(rng, i) for i in range(400)}
+    rank = {name: i for i, name in enumerate(nodes)}
+    workload = default_workload()
+    fast_policy = FragAware(workload, options=GPUPACK_OPTIONS)
+    slow_policy = OneByOne(workload, options=GPUPACK_OPTIONS)
+    rows = batch.Rows()
+    for demand in DEMANDS:
+        fast = Ranking(demand, fast_policy, reason_text, rows)
+        slow = Ranking(demand, slow_policy, reason_text)
+        assert batch.covers(fast_policy, demand) or demand.mig
+        assert not batch.covers(slow_policy, demand)
+        for r in (fast, slow):
+            r.update(1, nodes, rank, full=True)
+        assert {n: (v.reason, v.score) for n, v in fast.verdicts.items()} == {
+            n: (v.reason, v.score) for n, v in slow.verdicts.items()
+        }
+        assert fast.refused == slow.refused
+        assert fast.best(nodes.keys(), ()) == slow.best(nodes.keys(), ())
+        # Many nodes change at once (a relist): judged again in one pass, still the same answers.
+        changed = {n: node.reserve(()).charge_host(1000, 0) for n, node in list(nodes.items())[:100]}
+        for r in (fast, slow):
+            r.update(2, changed, rank, full=False)
+        assert fast.refused == slow.refused
+        assert fast.best(nodes.keys(), ()) == slow.best(nodes.keys(), ())
