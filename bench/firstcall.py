@@ -7,7 +7,11 @@ per GPU of 20/50/80/100 milli, so nearly every node state is distinct), for the 
 builds on a shared machine count less): the medians of --runs passes per shape, with the node views
 already built (a new shape in a live extender) and the one-off cost of building the views (a fresh process).
 
-Usage: .venv/bin/python bench/firstcall.py [--nodes 1000,5000] [--runs 5] [--out bench/results/firstcall.json]
+Usage: .venv/bin/python bench/firstcall.py [--nodes 1000,5000] [--runs 3] [--label after]
+       [--out bench/results/firstcall.json]
+Results go under `--label` in --out, next to the other labels there: the "before" figures come from this
+script run on the commit before the array pass (`git archive <commit> | tar -x -C DIR`, copy this script
+into DIR/bench, run it from this checkout's venv with --label before).
 """
 
 from __future__ import annotations
@@ -84,19 +88,23 @@ def measure(n_nodes: int, runs: int, policy_name: str) -> dict[str, Any]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--nodes", default="1000,5000")
-    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--label", default="after", help="key of these results in --out")
     ap.add_argument("--policy", default="fragaware")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "firstcall.json"))
     args = ap.parse_args()
     results = [measure(int(n), args.runs, args.policy) for n in args.nodes.split(",")]
-    out = {
+    run = {
         "command": " ".join([".venv/bin/python", "bench/firstcall.py", *sys.argv[1:]]),
         "python": platform.python_version(),
-        "load_average": os.getloadavg(),
+        "load_average": [round(x, 1) for x in os.getloadavg()],
         "results": results,
     }
-    print(json.dumps(out, indent=2))
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
+    print(json.dumps(run, indent=2))
+    path = Path(args.out)
+    out = json.loads(path.read_text()) if path.exists() else {"what": __doc__.split("\n")[0]}
+    out[args.label] = run
+    path.write_text(json.dumps(out, indent=2) + "\n")
 
 
 if __name__ == "__main__":
