@@ -13,7 +13,7 @@ import random
 import pytest
 
 from app.explain import reason_text
-from app.model import Demand, Gpu, Node
+from app.model import Allocation, Demand, Gpu, Node
 from app.placement import batch, registry
 from app.placement.fragaware import GPUPACK_OPTIONS, FragAware, FragOptions
 from app.placement.ranking import Ranking
@@ -157,3 +157,21 @@ def test_a_ranking_from_the_pass_equals_one_judged_node_by_node() -> None:
             r.update(2, changed, rank, full=False)
         assert fast.refused == slow.refused
         assert fast.best(nodes.keys(), ()) == slow.best(nodes.keys(), ())
+
+
+def test_rows_kept_across_shapes_follow_changed_nodes() -> None:
+    """A node that took a pod is a new object: its GPUs are read again, never answered from the old row."""
+    rng = random.Random(5)
+    policy = registry.create("fragaware")
+    rows = batch.Rows(size=50)  # small: the table also starts over while in use
+    nodes = [random_node(rng, i) for i in range(40)]
+    for step in range(6):
+        demand = DEMANDS[step % len(DEMANDS)]
+        got = batch.judge(nodes, demand, policy, rows)
+        for node, answer in zip(nodes, got, strict=True):
+            if answer is not None:
+                assert answer == (policy.filter(node, demand) or policy.score(node, demand))
+        nodes = [
+            n.reserve((Allocation(n.name, (n.gpus[0].index,), (), 100, 1024),)) if n.gpus and k % 2 else n
+            for k, n in enumerate(nodes)
+        ]
