@@ -27,6 +27,10 @@ class Rankings:
         self._lock = threading.Lock()
         self._rankings: dict[Demand, Ranking] = {}
 
+    def ranked(self, demand: Demand) -> bool:
+        """Whether `demand`'s shape has a ranking (its next standings judge only the nodes that changed)."""
+        return demand in self._rankings
+
     @contextmanager
     def standings(self, demand: Demand, exclude_uid: str = "") -> Iterator[Standings]:
         """Every node's verdict on `demand` now, as `cache.nodes(exclude_uid=...)` would be judged."""

@@ -21,6 +21,7 @@ from app.placement import registry
 from extender.binder import Binder
 from extender.config import Settings
 from extender.main import create_app
+from extender.metrics import PendingReason
 from extender.runtime import StaticRuntime
 
 NOW = 1_700_000_000.0
@@ -159,18 +160,34 @@ class Env:
         return str(r.json()["Error"])
 
 
-def test_filter_reports_human_reasons_and_decides_one_node() -> None:
+def test_filter_decides_one_node_and_gives_reasons_only_when_none_passes() -> None:
     env = Env()
     env.kube.add(pod("big", 750, node="n1", alloc=Allocation("n1", (0,), (), 750, 12288)))
     env.kube.add(pod("big2", 750, node="n1", alloc=Allocation("n1", (1,), (), 750, 12288)))
     out = env.filter(pod("p", 500), ["n1", "n2", "ghost"])
-    assert out["NodeNames"] == ["n2"]
+    # A node passes: kube-scheduler binds there and never reads the other nodes' statuses.
+    assert out == {
+        "Nodes": None,
+        "NodeNames": ["n2"],
+        "FailedNodes": {},
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }
+    out = env.filter(pod("p", 500), ["n1", "ghost"])  # none passes: each node's reason, for the pod's event
+    assert out["NodeNames"] == []
     assert out["FailedNodes"] == {"n1": "no GPU with 0.50 free: best has 0.25"}
     assert out["FailedAndUnresolvableNodes"] == {
         "ghost": "no GPUNode object for this node: the gpupack agent does not run here"
     }
     assert out["Error"] == ""
-    assert set(out) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+    assert env.cache.pending_reason["uid-p"] == PendingReason.NO_FIT
+    # Without decide-in-filter every node's status is reported, whether or not one passes.
+    env2 = Env(decide=False)
+    env2.kube.add(pod("big", 750, node="n1", alloc=Allocation("n1", (0,), (), 750, 12288)))
+    env2.kube.add(pod("big2", 750, node="n1", alloc=Allocation("n1", (1,), (), 750, 12288)))
+    out = env2.filter(pod("p", 500), ["n1", "n2", "ghost"])
+    assert out["NodeNames"] == ["n2"] and set(out["FailedNodes"]) == {"n1"}
+    assert set(out["FailedAndUnresolvableNodes"]) == {"ghost"}
 
 
 def test_filter_decide_keeps_only_the_policy_choice() -> None:
