@@ -1,9 +1,10 @@
 """POST /filter, /prioritize, /bind: translate the wire format to the pure core and back.
 
 Filter and prioritize sit in kube-scheduler's path for every GPU pod, so their handlers are lean:
-`async def` taking the request itself (no dependency resolution per call), the answer serialised once by
-its schema (`model_dump_json`, no response-model validation). A malformed body is still FastAPI's:
-the body parameter is validated against the schema and answered 422 naming the field.
+`async def` taking the request itself (no dependency resolution per call), the answer encoded once
+(filter's by its schema's `model_dump_json`, prioritize's list by `json.dumps`), with no response-model
+validation. A malformed body is still FastAPI's: the body parameter is validated against the schema
+and answered 422 naming the field.
 
 A warm call (the pod's shape is ranked already) is answered on the event loop: about a millisecond of
 CPU, where the hop to the thread pool cost 0.15-0.2 ms more per call and a thread wake-up on a busy
@@ -13,6 +14,7 @@ nodes) and runs in the thread pool, so the loop keeps answering the ops port's p
 
 from __future__ import annotations
 
+import json
 import time
 
 from fastapi import APIRouter, HTTPException, Request, Response
@@ -80,7 +82,8 @@ def filter_answer(
     return result, False
 
 
-def prioritize_answer(rt: Runtime, args: schemas.ExtenderArgs, demand: PodDemand) -> schemas.HostPriorityList:
+def prioritize_answer(rt: Runtime, args: schemas.ExtenderArgs, demand: PodDemand) -> list[tuple[str, int]]:
+    """(node, 0..10) for each node of the request, in its order."""
     ready, why = rt.ready()
     if not ready:
         # The scheduler ignores prioritize errors, so a non-200 just means "no opinion".
@@ -91,7 +94,14 @@ def prioritize_answer(rt: Runtime, args: schemas.ExtenderArgs, demand: PodDemand
             scores = verbs.prioritize(names, standings)
     else:
         scores = [(n, 0) for n in names]
-    return schemas.HostPriorityList([schemas.HostPriority(Host=n, Score=s) for n, s in scores])
+    return scores
+
+
+def _priorities(scores: list[tuple[str, int]]) -> Response:
+    """A HostPriorityList. Encoded directly: a pydantic model per node cost twice the time at 5 000 nodes
+    (without decide-in-filter, prioritize gets every fitting node)."""
+    body = json.dumps([{"Host": n, "Score": s} for n, s in scores], separators=(",", ":"))
+    return Response(body, media_type=JSON)
 
 
 @router.post("/filter")
@@ -116,8 +126,8 @@ async def prioritize(args: schemas.ExtenderArgs, req: Request) -> Response:
         rt: Runtime = req.app.state.runtime
         demand = request.pod_demand(args.pod())
         if _cold(rt, demand):
-            return _json(await run_in_threadpool(prioritize_answer, rt, args, demand))
-        return _json(prioritize_answer(rt, args, demand))
+            return _priorities(await run_in_threadpool(prioritize_answer, rt, args, demand))
+        return _priorities(prioritize_answer(rt, args, demand))
     finally:
         EXTENDER_REQUEST_SECONDS.labels(ExtenderVerb.PRIORITIZE.value).observe(time.perf_counter() - t0)
 
