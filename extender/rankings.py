@@ -27,9 +27,10 @@ class Rankings:
         self._lock = threading.Lock()
         self._rankings: dict[Demand, Ranking] = {}
 
-    def ranked(self, demand: Demand) -> bool:
-        """Whether `demand`'s shape has a ranking (its next standings judge only the nodes that changed)."""
-        return demand in self._rankings
+    def quick(self, demand: Demand) -> bool:
+        """Whether `standings(demand)` now would be quick: the shape has a ranking (only the nodes that
+        changed are judged again) and no other request holds the rankings (one may be judging every node)."""
+        return demand in self._rankings and not self._lock.locked()
 
     @contextmanager
     def standings(self, demand: Demand, exclude_uid: str = "") -> Iterator[Standings]:

@@ -6,22 +6,24 @@ import copy
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from app import names
-from app.errors import KubeError
+from app.errors import KubeError, PlacementReason
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict, Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.model import Allocation
-from app.placement import registry
+from app.model import Allocation, Demand, Node
+from app.placement import Policy, registry
 from extender.binder import Binder
 from extender.config import Settings
 from extender.main import create_app
 from extender.metrics import PendingReason
+from extender.rankings import Rankings
 from extender.runtime import StaticRuntime
 
 NOW = 1_700_000_000.0
@@ -198,6 +200,47 @@ def test_filter_decide_keeps_only_the_policy_choice() -> None:
     assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}  # n1 fits: no failure
     env2 = Env(policy="binpack", decide=False)
     assert env2.filter(pod("p", 500), ["n1", "n2"])["NodeNames"] == ["n1", "n2"]
+
+
+class Gate:
+    """A policy whose filter waits at a gate: a new shape being ranked, held as long as a test likes."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def filter(self, node: Node, demand: Demand) -> PlacementReason | None:
+        self.entered.set()
+        assert self.release.wait(10)
+        return self.inner.filter(node, demand)
+
+
+def test_probes_are_answered_while_a_new_shape_is_ranked() -> None:
+    env = Env()
+    gate = Gate(env.policy)
+    env.runtime.rankings = Rankings(env.cache, gate)  # type: ignore[arg-type]
+    body = {"Pod": pod("p", 500), "Nodes": None, "NodeNames": ["n1", "n2"]}
+    slow: list[JsonDict] = []
+    with TestClient(env.app) as client:  # one event loop for every request, as uvicorn serves them
+        first = threading.Thread(target=lambda: slow.append(client.post("/filter", json=body).json()))
+        first.start()
+        try:
+            assert gate.entered.wait(10)
+            # The event loop is free: the probe answers while the first shape is still being judged.
+            assert client.get("/healthz").status_code == 200
+            assert first.is_alive() and not slow
+        finally:
+            gate.release.set()
+            first.join(10)
+        assert slow and slow[0]["NodeNames"] == ["n1"]
+        # Warm now: the same shape is answered on the loop, with the same decision.
+        body["Pod"] = pod("q", 500)
+        assert client.post("/filter", json=body).json()["NodeNames"] == ["n1"]
 
 
 def test_filter_invalid_request_is_unresolvable_everywhere() -> None:
