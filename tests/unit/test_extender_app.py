@@ -25,6 +25,7 @@ from extender.main import create_app
 from extender.metrics import PendingReason
 from extender.rankings import Rankings
 from extender.runtime import StaticRuntime
+from extender.schemas import HostPriorityList
 
 NOW = 1_700_000_000.0
 
@@ -280,6 +281,9 @@ def test_prioritize_normalizes_raw_scores_to_0_10() -> None:
     r = env.client.post("/prioritize", json={"Pod": pod("p", 250), "Nodes": None, "NodeNames": ["n1", "n2"]})
     assert r.status_code == 200
     assert r.json() == [{"Host": "n1", "Score": 0}, {"Host": "n2", "Score": 10}]
+    # Encoded without the schema's models, the answer still is the wire format's HostPriorityList.
+    assert HostPriorityList.model_validate_json(r.content).model_dump() == r.json()
+    assert r.headers["content-type"] == "application/json"
 
 
 def test_bind_writes_allocation_with_precondition_then_binding() -> None:
