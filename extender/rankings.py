@@ -29,8 +29,9 @@ class Rankings:
 
     def quick(self, demand: Demand) -> bool:
         """Whether `standings(demand)` now would be quick: the shape has a ranking (only the nodes that
-        changed are judged again) and no other request holds the rankings (one may be judging every node)."""
-        return demand in self._rankings and not self._lock.locked()
+        changed are judged again), no other request holds the rankings (one may be judging every node)
+        and no informer holds the cache (a relist)."""
+        return demand in self._rankings and not self._lock.locked() and not self.cache.busy()
 
     @contextmanager
     def standings(self, demand: Demand, exclude_uid: str = "") -> Iterator[Standings]:

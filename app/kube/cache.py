@@ -403,6 +403,14 @@ class ClusterCache:
             delta = self._deltas(holds, exclude_uid)
             return {name: self._current(name, delta, now) for name in wanted}
 
+    def busy(self) -> bool:
+        """Whether another thread holds the cache now (an informer applying a list, say): a reader
+        would wait for it."""
+        if self._lock.acquire(blocking=False):
+            self._lock.release()
+            return False
+        return True
+
     def frame(self, token: int | None, exclude_uid: str = "") -> Frame:
         """What changed since `token` (a previous frame's), and what one request sees differently.
 

@@ -10,7 +10,7 @@ A warm call (the pod's shape is ranked already) is answered on the event loop: a
 CPU, where the hop to the thread pool cost 0.15-0.2 ms more per call and a thread wake-up on a busy
 machine. A call that ranks a new shape judges every node (up to hundreds of milliseconds at 5 000
 nodes) and runs in the thread pool, so the loop keeps answering the ops port's probes meanwhile; so does
-a call that would wait for it.
+a call that would wait for it, or for an informer applying a relist to the cache.
 """
 
 from __future__ import annotations
@@ -50,8 +50,8 @@ def _json(answer: BaseModel, headers: dict[str, str] | None = None) -> Response:
 
 
 def _cold(rt: Runtime, demand: PodDemand) -> bool:
-    """Whether answering `demand` may take long (a new shape judges every node, or waits for another
-    request's): worth the thread pool, so the event loop is not held."""
+    """Whether answering `demand` may take long (a new shape judges every node; or it would wait for
+    another request's, or for a relist): worth the thread pool, so the event loop is not held."""
     return isinstance(demand, Demand) and not rt.rankings.quick(demand)
 
 

@@ -244,6 +244,36 @@ def test_probes_are_answered_while_a_new_shape_is_ranked() -> None:
         assert client.post("/filter", json=body).json()["NodeNames"] == ["n1"]
 
 
+def test_probes_are_answered_while_a_relist_holds_the_cache() -> None:
+    env = Env(policy="binpack")
+    body = {"Pod": pod("p", 500), "Nodes": None, "NodeNames": ["n1", "n2"]}
+    listing, resume = threading.Event(), threading.Event()
+
+    def slow_list() -> Iterator[JsonDict]:  # the cache is held while a GPUNode list is applied
+        yield gpunode("n1")
+        listing.set()
+        assert resume.wait(10)
+        yield gpunode("n2")
+
+    answers: list[JsonDict] = []
+    with TestClient(env.app) as client:
+        assert client.post("/filter", json=body).json()["NodeNames"] == ["n1"]  # the shape is warm
+        relist = threading.Thread(target=env.cache.set_gpunodes, args=(slow_list(),))
+        relist.start()
+        assert listing.wait(10)
+        body["Pod"] = pod("q", 500)
+        waiting = threading.Thread(target=lambda: answers.append(client.post("/filter", json=body).json()))
+        waiting.start()
+        try:
+            assert client.get("/healthz").status_code == 200  # the loop is not stuck behind the relist
+            assert waiting.is_alive() and not answers
+        finally:
+            resume.set()
+            relist.join(10)
+            waiting.join(10)
+    assert answers and answers[0]["NodeNames"] == ["n1"]
+
+
 def test_filter_invalid_request_is_unresolvable_everywhere() -> None:
     env = Env()
     bad = pod("p")
