@@ -35,6 +35,19 @@ class Rankings:
         and no informer holds the cache (a relist)."""
         return demand in self._rankings and not self._lock.locked() and not self.cache.busy()
 
+    def prepare(self) -> None:
+        """Build every node's view and read its GPUs for the array pass now (when the replica turns
+        Ready), not in the first request for a new shape: at 5 000 nodes about 0.25 s of CPU, several
+        times that request's own judging. Skipped if a request holds the rankings: it does the work."""
+        if not self._lock.acquire(blocking=False):
+            return
+        try:
+            for node in self.cache.frame(None).changed.values():
+                if node is not None:
+                    self._rows.get(node)
+        finally:
+            self._lock.release()
+
     @contextmanager
     def standings(self, demand: Demand, exclude_uid: str = "") -> Iterator[Standings]:
         """Every node's verdict on `demand` now, as `cache.nodes(exclude_uid=...)` would be judged."""

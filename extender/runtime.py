@@ -178,6 +178,7 @@ class KubeRuntime:
             self._settled = False
             return False, "; ".join(problems)
         if not self._settled:
+            self.rankings.prepare()  # views and rows built before the heap is frozen, not in a request
             settle_heap()
             self._settled = True
         return True, "ready"

@@ -311,3 +311,22 @@ def test_only_changed_nodes_are_judged_again() -> None:
     with rankings.standings(demand) as standings:
         verbs.filter_nodes(world.nodes, standings, True)
     assert policy.judged == ["n99"]
+
+
+def test_prepared_rankings_answer_as_unprepared_ones_as_the_cluster_changes() -> None:
+    """prepare() (at Ready) reads every node ahead of the first request; nodes that change afterwards are
+    read again, so the answers are those of rankings that read nothing ahead."""
+    rng = random.Random("prepare")
+    world = World(rng)
+    policy = registry.create("fragaware")
+    prepared, plain = Rankings(world.cache, policy), Rankings(world.cache, policy)
+    prepared.prepare()
+    for _ in range(40):
+        world.step()
+        demand = rng.choice(SHAPES)
+        answers = []
+        for rankings in (prepared, plain):
+            with rankings.standings(demand) as standings:
+                out = verbs.filter_nodes(world.nodes, standings, False)
+                answers.append((out, verbs.prioritize(out.passed, standings)))
+        assert answers[0] == answers[1]
