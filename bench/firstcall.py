@@ -55,6 +55,13 @@ def measure(n_nodes: int, runs: int, policy_name: str) -> dict[str, Any]:
     per_shape: dict[str, dict[str, float]] = {}
     fitting: dict[str, int] = {}
     nodes = [n for n in frame.changed.values() if n is not None]
+    rows_ms = None
+    if Rows is not None:  # what Rankings.prepare does at Ready besides building the views
+        t0 = time.process_time()
+        table = Rows()
+        for node in nodes:
+            table.get(node)
+        rows_ms = round((time.process_time() - t0) * 1e3, 1)
     for milli in SHAPES:
         demand = Demand(1, milli=milli)
         times: dict[str, list[float]] = {"fresh_rows": [], "shared_rows": []}
@@ -80,6 +87,7 @@ def measure(n_nodes: int, runs: int, policy_name: str) -> dict[str, Any]:
         "policy": policy_name,
         "runs": runs,
         "build_views_cpu_ms": round(views_ms, 1),
+        "read_rows_cpu_ms": rows_ms,
         "first_pass_cpu_ms_median": per_shape,
         "fitting_nodes": fitting,
     }
