@@ -17,7 +17,7 @@ from app.model import Allocation, Demand, Gpu, Node
 from app.placement import batch, registry
 from app.placement.fragaware import GPUPACK_OPTIONS, FragAware, FragOptions
 from app.placement.ranking import Ranking
-from app.placement.workload import default_workload
+from app.placement.workload import PodShape, TargetWorkload, default_workload
 
 DEMANDS = (
     Demand(1, milli=100),
@@ -73,7 +73,18 @@ def random_node(rng: random.Random, i: int) -> Node:
     )
 
 
+# Shapes only some models can host (FGD's gpu_spec), and a CPU-only one: the frag sum's other branches.
+BY_MODEL = TargetWorkload(
+    (
+        PodShape(4000, 500, 1, frozenset({"A100-40GB"}), 0.3),
+        PodShape(8000, 1000, 2, frozenset({"H100-80GB"}), 0.2),
+        PodShape(2000, 250, 1, frozenset(), 0.3),
+        PodShape(16000, 0, 0, frozenset(), 0.2),
+    )
+)
+
 POLICIES = {
+    "by-model": lambda: FragAware(BY_MODEL, options=GPUPACK_OPTIONS),
     "fragaware": lambda: registry.create("fragaware"),
     "fgd": lambda: registry.create("fgd"),
     "settle-only": lambda: FragAware(default_workload(), options=FragOptions(settle_weight=0.5)),
