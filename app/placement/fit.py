@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from app.errors import ForeignUse, PlacementReason, Shortfall
 from app.model import MILLI_PER_GPU, Demand, Gpu, Node
@@ -73,6 +75,88 @@ def node_fits(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) 
             if not wanted:
                 return True
     return False
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """What the fit check and the simple scores read of one node state, reduced for share demands.
+
+    Computed once per node state and shared by every demand shape: `headroom_fits` then answers a share
+    demand (see `is_share`) in O(1), exactly as `node_fits` does. Equal values judge every demand alike.
+    """
+
+    schedulable: bool
+    mps: bool
+    cpu_milli_free: int | None
+    memory_mib_free: int | None
+    # Per healthy whole GPU, largest first: the largest milli share it can still take (milli and memory
+    # room both), -1 when none. A GPU takes a share of m milli exactly when m <= its cap.
+    caps: tuple[int, ...]
+    milli_free_total: int  # Node.milli_free_total
+    healthy: int  # healthy whole GPUs
+    whole: bool  # the node has a whole (non-MIG) GPU, healthy or not: demand_milli's condition
+
+
+def headroom(node: Node, margin_mib: int = FOREIGN_MARGIN_MIB) -> Headroom:
+    whole = [g for g in node.gpus if not g.is_mig]
+    healthy = [g for g in whole if g.healthy]
+    return Headroom(
+        schedulable=node.schedulable,
+        mps=node.mps,
+        cpu_milli_free=node.cpu_milli_free,
+        memory_mib_free=node.memory_mib_free,
+        caps=tuple(sorted((_share_cap(g, margin_mib) for g in healthy), reverse=True)),
+        milli_free_total=sum(g.milli_free for g in healthy),
+        healthy=len(healthy),
+        whole=bool(whole),
+    )
+
+
+def _share_cap(gpu: Gpu, margin_mib: int) -> int:
+    """The largest m with m + milli_used <= 1000 and m * memory // 1000 <= memory room (-1: no m >= 0)."""
+    room = memory_room(gpu, margin_mib)
+    if room < 0:
+        return -1
+    # m * M // 1000 <= room  <=>  m * M < (room + 1) * 1000; the memory term is monotone in m.
+    by_memory = ((room + 1) * MILLI_PER_GPU - 1) // gpu.memory_mib if gpu.memory_mib else gpu.milli_free
+    return max(min(gpu.milli_free, by_memory), -1)
+
+
+def is_share(demand: Demand) -> bool:
+    """A demand `headroom_fits` answers: a share of whole GPUs of any model (or no GPU at all)."""
+    return not (demand.mig or demand.mig_profile or demand.models) and (
+        demand.milli is not None or not demand.count
+    )
+
+
+def headroom_fits(room: Headroom, demand: Demand) -> bool:
+    """`node_fits(node, demand)` for a share demand (`is_share`), from `headroom(node)`."""
+    if not room.schedulable:
+        return False
+    cpu, mem = room.cpu_milli_free, room.memory_mib_free
+    if (cpu is not None and demand.cpu_milli > cpu) or (mem is not None and demand.host_memory_mib > mem):
+        return False
+    wanted = demand.count
+    if not wanted:
+        return True
+    if demand.needs_mps and not room.mps:
+        return False
+    caps = room.caps
+    return len(caps) >= wanted and caps[wanted - 1] >= (demand.milli or 0)
+
+
+def share_taken(room: Headroom, demand: Demand) -> int:
+    """`demand_milli(node, demand) * demand.count` for a share demand, from `headroom(node)`."""
+    return (demand.milli or 0) * demand.count if room.whole else 0
+
+
+@runtime_checkable
+class HeadroomScore(Protocol):
+    """A policy whose score of a share demand depends on the node only through `headroom(node)`."""
+
+    def score_headroom(self, room: Headroom, demand: Demand) -> float:
+        """`score(node, demand)` for a share demand (`is_share`), from `headroom(node, margin_mib)`."""
+        ...
 
 
 def node_misfit(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> PlacementReason | None:
@@ -186,12 +270,16 @@ class FitFilter:
         return node_fits(node, demand, self.margin_mib)
 
 
+def uses_fit_filter(policy: Policy) -> TypeGuard[FitFilter]:
+    """Whether `policy.filter` is FitFilter's own (not overridden), so `node_fits` answers for it."""
+    own: object = type(policy).filter
+    return isinstance(policy, FitFilter) and own is FitFilter.filter
+
+
 def fits_check(policy: Policy) -> Callable[[Node, Demand], bool]:
     """Yes/no for `policy.filter`: the shared fit check where the policy's filter is FitFilter's own."""
-    if isinstance(policy, FitFilter):
-        own: object = type(policy).filter
-        if own is FitFilter.filter:
-            return policy.fits
+    if uses_fit_filter(policy):
+        return policy.fits
     return lambda node, demand: policy.filter(node, demand) is None
 
 

@@ -6,12 +6,20 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from app.model import MILLI_PER_GPU, Demand, Node
 from app.placement import Placement, Policy, TargetWorkload, place, to_allocation
-from app.placement.fit import fits_check
+from app.placement.fit import (
+    Headroom,
+    HeadroomScore,
+    fits_check,
+    headroom,
+    headroom_fits,
+    is_share,
+    uses_fit_filter,
+)
 from app.sim.loader import TracePod
 
 MAX_ARRIVED_PCT = 130  # the paper's x-axis ends here
@@ -130,8 +138,12 @@ class IndexedChooser:
     """The same answer as `place(nodes, demand, policy)`, without rescoring unchanged nodes.
 
     Scores depend only on (node, demand), so each demand shape keeps a heap of (-score, rank) that is
-    refreshed only for nodes changed since that shape was last placed; stale entries are skipped by version.
-    Identical node states share one evaluation per shape through an interned state id.
+    refreshed only for nodes changed since that shape was last placed (read from one log of changes, so
+    a change costs nothing per shape); stale entries are skipped by version. Identical node states share
+    one evaluation per shape through an interned state id. With FitFilter's own fit check, a share demand
+    is judged from each node state's `Headroom`, computed once per change rather than once per shape; a
+    policy whose score reads only that (`HeadroomScore`) shares evaluations between all node states
+    with equal headroom.
     """
 
     def __init__(self, cluster: Cluster, policy: Policy):
@@ -139,45 +151,84 @@ class IndexedChooser:
         self.policy = policy
         n = len(cluster.nodes)
         self.version = [0] * n
-        self.states: dict[tuple[object, ...], int] = {}
-        self.state = [self._state_id(node) for node in cluster.nodes]
+        self.log: list[int] = []  # nodes changed, oldest first
         self.shapes: dict[Demand, _Shape] = {}
         self.fits = fits_check(policy)
+        self.margin = policy.margin_mib if uses_fit_filter(policy) else None
+        self.scorer = policy.score_headroom if isinstance(policy, HeadroomScore) else None
+        self.rooms = (
+            [headroom(node, self.margin) for node in cluster.nodes] if self.margin is not None else []
+        )
+        self.room_states: dict[Headroom, int] = {}
+        self.room_state = [self.room_states.setdefault(r, len(self.room_states)) for r in self.rooms]
+        self.states: dict[tuple[object, ...], int] = {}
+        self.state: list[int] = []  # by node signature; built when a shape first needs it
+
+    def _judge(self, demand: Demand) -> tuple[list[int], Callable[[int], float | None]]:
+        """How a shape evaluates node i: the state ids its answers are shared by, and the answer."""
+        nodes, policy, rooms, scorer = self.cluster.nodes, self.policy, self.rooms, self.scorer
+        share = self.margin is not None and is_share(demand)
+        if share and scorer is not None:
+
+            def by_headroom(i: int) -> float | None:
+                room = rooms[i]
+                return scorer(room, demand) if headroom_fits(room, demand) else None
+
+            return self.room_state, by_headroom
+        fits = self.fits
+
+        def by_node(i: int) -> float | None:
+            ok = headroom_fits(rooms[i], demand) if share else fits(nodes[i], demand)
+            return policy.score(nodes[i], demand) if ok else None
+
+        if not self.state and nodes:
+            self.state = [self._state_id(node) for node in nodes]
+        return self.state, by_node
 
     def _state_id(self, node: Node) -> int:
         return self.states.setdefault(_signature(node), len(self.states))
 
     def choose(self, demand: Demand) -> int | None:
         shape = self.shapes.get(demand)
+        todo: Iterable[int]
         if shape is None:
-            shape = self.shapes[demand] = _Shape(set(range(len(self.cluster.nodes))))
-        heap, memo, version, state, fits = shape.heap, shape.memo, self.version, self.state, self.fits
-        for i in shape.dirty:
+            state, judge = self._judge(demand)
+            shape = self.shapes[demand] = _Shape(state, judge, len(self.log))
+            todo = range(len(self.cluster.nodes))
+        else:
+            todo = set(self.log[shape.seen :])
+            shape.seen = len(self.log)
+        heap, memo, version, state, judge = shape.heap, shape.memo, self.version, shape.state, shape.judge
+        for i in todo:
             sid = state[i]
             if sid in memo:
                 s = memo[sid]
             else:
-                node = self.cluster.nodes[i]
-                s = memo[sid] = self.policy.score(node, demand) if fits(node, demand) else None
+                s = memo[sid] = judge(i)
             if s is not None:
                 heapq.heappush(heap, (-s, i, version[i]))
-        shape.dirty.clear()
         while heap and heap[0][2] != version[heap[0][1]]:
             heapq.heappop(heap)
         return heap[0][1] if heap else None
 
     def changed(self, i: int) -> None:
         self.version[i] += 1
-        self.state[i] = self._state_id(self.cluster.nodes[i])
-        for shape in self.shapes.values():
-            shape.dirty.add(i)
+        self.log.append(i)
+        node = self.cluster.nodes[i]
+        if self.margin is not None:
+            room = self.rooms[i] = headroom(node, self.margin)
+            self.room_state[i] = self.room_states.setdefault(room, len(self.room_states))
+        if self.state:
+            self.state[i] = self._state_id(node)
 
 
 @dataclass(slots=True)
 class _Shape:
-    dirty: set[int]  # nodes to (re)score before this shape's next placement
+    state: list[int]  # node -> the state id its answers are memoized by (the chooser's list, kept current)
+    judge: Callable[[int], float | None]  # node -> score, None when filtered
+    seen: int  # changes in the chooser's log already applied to the heap
     heap: list[tuple[float, int, int]] = field(default_factory=list)
-    memo: dict[int, float | None] = field(default_factory=dict)  # node state id -> score (None = filtered)
+    memo: dict[int, float | None] = field(default_factory=dict)  # state id -> score (None = filtered)
 
 
 def simulate(
