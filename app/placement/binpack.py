@@ -17,6 +17,7 @@ class BinPack(FitFilter):
     """The openb simulator's BestFit score, truncated to an integer as there, so ties go to node order."""
 
     name = "binpack"
+    score_falls_with_room = False  # a fuller node scores higher
 
     def score(self, node: Node, demand: Demand) -> float:
         if demand.mig:

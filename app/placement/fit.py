@@ -150,9 +150,35 @@ def share_taken(room: Headroom, demand: Demand) -> int:
     return (demand.milli or 0) * demand.count if room.whole else 0
 
 
+def within(room: Headroom, before: Headroom) -> bool:
+    """`room` offers no more than `before` does: every demand that fits `room` also fit `before`.
+
+    Same GPUs, health, schedulability and MPS, and no more host CPU, host memory or share on any GPU
+    (the caps are compared largest to largest): what a node's headroom does when it only takes pods.
+    """
+    return (
+        room.schedulable == before.schedulable
+        and room.mps == before.mps
+        and room.healthy == before.healthy
+        and room.whole == before.whole
+        and _at_most(room.cpu_milli_free, before.cpu_milli_free)
+        and _at_most(room.memory_mib_free, before.memory_mib_free)
+        and room.milli_free_total <= before.milli_free_total
+        and all(c <= b for c, b in zip(room.caps, before.caps, strict=True))
+    )
+
+
+def _at_most(value: int | None, before: int | None) -> bool:
+    return value == before if value is None or before is None else value <= before
+
+
 @runtime_checkable
 class HeadroomScore(Protocol):
     """A policy whose score of a share demand depends on the node only through `headroom(node)`."""
+
+    # True when the score never rises as the headroom shrinks (`within(room, before)` implies
+    # score(room) <= score(before)): a replay may then keep a node's old score as a bound on its new one.
+    score_falls_with_room: bool
 
     def score_headroom(self, room: Headroom, demand: Demand) -> float:
         """`score(node, demand)` for a share demand (`is_share`), from `headroom(node, margin_mib)`."""

@@ -11,6 +11,7 @@ from app.placement.workload import TargetWorkload
 
 class Spread(FitFilter):
     name = "spread"
+    score_falls_with_room = True  # less free share, same healthy GPUs: a lower score
 
     def score(self, node: Node, demand: Demand) -> float:
         if demand.mig:

@@ -19,6 +19,7 @@ from app.placement.fit import (
     headroom_fits,
     is_share,
     uses_fit_filter,
+    within,
 )
 from app.sim.loader import TracePod
 
@@ -143,7 +144,8 @@ class IndexedChooser:
     one evaluation per shape through an interned state id. With FitFilter's own fit check, a share demand
     is judged from each node state's `Headroom`, computed once per change rather than once per shape; a
     policy whose score reads only that (`HeadroomScore`) shares evaluations between all node states
-    with equal headroom.
+    with equal headroom. Where its score also falls as the headroom shrinks, a node that only took pods
+    keeps its stale entry as an upper bound and is judged again only when that entry reaches the top.
     """
 
     def __init__(self, cluster: Cluster, policy: Policy):
@@ -152,10 +154,11 @@ class IndexedChooser:
         n = len(cluster.nodes)
         self.version = [0] * n
         self.log: list[int] = []  # nodes changed, oldest first
+        self.grown: list[int] = []  # the changes that left a node's headroom not `within` the old one
         self.shapes: dict[Demand, _Shape] = {}
         self.fits = fits_check(policy)
         self.margin = policy.margin_mib if uses_fit_filter(policy) else None
-        self.scorer = policy.score_headroom if isinstance(policy, HeadroomScore) else None
+        self.scorer = policy if isinstance(policy, HeadroomScore) else None
         self.rooms = (
             [headroom(node, self.margin) for node in cluster.nodes] if self.margin is not None else []
         )
@@ -164,17 +167,20 @@ class IndexedChooser:
         self.states: dict[tuple[object, ...], int] = {}
         self.state: list[int] = []  # by node signature; built when a shape first needs it
 
-    def _judge(self, demand: Demand) -> tuple[list[int], Callable[[int], float | None]]:
+    def _shape(self, demand: Demand) -> _Shape:
         """How a shape evaluates node i: the state ids its answers are shared by, and the answer."""
         nodes, policy, rooms, scorer = self.cluster.nodes, self.policy, self.rooms, self.scorer
         share = self.margin is not None and is_share(demand)
         if share and scorer is not None:
+            score = scorer.score_headroom
 
             def by_headroom(i: int) -> float | None:
                 room = rooms[i]
-                return scorer(room, demand) if headroom_fits(room, demand) else None
+                return score(room, demand) if headroom_fits(room, demand) else None
 
-            return self.room_state, by_headroom
+            lazy = scorer.score_falls_with_room
+            log = self.grown if lazy else self.log
+            return _Shape(self.room_state, by_headroom, log, len(log), lazy)
         fits = self.fits
 
         def by_node(i: int) -> float | None:
@@ -183,7 +189,7 @@ class IndexedChooser:
 
         if not self.state and nodes:
             self.state = [self._state_id(node) for node in nodes]
-        return self.state, by_node
+        return _Shape(self.state, by_node, self.log, len(self.log), False)
 
     def _state_id(self, node: Node) -> int:
         return self.states.setdefault(_signature(node), len(self.states))
@@ -192,32 +198,33 @@ class IndexedChooser:
         shape = self.shapes.get(demand)
         todo: Iterable[int]
         if shape is None:
-            state, judge = self._judge(demand)
-            shape = self.shapes[demand] = _Shape(state, judge, len(self.log))
+            shape = self.shapes[demand] = self._shape(demand)
             todo = range(len(self.cluster.nodes))
         else:
-            todo = set(self.log[shape.seen :])
-            shape.seen = len(self.log)
-        heap, memo, version, state, judge = shape.heap, shape.memo, self.version, shape.state, shape.judge
+            todo = set(shape.log[shape.seen :])
+            shape.seen = len(shape.log)
+        heap, version = shape.heap, self.version
         for i in todo:
-            sid = state[i]
-            if sid in memo:
-                s = memo[sid]
-            else:
-                s = memo[sid] = judge(i)
-            if s is not None:
-                heapq.heappush(heap, (-s, i, version[i]))
-        while heap and heap[0][2] != version[heap[0][1]]:
+            shape.judge_into_heap(i, version[i])
+        while heap:
+            i = heap[0][1]
+            if heap[0][2] == version[i]:
+                return i
             heapq.heappop(heap)
-        return heap[0][1] if heap else None
+            if shape.lazy and shape.judged.get(i) != version[i]:
+                shape.judge_into_heap(i, version[i])  # its stale entry was the best bound left
+        return None
 
     def changed(self, i: int) -> None:
         self.version[i] += 1
         self.log.append(i)
         node = self.cluster.nodes[i]
         if self.margin is not None:
+            before = self.rooms[i]
             room = self.rooms[i] = headroom(node, self.margin)
             self.room_state[i] = self.room_states.setdefault(room, len(self.room_states))
+            if not within(room, before):
+                self.grown.append(i)
         if self.state:
             self.state[i] = self._state_id(node)
 
@@ -226,9 +233,26 @@ class IndexedChooser:
 class _Shape:
     state: list[int]  # node -> the state id its answers are memoized by (the chooser's list, kept current)
     judge: Callable[[int], float | None]  # node -> score, None when filtered
-    seen: int  # changes in the chooser's log already applied to the heap
+    log: list[int]  # the chooser's log of the changes this shape must judge again before placing
+    seen: int  # entries of `log` already applied to the heap
+    # Stale entries are upper bounds (the score falls with the headroom): judge a node again only when
+    # its entry reaches the top, or when it appears in `log` (a change that gave it room).
+    lazy: bool
     heap: list[tuple[float, int, int]] = field(default_factory=list)
     memo: dict[int, float | None] = field(default_factory=dict)  # state id -> score (None = filtered)
+    judged: dict[int, int] = field(default_factory=dict)  # lazy shapes: node -> version last judged
+
+    def judge_into_heap(self, i: int, version: int) -> None:
+        sid = self.state[i]
+        memo = self.memo
+        if sid in memo:
+            s = memo[sid]
+        else:
+            s = memo[sid] = self.judge(i)
+        if s is not None:
+            heapq.heappush(self.heap, (-s, i, version))
+        if self.lazy:
+            self.judged[i] = version
 
 
 def simulate(
