@@ -98,28 +98,30 @@ class Headroom:
 
 
 def headroom(node: Node, margin_mib: int = FOREIGN_MARGIN_MIB) -> Headroom:
-    whole = [g for g in node.gpus if not g.is_mig]
-    healthy = [g for g in whole if g.healthy]
+    healthy = [g for g in node.gpus if g.healthy and not g.mig_profile]
     return Headroom(
         schedulable=node.schedulable,
         mps=node.mps,
         cpu_milli_free=node.cpu_milli_free,
         memory_mib_free=node.memory_mib_free,
-        caps=tuple(sorted((_share_cap(g, margin_mib) for g in healthy), reverse=True)),
-        milli_free_total=sum(g.milli_free for g in healthy),
+        caps=tuple(sorted([_share_cap(g, margin_mib) for g in healthy], reverse=True)),
+        milli_free_total=MILLI_PER_GPU * len(healthy) - sum([g.milli_used for g in healthy]),
         healthy=len(healthy),
-        whole=bool(whole),
+        whole=bool(healthy) or any(not g.mig_profile for g in node.gpus),
     )
 
 
 def _share_cap(gpu: Gpu, margin_mib: int) -> int:
     """The largest m with m + milli_used <= 1000 and m * memory // 1000 <= memory room (-1: no m >= 0)."""
-    room = memory_room(gpu, margin_mib)
+    foreign = gpu.foreign_mib
+    room = gpu.memory_mib - gpu.memory_used_mib - foreign - (margin_mib if foreign > 0 else 0)  # memory_room
     if room < 0:
         return -1
+    free = MILLI_PER_GPU - gpu.milli_used
+    if not gpu.memory_mib:
+        return max(free, -1)
     # m * M // 1000 <= room  <=>  m * M < (room + 1) * 1000; the memory term is monotone in m.
-    by_memory = ((room + 1) * MILLI_PER_GPU - 1) // gpu.memory_mib if gpu.memory_mib else gpu.milli_free
-    return max(min(gpu.milli_free, by_memory), -1)
+    return max(min(free, ((room + 1) * MILLI_PER_GPU - 1) // gpu.memory_mib), -1)
 
 
 def is_share(demand: Demand) -> bool:
