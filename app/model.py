@@ -147,12 +147,15 @@ class Node:
     @property
     def milli_free_total(self) -> int:
         """Unreserved compute over the node's healthy whole GPUs (MIG devices are not shared)."""
-        return sum(g.milli_free for g in self.gpus if g.healthy and not g.is_mig)
+        return sum([MILLI_PER_GPU - g.milli_used for g in self.gpus if g.healthy and not g.mig_profile])
 
     @property
     def whole_lefts(self) -> tuple[int, ...]:
         """Free milli of each healthy whole GPU, ascending: what fragmentation is measured on."""
-        return tuple(sorted(g.milli_free for g in self.gpus if g.healthy and not g.is_mig))
+        # A list comprehension over the fields, not properties in a generator: this is on every score.
+        return tuple(
+            sorted([MILLI_PER_GPU - g.milli_used for g in self.gpus if g.healthy and not g.mig_profile])
+        )
 
     def gpu(self, index: int) -> Gpu:
         for g in self.gpus:

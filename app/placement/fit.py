@@ -29,7 +29,10 @@ def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> 
     if (demand.mig or demand.mig_profile or gpu.mig_profile) and not demand.targets(gpu):
         return False
     milli, mib = demand.on(gpu.memory_mib)
-    return milli + gpu.milli_used <= MILLI_PER_GPU and mib <= memory_room(gpu, margin_mib)
+    if milli + gpu.milli_used > MILLI_PER_GPU:
+        return False
+    foreign = gpu.foreign_mib  # memory_room, inlined: this runs per GPU per node per demand
+    return mib <= gpu.memory_mib - gpu.memory_used_mib - foreign - (margin_mib if foreign > 0 else 0)
 
 
 def live_load(gpu: Gpu) -> tuple[int, int]:
