@@ -155,6 +155,7 @@ class IndexedChooser:
         self.version = [0] * n
         self.log: list[int] = []  # nodes changed, oldest first
         self.grown: list[int] = []  # the changes that left a node's headroom not `within` the old one
+        self.grown_at = [0] * n  # node -> its version after the last such change
         self.shapes: dict[Demand, _Shape] = {}
         self.fits = fits_check(policy)
         self.margin = policy.margin_mib if uses_fit_filter(policy) else None
@@ -170,6 +171,7 @@ class IndexedChooser:
     def _shape(self, demand: Demand) -> _Shape:
         """How a shape evaluates node i: the state ids its answers are shared by, and the answer."""
         nodes, policy, rooms, scorer = self.cluster.nodes, self.policy, self.rooms, self.scorer
+        n = len(nodes)
         share = self.margin is not None and is_share(demand)
         if share and scorer is not None:
             score = scorer.score_headroom
@@ -180,7 +182,7 @@ class IndexedChooser:
 
             lazy = scorer.score_falls_with_room
             log = self.grown if lazy else self.log
-            return _Shape(self.room_state, by_headroom, log, len(log), lazy)
+            return _Shape(self.room_state, by_headroom, log, len(log), True, lazy, [-1] * n, [-1] * n)
         fits = self.fits
 
         def by_node(i: int) -> float | None:
@@ -189,34 +191,51 @@ class IndexedChooser:
 
         if not self.state and nodes:
             self.state = [self._state_id(node) for node in nodes]
-        return _Shape(self.state, by_node, self.log, len(self.log), False)
+        return _Shape(self.state, by_node, self.log, len(self.log), share, False, [-1] * n, [])
 
     def _state_id(self, node: Node) -> int:
         return self.states.setdefault(_signature(node), len(self.states))
 
     def choose(self, demand: Demand) -> int | None:
         shape = self.shapes.get(demand)
-        todo: Iterable[int]
         if shape is None:
             shape = self.shapes[demand] = self._shape(demand)
-            todo = range(len(self.cluster.nodes))
-        else:
-            todo = set(shape.log[shape.seen :])
+            self._judge(shape, range(len(self.cluster.nodes)))
+        elif len(shape.log) > shape.seen:
+            self._judge(shape, set(shape.log[shape.seen :]))
             shape.seen = len(shape.log)
         heap, version = shape.heap, self.version
-        for i in todo:
-            shape.judge_into_heap(i, version[i])
         while heap:
             i = heap[0][1]
             if heap[0][2] == version[i]:
                 return i
             heapq.heappop(heap)
-            if shape.lazy and shape.judged.get(i) != version[i]:
-                shape.judge_into_heap(i, version[i])  # its stale entry was the best bound left
+            if shape.lazy and shape.judged[i] != version[i]:
+                self._judge(shape, (i,))  # its stale entry was the best bound left
         return None
 
+    def _judge(self, shape: _Shape, todo: Iterable[int]) -> None:
+        """Score `todo` for `shape` and push the fitting ones on its heap."""
+        heap, memo, state, judge, unfit = shape.heap, shape.memo, shape.state, shape.judge, shape.unfit
+        version, grown_at, share, lazy = self.version, self.grown_at, shape.share, shape.lazy
+        for i in todo:
+            if unfit[i] >= grown_at[i]:
+                continue  # a share it did not fit, and it has only shrunk since: it still does not
+            sid = state[i]
+            if sid in memo:
+                s = memo[sid]
+            else:
+                s = memo[sid] = judge(i)
+            v = version[i]
+            if s is not None:
+                heapq.heappush(heap, (-s, i, v))
+            elif share:
+                unfit[i] = v
+            if lazy:
+                shape.judged[i] = v
+
     def changed(self, i: int) -> None:
-        self.version[i] += 1
+        v = self.version[i] = self.version[i] + 1
         self.log.append(i)
         node = self.cluster.nodes[i]
         if self.margin is not None:
@@ -225,6 +244,7 @@ class IndexedChooser:
             self.room_state[i] = self.room_states.setdefault(room, len(self.room_states))
             if not within(room, before):
                 self.grown.append(i)
+                self.grown_at[i] = v
         if self.state:
             self.state[i] = self._state_id(node)
 
@@ -235,24 +255,15 @@ class _Shape:
     judge: Callable[[int], float | None]  # node -> score, None when filtered
     log: list[int]  # the chooser's log of the changes this shape must judge again before placing
     seen: int  # entries of `log` already applied to the heap
+    # A share demand judged by headroom: a node it did not fit keeps not fitting while it only shrinks.
+    share: bool
     # Stale entries are upper bounds (the score falls with the headroom): judge a node again only when
     # its entry reaches the top, or when it appears in `log` (a change that gave it room).
     lazy: bool
+    unfit: list[int]  # node -> version at which it last did not fit this share demand (-1: none)
+    judged: list[int]  # lazy shapes: node -> version last judged (-1: never)
     heap: list[tuple[float, int, int]] = field(default_factory=list)
     memo: dict[int, float | None] = field(default_factory=dict)  # state id -> score (None = filtered)
-    judged: dict[int, int] = field(default_factory=dict)  # lazy shapes: node -> version last judged
-
-    def judge_into_heap(self, i: int, version: int) -> None:
-        sid = self.state[i]
-        memo = self.memo
-        if sid in memo:
-            s = memo[sid]
-        else:
-            s = memo[sid] = self.judge(i)
-        if s is not None:
-            heapq.heappush(self.heap, (-s, i, version))
-        if self.lazy:
-            self.judged[i] = version
 
 
 def simulate(
