@@ -211,28 +211,30 @@ class IndexedChooser:
                 return i
             heapq.heappop(heap)
             if shape.lazy and shape.judged[i] != version[i]:
-                self._judge(shape, (i,))  # its stale entry was the best bound left
+                self._judge_one(shape, i)  # its stale entry was the best bound left
         return None
 
     def _judge(self, shape: _Shape, todo: Iterable[int]) -> None:
         """Score `todo` for `shape` and push the fitting ones on its heap."""
-        heap, memo, state, judge, unfit = shape.heap, shape.memo, shape.state, shape.judge, shape.unfit
-        version, grown_at, share, lazy = self.version, self.grown_at, shape.share, shape.lazy
+        unfit, grown_at, judge_one = shape.unfit, self.grown_at, self._judge_one
         for i in todo:
-            if unfit[i] >= grown_at[i]:
-                continue  # a share it did not fit, and it has only shrunk since: it still does not
-            sid = state[i]
-            if sid in memo:
-                s = memo[sid]
-            else:
-                s = memo[sid] = judge(i)
-            v = version[i]
-            if s is not None:
-                heapq.heappush(heap, (-s, i, v))
-            elif share:
-                unfit[i] = v
-            if lazy:
-                shape.judged[i] = v
+            if unfit[i] < grown_at[i]:  # else a share it did not fit, and it has only shrunk since
+                judge_one(shape, i)
+
+    def _judge_one(self, shape: _Shape, i: int) -> None:
+        sid = shape.state[i]
+        memo = shape.memo
+        if sid in memo:
+            s = memo[sid]
+        else:
+            s = memo[sid] = shape.judge(i)
+        v = self.version[i]
+        if s is not None:
+            heapq.heappush(shape.heap, (-s, i, v))
+        elif shape.share:
+            shape.unfit[i] = v
+        if shape.lazy:
+            shape.judged[i] = v
 
     def changed(self, i: int) -> None:
         v = self.version[i] = self.version[i] + 1
