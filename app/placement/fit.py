@@ -62,16 +62,11 @@ def best_fit(gpus: Sequence[Gpu], count: int) -> tuple[int, ...]:
 
 def node_fits(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> bool:
     """Whether `node` can take `demand`: `node_misfit(...) is None` without building a reason."""
-    if not node.schedulable:
-        return False
-    cpu, mem = node.cpu_milli_free, node.memory_mib_free
-    if (cpu is not None and demand.cpu_milli > cpu) or (mem is not None and demand.host_memory_mib > mem):
+    if not _host_fits(node.schedulable, node.cpu_milli_free, node.memory_mib_free, node.mps, demand):
         return False
     wanted = demand.count
     if not wanted:
         return True
-    if demand.needs_mps and not node.mps:
-        return False
     for g in node.gpus:  # counted, not sorted: which GPUs is the policy's choice, later
         if gpu_fits(g, demand, margin_mib):
             wanted -= 1
@@ -136,18 +131,19 @@ def is_share(demand: Demand) -> bool:
 
 def headroom_fits(room: Headroom, demand: Demand) -> bool:
     """`node_fits(node, demand)` for a share demand (`is_share`), from `headroom(node)`."""
-    if not room.schedulable:
+    if not _host_fits(room.schedulable, room.cpu_milli_free, room.memory_mib_free, room.mps, demand):
         return False
-    cpu, mem = room.cpu_milli_free, room.memory_mib_free
+    wanted, caps = demand.count, room.caps
+    return not wanted or (len(caps) >= wanted and caps[wanted - 1] >= (demand.milli or 0))
+
+
+def _host_fits(schedulable: bool, cpu: int | None, mem: int | None, mps: bool, demand: Demand) -> bool:
+    """The node-wide checks: schedulable, host CPU and memory, MPS where a GPU pod asks for it."""
+    if not schedulable:
+        return False
     if (cpu is not None and demand.cpu_milli > cpu) or (mem is not None and demand.host_memory_mib > mem):
         return False
-    wanted = demand.count
-    if not wanted:
-        return True
-    if demand.needs_mps and not room.mps:
-        return False
-    caps = room.caps
-    return len(caps) >= wanted and caps[wanted - 1] >= (demand.milli or 0)
+    return not (demand.count and demand.needs_mps and not mps)
 
 
 def share_taken(room: Headroom, demand: Demand) -> int:
