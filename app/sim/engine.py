@@ -169,7 +169,8 @@ class IndexedChooser:
         self.state: list[int] = []  # by node signature; built when a shape first needs it
 
     def _shape(self, demand: Demand) -> _Shape:
-        """How a shape evaluates node i: the state ids its answers are shared by, and the answer."""
+        """A new shape's bookkeeping: how it judges node i, the state ids that share its answers, and
+        the log of changes it reads (only the growths when its stale entries are bounds)."""
         nodes, policy, rooms, scorer = self.cluster.nodes, self.policy, self.rooms, self.scorer
         n = len(nodes)
         share = self.margin is not None and is_share(demand)
@@ -222,6 +223,7 @@ class IndexedChooser:
                 judge_one(shape, i)
 
     def _judge_one(self, shape: _Shape, i: int) -> None:
+        """Node i's answer for `shape` at its current version: on the heap if it fits, else noted unfit."""
         sid = shape.state[i]
         memo = shape.memo
         if sid in memo:
