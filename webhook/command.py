@@ -90,6 +90,8 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=False,  # one structured line per review is logged by the app itself
         log_config=None,  # keep log.setup()'s JSON handler
         lifespan="off",
+        loop="uvloop",
+        http="httptools",
     )
     uvicorn.Server(config).run()
     return 0
