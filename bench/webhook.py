@@ -1,16 +1,18 @@
 """How fast is POST /mutate over HTTPS? p50/p99 latency and throughput at 1, 16 and 64 concurrent clients.
 
-Starts `gpupack webhook serve` as a subprocess on 127.0.0.1 with a fresh CA (as deployed: one uvicorn worker,
-JSON log line per review), then drives it with keep-alive HTTPS clients, one thread each (stdlib http.client,
-the lightest client available, so the client eats as little of the shared CPU as possible). Each level is
-bounded by a request count and a wall-clock limit. Two modes per level:
+Starts `gpupack webhook serve --workers N` as a subprocess on 127.0.0.1 with a fresh CA (as deployed: N
+worker processes, uvloop + httptools, one JSON log line per review), then drives it with bench/loadgen, a
+small Go load generator (built once per source and Go version by bench/loadgen/build.sh): one keep-alive
+TLS connection per client, requests pre-encoded, so the client costs a fraction of the server's CPU on the
+cores they share (both are recorded per request, with the CPU count and load). Each level is bounded by a
+request count and a wall-clock limit and run --runs times; `summary` has the medians. Two modes per level:
 - closed loop (saturation): each client sends its next request as soon as the last one returns;
 - paced (--rate, requests/s over all clients): sends are scheduled at a fixed total rate, and latency is
   measured from the *scheduled* send time, so a stalled server is not hidden (no coordinated omission).
   This is closer to an apiserver, which calls us once per pod create, not in a tight loop.
-Writes bench/results/webhook.json.
+Writes bench/results/webhook.json (--out to write elsewhere).
 
-    .venv/bin/python bench/webhook.py [--requests 3000] [--levels 1,16,64] [--seconds 30] [--rate 200]
+    .venv/bin/python bench/webhook.py [--workers 2] [--runs 3] [--levels 1,16,64] [--seconds 10] [--rate 200]
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -169,17 +170,17 @@ def run_level(
     workdir: Path,
     port: int,
     proc: subprocess.Popen[bytes],
+    *,
     clients: int,
     total: int,
     seconds: float,
-    *,
     rate: float | None = None,
 ) -> dict[str, Any]:
     bodies = workdir / "bodies.jsonl"
     if not bodies.exists():
         bodies.write_bytes(b"\n".join(review_body(i) for i in range(64)) + b"\n")
-    base = f"https://127.0.0.1:{port}"
-    argv = [tool, "-url", base + "/mutate", "-health", base + "/healthz", "-ca", str(workdir / "ca.crt")]
+    argv = [tool, "-addr", f"127.0.0.1:{port}", "-path", "/mutate", "-health", "/healthz"]
+    argv += ["-ca", str(workdir / "ca.crt")]
     argv += ["-bodies", str(bodies), "-clients", str(clients), "-requests", str(total)]
     argv += ["-seconds", str(seconds), "-rate", str(rate or 0)]
     ctx = tls_context(workdir)
@@ -266,14 +267,23 @@ def main() -> int:
         proc = start_server(workdir, port, args.workers)
         try:
             wait_healthy(port, tls_context(workdir), proc)
-            run_level(tool, workdir, port, proc, 16, args.warmup, args.seconds)
+            run_level(tool, workdir, port, proc, clients=16, total=args.warmup, seconds=args.seconds)
             results, summary = [], []
             modes: list[float | None] = [None, args.rate] if args.rate else [None]
             for rate in modes:
                 for clients in levels:
                     runs = []
                     for _ in range(args.runs):
-                        res = run_level(tool, workdir, port, proc, clients, args.requests, args.seconds, rate=rate)
+                        res = run_level(
+                            tool,
+                            workdir,
+                            port,
+                            proc,
+                            clients=clients,
+                            total=args.requests,
+                            seconds=args.seconds,
+                            rate=rate,
+                        )
                         print(json.dumps(res), file=sys.stderr)
                         runs.append(res)
                     results += runs
@@ -296,14 +306,17 @@ def main() -> int:
             "warmup_requests": args.warmup,
             "body_bytes": len(review_body(0)),
             "review": "gpu-fraction 0.25 x 2 GPUs, gpu-model, 2 containers + 1 init, env, node affinity",
-            "client": "bench/loadgen (Go net/http), one keep-alive TLS connection per client goroutine, "
-            "bodies pre-encoded; handshakes before the measured window, as the apiserver keeps connections",
+            "client": "bench/loadgen (Go, crypto/tls + minimal HTTP/1.1): one keep-alive TLS connection per "
+            "client goroutine, requests pre-encoded; handshakes before the measured window, as the apiserver "
+            "keeps its connections",
             "host": {
                 "cpus": os.cpu_count(),
                 "loadavg_at_start": load_at_start,
                 "loadavg_at_end": os.getloadavg(),
                 "platform": platform.platform(),
-                "go": subprocess.run(["go", "version"], stdout=subprocess.PIPE, text=True).stdout.strip(),
+                "go": subprocess.run(
+                    ["go", "version"], check=True, stdout=subprocess.PIPE, text=True
+                ).stdout.strip(),
             },
         },
         "versions": versions(),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,12 @@ def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, henc
     )
     serve.add_argument(
         "--cert-check-interval", type=float, default=1.0, help="seconds between cert file checks"
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes answering on the port (about one per CPU the pod may use; default 1)",
     )
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=_serve)
@@ -66,12 +73,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from app.tls import ReloadingContext
-    from webhook.main import create_app
-    from webhook.metrics import count_cert_reload
-
     settings = settings_from(args)
     errors = settings.validate()
     if errors:
@@ -79,8 +80,32 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"gpupack webhook serve: {e.as_flag()}", file=sys.stderr)
         return 2
     log.setup(settings.log_level)
+    if settings.workers == 1:
+        _run_server(settings)
+        return 0
+    from webhook import workers
+
+    with workers.metrics_dir():
+        import webhook.main  # noqa: F401  # before the fork: the workers share its pages; metrics multiprocess
+
+        sock = workers.listen(settings.host, settings.port)
+        return workers.run(settings.workers, lambda: _run_server(settings, sock))
+
+
+def _run_server(settings: Settings, sock: socket.socket | None = None) -> None:
+    """One uvicorn server on uvloop + httptools (HTTPS), on `sock` when a parent bound it for several."""
+    import uvicorn
+
+    from app.tls import ReloadingContext
+    from webhook.main import create_app
+    from webhook.metrics import count_cert_reload
+
+    assert settings.cert_file and settings.key_file  # `serve` requires --cert and --key
     tls = ReloadingContext(
-        args.cert, args.key, check_interval=settings.cert_check_interval_s, on_reload=count_cert_reload
+        settings.cert_file,
+        settings.key_file,
+        check_interval=settings.cert_check_interval_s,
+        on_reload=count_cert_reload,
     )
     config = uvicorn.Config(
         create_app(settings),
@@ -93,8 +118,7 @@ def _serve(args: argparse.Namespace) -> int:
         loop="uvloop",
         http="httptools",
     )
-    uvicorn.Server(config).run()
-    return 0
+    uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
 
 
 def _ip(raw: str) -> str:
