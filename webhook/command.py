@@ -13,6 +13,11 @@ from app import certs, log, names
 from app.settings import from_args
 from webhook.settings import FLAGS, Settings
 
+# Idle keep-alive connections are kept longer than the apiserver keeps them (client-go's transport closes
+# idle ones after 90 s, net/http's default): the apiserver always closes first, so no POST is ever sent on a
+# connection we are closing, and a pause of a few seconds between pods costs no new TLS handshake.
+KEEP_ALIVE_S = 120
+
 
 def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, hence Any
     webhook = sub.add_parser("webhook", help="the mutating admission webhook")
@@ -115,6 +120,7 @@ def _run_server(settings: Settings, sock: socket.socket | None = None) -> None:
         access_log=False,  # one structured line per review is logged by the app itself
         log_config=None,  # keep log.setup()'s JSON handler
         lifespan="off",
+        timeout_keep_alive=KEEP_ALIVE_S,
         loop="uvloop",
         http="httptools",
     )
