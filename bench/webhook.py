@@ -1,18 +1,20 @@
 """How fast is POST /mutate over HTTPS? p50/p99 latency and throughput at 1, 16 and 64 concurrent clients.
 
-Starts `gpupack webhook serve --workers N` as a subprocess on 127.0.0.1 with a fresh CA (as deployed: N
-worker processes, uvloop + httptools, one JSON log line per review), then drives it with bench/loadgen, a
-small Go load generator (built once per source and Go version by bench/loadgen/build.sh): one keep-alive
-TLS connection per client, requests pre-encoded, so the client costs a fraction of the server's CPU on the
-cores they share (both are recorded per request, with the CPU count and load). Each level is bounded by a
-request count and a wall-clock limit and run --runs times; `summary` has the medians. Two modes per level:
+Starts `gpupack webhook serve --workers N` for each N of --workers, as subprocesses on 127.0.0.1 with a
+fresh CA (as deployed: N worker processes, uvloop + httptools, one JSON log line per review), and drives
+them with bench/loadgen, a small Go load generator (built once per source and Go version by
+bench/loadgen/build.sh): one keep-alive TLS connection per client, requests pre-encoded, so the client
+costs a fraction of the server's CPU on the cores they share (both are recorded per request, with the CPU
+count and the load). Each cell (mode, clients, workers) is bounded by a request count and a wall-clock
+limit and run --runs times, the servers taking turns; `summary` has the medians. Two modes:
 - closed loop (saturation): each client sends its next request as soon as the last one returns;
 - paced (--rate, requests/s over all clients): sends are scheduled at a fixed total rate, and latency is
   measured from the *scheduled* send time, so a stalled server is not hidden (no coordinated omission).
   This is closer to an apiserver, which calls us once per pod create, not in a tight loop.
 Writes bench/results/webhook.json (--out to write elsewhere).
 
-    .venv/bin/python bench/webhook.py [--workers 2] [--runs 3] [--levels 1,16,64] [--seconds 10] [--rate 200]
+    .venv/bin/python bench/webhook.py [--workers 1,2] [--runs 3] [--levels 1,16,64] [--seconds 10] \
+        [--rate 200] [--out bench/results/webhook.json]
 """
 
 from __future__ import annotations
@@ -249,7 +251,9 @@ def main() -> int:
     )
     parser.add_argument("--seconds", type=float, default=10.0, help="wall-clock limit per level")
     parser.add_argument("--levels", default="1,16,64", help="comma list of concurrent clients")
-    parser.add_argument("--workers", type=int, default=2, help="webhook worker processes (--workers)")
+    parser.add_argument(
+        "--workers", default="1,2", help="comma list of webhook worker counts (--workers), one server each"
+    )
     parser.add_argument("--runs", type=int, default=3, help="runs of each level; the summary has medians")
     parser.add_argument("--warmup", type=int, default=2000, help="unmeasured requests before the first level")
     parser.add_argument(
@@ -258,47 +262,56 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
+    worker_counts = [int(x) for x in args.workers.split(",")]
     load_at_start = os.getloadavg()
     tool = loadgen()
 
+    # One server per worker count, all started up front; every (mode, clients) cell is run on each server
+    # in turn, run after run, so a burst of load from elsewhere on the machine hits them all alike.
     with tempfile.TemporaryDirectory(prefix="gpupack-bench-") as tmp:
-        workdir = Path(tmp)
-        port = free_port()
-        proc = start_server(workdir, port, args.workers)
+        servers: dict[int, tuple[Path, int, subprocess.Popen[bytes]]] = {}
         try:
-            wait_healthy(port, tls_context(workdir), proc)
-            run_level(tool, workdir, port, proc, clients=16, total=args.warmup, seconds=args.seconds)
+            for n in worker_counts:
+                workdir = Path(tmp) / f"workers-{n}"
+                workdir.mkdir()
+                port = free_port()
+                servers[n] = (workdir, port, start_server(workdir, port, n))
+                wait_healthy(port, tls_context(workdir), servers[n][2])
+                run_level(tool, *servers[n], clients=16, total=args.warmup, seconds=args.seconds)
             results, summary = [], []
             modes: list[float | None] = [None, args.rate] if args.rate else [None]
             for rate in modes:
                 for clients in levels:
-                    runs = []
+                    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in worker_counts}
                     for _ in range(args.runs):
-                        res = run_level(
-                            tool,
-                            workdir,
-                            port,
-                            proc,
-                            clients=clients,
-                            total=args.requests,
-                            seconds=args.seconds,
-                            rate=rate,
-                        )
-                        print(json.dumps(res), file=sys.stderr)
-                        runs.append(res)
-                    results += runs
-                    summary.append({"clients": clients, "mode": runs[0]["mode"], **median_of(runs)})
+                        for n in worker_counts:
+                            res = {"workers": n}
+                            res |= run_level(
+                                tool,
+                                *servers[n],
+                                clients=clients,
+                                total=args.requests,
+                                seconds=args.seconds,
+                                rate=rate,
+                            )
+                            print(json.dumps(res), file=sys.stderr)
+                            runs[n].append(res)
+                    for n in worker_counts:
+                        results += runs[n]
+                        cell = {"workers": n, "clients": clients, "mode": runs[n][0]["mode"]}
+                        summary.append(cell | median_of(runs[n]))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            for _, _, proc in servers.values():
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
     report = {
-        "question": f"latency and throughput of POST /mutate over HTTPS ({args.workers} worker processes)",
+        "question": "latency and throughput of POST /mutate over HTTPS, by worker processes",
         "inputs": {
             "levels": levels,
-            "workers": args.workers,
+            "workers": worker_counts,
             "runs_per_level": args.runs,
             "paced_rate_rps": args.rate or None,
             "requests_per_level": args.requests,
