@@ -55,7 +55,7 @@ WEBHOOK_CASES = [
         "cert",
         "workers-0",
         "workers-65",
-    ],  # fmt: skip
+    ],
 )
 def test_webhook_settings_errors(settings: WebhookSettings, flag: str, value: str) -> None:
     errors = settings.validate()
