@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from app import certs, names
 from app.devcluster import wait_for
 from app.devcluster.ports import free_ports
+from webhook.schemas import AdmissionRequest, AdmissionReview, GroupVersionKind, GroupVersionResource
 
 REPO = Path(__file__).resolve().parents[2]
 WORKERS = 2
@@ -86,24 +87,21 @@ def server(tmp_path: Path) -> Iterator[Server]:
 
 
 def review(uid: str) -> bytes:
+    """A pod CREATE review asking for half a GPU, built with the webhook's own wire models."""
     pod = {
         "metadata": {"name": "p", "annotations": {names.GPU_FRACTION: "0.5"}},
         "spec": {"containers": [{"name": "main", "image": "cuda"}]},
     }
-    return json.dumps(
-        {
-            "apiVersion": "admission.k8s.io/v1",
-            "kind": "AdmissionReview",
-            "request": {
-                "uid": uid,
-                "kind": {"group": "", "version": "v1", "kind": "Pod"},
-                "resource": {"group": "", "version": "v1", "resource": "pods"},
-                "operation": "CREATE",
-                "namespace": "team-a",
-                "object": pod,
-            },
-        }
-    ).encode()
+    request = AdmissionRequest(
+        uid=uid,
+        kind=GroupVersionKind(version="v1", kind="Pod"),
+        resource=GroupVersionResource(version="v1", resource="pods"),
+        operation="CREATE",
+        namespace="team-a",
+        object=pod,
+    )
+    body = AdmissionReview(api_version="admission.k8s.io/v1", kind="AdmissionReview", request=request)
+    return body.model_dump_json(by_alias=True, exclude_none=True).encode()
 
 
 def test_every_worker_answers_and_metrics_are_the_sum(server: Server) -> None:
