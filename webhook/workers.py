@@ -20,6 +20,7 @@ import os
 import shutil
 import signal
 import socket
+import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
@@ -29,6 +30,7 @@ from app import log
 
 _log = log.get("gpupack.webhook")
 
+_SIGNALS = (signal.SIGTERM, signal.SIGINT)  # passed on to the workers
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"  # read by prometheus_client when it is first imported
 
 
@@ -38,6 +40,8 @@ def metrics_dir() -> Iterator[str]:
 
     Must be entered before prometheus_client is imported: it picks its value store once, at import.
     """
+    if "prometheus_client" in sys.modules:
+        raise RuntimeError("prometheus_client was imported before its multiprocess directory was set")
     path = tempfile.mkdtemp(prefix="gpupack-webhook-metrics-")
     os.environ[MULTIPROC_ENV] = path
     try:
@@ -59,18 +63,6 @@ def listen(host: str, port: int) -> socket.socket:
 def run(workers: int, serve: Callable[[], None]) -> int:
     """Fork `workers` processes that each call `serve()`; wait for them. 0 after a requested stop."""
     children: set[int] = set()
-    for _ in range(workers):
-        pid = os.fork()
-        if pid == 0:  # the worker
-            code = 0
-            try:
-                serve()
-            except BaseException:
-                _log.exception("webhook worker failed")
-                code = 1
-            finally:
-                os._exit(code)
-        children.add(pid)
     stopping = False
 
     def stop(_signum: int = signal.SIGTERM, _frame: FrameType | None = None) -> None:
@@ -80,8 +72,28 @@ def run(workers: int, serve: Callable[[], None]) -> int:
             with suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
+    # The handlers go in before the first fork, and the signals are held while forking, so a SIGTERM during
+    # start-up reaches every worker already forked and none is forked after it.
+    previous = {sig: signal.signal(sig, stop) for sig in _SIGNALS}
+    for _ in range(workers):
+        if stopping:
+            break
+        signal.pthread_sigmask(signal.SIG_BLOCK, _SIGNALS)
+        pid = os.fork()
+        if pid == 0:  # the worker: default handlers until its server installs its own
+            code = 0
+            try:
+                for sig, handler in previous.items():
+                    signal.signal(sig, handler)
+                signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
+                serve()
+            except BaseException:
+                _log.exception("webhook worker failed")
+                code = 1
+            finally:
+                os._exit(code)
+        children.add(pid)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, _SIGNALS)
     _log.info("webhook workers started", extra={"workers": workers, "pids": sorted(children)})
     code = 0
     while children:
@@ -94,4 +106,6 @@ def run(workers: int, serve: Callable[[], None]) -> int:
             )
             code = 1
             stop()
+    for sig, handler in previous.items():
+        signal.signal(sig, handler)
     return code
