@@ -1,9 +1,10 @@
 """How long does `gpupack simulate` take, start-up included, on the openb default trace?
 
 Times the installed CLI as a user runs it (a fresh process each time, wall clock and the CPU time of the
-process and its children): one seed of the default policy (--runs times, median), and every seed (42-51)
-of every policy (--runs times each, medians). The machine is shared, so CPU seconds are reported beside
-wall seconds.
+process and its children): one seed of the default policy (--runs times, median), every seed (42-51)
+of every policy (--runs times each, medians), and every seed of each policy alone in one process
+(--jobs 1, --runs times each, medians: where the CPU goes). The machine is shared, so CPU seconds are
+reported beside wall seconds.
 
 Usage: .venv/bin/python bench/simulate.py [--traces-dir /work/shared/traces] [--runs 3] [--jobs N]
 Writes bench/results/simulate.json.
@@ -25,6 +26,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 GPUPACK = Path(sys.executable).with_name("gpupack")
+POLICIES = ("binpack", "fgd", "fragaware", "spread")
 
 
 def timed(argv: list[str]) -> dict[str, Any]:
@@ -72,6 +74,17 @@ def main() -> int:
         "median_cpu_s": statistics.median(r["cpu_s"] for r in every),
     }
     print(json.dumps(out["ten_seeds_four_policies"]), flush=True)
+    out["ten_seeds_per_policy"] = {}
+    for policy in POLICIES:
+        argv = ["simulate", *trace, "--seeds", "42-51", "--policy", policy, "--jobs", "1"]
+        alone = [timed(argv) for _ in range(args.runs)]
+        out["ten_seeds_per_policy"][policy] = {
+            "command": f"gpupack simulate --nodes … --pods … --seeds 42-51 --policy {policy} --jobs 1",
+            "cpu_s": [r["cpu_s"] for r in alone],
+            "median_cpu_s": statistics.median(r["cpu_s"] for r in alone),
+            "median_wall_s": statistics.median(r["wall_s"] for r in alone),
+        }
+        print(policy, json.dumps(out["ten_seeds_per_policy"][policy]), flush=True)
     out["loadavg_at_end"] = [round(x, 1) for x in os.getloadavg()]
     Path(args.out).write_text(json.dumps(out, indent=2, ensure_ascii=False) + "\n")
     return 0

@@ -13,7 +13,6 @@ from fastapi import Depends, Request
 from app.kube.cache import ClusterCache
 from app.placement import Policy
 from extender.binder import Binder
-from extender.rankings import Rankings
 from extender.runtime import Runtime
 
 
@@ -33,10 +32,6 @@ async def get_policy(rt: RuntimeDep) -> Policy:
     return rt.policy
 
 
-async def get_rankings(rt: RuntimeDep) -> Rankings:
-    return rt.rankings
-
-
 async def get_binder(rt: RuntimeDep) -> Binder:
     return rt.binder
 
@@ -47,6 +42,5 @@ async def get_readiness(rt: RuntimeDep) -> tuple[bool, str]:
 
 StateDep = Annotated[ClusterCache, Depends(get_cache)]
 PolicyDep = Annotated[Policy, Depends(get_policy)]
-RankingsDep = Annotated[Rankings, Depends(get_rankings)]
 BinderDep = Annotated[Binder, Depends(get_binder)]
 ReadyDep = Annotated[tuple[bool, str], Depends(get_readiness)]

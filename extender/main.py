@@ -117,7 +117,9 @@ def run(main: uvicorn.Server, ops_server: uvicorn.Server) -> None:
             ops_server.should_exit = True
             await ops_task
 
-    asyncio.run(both())
+    # The loop uvicorn's own `Server.run` would pick: uvloop when installed (a dependency), else asyncio.
+    with asyncio.Runner(loop_factory=main.config.get_loop_factory()) as runner:
+        runner.run(both())
 
 
 class _OpsServer(uvicorn.Server):

@@ -27,6 +27,12 @@ class Rankings:
         self._lock = threading.Lock()
         self._rankings: dict[Demand, Ranking] = {}
 
+    def quick(self, demand: Demand) -> bool:
+        """Whether `standings(demand)` now would be quick: the shape has a ranking (only the nodes that
+        changed are judged again), no other request holds the rankings (one may be judging every node)
+        and no informer holds the cache (a relist)."""
+        return demand in self._rankings and not self._lock.locked() and not self.cache.busy()
+
     @contextmanager
     def standings(self, demand: Demand, exclude_uid: str = "") -> Iterator[Standings]:
         """Every node's verdict on `demand` now, as `cache.nodes(exclude_uid=...)` would be judged."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from app import explain as app_explain
@@ -46,7 +46,18 @@ def refuse_invalid(names: Sequence[str], errors: tuple[RequestError, ...]) -> Fi
 
 
 def filter_nodes(names: Sequence[str], standings: Standings, decide: bool) -> FilterOutcome:
-    """Which of `names` can take the demand `standings` judged; with `decide`, only `place`'s node passes."""
+    """Which of `names` can take the demand `standings` judged; with `decide`, only `place`'s node passes.
+
+    With `decide` and a node that fits, the answer is that node alone, without the other nodes' statuses:
+    kube-scheduler reads FailedNodes and FailedAndUnresolvableNodes only when no node passes (the pod's
+    FitError and preemption); a line per node would make the answer, and the work behind it, grow with
+    the cluster for nothing. Other fitting nodes are left out too: kube-scheduler drops nodes an extender
+    does not return.
+    """
+    if decide:
+        best = standings.best(Names(names))
+        if best is not None:
+            return FilterOutcome([best])
     wanted = set(names)
     rank = standings.rank
     failed: dict[str, str] = {}
@@ -58,11 +69,7 @@ def filter_nodes(names: Sequence[str], standings: Standings, decide: bool) -> Fi
         classes.add(cls)
         (failed if cls is PendingReason.NO_FIT else unresolvable)[name] = text
     if decide:
-        # The other fitting nodes are left out of the answer: kube-scheduler drops nodes an extender does
-        # not return, and their statuses would be read only if no node passed. A line per node would make
-        # the answer (and kube-scheduler's decoding of it) grow with the cluster for nothing.
-        best = standings.best(wanted)
-        passed = [] if best is None else [best]
+        passed = []  # nothing fits (best is None above)
     else:
         fitting = wanted - unresolvable.keys() - failed.keys()
         passed = sorted(fitting, key=rank.__getitem__)
@@ -72,6 +79,40 @@ def filter_nodes(names: Sequence[str], standings: Standings, decide: bool) -> Fi
         refusal = next((c for c in precedence if c in classes), PendingReason.UNSCHEDULABLE)
         return FilterOutcome([], failed, unresolvable, refusal)
     return FilterOutcome(passed, failed, unresolvable)
+
+
+# Lookups answered by scanning the list before a set of the names is built (see Names).
+SCANS = 4
+
+
+class Names(Collection[str]):
+    """`in` over the node names of one request, without a set of them unless it pays.
+
+    The ranking asks about its best nodes first, and those are almost always among the names
+    kube-scheduler sends: scanning the list for a few (C string compares, 40 µs for 5 000 names at
+    worst) costs less than building a set of every name (190 µs). Past `SCANS` lookups it builds the set.
+    """
+
+    __slots__ = ("_names", "_scans", "_set")
+
+    def __init__(self, names: Sequence[str]) -> None:
+        self._names = names
+        self._set: set[str] | None = None
+        self._scans = 0
+
+    def __contains__(self, name: object) -> bool:
+        if self._set is None:
+            if self._scans < SCANS:
+                self._scans += 1
+                return name in self._names
+            self._set = set(self._names)
+        return name in self._set
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
 
 
 def prioritize(names: Sequence[str], standings: Standings) -> list[tuple[str, int]]:

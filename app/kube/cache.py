@@ -128,7 +128,10 @@ class ClusterCache:
         self._order: list[str] = []
         self._rank: dict[str, int] = {}  # name -> position in _order, so sorting a request is cheap
         self._fresh_until: dict[str, float] = {}  # name -> heartbeat + staleness limit (-inf: none yet)
-        self._earliest_stale = -math.inf  # no entry of _fresh_until is lower (frame() recomputes it)
+        # Heartbeats near or past their limit, as of the last pass over _fresh_until (frame()), and the
+        # earliest limit of the rest: a dead agent's node stays in the list, not in every request's pass.
+        self._near_stale: list[str] = []
+        self._earliest_stale = -math.inf  # no entry of _fresh_until outside _near_stale is lower
         # Names whose view changed, in order; token t (see frame()) has seen the log up to t - _log_start.
         self._log: list[str] = []
         self._log_start = 0
@@ -400,6 +403,14 @@ class ClusterCache:
             delta = self._deltas(holds, exclude_uid)
             return {name: self._current(name, delta, now) for name in wanted}
 
+    def busy(self) -> bool:
+        """Whether another thread holds the cache now (an informer applying a list, say): a reader
+        would wait for it."""
+        if self._lock.acquire(blocking=False):
+            self._lock.release()
+            return False
+        return True
+
     def frame(self, token: int | None, exclude_uid: str = "") -> Frame:
         """What changed since `token` (a previous frame's), and what one request sees differently.
 
@@ -416,9 +427,12 @@ class ClusterCache:
             touched = set(delta)
             # A heartbeat this close to its limit is judged exactly, as nodes() does; the rest are fresh.
             soon = now + STALE_CHECK_AHEAD_S
-            if soon >= self._earliest_stale:  # else no heartbeat is near its limit: skip the pass
-                self._earliest_stale = min(self._fresh_until.values(), default=math.inf)
-                touched.update(name for name, until in self._fresh_until.items() if until <= soon)
+            if soon >= self._earliest_stale:  # else no other heartbeat is near its limit: skip the pass
+                near = [name for name, until in self._fresh_until.items() if until <= soon]
+                self._near_stale = near
+                rest = (until for until in self._fresh_until.values() if until > soon)
+                self._earliest_stale = min(rest, default=math.inf)
+            touched.update(self._near_stale)  # one beaten since is judged fresh again: harmless
             adjusted: dict[str, Node | None] = {}
             for name in touched:
                 view = self._materialize(name)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Protocol, TypeGuard, runtime_checkable
 
 from app.errors import ForeignUse, PlacementReason, Shortfall
 from app.model import MILLI_PER_GPU, Demand, Gpu, Node
@@ -27,7 +29,10 @@ def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> 
     if (demand.mig or demand.mig_profile or gpu.mig_profile) and not demand.targets(gpu):
         return False
     milli, mib = demand.on(gpu.memory_mib)
-    return milli + gpu.milli_used <= MILLI_PER_GPU and mib <= memory_room(gpu, margin_mib)
+    if milli + gpu.milli_used > MILLI_PER_GPU:
+        return False
+    foreign = gpu.foreign_mib  # memory_room, inlined: this runs per GPU per node per demand
+    return mib <= gpu.memory_mib - gpu.memory_used_mib - foreign - (margin_mib if foreign > 0 else 0)
 
 
 def live_load(gpu: Gpu) -> tuple[int, int]:
@@ -57,22 +62,128 @@ def best_fit(gpus: Sequence[Gpu], count: int) -> tuple[int, ...]:
 
 def node_fits(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> bool:
     """Whether `node` can take `demand`: `node_misfit(...) is None` without building a reason."""
-    if not node.schedulable:
-        return False
-    cpu, mem = node.cpu_milli_free, node.memory_mib_free
-    if (cpu is not None and demand.cpu_milli > cpu) or (mem is not None and demand.host_memory_mib > mem):
+    if not _host_fits(node.schedulable, node.cpu_milli_free, node.memory_mib_free, node.mps, demand):
         return False
     wanted = demand.count
     if not wanted:
         return True
-    if demand.needs_mps and not node.mps:
-        return False
     for g in node.gpus:  # counted, not sorted: which GPUs is the policy's choice, later
         if gpu_fits(g, demand, margin_mib):
             wanted -= 1
             if not wanted:
                 return True
     return False
+
+
+@dataclass(frozen=True, slots=True)
+class Headroom:
+    """What the fit check and the simple scores read of one node state, reduced for share demands.
+
+    Computed once per node state and shared by every demand shape: `headroom_fits` then answers a share
+    demand (see `is_share`) in O(1), exactly as `node_fits` does. Equal values judge every demand alike.
+    """
+
+    schedulable: bool
+    mps: bool
+    cpu_milli_free: int | None
+    memory_mib_free: int | None
+    # Per healthy whole GPU, largest first: the largest milli share it can still take (milli and memory
+    # room both), -1 when none. A GPU takes a share of m milli exactly when m <= its cap.
+    caps: tuple[int, ...]
+    milli_free_total: int  # Node.milli_free_total
+    healthy: int  # healthy whole GPUs
+    whole: bool  # the node has a whole (non-MIG) GPU, healthy or not: demand_milli's condition
+
+
+def headroom(node: Node, margin_mib: int = FOREIGN_MARGIN_MIB) -> Headroom:
+    healthy = [g for g in node.gpus if g.healthy and not g.mig_profile]
+    return Headroom(
+        schedulable=node.schedulable,
+        mps=node.mps,
+        cpu_milli_free=node.cpu_milli_free,
+        memory_mib_free=node.memory_mib_free,
+        caps=tuple(sorted([_share_cap(g, margin_mib) for g in healthy], reverse=True)),
+        milli_free_total=MILLI_PER_GPU * len(healthy) - sum([g.milli_used for g in healthy]),
+        healthy=len(healthy),
+        whole=bool(healthy) or any(not g.mig_profile for g in node.gpus),
+    )
+
+
+def _share_cap(gpu: Gpu, margin_mib: int) -> int:
+    """The largest m with m + milli_used <= 1000 and m * memory // 1000 <= memory room (-1: no m >= 0)."""
+    foreign = gpu.foreign_mib
+    room = gpu.memory_mib - gpu.memory_used_mib - foreign - (margin_mib if foreign > 0 else 0)  # memory_room
+    if room < 0:
+        return -1
+    free = MILLI_PER_GPU - gpu.milli_used
+    if not gpu.memory_mib:
+        return max(free, -1)
+    # m * M // 1000 <= room  <=>  m * M < (room + 1) * 1000; the memory term is monotone in m.
+    return max(min(free, ((room + 1) * MILLI_PER_GPU - 1) // gpu.memory_mib), -1)
+
+
+def is_share(demand: Demand) -> bool:
+    """A demand `headroom_fits` answers: a share of whole GPUs of any model (or no GPU at all)."""
+    return not (demand.mig or demand.mig_profile or demand.models) and (
+        demand.milli is not None or not demand.count
+    )
+
+
+def headroom_fits(room: Headroom, demand: Demand) -> bool:
+    """`node_fits(node, demand)` for a share demand (`is_share`), from `headroom(node)`."""
+    if not _host_fits(room.schedulable, room.cpu_milli_free, room.memory_mib_free, room.mps, demand):
+        return False
+    wanted, caps = demand.count, room.caps
+    return not wanted or (len(caps) >= wanted and caps[wanted - 1] >= (demand.milli or 0))
+
+
+def _host_fits(schedulable: bool, cpu: int | None, mem: int | None, mps: bool, demand: Demand) -> bool:
+    """The node-wide checks: schedulable, host CPU and memory, MPS where a GPU pod asks for it."""
+    if not schedulable:
+        return False
+    if (cpu is not None and demand.cpu_milli > cpu) or (mem is not None and demand.host_memory_mib > mem):
+        return False
+    return not (demand.count and demand.needs_mps and not mps)
+
+
+def share_taken(room: Headroom, demand: Demand) -> int:
+    """`demand_milli(node, demand) * demand.count` for a share demand, from `headroom(node)`."""
+    return (demand.milli or 0) * demand.count if room.whole else 0
+
+
+def within(room: Headroom, before: Headroom) -> bool:
+    """`room` offers no more than `before` does: every demand that fits `room` also fit `before`.
+
+    Same GPUs, health, schedulability and MPS, and no more host CPU, host memory or share on any GPU
+    (the caps are compared largest to largest): what a node's headroom does when it only takes pods.
+    """
+    return (
+        room.schedulable == before.schedulable
+        and room.mps == before.mps
+        and room.healthy == before.healthy
+        and room.whole == before.whole
+        and _at_most(room.cpu_milli_free, before.cpu_milli_free)
+        and _at_most(room.memory_mib_free, before.memory_mib_free)
+        and room.milli_free_total <= before.milli_free_total
+        and all(c <= b for c, b in zip(room.caps, before.caps, strict=True))
+    )
+
+
+def _at_most(value: int | None, before: int | None) -> bool:
+    return value == before if value is None or before is None else value <= before
+
+
+@runtime_checkable
+class HeadroomScore(Protocol):
+    """A policy whose score of a share demand depends on the node only through `headroom(node)`."""
+
+    # True when the score never rises as the headroom shrinks (`within(room, before)` implies
+    # score(room) <= score(before)): a replay may then keep a node's old score as a bound on its new one.
+    score_falls_with_room: bool
+
+    def score_headroom(self, room: Headroom, demand: Demand) -> float:
+        """`score(node, demand)` for a share demand (`is_share`), from `headroom(node, margin_mib)`."""
+        ...
 
 
 def node_misfit(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> PlacementReason | None:
@@ -186,12 +297,16 @@ class FitFilter:
         return node_fits(node, demand, self.margin_mib)
 
 
+def uses_fit_filter(policy: Policy) -> TypeGuard[FitFilter]:
+    """Whether `policy.filter` is FitFilter's own (not overridden), so `node_fits` answers for it."""
+    own: object = type(policy).filter
+    return isinstance(policy, FitFilter) and own is FitFilter.filter
+
+
 def fits_check(policy: Policy) -> Callable[[Node, Demand], bool]:
     """Yes/no for `policy.filter`: the shared fit check where the policy's filter is FitFilter's own."""
-    if isinstance(policy, FitFilter):
-        own: object = type(policy).filter
-        if own is FitFilter.filter:
-            return policy.fits
+    if uses_fit_filter(policy):
+        return policy.fits
     return lambda node, demand: policy.filter(node, demand) is None
 
 

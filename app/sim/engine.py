@@ -6,12 +6,21 @@ import heapq
 import math
 import random
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 
 from app.model import MILLI_PER_GPU, Demand, Node
 from app.placement import Placement, Policy, TargetWorkload, place, to_allocation
-from app.placement.fit import fits_check
+from app.placement.fit import (
+    Headroom,
+    HeadroomScore,
+    fits_check,
+    headroom,
+    headroom_fits,
+    is_share,
+    uses_fit_filter,
+    within,
+)
 from app.sim.loader import TracePod
 
 MAX_ARRIVED_PCT = 130  # the paper's x-axis ends here
@@ -130,8 +139,13 @@ class IndexedChooser:
     """The same answer as `place(nodes, demand, policy)`, without rescoring unchanged nodes.
 
     Scores depend only on (node, demand), so each demand shape keeps a heap of (-score, rank) that is
-    refreshed only for nodes changed since that shape was last placed; stale entries are skipped by version.
-    Identical node states share one evaluation per shape through an interned state id.
+    refreshed only for nodes changed since that shape was last placed (read from one log of changes, so
+    a change costs nothing per shape); stale entries are skipped by version. Identical node states share
+    one evaluation per shape through an interned state id. With FitFilter's own fit check, a share demand
+    is judged from each node state's `Headroom`, computed once per change rather than once per shape; a
+    policy whose score reads only that (`HeadroomScore`) shares evaluations between all node states
+    with equal headroom. Where its score also falls as the headroom shrinks, a node that only took pods
+    keeps its stale entry as an upper bound and is judged again only when that entry reaches the top.
     """
 
     def __init__(self, cluster: Cluster, policy: Policy):
@@ -139,10 +153,46 @@ class IndexedChooser:
         self.policy = policy
         n = len(cluster.nodes)
         self.version = [0] * n
-        self.states: dict[tuple[object, ...], int] = {}
-        self.state = [self._state_id(node) for node in cluster.nodes]
+        self.log: list[int] = []  # nodes changed, oldest first
+        self.grown: list[int] = []  # the changes that left a node's headroom not `within` the old one
+        self.grown_at = [0] * n  # node -> its version after the last such change
         self.shapes: dict[Demand, _Shape] = {}
         self.fits = fits_check(policy)
+        self.margin = policy.margin_mib if uses_fit_filter(policy) else None
+        self.scorer = policy if isinstance(policy, HeadroomScore) else None
+        self.rooms = (
+            [headroom(node, self.margin) for node in cluster.nodes] if self.margin is not None else []
+        )
+        self.room_states: dict[Headroom, int] = {}
+        self.room_state = [self.room_states.setdefault(r, len(self.room_states)) for r in self.rooms]
+        self.states: dict[tuple[object, ...], int] = {}
+        self.state: list[int] = []  # by node signature; built when a shape first needs it
+
+    def _shape(self, demand: Demand) -> _Shape:
+        """A new shape's bookkeeping: how it judges node i, the state ids that share its answers, and
+        the log of changes it reads (only the growths when its stale entries are bounds)."""
+        nodes, policy, rooms, scorer = self.cluster.nodes, self.policy, self.rooms, self.scorer
+        n = len(nodes)
+        share = self.margin is not None and is_share(demand)
+        if share and scorer is not None:
+            score = scorer.score_headroom
+
+            def by_headroom(i: int) -> float | None:
+                room = rooms[i]
+                return score(room, demand) if headroom_fits(room, demand) else None
+
+            lazy = scorer.score_falls_with_room
+            log = self.grown if lazy else self.log
+            return _Shape(self.room_state, by_headroom, log, len(log), True, lazy, [-1] * n, [-1] * n)
+        fits = self.fits
+
+        def by_node(i: int) -> float | None:
+            ok = headroom_fits(rooms[i], demand) if share else fits(nodes[i], demand)
+            return policy.score(nodes[i], demand) if ok else None
+
+        if not self.state and nodes:
+            self.state = [self._state_id(node) for node in nodes]
+        return _Shape(self.state, by_node, self.log, len(self.log), share, False, [-1] * n, [])
 
     def _state_id(self, node: Node) -> int:
         return self.states.setdefault(_signature(node), len(self.states))
@@ -150,34 +200,74 @@ class IndexedChooser:
     def choose(self, demand: Demand) -> int | None:
         shape = self.shapes.get(demand)
         if shape is None:
-            shape = self.shapes[demand] = _Shape(set(range(len(self.cluster.nodes))))
-        heap, memo, version, state, fits = shape.heap, shape.memo, self.version, self.state, self.fits
-        for i in shape.dirty:
-            sid = state[i]
-            if sid in memo:
-                s = memo[sid]
-            else:
-                node = self.cluster.nodes[i]
-                s = memo[sid] = self.policy.score(node, demand) if fits(node, demand) else None
-            if s is not None:
-                heapq.heappush(heap, (-s, i, version[i]))
-        shape.dirty.clear()
-        while heap and heap[0][2] != version[heap[0][1]]:
+            shape = self.shapes[demand] = self._shape(demand)
+            self._judge(shape, range(len(self.cluster.nodes)))
+        elif len(shape.log) > shape.seen:
+            self._judge(shape, set(shape.log[shape.seen :]))
+            shape.seen = len(shape.log)
+        heap, version = shape.heap, self.version
+        while heap:
+            i = heap[0][1]
+            if heap[0][2] == version[i]:
+                return i
             heapq.heappop(heap)
-        return heap[0][1] if heap else None
+            if shape.lazy and shape.judged[i] != version[i]:
+                self._judge_one(shape, i)  # its stale entry was the best bound left
+        return None
+
+    def _judge(self, shape: _Shape, todo: Iterable[int]) -> None:
+        """Score `todo` for `shape` and push the fitting ones on its heap."""
+        unfit, grown_at, judge_one = shape.unfit, self.grown_at, self._judge_one
+        for i in todo:
+            if unfit[i] < grown_at[i]:  # else a share it did not fit, and it has only shrunk since
+                judge_one(shape, i)
+
+    def _judge_one(self, shape: _Shape, i: int) -> None:
+        """Node i's answer for `shape` at its current version: on the heap if it fits, else noted unfit."""
+        sid = shape.state[i]
+        memo = shape.memo
+        if sid in memo:
+            s = memo[sid]
+        else:
+            s = memo[sid] = shape.judge(i)
+        v = self.version[i]
+        if s is not None:
+            heapq.heappush(shape.heap, (-s, i, v))
+        elif shape.share:
+            shape.unfit[i] = v
+        if shape.lazy:
+            shape.judged[i] = v
 
     def changed(self, i: int) -> None:
-        self.version[i] += 1
-        self.state[i] = self._state_id(self.cluster.nodes[i])
-        for shape in self.shapes.values():
-            shape.dirty.add(i)
+        v = self.version[i] = self.version[i] + 1
+        self.log.append(i)
+        node = self.cluster.nodes[i]
+        if self.margin is not None:
+            before = self.rooms[i]
+            room = self.rooms[i] = headroom(node, self.margin)
+            self.room_state[i] = self.room_states.setdefault(room, len(self.room_states))
+            if not within(room, before):
+                self.grown.append(i)
+                self.grown_at[i] = v
+        if self.state:
+            self.state[i] = self._state_id(node)
 
 
 @dataclass(slots=True)
 class _Shape:
-    dirty: set[int]  # nodes to (re)score before this shape's next placement
+    state: list[int]  # node -> the state id its answers are memoized by (the chooser's list, kept current)
+    judge: Callable[[int], float | None]  # node -> score, None when filtered
+    log: list[int]  # the chooser's log of the changes this shape must judge again before placing
+    seen: int  # entries of `log` already applied to the heap
+    # A share demand judged by headroom: a node it did not fit keeps not fitting while it only shrinks.
+    share: bool
+    # Stale entries are upper bounds (the score falls with the headroom): judge a node again only when
+    # its entry reaches the top, or when it appears in `log` (a change that gave it room).
+    lazy: bool
+    unfit: list[int]  # node -> version at which it last did not fit this share demand (-1: none)
+    judged: list[int]  # lazy shapes: node -> version last judged (-1: never)
     heap: list[tuple[float, int, int]] = field(default_factory=list)
-    memo: dict[int, float | None] = field(default_factory=dict)  # node state id -> score (None = filtered)
+    memo: dict[int, float | None] = field(default_factory=dict)  # state id -> score (None = filtered)
 
 
 def simulate(

@@ -6,22 +6,26 @@ import copy
 import threading
 import time
 from collections.abc import Iterator, Mapping
+from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
 
 from app import names
-from app.errors import KubeError
+from app.errors import KubeError, PlacementReason
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict, Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.model import Allocation
-from app.placement import registry
+from app.model import Allocation, Demand, Node
+from app.placement import Policy, registry
 from extender.binder import Binder
 from extender.config import Settings
 from extender.main import create_app
+from extender.metrics import PendingReason
+from extender.rankings import Rankings
 from extender.runtime import StaticRuntime
+from extender.schemas import HostPriorityList
 
 NOW = 1_700_000_000.0
 
@@ -159,18 +163,34 @@ class Env:
         return str(r.json()["Error"])
 
 
-def test_filter_reports_human_reasons_and_decides_one_node() -> None:
+def test_filter_decides_one_node_and_gives_reasons_only_when_none_passes() -> None:
     env = Env()
     env.kube.add(pod("big", 750, node="n1", alloc=Allocation("n1", (0,), (), 750, 12288)))
     env.kube.add(pod("big2", 750, node="n1", alloc=Allocation("n1", (1,), (), 750, 12288)))
     out = env.filter(pod("p", 500), ["n1", "n2", "ghost"])
-    assert out["NodeNames"] == ["n2"]
+    # A node passes: kube-scheduler binds there and never reads the other nodes' statuses.
+    assert out == {
+        "Nodes": None,
+        "NodeNames": ["n2"],
+        "FailedNodes": {},
+        "FailedAndUnresolvableNodes": {},
+        "Error": "",
+    }
+    out = env.filter(pod("p", 500), ["n1", "ghost"])  # none passes: each node's reason, for the pod's event
+    assert out["NodeNames"] == []
     assert out["FailedNodes"] == {"n1": "no GPU with 0.50 free: best has 0.25"}
     assert out["FailedAndUnresolvableNodes"] == {
         "ghost": "no GPUNode object for this node: the gpupack agent does not run here"
     }
     assert out["Error"] == ""
-    assert set(out) == {"Nodes", "NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+    assert env.cache.pending_reason["uid-p"] == PendingReason.NO_FIT
+    # Without decide-in-filter every node's status is reported, whether or not one passes.
+    env2 = Env(decide=False)
+    env2.kube.add(pod("big", 750, node="n1", alloc=Allocation("n1", (0,), (), 750, 12288)))
+    env2.kube.add(pod("big2", 750, node="n1", alloc=Allocation("n1", (1,), (), 750, 12288)))
+    out = env2.filter(pod("p", 500), ["n1", "n2", "ghost"])
+    assert out["NodeNames"] == ["n2"] and set(out["FailedNodes"]) == {"n1"}
+    assert set(out["FailedAndUnresolvableNodes"]) == {"ghost"}
 
 
 def test_filter_decide_keeps_only_the_policy_choice() -> None:
@@ -181,6 +201,77 @@ def test_filter_decide_keeps_only_the_policy_choice() -> None:
     assert out["FailedNodes"] == {} and out["FailedAndUnresolvableNodes"] == {}  # n1 fits: no failure
     env2 = Env(policy="binpack", decide=False)
     assert env2.filter(pod("p", 500), ["n1", "n2"])["NodeNames"] == ["n1", "n2"]
+
+
+class Gate:
+    """A policy whose filter waits at a gate: a new shape being ranked, held as long as a test likes."""
+
+    def __init__(self, inner: Policy) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self.inner, attr)
+
+    def filter(self, node: Node, demand: Demand) -> PlacementReason | None:
+        self.entered.set()
+        assert self.release.wait(10)
+        return self.inner.filter(node, demand)
+
+
+def test_probes_are_answered_while_a_new_shape_is_ranked() -> None:
+    env = Env()
+    gate = Gate(env.policy)
+    env.runtime.rankings = Rankings(env.cache, gate)  # type: ignore[arg-type]
+    body = {"Pod": pod("p", 500), "Nodes": None, "NodeNames": ["n1", "n2"]}
+    slow: list[JsonDict] = []
+    with TestClient(env.app) as client:  # one event loop for every request, as uvicorn serves them
+        first = threading.Thread(target=lambda: slow.append(client.post("/filter", json=body).json()))
+        first.start()
+        try:
+            assert gate.entered.wait(10)
+            # The event loop is free: the probe answers while the first shape is still being judged.
+            assert client.get("/healthz").status_code == 200
+            assert first.is_alive() and not slow
+        finally:
+            gate.release.set()
+            first.join(10)
+        assert slow and slow[0]["NodeNames"] == ["n1"]
+        # Warm now: the same shape is answered on the loop, with the same decision.
+        body["Pod"] = pod("q", 500)
+        assert client.post("/filter", json=body).json()["NodeNames"] == ["n1"]
+
+
+def test_probes_are_answered_while_a_relist_holds_the_cache() -> None:
+    env = Env(policy="binpack")
+    body = {"Pod": pod("p", 500), "Nodes": None, "NodeNames": ["n1", "n2"]}
+    listing, resume = threading.Event(), threading.Event()
+
+    def slow_list() -> Iterator[JsonDict]:  # the cache is held while a GPUNode list is applied
+        yield gpunode("n1")
+        listing.set()
+        assert resume.wait(10)
+        yield gpunode("n2")
+
+    answers: list[JsonDict] = []
+    with TestClient(env.app) as client:
+        assert client.post("/filter", json=body).json()["NodeNames"] == ["n1"]  # the shape is warm
+        relist = threading.Thread(target=env.cache.set_gpunodes, args=(slow_list(),))
+        relist.start()
+        assert listing.wait(10)
+        body["Pod"] = pod("q", 500)
+        waiting = threading.Thread(target=lambda: answers.append(client.post("/filter", json=body).json()))
+        waiting.start()
+        try:
+            assert client.get("/healthz").status_code == 200  # the loop is not stuck behind the relist
+            assert waiting.is_alive() and not answers
+        finally:
+            resume.set()
+            relist.join(10)
+            waiting.join(10)
+    assert answers and answers[0]["NodeNames"] == ["n1"]
 
 
 def test_filter_invalid_request_is_unresolvable_everywhere() -> None:
@@ -220,6 +311,9 @@ def test_prioritize_normalizes_raw_scores_to_0_10() -> None:
     r = env.client.post("/prioritize", json={"Pod": pod("p", 250), "Nodes": None, "NodeNames": ["n1", "n2"]})
     assert r.status_code == 200
     assert r.json() == [{"Host": "n1", "Score": 0}, {"Host": "n2", "Score": 10}]
+    # Encoded without the schema's models, the answer still is the wire format's HostPriorityList.
+    assert HostPriorityList.model_validate_json(r.content).model_dump() == r.json()
+    assert r.headers["content-type"] == "application/json"
 
 
 def test_bind_writes_allocation_with_precondition_then_binding() -> None:

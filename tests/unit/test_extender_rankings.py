@@ -53,10 +53,11 @@ def literal_filter(
         else:
             fails = PENDING_REASON[reason.kind] is verbs.PendingReason.NO_FIT
             (failed if fails else unresolvable)[name] = reason_text(reason)
-    if decide and len(passed) > 1:
+    if decide and passed:
+        # The decision alone: kube-scheduler reads the other nodes' statuses only when none passes.
         chosen = place(passed, demand, policy)
         assert isinstance(chosen, Placement)
-        return [chosen.node.name], failed, unresolvable
+        return [chosen.node.name], {}, {}
     return [n.name for n in passed], failed, unresolvable
 
 
@@ -231,6 +232,36 @@ def test_a_refused_pod_gets_the_most_actionable_reason_class() -> None:
         out: FilterOutcome = verbs.filter_nodes(["n0", "gone"], standings, True)
     assert out.passed == [] and out.refusal is verbs.PendingReason.NO_FIT
     assert out.unresolvable == {"gone": NO_GPUNODE} and set(out.failed) == {"n0"}
+
+
+@pytest.mark.parametrize("name", POLICIES)
+def test_decide_finds_place_choice_when_the_best_nodes_are_not_offered(name: str) -> None:
+    """kube-scheduler may leave out the ranking's best nodes (its own filters): the choice is then
+    place()'s among the nodes offered, however many of the best are missing (past verbs.SCANS too)."""
+    world = World(random.Random(f"offered-{name}"))
+    policy = registry.create(name)
+    rankings = Rankings(world.cache, policy)
+    demand = Demand(count=1, milli=100)
+    offered = list(world.nodes)
+    chosen: list[str] = []
+    while offered:
+        nodes = world.cache.nodes(offered)
+        expected = place([n for n in nodes.values() if n is not None], demand, policy)
+        with rankings.standings(demand) as standings:
+            out = verbs.filter_nodes(offered, standings, True)
+        assert out.passed == ([expected.node.name] if isinstance(expected, Placement) else [])
+        if not out.passed:
+            break
+        chosen.append(out.passed[0])
+        offered.remove(out.passed[0])  # the next request leaves the best node out
+    assert len(chosen) > verbs.SCANS + 1  # the later requests missed more than SCANS best nodes
+
+
+def test_names_answers_membership_by_scan_then_by_set() -> None:
+    names = verbs.Names(["a", "b", "c"])
+    asked = ["a", "x", "c", "y", "b", "z", "a"]  # more lookups than SCANS: the set answers the rest
+    assert [n in names for n in asked] == [True, False, True, False, True, False, True]
+    assert sorted(names) == ["a", "b", "c"] and len(names) == 3
 
 
 class Counting:

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
+import uvicorn
 
 from app import certs
 from app.devcluster.ports import free_ports
@@ -65,6 +66,7 @@ class Served:
     ops_port: int
     pki: Pki
     dir: Path
+    main: uvicorn.Server
 
 
 @pytest.fixture(scope="module")
@@ -90,7 +92,7 @@ def served(pki: Pki, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Serve
     while not (main.started and ops.started):
         assert thread.is_alive() and time.monotonic() < deadline, "extender did not start"
         time.sleep(0.02)
-    yield Served(port, ops_port, pki, d)
+    yield Served(port, ops_port, pki, d, main)
     main.should_exit = True
     thread.join(10)
     assert not thread.is_alive()
@@ -142,6 +144,12 @@ def test_scheduler_with_its_client_certificate_is_served(served: Served) -> None
     assert reason.startswith("not admitted by the gpupack webhook"), reason
     assert https(served, served.pki.client, "GET", "/state")[0] == 200
     assert https(served, served.pki.client, "GET", "/healthz")[0] == 200
+
+
+def test_served_on_uvloop(served: Served) -> None:
+    """Both listeners run on the loop uvicorn picks for one server: uvloop, a gpupack dependency."""
+    loop = served.main.servers[0].get_loop()
+    assert type(loop).__module__.split(".")[0] == "uvloop", type(loop)
 
 
 @pytest.mark.parametrize("who", ["no-certificate", "other-ca"])

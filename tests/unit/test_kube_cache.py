@@ -454,6 +454,28 @@ def test_frame_names_what_changed_and_what_one_request_sees_differently() -> Non
     assert c.frame(later.token).full
 
 
+def test_a_dead_agent_stays_stale_in_every_request_while_the_others_age_and_beat() -> None:
+    clock = [NOW]
+    c = cache(now=clock)  # limit 90 s
+    c.set_gpunodes([gpunode("dead", beat=NOW - 200), gpunode("n1", beat=NOW - 10), gpunode("n2")])
+    c.set_pods([])
+    token = c.frame(None).token
+    for _ in range(3):  # the same answer request after request, not only on the first
+        assert set(c.frame(token).adjusted) == {"dead"}
+    clock[0] += 79.5  # n1 is within a second of its limit: judged per request from now on
+    assert set(c.frame(token).adjusted) == {"dead"}  # still fresh
+    clock[0] += 1.0  # n1 is 90.5 s old
+    assert set(c.frame(token).adjusted) == {"dead", "n1"}
+    c.upsert_gpunode(gpunode("n1", beat=clock[0]))  # n1's agent beats again; so does the dead one
+    assert set(c.frame(token).adjusted) == {"dead"}
+    c.upsert_gpunode(gpunode("dead", beat=clock[0]))
+    assert c.frame(token).adjusted == {}
+    clock[0] += 10.0  # n2 (beat at NOW) is past its limit: 90.5 s old
+    assert set(c.frame(token).adjusted) == {"n2"}
+    stale = c.frame(token).adjusted["n2"]
+    assert stale is not None and not stale.schedulable
+
+
 def test_a_relist_that_finds_what_the_watch_delivered_changes_no_view() -> None:
     c = cache()
     objs = [gpunode("n1"), gpunode("n2"), gpunode("n3")]

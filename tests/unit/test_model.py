@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields, replace
+
 import pytest
 
 from app import names
@@ -122,3 +124,28 @@ def test_packing_efficiency_counts_only_gpus_in_use() -> None:
     state.apply(Allocation("n1", (0,), (), 1000, 15109))
     state.apply(Allocation("n1", (1,), (), 250, 3777))
     assert state.packing_efficiency == (1000 + 250) / 2000
+
+
+def test_reserving_and_charging_keep_every_other_field() -> None:
+    values: dict[str, object] = {
+        "index": 3,
+        "model": "T4",
+        "memory_mib": 15_109,
+        "uuid": "GPU-3",
+        "milli_used": 100,
+        "memory_used_mib": 1000,
+        "foreign_mib": 7,
+        "live_free_mib": 9000,
+        "utilization_percent": 55,
+        "healthy": False,
+        "mig_profile": "1g.5gb",
+        "parent": 0,
+    }
+    assert set(values) == {f.name for f in fields(Gpu)}  # a new field must be added here and to reserve
+    gpu = Gpu(**values)  # type: ignore[arg-type]
+    assert gpu.reserve(50, 200) == replace(gpu, milli_used=150, memory_used_mib=1200)
+    node = Node("n", (gpu,), 8000, 4096, False, "cordoned", False, "no daemon")
+    assert len(fields(Node)) == 8  # a new field must be added to Node._with
+    alloc = Allocation("n", (3,), (), 50, 200)
+    assert node.reserve((alloc,)) == replace(node, gpus=(gpu.reserve(50, 200),))
+    assert node.charge_host(1000, 96) == replace(node, cpu_milli_free=7000, memory_mib_free=4000)

@@ -5,15 +5,16 @@ from __future__ import annotations
 import io
 import json
 import math
+import random
 from pathlib import Path
 
 import pytest
 
 from app.cli import main
-from app.model import Node
-from app.placement import TargetWorkload, registry
+from app.model import Demand, Node
+from app.placement import Placement, TargetWorkload, place, registry
 from app.sim import command
-from app.sim.engine import arrival_sequence, simulate
+from app.sim.engine import Cluster, IndexedChooser, arrival_sequence, simulate
 from app.sim.loader import TraceError, TracePod, load_nodes, load_pods, read_nodes, read_pods
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sim"
@@ -246,3 +247,33 @@ def test_runs_in_parallel_give_exactly_the_serial_results(tmp_path: Path) -> Non
             numbers.pop("pods_per_second", None)  # wall-clock, the one field allowed to differ
         outs.append(doc)
     assert outs[0] == outs[1]
+
+
+@pytest.mark.parametrize("name", ["binpack", "spread", "fgd", "fragaware"])
+def test_the_chooser_agrees_with_place_while_pods_arrive_and_leave(name: str) -> None:
+    """Departures give nodes room back: the chooser must judge them again, never trust an old bound."""
+    nodes, pods, wl = synthetic()
+    rng = random.Random(name)
+    policy = registry.create(name, wl)
+    cluster = Cluster(list(nodes), wl)
+    chooser = IndexedChooser(cluster, policy)
+    running: list[tuple[int, Demand, tuple[int, ...]]] = []
+    placed = 0
+    for _ in range(1500):
+        if running and rng.random() < 0.35:
+            i, demand, gpus = running.pop(rng.randrange(len(running)))
+            cluster.release(i, demand, gpus)
+            chooser.changed(i)
+            continue
+        demand = rng.choice(pods).demand
+        expected = place(cluster.nodes, demand, policy)
+        i = chooser.choose(demand)
+        if not isinstance(expected, Placement):
+            assert i is None
+            continue
+        assert i is not None and cluster.nodes[i] is expected.node
+        cluster.apply(i, demand, expected.gpus)
+        chooser.changed(i)
+        running.append((i, demand, expected.gpus))
+        placed += 1
+    assert placed > 500 and len(running) < placed  # both arrivals and departures happened
