@@ -104,7 +104,6 @@ def _run_server(settings: Settings, sock: socket.socket | None = None) -> None:
     from app.tls import ReloadingContext
     from webhook.main import create_app
     from webhook.metrics import count_cert_reload
-    from webhook.protocol import JoinedWritesProtocol
 
     assert settings.cert_file and settings.key_file  # `serve` requires --cert and --key
     tls = ReloadingContext(
@@ -123,7 +122,7 @@ def _run_server(settings: Settings, sock: socket.socket | None = None) -> None:
         lifespan="off",
         timeout_keep_alive=KEEP_ALIVE_S,
         loop="uvloop",
-        http=JoinedWritesProtocol,  # httptools, each response head and body in one TLS record
+        http="httptools",
     )
     uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
 
