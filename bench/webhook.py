@@ -1,16 +1,20 @@
 """How fast is POST /mutate over HTTPS? p50/p99 latency and throughput at 1, 16 and 64 concurrent clients.
 
-Starts `gpupack webhook serve` as a subprocess on 127.0.0.1 with a fresh CA (as deployed: one uvicorn worker,
-JSON log line per review), then drives it with keep-alive HTTPS clients, one thread each (stdlib http.client,
-the lightest client available, so the client eats as little of the shared CPU as possible). Each level is
-bounded by a request count and a wall-clock limit. Two modes per level:
+Starts `gpupack webhook serve --workers N` for each N of --workers, as subprocesses on 127.0.0.1 with a
+fresh CA (as deployed: N worker processes, uvloop + httptools, one JSON log line per review), and drives
+them with bench/loadgen, a small Go load generator (built once per source and Go version by
+bench/loadgen/build.sh): one keep-alive TLS connection per client, requests pre-encoded, so the client
+costs a fraction of the server's CPU on the cores they share (both are recorded per request, with the CPU
+count and the load). Each cell (mode, clients, workers) is bounded by a request count and a wall-clock
+limit and run --runs times, the servers taking turns; `summary` has the medians. Two modes:
 - closed loop (saturation): each client sends its next request as soon as the last one returns;
 - paced (--rate, requests/s over all clients): sends are scheduled at a fixed total rate, and latency is
   measured from the *scheduled* send time, so a stalled server is not hidden (no coordinated omission).
   This is closer to an apiserver, which calls us once per pod create, not in a tight loop.
-Writes bench/results/webhook.json.
+Writes bench/results/webhook.json (--out to write elsewhere).
 
-    .venv/bin/python bench/webhook.py [--requests 3000] [--levels 1,16,64] [--seconds 30] [--rate 200]
+    .venv/bin/python bench/webhook.py [--workers 1,2] [--runs 3] [--levels 1,16,64] [--seconds 10] \
+        [--rate 200] [--out bench/results/webhook.json]
 """
 
 from __future__ import annotations
@@ -27,7 +31,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -99,10 +102,11 @@ def free_port() -> int:
         return port
 
 
-def start_server(workdir: Path, port: int) -> subprocess.Popen[bytes]:
+def start_server(workdir: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
     certs.write_bundle(workdir, ["localhost"], ["127.0.0.1"])
     argv = [sys.executable, "-m", "app.cli", "webhook", "serve", "--cert", str(workdir / "tls.crt")]
     argv += ["--key", str(workdir / "tls.key"), "--host", "127.0.0.1", "--port", str(port)]
+    argv += ["--workers", str(workers)]
     log = (workdir / "server.log").open("wb")
     return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
 
@@ -144,83 +148,62 @@ def server_seconds(port: int, ctx: ssl.SSLContext) -> tuple[float, float]:
     ]
 
 
+def loadgen() -> str:
+    """The Go load generator's binary (built once per source and Go version by bench/loadgen/build.sh)."""
+    out = subprocess.run(
+        [str(REPO / "bench" / "loadgen" / "build.sh")], check=True, stdout=subprocess.PIPE, text=True
+    )
+    return out.stdout.strip().splitlines()[-1]
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of the server process and of its live children (the worker processes)."""
+    total = 0.0
+    tick = os.sysconf("SC_CLK_TCK")
+    pids = [pid] + [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    for p in pids:
+        fields = Path(f"/proc/{p}/stat").read_text().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / tick  # utime, stime
+    return total
+
+
 def run_level(
-    port: int, ctx: ssl.SSLContext, clients: int, total: int, seconds: float, *, rate: float | None = None
+    tool: str,
+    workdir: Path,
+    port: int,
+    proc: subprocess.Popen[bytes],
+    *,
+    clients: int,
+    total: int,
+    seconds: float,
+    rate: float | None = None,
 ) -> dict[str, Any]:
-    bodies = [review_body(i) for i in range(64)]
-    latencies: list[float] = []
-    errors: list[str] = []
-    lock = threading.Lock()
-    issued = [0]
-    start_gate = threading.Barrier(clients + 1)
-    deadline = [0.0]
-
-    def take() -> int | None:
-        with lock:
-            if issued[0] >= total or time.perf_counter() > deadline[0]:
-                return None
-            issued[0] += 1
-            return issued[0]
-
-    def scheduled(n: int) -> float:
-        """When request n is due: now (closed loop) or on the fixed-rate timeline (paced)."""
-        if rate is None:
-            return time.perf_counter()
-        due = t_start + (n - 1) / rate
-        if (wait := due - time.perf_counter()) > 0:
-            time.sleep(wait)
-        return due
-
-    def worker() -> None:
-        conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
-        conn.request(
-            "GET", "/healthz"
-        )  # handshake outside the measured window: the apiserver keeps connections
-        conn.getresponse().read()
-        mine: list[float] = []
-        start_gate.wait()
-        while (n := take()) is not None:
-            body = bodies[n % len(bodies)]
-            t0 = scheduled(n)
-            try:
-                conn.request("POST", "/mutate", body=body, headers={"Content-Type": "application/json"})
-                resp = conn.getresponse()
-                data = resp.read()
-                elapsed = time.perf_counter() - t0
-                if resp.status != 200 or b'"allowed":true' not in data:
-                    with lock:
-                        errors.append(f"{resp.status} {data[:120]!r}")
-                    continue
-                mine.append(elapsed)
-            except (OSError, http.client.HTTPException) as exc:
-                with lock:
-                    errors.append(repr(exc))
-                conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=worker, daemon=True) for _ in range(clients)]
-    for t in threads:
-        t.start()
+    bodies = workdir / "bodies.jsonl"
+    if not bodies.exists():
+        bodies.write_bytes(b"\n".join(review_body(i) for i in range(64)) + b"\n")
+    argv = [tool, "-addr", f"127.0.0.1:{port}", "-path", "/mutate", "-health", "/healthz"]
+    argv += ["-ca", str(workdir / "ca.crt")]
+    argv += ["-bodies", str(bodies), "-clients", str(clients), "-requests", str(total)]
+    argv += ["-seconds", str(seconds), "-rate", str(rate or 0)]
+    ctx = tls_context(workdir)
     srv_sum0, srv_n0 = server_seconds(port, ctx)
-    t_start = time.perf_counter()
-    deadline[0] = t_start + seconds
-    start_gate.wait()
-    for t in threads:
-        t.join()
-    wall = time.perf_counter() - t_start
+    cpu0 = cpu_seconds(proc.pid)
+    out = json.loads(subprocess.run(argv, check=True, stdout=subprocess.PIPE).stdout)
+    server_cpu = cpu_seconds(proc.pid) - cpu0
     srv_sum1, srv_n1 = server_seconds(port, ctx)
-    ms = sorted(x * 1000 for x in latencies)
+    ms = sorted(us / 1000 for us in out["latencies_us"])
+    wall = out["wall_seconds"]
 
     def pct(p: float) -> float:
         return round(ms[min(len(ms) - 1, int(p / 100 * len(ms)))], 3) if ms else float("nan")
 
+    done = len(ms) + out["errors"]
     return {
         "clients": clients,
         "mode": "closed-loop" if rate is None else f"paced {rate:g} req/s total",
         "requests_ok": len(ms),
-        "errors": len(errors),
-        "error_samples": errors[:3],
+        "errors": out["errors"],
+        "error_samples": out["error_samples"],
         "wall_seconds": round(wall, 3),
         "throughput_rps": round(len(ms) / wall, 1) if wall else 0.0,
         "latency_ms": {
@@ -233,6 +216,9 @@ def run_level(
         "server_handler_mean_ms": round((srv_sum1 - srv_sum0) / (srv_n1 - srv_n0) * 1000, 3)
         if srv_n1 > srv_n0
         else None,
+        # CPU per request, server (all its processes) and client: what the 2 shared cores pay.
+        "server_cpu_us_per_request": round(server_cpu / done * 1e6, 1) if done else None,
+        "client_cpu_us_per_request": round(out["cpu_seconds"] / done * 1e6, 1) if done else None,
     }
 
 
@@ -246,64 +232,113 @@ def versions() -> dict[str, str]:
     return out
 
 
+def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The median of each headline figure over repeated runs of one level."""
+    return {
+        "runs": len(runs),
+        "throughput_rps": statistics.median(r["throughput_rps"] for r in runs),
+        "p50_ms": statistics.median(r["latency_ms"]["p50"] for r in runs),
+        "p99_ms": statistics.median(r["latency_ms"]["p99"] for r in runs),
+        "server_cpu_us_per_request": statistics.median(r["server_cpu_us_per_request"] for r in runs),
+        "client_cpu_us_per_request": statistics.median(r["client_cpu_us_per_request"] for r in runs),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
-        "--requests", type=int, default=3000, help="requests per concurrency level (upper bound)"
+        "--requests", type=int, default=20000, help="requests per concurrency level (upper bound)"
     )
-    parser.add_argument("--seconds", type=float, default=30.0, help="wall-clock limit per level")
+    parser.add_argument("--seconds", type=float, default=10.0, help="wall-clock limit per level")
     parser.add_argument("--levels", default="1,16,64", help="comma list of concurrent clients")
-    parser.add_argument("--warmup", type=int, default=300, help="unmeasured requests before the first level")
+    parser.add_argument(
+        "--workers", default="1,2", help="comma list of webhook worker counts (--workers), one server each"
+    )
+    parser.add_argument("--runs", type=int, default=3, help="runs of each level; the summary has medians")
+    parser.add_argument("--warmup", type=int, default=2000, help="unmeasured requests before the first level")
     parser.add_argument(
         "--rate", type=float, default=200.0, help="total req/s of the paced runs (0: skip them)"
     )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
+    worker_counts = [int(x) for x in args.workers.split(",")]
+    load_at_start = os.getloadavg()
+    tool = loadgen()
 
+    # One server per worker count, all started up front; every (mode, clients) cell is run on each server
+    # in turn, run after run, so a burst of load from elsewhere on the machine hits them all alike.
     with tempfile.TemporaryDirectory(prefix="gpupack-bench-") as tmp:
-        workdir = Path(tmp)
-        port = free_port()
-        proc = start_server(workdir, port)
+        servers: dict[int, tuple[Path, int, subprocess.Popen[bytes]]] = {}
         try:
-            ctx = tls_context(workdir)
-            wait_healthy(port, ctx, proc)
-            run_level(port, ctx, 4, args.warmup, args.seconds)
-            results = []
+            for n in worker_counts:
+                workdir = Path(tmp) / f"workers-{n}"
+                workdir.mkdir()
+                port = free_port()
+                servers[n] = (workdir, port, start_server(workdir, port, n))
+                wait_healthy(port, tls_context(workdir), servers[n][2])
+                run_level(tool, *servers[n], clients=16, total=args.warmup, seconds=args.seconds)
+            results, summary = [], []
             modes: list[float | None] = [None, args.rate] if args.rate else [None]
             for rate in modes:
                 for clients in levels:
-                    res = run_level(port, ctx, clients, args.requests, args.seconds, rate=rate)
-                    print(json.dumps(res), file=sys.stderr)
-                    results.append(res)
+                    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in worker_counts}
+                    for _ in range(args.runs):
+                        for n in worker_counts:
+                            res = {"workers": n}
+                            res |= run_level(
+                                tool,
+                                *servers[n],
+                                clients=clients,
+                                total=args.requests,
+                                seconds=args.seconds,
+                                rate=rate,
+                            )
+                            print(json.dumps(res), file=sys.stderr)
+                            runs[n].append(res)
+                    for n in worker_counts:
+                        results += runs[n]
+                        cell = {"workers": n, "clients": clients, "mode": runs[n][0]["mode"]}
+                        summary.append(cell | median_of(runs[n]))
         finally:
-            proc.terminate()
-            try:
-                proc.wait(10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            for _, _, proc in servers.values():
+                proc.terminate()
+                try:
+                    proc.wait(10)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
     report = {
-        "question": "latency and throughput of POST /mutate over HTTPS (one uvicorn worker)",
+        "question": "latency and throughput of POST /mutate over HTTPS, by worker processes",
         "inputs": {
             "levels": levels,
+            "workers": worker_counts,
+            "runs_per_level": args.runs,
             "paced_rate_rps": args.rate or None,
             "requests_per_level": args.requests,
             "seconds_limit_per_level": args.seconds,
             "warmup_requests": args.warmup,
             "body_bytes": len(review_body(0)),
             "review": "gpu-fraction 0.25 x 2 GPUs, gpu-model, 2 containers + 1 init, env, node affinity",
-            "client": "stdlib http.client, one keep-alive HTTPS connection per thread; no handshake measured",
+            "client": "bench/loadgen (Go, crypto/tls + minimal HTTP/1.1): one keep-alive TLS connection per "
+            "client goroutine, requests pre-encoded; handshakes before the measured window, as the apiserver "
+            "keeps its connections",
             "host": {
                 "cpus": os.cpu_count(),
+                "loadavg_at_start": load_at_start,
                 "loadavg_at_end": os.getloadavg(),
                 "platform": platform.platform(),
+                "go": subprocess.run(
+                    ["go", "version"], check=True, stdout=subprocess.PIPE, text=True
+                ).stdout.strip(),
             },
         },
         "versions": versions(),
+        "summary": summary,
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
+    print(json.dumps(summary, indent=1), file=sys.stderr)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import ipaddress
+import socket
 import sys
 from pathlib import Path
 from typing import Any
@@ -11,6 +12,11 @@ from typing import Any
 from app import certs, log, names
 from app.settings import from_args
 from webhook.settings import FLAGS, Settings
+
+# Idle keep-alive connections are kept longer than the apiserver keeps them (client-go's transport closes
+# idle ones after 90 s, net/http's default): the apiserver always closes first, so no POST is ever sent on a
+# connection we are closing, and a pause of a few seconds between pods costs no new TLS handshake.
+KEEP_ALIVE_S = 120
 
 
 def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, hence Any
@@ -33,6 +39,12 @@ def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, henc
     )
     serve.add_argument(
         "--cert-check-interval", type=float, default=1.0, help="seconds between cert file checks"
+    )
+    serve.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="worker processes answering on the port (about one per CPU the pod may use; default 1)",
     )
     serve.add_argument("--log-level", default="info")
     serve.set_defaults(func=_serve)
@@ -66,12 +78,6 @@ def settings_from(args: argparse.Namespace) -> Settings:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    import uvicorn
-
-    from app.tls import ReloadingContext
-    from webhook.main import create_app
-    from webhook.metrics import count_cert_reload
-
     settings = settings_from(args)
     errors = settings.validate()
     if errors:
@@ -79,8 +85,32 @@ def _serve(args: argparse.Namespace) -> int:
             print(f"gpupack webhook serve: {e.as_flag()}", file=sys.stderr)
         return 2
     log.setup(settings.log_level)
+    if settings.workers == 1:
+        _run_server(settings)
+        return 0
+    from webhook import workers
+
+    with workers.metrics_dir():
+        import webhook.main  # noqa: F401  # before the fork: the workers share its pages; metrics multiprocess
+
+        sock = workers.listen(settings.host, settings.port)
+        return workers.run(settings.workers, lambda: _run_server(settings, sock))
+
+
+def _run_server(settings: Settings, sock: socket.socket | None = None) -> None:
+    """One uvicorn server on uvloop + httptools (HTTPS), on `sock` when a parent bound it for several."""
+    import uvicorn
+
+    from app.tls import ReloadingContext
+    from webhook.main import create_app
+    from webhook.metrics import count_cert_reload
+
+    assert settings.cert_file and settings.key_file  # `serve` requires --cert and --key
     tls = ReloadingContext(
-        args.cert, args.key, check_interval=settings.cert_check_interval_s, on_reload=count_cert_reload
+        settings.cert_file,
+        settings.key_file,
+        check_interval=settings.cert_check_interval_s,
+        on_reload=count_cert_reload,
     )
     config = uvicorn.Config(
         create_app(settings),
@@ -90,9 +120,11 @@ def _serve(args: argparse.Namespace) -> int:
         access_log=False,  # one structured line per review is logged by the app itself
         log_config=None,  # keep log.setup()'s JSON handler
         lifespan="off",
+        timeout_keep_alive=KEEP_ALIVE_S,
+        loop="uvloop",
+        http="httptools",
     )
-    uvicorn.Server(config).run()
-    return 0
+    uvicorn.Server(config).run(sockets=[sock] if sock is not None else None)
 
 
 def _ip(raw: str) -> str:

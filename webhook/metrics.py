@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client.multiprocess import MultiProcessCollector
 
 from app.metrics import FAST_HANDLER_BUCKETS, component_registry, counter
 
@@ -46,5 +48,16 @@ def count_cert_reload(result: str) -> None:
 
 
 def registry() -> CollectorRegistry:
-    """A registry of the webhook's series (and the process's runtime ones) only."""
+    """A registry of the webhook's series (and the process's runtime ones) only.
+
+    With several worker processes (`serve --workers N`, which sets PROMETHEUS_MULTIPROC_DIR before the
+    series above are made), every worker writes its series to that directory and this registry serves
+    their sum, whichever worker is scraped. The process_*/python_* series are then left out: they would
+    describe only the one worker that answered the scrape.
+    """
+    directory = os.environ.get("PROMETHEUS_MULTIPROC_DIR")
+    if directory:
+        summed = CollectorRegistry(auto_describe=False)
+        MultiProcessCollector(summed, path=directory)  # type: ignore[no-untyped-call]
+        return summed
     return component_registry(WEBHOOK_REVIEWS, WEBHOOK_REVIEW_SECONDS, WEBHOOK_CERT_RELOADS)

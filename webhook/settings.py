@@ -13,6 +13,8 @@ from app.settings import Checker
 # Settings fields whose flag is not just the field name in kebab case.
 FLAGS = {"cert_file": "--cert", "key_file": "--key", "cert_check_interval_s": "--cert-check-interval"}
 
+MAX_WORKERS = 64  # processes, each ~40 MiB of its own: more than the CPUs only adds switching
+
 # spec.schedulerName must be a DNS-1123 subdomain, or the apiserver rejects every pod we mutate.
 _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
 
@@ -30,6 +32,9 @@ class Settings:
     host: str = "0.0.0.0"
     port: int = 8443
     cert_check_interval_s: float = 1.0
+    # Worker processes on the one port (webhook.workers): reviews are stateless, so N answer like one,
+    # N times as fast on N CPUs; /metrics then sums every worker's series.
+    workers: int = 1
     log_level: str = "info"
 
     def validate(self) -> list[SettingError]:
@@ -48,4 +53,6 @@ class Settings:
                 check.readable_file(field, getattr(self, field), "must name a readable PEM file")
         check.port("port", self.port)
         check.positive("cert_check_interval_s", self.cert_check_interval_s)
+        if not 1 <= self.workers <= MAX_WORKERS:
+            check.bad("workers", self.workers, f"must be a whole number from 1 to {MAX_WORKERS}")
         return check.errors

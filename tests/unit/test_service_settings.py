@@ -37,13 +37,25 @@ WEBHOOK_CASES = [
     (WebhookSettings(port=70000), "--port", "70000"),
     (WebhookSettings(cert_check_interval_s=0), "--cert-check-interval", "0"),
     (WebhookSettings(cert_file="/nope.crt", key_file="/nope.key"), "--cert", "'/nope.crt'"),
+    (WebhookSettings(workers=0), "--workers", "0"),
+    (WebhookSettings(workers=65), "--workers", "65"),
 ]
 
 
 @pytest.mark.parametrize(
     ("settings", "flag", "value"),
     WEBHOOK_CASES,
-    ids=["scheduler-case", "scheduler-long", "pipe-relative", "pipe-dotdot", "port", "interval", "cert"],
+    ids=[
+        "scheduler-case",
+        "scheduler-long",
+        "pipe-relative",
+        "pipe-dotdot",
+        "port",
+        "interval",
+        "cert",
+        "workers-0",
+        "workers-65",
+    ],
 )
 def test_webhook_settings_errors(settings: WebhookSettings, flag: str, value: str) -> None:
     errors = settings.validate()
@@ -56,6 +68,12 @@ def test_webhook_settings_errors(settings: WebhookSettings, flag: str, value: st
 def test_webhook_settings_defaults_and_a_valid_scheduler_name_pass() -> None:
     assert WebhookSettings().validate() == []
     assert WebhookSettings(scheduler_name="gpupack-scheduler.team-a").validate() == []
+    assert WebhookSettings(workers=1).validate() == WebhookSettings(workers=64).validate() == []
+
+
+def test_webhook_workers_error_names_flag_value_and_rule() -> None:
+    [error] = WebhookSettings(workers=0).validate()
+    assert error.as_flag() == "--workers=0: must be a whole number from 1 to 64"
 
 
 def test_webhook_settings_report_every_error_at_once() -> None:
@@ -132,9 +150,11 @@ def test_webhook_flags_become_settings() -> None:
 
     base = ["webhook", "serve", "--cert", "c.pem", "--key", "k.pem", "--cert-check-interval", "2"]
     hook = webhook_settings_from(
-        build_parser().parse_args([*base, "--scheduler-name", "", "--hami-takeover"])
+        build_parser().parse_args([*base, "--scheduler-name", "", "--hami-takeover", "--workers", "3"])
     )
     assert (hook.cert_file, hook.key_file, hook.cert_check_interval_s) == ("c.pem", "k.pem", 2.0)
+    assert hook.workers == 3
+    assert webhook_settings_from(build_parser().parse_args(base)).workers == 1
     assert (hook.scheduler_name, hook.mps_pipe_host_dir, hook.hami_takeover) == (
         None,
         "/tmp/nvidia-mps",

@@ -196,6 +196,40 @@ def test_internal_error_denies_with_500_status_not_http_500(
     assert reviews("error") == before + 1
 
 
+def test_openapi_documents_both_mutate_endpoints_with_the_review_schema(client: TestClient) -> None:
+    doc = client.get("/openapi.json").json()
+    schemas = doc["components"]["schemas"]
+    for path in ("/mutate", "/mutate/pod-security/{level}"):
+        body = doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        assert body == {"$ref": "#/components/schemas/AdmissionReview"}
+    # every reference resolves inside the document, so the fuzz below really sends AdmissionReviews
+    refs = {ref for ref in json.dumps(doc).split('"') if ref.startswith("#/components/schemas/")}
+    assert {ref.rsplit("/", 1)[1] for ref in refs} <= set(schemas)
+    assert schemas["AdmissionReview"]["required"] == ["apiVersion", "kind", "request"]
+
+
+def test_mutate_answers_only_post(client: TestClient) -> None:
+    assert client.get("/mutate").status_code == 405
+    assert client.put("/mutate/pod-security/baseline", json=review()).status_code == 405
+
+
+def test_unknown_pod_security_level_is_404_naming_it(client: TestClient) -> None:
+    resp = client.post("/mutate/pod-security/privileged", json=review({names.GPU_FRACTION: "0.5"}))
+    assert resp.status_code == 404
+    assert resp.json() == {"error": "level='privileged': must be one of baseline, restricted"}
+
+
+def test_malformed_body_names_the_field_under_body(client: TestClient) -> None:
+    resp = client.post("/mutate", json=_pod_with(spec={"containers": [{"image": "x"}]}))
+    assert resp.status_code == 422
+    [problem] = resp.json()["detail"]
+    assert (problem["loc"][0], problem["loc"][-3:], problem["type"]) == (
+        "body",
+        ["containers", 0, "name"],
+        "missing",
+    )
+
+
 # --- property: whatever schemathesis sends, from the app's own OpenAPI, is never answered 5xx ---
 
 _schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(Settings()))

@@ -1,0 +1,3 @@
+module gpupack.invalid/loadgen
+
+go 1.26.0
