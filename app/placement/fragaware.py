@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 
 from app.model import MILLI_PER_GPU, Demand, Node
@@ -10,6 +11,10 @@ from app.placement import mig
 from app.placement.base import Policy, registry
 from app.placement.fit import FitFilter, best_fit, fitting_gpus
 from app.placement.workload import TargetWorkload
+
+Evaluation = tuple[float, tuple[int, ...]]  # (score, GPU indexes)
+# Evaluations a thread keeps for one demand: one scheduling pass over a large cluster.
+_RECENT_LIMIT = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,14 +45,32 @@ class FragAware(FitFilter):
         self.options = options or FragOptions()
         if self.options.settle_weight:
             workload.settled_waste()  # built once (~0.1 s) here, not inside the first scheduling call
+        # score() evaluates a node; choose_gpus() on the node that won asks the same question again.
+        # Each thread (the extender shares a policy between threads) keeps its recent evaluations.
+        self._recent = threading.local()
 
     def score(self, node: Node, demand: Demand) -> float:
-        return self._evaluate(node, demand)[0]
+        return self._remembered(node, demand)[0]
 
     def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
-        return self._evaluate(node, demand)[1]
+        return self._remembered(node, demand)[1]
 
-    def _evaluate(self, node: Node, demand: Demand) -> tuple[float, tuple[int, ...]]:
+    def _remembered(self, node: Node, demand: Demand) -> Evaluation:
+        """`_evaluate(node, demand)`, answered again without work for a node object this thread just
+        evaluated for this demand (nodes are immutable: the same object gives the same answer)."""
+        recent = self._recent.__dict__
+        seen: dict[int, tuple[Node, Evaluation]] | None = recent.get("seen")
+        if seen is None or recent["demand"] != demand or len(seen) >= _RECENT_LIMIT:
+            seen = recent["seen"] = {}
+            recent["demand"] = demand
+        hit = seen.get(id(node))
+        if hit is not None and hit[0] is node:
+            return hit[1]
+        out = self._evaluate(node, demand)
+        seen[id(node)] = (node, out)  # the node is held, so its id is not reused while remembered
+        return out
+
+    def _evaluate(self, node: Node, demand: Demand) -> Evaluation:
         frag = self.workload.node_frag
         model = node.model
         if demand.mig:
@@ -57,13 +80,14 @@ class FragAware(FitFilter):
         cpu_after = None if cpu is None else cpu - demand.cpu_milli
         before = frag(cpu, lefts, model)
         strand = self.options.strand_weight
+        stranded = self.workload.cpu_stranded
+        stranded_before = stranded(cpu, lefts) if strand else 0.0
 
         def stranding(after: tuple[int, ...]) -> float:
             """Weighted growth of CPU-stranded milli (positive = fewer stranded, like delta)."""
             if not strand:
                 return 0.0
-            stranded = self.workload.cpu_stranded
-            return strand * (stranded(cpu, lefts) - stranded(cpu_after, after))
+            return strand * (stranded_before - stranded(cpu_after, after))
 
         if demand.count == 0:
             return score_of(before - frag(cpu_after, lefts, model) + stranding(lefts)), ()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import math
 import random
-from bisect import bisect_left
+from bisect import bisect_left, bisect_right
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -44,6 +44,7 @@ class TargetWorkload:
     _memo: dict[tuple[int, tuple[int, ...], str], float] = field(default_factory=dict, repr=False)
     _settled: dict[int, tuple[float, ...]] = field(default_factory=dict, repr=False)
     _plans: dict[str, tuple[tuple[float, int, int, int], ...]] = field(default_factory=dict, repr=False)
+    _usable: dict[tuple[int, ...], float] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         errors = [f"shapes[{i}]: {e}" for i, s in enumerate(self.shapes) for e in _shape_errors(s)]
@@ -166,6 +167,11 @@ class TargetWorkload:
         return out
 
     @cached_property
+    def cpu_steps(self) -> tuple[int, ...]:
+        """The shapes' distinct CPU requests, ascending: free CPU between two steps decides alike."""
+        return tuple(sorted({s.cpu_milli for s in self.shapes}))
+
+    @cached_property
     def cpu_per_milli(self) -> float | None:
         """Host CPU milli the workload's GPU pods ask per GPU milli (pod-weighted); None if none or 0."""
         gpu_shapes = [s for s in self.shapes if s.count]
@@ -184,8 +190,13 @@ class TargetWorkload:
         ratio = self.cpu_per_milli
         if cpu_left is None or ratio is None:
             return 0.0
-        settled = self.settled_waste()
-        usable = sum(x - settled[x] for x in lefts)
+        usable = self._usable.get(lefts)
+        if usable is None:
+            settled = self.settled_waste()
+            usable = sum(x - settled[x] for x in lefts)
+            if len(self._usable) >= _MEMO_LIMIT:
+                self._usable.clear()
+            self._usable[lefts] = usable
         return max(0.0, usable - cpu_left / ratio)
 
     def node_frag(self, cpu_left: int | None, lefts: tuple[int, ...], model: str) -> float:
@@ -195,7 +206,8 @@ class TargetWorkload:
         host at all (CPU-only, wrong model, not enough room) makes every free milli a fragment; a shape
         it can host makes only the GPUs too small for it fragments.
         """
-        key = (-1 if cpu_left is None else cpu_left, lefts, model)
+        # Only which shapes' CPU requests fit matters, not the free CPU itself: one entry per step.
+        key = (-1 if cpu_left is None else bisect_right(self.cpu_steps, cpu_left), lefts, model)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
