@@ -342,6 +342,35 @@ def test_node_frag_is_bit_for_bit_the_definition(lefts: list[int], cpu: int | No
     assert wl.node_frag(cpu, tuple(sorted(lefts)), model) == _frag_by_definition(wl, cpu, lefts, model)
 
 
+SHAPES = [(4000, 500, 1), (8000, 1000, 1), (12000, 470, 1), (0, 0, 0), (16000, 1000, 2), (8000, 250, 1)]
+CPU_STEPS = TargetWorkload.from_json(
+    {"shapes": [{"cpu_milli": c, "gpu_milli": m, "num_gpu": n, "weight": 1} for c, m, n in SHAPES]}
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    st.lists(st.integers(min_value=0, max_value=1000), max_size=8),
+    st.integers(0, 40_000),
+    st.integers(0, 40_000),
+    st.sampled_from(["T4", "V100M32", "G2"]),
+)
+def test_node_frag_memo_shared_between_cpu_values_answers_each_by_definition(
+    lefts: list[int], cpu: int, other: int, model: str
+) -> None:
+    # The memo keys free CPU by the shapes' CPU steps: whichever CPU value filled the entry, every
+    # other CPU value gets its own definition's float.
+    wl, ratio = CPU_STEPS, CPU_STEPS.cpu_per_milli
+    assert ratio is not None
+    for value in (cpu, other, cpu):
+        assert wl.node_frag(value, tuple(sorted(lefts)), model) == _frag_by_definition(
+            wl, value, lefts, model
+        )
+        settled = wl.settled_waste()
+        usable = sum(x - settled[x] for x in sorted(lefts))
+        assert wl.cpu_stranded(value, tuple(sorted(lefts))) == max(0.0, usable - value / ratio)
+
+
 # --- invariants -----------------------------------------------------------------------------------------
 
 gpu_used = st.integers(min_value=0, max_value=1000)
@@ -481,3 +510,41 @@ def test_fragaware_keeps_cpu_for_the_gpus_of_a_cpu_tight_node() -> None:
     chosen = {p: place(nodes, demand, registry.create(p, WHOLE_8_CORES)) for p in ("fgd", "fragaware")}
     assert isinstance(chosen["fgd"], Placement) and chosen["fgd"].node.name == "a"
     assert isinstance(chosen["fragaware"], Placement) and chosen["fragaware"].node.name == "b"
+
+
+@pytest.mark.parametrize("name", ["fgd", "fragaware"])
+def test_choose_gpus_after_score_answers_as_a_fresh_policy_in_every_thread(name: str) -> None:
+    # The evaluation a thread remembers from score() answers choose_gpus() only for the same node object
+    # and demand: other nodes, other demands and other threads get their own answer.
+    from concurrent.futures import ThreadPoolExecutor
+
+    nodes = [make_node(f"n{i}", used, cpu=cpu) for i, (used, cpu) in enumerate(SHARED_STATES)]
+    demands = [Demand(count=1, milli=m, cpu_milli=4000) for m in (250, 470, 500, 1000)]
+    demands.append(Demand(count=2, milli=1000, cpu_milli=8000))
+    shared = registry.create(name, CPU_STEPS)
+
+    def answers(order: int) -> list[tuple[float, tuple[int, ...]]]:
+        out = []
+        for demand in demands[order:] + demands[:order]:
+            fitting = [n for n in nodes if shared.filter(n, demand) is None]
+            out += [(shared.score(n, demand), ()) for n in fitting]
+            out += [(-1.0, shared.choose_gpus(n, demand)) for n in reversed(fitting)]
+        return out
+
+    def fresh(order: int) -> list[tuple[float, tuple[int, ...]]]:
+        out = []
+        for demand in demands[order:] + demands[:order]:
+            fitting = [n for n in nodes if shared.filter(n, demand) is None]
+            out += [(registry.create(name, CPU_STEPS).score(n, demand), ()) for n in fitting]
+            out += [
+                (-1.0, registry.create(name, CPU_STEPS).choose_gpus(n, demand)) for n in reversed(fitting)
+            ]
+        return out
+
+    with ThreadPoolExecutor(4) as pool:
+        got = list(pool.map(answers, [0, 1, 2, 3] * 4))
+    assert got == [fresh(o) for o in [0, 1, 2, 3] * 4]
+    assert any(gpus for run in got for _, gpus in run)
+
+
+SHARED_STATES = [([0, 0], 40000), ([500, 0], 40000), ([0, 530], 9000), ([750, 750, 0, 0], 30000), ([0], None)]
