@@ -205,38 +205,50 @@ class IndexedChooser:
         elif len(shape.log) > shape.seen:
             self._judge(shape, set(shape.log[shape.seen :]))
             shape.seen = len(shape.log)
-        heap, version = shape.heap, self.version
+        heap, version, lazy, judged = shape.heap, self.version, shape.lazy, shape.judged
         while heap:
-            i = heap[0][1]
-            if heap[0][2] == version[i]:
+            top = heap[0]
+            i = top[1]
+            v = version[i]
+            if top[2] == v:
                 return i
+            if lazy and judged[i] != v:  # its stale entry was the best bound left: judge it again
+                s = self._answer(shape, i)
+                if s is not None:
+                    heapq.heapreplace(heap, (-s, i, v))  # one sift for the pop and the push
+                    continue
             heapq.heappop(heap)
-            if shape.lazy and shape.judged[i] != version[i]:
-                self._judge_one(shape, i)  # its stale entry was the best bound left
         return None
 
     def _judge(self, shape: _Shape, todo: Iterable[int]) -> None:
         """Score `todo` for `shape` and push the fitting ones on its heap."""
-        unfit, grown_at, judge_one = shape.unfit, self.grown_at, self._judge_one
+        unfit, grown_at, answer, version, heap = (
+            shape.unfit,
+            self.grown_at,
+            self._answer,
+            self.version,
+            shape.heap,
+        )
+        push = heapq.heappush
         for i in todo:
             if unfit[i] < grown_at[i]:  # else a share it did not fit, and it has only shrunk since
-                judge_one(shape, i)
+                s = answer(shape, i)
+                if s is not None:
+                    push(heap, (-s, i, version[i]))
 
-    def _judge_one(self, shape: _Shape, i: int) -> None:
-        """Node i's answer for `shape` at its current version: on the heap if it fits, else noted unfit."""
+    def _answer(self, shape: _Shape, i: int) -> float | None:
+        """Node i's score for `shape` at its current version (None: it does not fit, noted for shares)."""
         sid = shape.state[i]
         memo = shape.memo
-        if sid in memo:
-            s = memo[sid]
-        else:
+        s = memo.get(sid, _UNJUDGED)
+        if s is _UNJUDGED:
             s = memo[sid] = shape.judge(i)
         v = self.version[i]
-        if s is not None:
-            heapq.heappush(shape.heap, (-s, i, v))
-        elif shape.share:
+        if s is None and shape.share:
             shape.unfit[i] = v
         if shape.lazy:
             shape.judged[i] = v
+        return s
 
     def changed(self, i: int) -> None:
         v = self.version[i] = self.version[i] + 1
@@ -251,6 +263,9 @@ class IndexedChooser:
                 self.grown_at[i] = v
         if self.state:
             self.state[i] = self._state_id(node)
+
+
+_UNJUDGED = math.nan  # memo default: no score is NaN (None is a real answer, "does not fit")
 
 
 @dataclass(slots=True)
