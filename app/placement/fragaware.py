@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from app.model import MILLI_PER_GPU, Demand, Node
 from app.placement import mig
 from app.placement.base import Policy, registry
-from app.placement.fit import FitFilter, best_fit, fitting_gpus
+from app.placement.fit import FitFilter, best_fit, gpu_fits, tie_order
 from app.placement.workload import TargetWorkload
 
 Evaluation = tuple[float, tuple[int, ...]]  # (score, GPU indexes)
@@ -91,25 +91,32 @@ class FragAware(FitFilter):
 
         if demand.count == 0:
             return score_of(before - frag(cpu_after, lefts, model) + stranding(lefts)), ()
-        fits = fitting_gpus(node, demand, self.margin_mib)
+        margin = self.margin_mib
+        # In node order: best_fit and the share choice below settle ties by tie_order themselves.
+        fits = [g for g in node.gpus if gpu_fits(g, demand, margin)]
         if demand.count == 1 and not demand.is_whole:
+            if demand.milli is None:
+                # A memory share takes more milli on a smaller GPU: the first in tie order decides.
+                fits.sort(key=tie_order)
             weight = self.options.settle_weight
             settled = self.workload.settled_waste() if weight else ()
-            best: tuple[float, tuple[int, ...]] = (-1.0, ())
-            tried: set[int] = set()
+            scores: dict[int, float] = {}  # free share -> score; GPUs with the same free share score alike
             for g in fits:
-                if g.milli_free in tried:
-                    continue  # same free share, same outcome; the lower index already holds it
-                tried.add(g.milli_free)
+                free = g.milli_free
+                if free in scores:
+                    continue
                 milli = demand.on(g.memory_mib)[0]
-                after = _take(lefts, g.milli_free, milli)
+                after = _take(lefts, free, milli)
                 delta = before - frag(cpu_after, after, model) + stranding(after)
                 if weight:
-                    delta += weight * (settled[g.milli_free] - settled[g.milli_free - milli])
-                s = score_of(delta)
-                if s > best[0]:
-                    best = (s, (g.index,))
-            return best
+                    delta += weight * (settled[free] - settled[free - milli])
+                scores[free] = score_of(delta)
+            if not scores:
+                return -1.0, ()
+            top = max(scores.values())
+            # The first GPU in tie order of those that score best (fitting_gpus' order, then the first best).
+            best = [g for g in fits if scores[g.milli_free] == top]
+            return top, ((best[0] if len(best) == 1 else min(best, key=tie_order)).index,)
         chosen = best_fit(fits, demand.count)
         after = lefts
         for i in chosen:
