@@ -60,7 +60,8 @@ class FragAware(FitFilter):
         evaluated for this demand (nodes are immutable: the same object gives the same answer)."""
         recent = self._recent.__dict__
         seen: dict[int, tuple[Node, Evaluation]] | None = recent.get("seen")
-        if seen is None or recent["demand"] != demand or len(seen) >= _RECENT_LIMIT:
+        last = recent.get("demand")
+        if seen is None or (last is not demand and last != demand) or len(seen) >= _RECENT_LIMIT:
             seen = recent["seen"] = {}
             recent["demand"] = demand
         hit = seen.get(id(node))
