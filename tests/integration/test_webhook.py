@@ -76,7 +76,7 @@ def webhook(cluster: Cluster, kube: Any, core: Any) -> Iterator[Webhook]:
     cluster.start_process(
         ComponentSpec(
             PROCESS,
-            # Two worker processes, as the chart deploys it (webhook.workers).
+            # Two worker processes (webhook.workers=2): every apiserver-driven case also holds with several.
             serve_argv(cluster.webhook_cert_file, cluster.webhook_key_file, port, "--workers", "2"),
             health=HealthCheck(f"https://127.0.0.1:{port}/readyz", ca_file=str(cluster.ca_file)),
             ready_timeout_s=60,
