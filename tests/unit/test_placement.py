@@ -548,3 +548,47 @@ def test_choose_gpus_after_score_answers_as_a_fresh_policy_in_every_thread(name:
 
 
 SHARED_STATES = [([0, 0], 40000), ([500, 0], 40000), ([0, 530], 9000), ([750, 750, 0, 0], 30000), ([0], None)]
+
+
+def _share_choice_by_definition(policy: Policy, node: Node, demand: Demand) -> tuple[float, tuple[int, ...]]:
+    """FragAware's single-GPU share choice, literally: fitting GPUs in tie order, the first best wins."""
+    from app.placement.fit import fitting_gpus
+    from app.placement.fragaware import score_of
+
+    wl, lefts, cpu = CPU_STEPS, node.whole_lefts, node.cpu_milli_free
+    cpu_after = None if cpu is None else cpu - demand.cpu_milli
+    best: tuple[float, tuple[int, ...]] = (-1.0, ())
+    for g in fitting_gpus(node, demand):
+        milli = demand.on(g.memory_mib)[0]
+        after = list(lefts)
+        after[after.index(g.milli_free)] -= milli
+        after_t = tuple(sorted(after))
+        delta = wl.node_frag(cpu, lefts, node.model) - wl.node_frag(cpu_after, after_t, node.model)
+        delta += 0.5 * (wl.cpu_stranded(cpu, lefts) - wl.cpu_stranded(cpu_after, after_t))
+        settled = wl.settled_waste()
+        delta += 0.5 * (settled[g.milli_free] - settled[g.milli_free - milli])
+        if score_of(delta) > best[0]:
+            best = (score_of(delta), (g.index,))
+    return best
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from([0, 250, 470, 500, 530, 750]), st.integers(0, 3)), min_size=1, max_size=8
+    ),
+    st.one_of(
+        st.integers(1, 999).map(lambda m: Demand(count=1, milli=m, cpu_milli=4000)),
+        st.integers(1, 15000).map(lambda mib: Demand(count=1, memory_mib=mib, cpu_milli=4000)),
+    ),
+    st.sampled_from([9000, 40000]),
+)
+def test_fragaware_share_choice_is_the_first_best_gpu_in_tie_order(
+    gpus: list[tuple[int, int]], demand: Demand, cpu: int
+) -> None:
+    # Equal free shares and utilisations repeat, so ties are common: the least utilised, then lowest index.
+    node = make_node("n", [u for u, _ in gpus], util=[10 * x for _, x in gpus], cpu=cpu)
+    policy = registry.create("fragaware", CPU_STEPS)
+    if policy.filter(node, demand) is None:
+        want = _share_choice_by_definition(policy, node, demand)
+        assert (policy.score(node, demand), policy.choose_gpus(node, demand)) == want
