@@ -9,8 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic_core import InitErrorDetails
 
 # Python names are snake_case; the wire names (aliases) are the API's camelCase.
 _OPEN = ConfigDict(extra="allow", alias_generator=to_camel, populate_by_name=True)
@@ -130,7 +131,20 @@ class AdmissionRequest(BaseModel):
     def _pod_shape(self) -> AdmissionRequest:
         # Only a core/v1 Pod object is read by the mutation, so only its shape is checked.
         if self.object is not None and self.kind.group == "" and self.kind.kind == "Pod":
-            Pod.model_validate(self.object)
+            try:
+                Pod.model_validate(self.object)
+            except ValidationError as exc:
+                # Raised as is, the pod's errors would be located relative to the request (`request.spec…`);
+                # the field the user sent is `request.object.spec…`.
+                raise ValidationError.from_exception_data(
+                    exc.title,
+                    [
+                        InitErrorDetails(
+                            type=e["type"], loc=("object", *e["loc"]), input=e["input"], ctx=e.get("ctx", {})
+                        )
+                        for e in exc.errors(include_url=False)
+                    ],
+                ) from None
         return self
 
 

@@ -223,9 +223,9 @@ def test_malformed_body_names_the_field_under_body(client: TestClient) -> None:
     resp = client.post("/mutate", json=_pod_with(spec={"containers": [{"image": "x"}]}))
     assert resp.status_code == 422
     [problem] = resp.json()["detail"]
-    assert (problem["loc"][0], problem["loc"][-3:], problem["type"]) == (
-        "body",
-        ["containers", 0, "name"],
+    # The whole path of the field as the user sent it, down from the review's `request.object`.
+    assert (problem["loc"], problem["type"]) == (
+        ["body", "request", "object", "spec", "containers", 0, "name"],
         "missing",
     )
 
