@@ -23,6 +23,7 @@ from app.errors import PlacementReason, Shortfall
 from app.model import MILLI_PER_GPU, Demand, Node
 from app.placement.base import Policy
 from app.placement.fragaware import FragAware, score_of
+from app.placement.memo import NodeMemo
 from app.placement.workload import TargetWorkload
 
 Ints = npt.NDArray[np.int64]
@@ -52,27 +53,16 @@ Row = tuple[Group, tuple[int, ...]]
 ROWS_SIZE = 20_000
 
 
-class Rows:
-    """What the pass reads of each node object, kept across demands (a node's GPUs are one for every pod).
+class Rows(NodeMemo["Row | None"]):
+    """What the pass reads of each node object, kept across demands (a node's GPUs are one for every pod);
+    a changed node is a new object, read again. `get(node)` is None when the pass does not model it."""
 
-    Keyed by the node object's identity, as MemoPolicy: each entry keeps its node alive, and a changed
-    node is a new object. A table that fills up is started over.
-    """
+    __slots__ = ()
 
     def __init__(self, size: int = ROWS_SIZE) -> None:
-        self.size = size
-        self._table: dict[int, tuple[Node, Row | None]] = {}
+        super().__init__(_row, size)
 
-    def get(self, node: Node) -> Row | None:
-        """The node's row; None when the pass does not model it."""
-        hit = self._table.get(id(node))
-        if hit is not None and hit[0] is node:
-            return hit[1]
-        row = _row(node)
-        if len(self._table) >= self.size:
-            self._table.clear()
-        self._table[id(node)] = (node, row)
-        return row
+    get = NodeMemo.__call__
 
 
 def _row(node: Node) -> Row | None:

@@ -10,6 +10,7 @@ from app.model import MILLI_PER_GPU, Demand, Node
 from app.placement import mig
 from app.placement.base import Policy, registry
 from app.placement.fit import FitFilter, best_fit, gpu_fits, tie_order
+from app.placement.memo import NodeMemo
 from app.placement.workload import TargetWorkload
 
 Evaluation = tuple[float, tuple[int, ...]]  # (score, GPU indexes)
@@ -59,17 +60,12 @@ class FragAware(FitFilter):
         """`_evaluate(node, demand)`, answered again without work for a node object this thread just
         evaluated for this demand (nodes are immutable: the same object gives the same answer)."""
         recent = self._recent.__dict__
-        seen: dict[int, tuple[Node, Evaluation]] | None = recent.get("seen")
+        memo: NodeMemo[Evaluation] | None = recent.get("memo")
         last = recent.get("demand")
-        if seen is None or (last is not demand and last != demand) or len(seen) >= _RECENT_LIMIT:
-            seen = recent["seen"] = {}
+        if memo is None or (last is not demand and last != demand):
+            memo = recent["memo"] = NodeMemo(lambda n: self._evaluate(n, demand), _RECENT_LIMIT)
             recent["demand"] = demand
-        hit = seen.get(id(node))
-        if hit is not None and hit[0] is node:
-            return hit[1]
-        out = self._evaluate(node, demand)
-        seen[id(node)] = (node, out)  # the node is held, so its id is not reused while remembered
-        return out
+        return memo(node)
 
     def _evaluate(self, node: Node, demand: Demand) -> Evaluation:
         frag = self.workload.node_frag
