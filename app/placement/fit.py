@@ -103,7 +103,7 @@ def headroom(node: Node, margin_mib: int = FOREIGN_MARGIN_MIB) -> Headroom:
         cpu_milli_free=node.cpu_milli_free,
         memory_mib_free=node.memory_mib_free,
         caps=tuple(sorted([_share_cap(g, margin_mib) for g in healthy], reverse=True)),
-        milli_free_total=MILLI_PER_GPU * len(healthy) - sum([g.milli_used for g in healthy]),
+        milli_free_total=node.milli_free_total,
         healthy=len(healthy),
         whole=bool(healthy) or any(not g.mig_profile for g in node.gpus),
     )
@@ -111,8 +111,7 @@ def headroom(node: Node, margin_mib: int = FOREIGN_MARGIN_MIB) -> Headroom:
 
 def _share_cap(gpu: Gpu, margin_mib: int) -> int:
     """The largest m with m + milli_used <= 1000 and m * memory // 1000 <= memory room (-1: no m >= 0)."""
-    foreign = gpu.foreign_mib
-    room = gpu.memory_mib - gpu.memory_used_mib - foreign - (margin_mib if foreign > 0 else 0)  # memory_room
+    room = memory_room(gpu, margin_mib)
     if room < 0:
         return -1
     free = MILLI_PER_GPU - gpu.milli_used
