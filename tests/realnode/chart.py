@@ -45,10 +45,10 @@ def helm_binary() -> str:
 
 
 def build_image(archive: Path) -> str:
-    """deploy/image/build.sh with a docker-archive for containerd; returns the image reference."""
-    out = _run(
-        ["bash", str(REPO / "deploy/image/build.sh"), "--archive", str(archive)], "deploy/image/build.sh"
-    )
+    """deploy/image/build.sh with a docker-archive for containerd and the stand-in MPS control daemon
+    (a test build: /opt/gpupack-standin); returns the image reference."""
+    argv = ["bash", str(REPO / "deploy/image/build.sh"), "--archive", str(archive), "--standins"]
+    out = _run(argv, "deploy/image/build.sh")
     return out.strip().splitlines()[-1]
 
 
