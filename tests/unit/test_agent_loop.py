@@ -90,9 +90,7 @@ def setup(tmp_path: Path) -> tuple[Agent, FakeKube, Clock, Path]:
     probe.init()
     kube = FakeKube([managed_pod(probe, gpu=1)])  # allocated GPU 1, but runs on GPU 0
     clock = Clock()
-    mps = MpsSupervisor(
-        MpsConfig(binary=str(tmp_path / "none"), pipe_dir=tmp_path / "p")
-    )
+    mps = MpsSupervisor(MpsConfig(binary=str(tmp_path / "none"), pipe_dir=tmp_path / "p"))
     agent = Agent(
         AgentConfig("n1", ReporterConfig(heartbeat_s=30, min_interval_s=5)),
         nvml=sim,
