@@ -84,9 +84,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     prep.add_argument("--pipe-dir", type=Path, default=Path(names.MPS_PIPE_DIRECTORY))
     prep.add_argument(
         "--compute-mode",
-        choices=("exclusive-process", "default"),
+        choices=("exclusive-process", "default", "keep"),
         default="exclusive-process",
-        help="the mode MPS GPUs are put in (default: exclusive-process)",
+        help="mode idle MPS GPUs are put in; keep: leave every mode as it is (default: exclusive-process)",
     )
     prep.set_defaults(func=prepare_command)
 
@@ -165,7 +165,9 @@ def prepare_command(args: argparse.Namespace) -> int:
     from agent.nvml.base import ComputeMode, NvmlError
 
     log.setup("info")
-    want = ComputeMode.EXCLUSIVE_PROCESS if args.compute_mode == "exclusive-process" else ComputeMode.DEFAULT
+    want = {"exclusive-process": ComputeMode.EXCLUSIVE_PROCESS, "default": ComputeMode.DEFAULT}.get(
+        args.compute_mode
+    )
     nvml, _ = make_nvml(args.sim, args.node, args.sim_state)
     try:
         nvml.init()

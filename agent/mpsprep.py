@@ -33,8 +33,9 @@ class GpuMode:
     reason: str = ""  # why it is not in the wanted mode ("" when it is)
 
 
-def apply(nvml: Nvml, want: ComputeMode) -> list[GpuMode]:
-    """Every whole (non-MIG) GPU in mode `want`, switching only GPUs with no compute process on them."""
+def apply(nvml: Nvml, want: ComputeMode | None) -> list[GpuMode]:
+    """Every whole (non-MIG) GPU in mode `want`, switching only GPUs with no compute process on them;
+    None: switch nothing, only read each GPU's mode (for the ready record)."""
     out: list[GpuMode] = []
     for index in range(nvml.device_count()):
         try:
@@ -47,7 +48,7 @@ def apply(nvml: Nvml, want: ComputeMode) -> list[GpuMode]:
                 out.append(GpuMode(index, uuid, None, reason="MIG enabled: not shared through MPS"))
                 continue
             mode = nvml.compute_mode(index)
-            if mode is want:
+            if want is None or mode is want:
                 out.append(GpuMode(index, uuid, mode))
                 continue
             busy = nvml.processes(index)
@@ -87,8 +88,9 @@ def write_ready(pipe_dir: Path, modes: list[GpuMode], boot: str) -> Path:
     return path
 
 
-def not_ready(pipe_dir: Path, uuids: list[str], want: ComputeMode, boot: str) -> str:
-    """Why a GPU container using `uuids` through MPS must not start now ("" when it may)."""
+def not_ready(pipe_dir: Path, uuids: list[str], want: ComputeMode | None, boot: str) -> str:
+    """Why a GPU container using `uuids` through MPS must not start now ("" when it may); `want` None:
+    any compute mode will do (agent.mps.exclusiveProcess off), only the record's boot counts."""
     path = pipe_dir / READY_FILE
     try:
         doc = json.loads(path.read_text())
@@ -99,8 +101,8 @@ def not_ready(pipe_dir: Path, uuids: list[str], want: ComputeMode, boot: str) ->
             f"the MPS daemon pod has not prepared this node since it booted ({path} is from an earlier boot)"
         )
     gpus = doc.get("gpus")
-    if not isinstance(gpus, Mapping):
-        gpus = {}
+    if not isinstance(gpus, Mapping) or want is None:
+        return ""
     wrong = [u for u in uuids if gpus.get(u) != want.value]
     if wrong:
         return f"GPU {', '.join(wrong)} not in {want.value} (see the mps-daemon pod's init log)"

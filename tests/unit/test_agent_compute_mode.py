@@ -94,3 +94,12 @@ def test_apply_switches_idle_gpus_only_and_the_ready_record_follows(tmp_path: Pa
     assert "since it booted" in mpsprep.not_ready(pipe, [u0], EXCL, "boot-2")
     assert "missing or unreadable" in mpsprep.not_ready(tmp_path / "none", [u0], EXCL, "boot-1")
     assert [m.switched for m in mpsprep.apply(nvml, EXCL)] == [False, False, False]  # idempotent
+
+
+def test_keep_switches_nothing_and_only_the_boot_gates(tmp_path: Path) -> None:
+    nvml = sim(tmp_path, [{"model": "T4", "compute_mode": EXCL.value}, {"model": "T4"}], privileged=True)
+    modes = mpsprep.apply(nvml, None)
+    assert [(m.mode, m.switched) for m in modes] == [(EXCL, False), (DEFAULT, False)]
+    mpsprep.write_ready(tmp_path, modes, "b")
+    assert mpsprep.not_ready(tmp_path, [modes[1].uuid], None, "b") == ""
+    assert mpsprep.not_ready(tmp_path, [modes[1].uuid], None, "c") != ""
