@@ -30,7 +30,9 @@ _log = log.get("gpupack.agent.mps")
 
 class MpsState(StrEnum):
     RUNNING = "running"  # the daemon answers on the control pipe and has this agent's defaults
-    WAITING = "waiting"  # no daemon answers (its pod is starting, restarting or absent)
+    # No daemon answers (its pod is starting, restarting or absent). The GPUNode CRD's older name for it:
+    # Helm never upgrades a CRD, so a new agent must write only values the installed schema accepts.
+    STARTING = "starting"
     UNAVAILABLE = "unavailable"  # no nvidia-cuda-mps-control binary on this node
     DISABLED = "disabled"  # turned off by config, or no shared GPUs
 
@@ -62,7 +64,7 @@ class MpsSupervisor:
 
     def __init__(self, config: MpsConfig) -> None:
         self.config = config
-        self.state = MpsState.WAITING
+        self.state = MpsState.STARTING
         self.message = ""
         self.restarts = 0  # daemon instances seen to replace an earlier one while this agent ran
         self._instance: tuple[int, int] | None = None
@@ -93,7 +95,7 @@ class MpsSupervisor:
         if instance is None or not self._probe():
             self._instance = None
             where = self.config.pipe_dir / "control"
-            return self._set(MpsState.WAITING, f"no MPS control daemon answers at {where} (its pod runs it)")
+            return self._set(MpsState.STARTING, f"no MPS control daemon answers at {where} (its pod runs it)")
         if instance != self._instance:
             if self._instance is not None:
                 self.restarts += 1
@@ -101,7 +103,7 @@ class MpsSupervisor:
         err = self._apply_defaults(devs)
         if err:
             self._instance = None  # try the whole set again next time
-            return self._set(MpsState.WAITING, err)
+            return self._set(MpsState.STARTING, err)
         return self._set(MpsState.RUNNING, "")
 
     def _set(self, state: MpsState, message: str) -> MpsStatus:

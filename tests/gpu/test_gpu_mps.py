@@ -292,7 +292,7 @@ def test_daemon_serves_clients_that_nvml_attributes_and_stops_cleanly(
             proc.wait(timeout=60)
         stop_s = d.stop()
     report.fact("mps_stop_seconds_clean", round(stop_s, 2))
-    assert d.sup.tick([Device(d.uuid, d.memory_mib)], now=time.monotonic()).state == MpsState.WAITING
+    assert d.sup.tick([Device(d.uuid, d.memory_mib)], now=time.monotonic()).state == MpsState.STARTING
     # The supervisor's liveness probe reads a failed exit as "no daemon": check that it really is one.
     after = d.control("get_server_list")
     report.fact(

@@ -68,10 +68,10 @@ def client(cfg: MpsConfig) -> tuple[subprocess.Popen[str], int]:
     return proc, int(line[1])
 
 
-def test_no_daemon_is_waiting_with_isolation_none_and_nothing_started(cfg: MpsConfig) -> None:
+def test_no_daemon_reads_starting_with_isolation_none_and_nothing_started(cfg: MpsConfig) -> None:
     sup = MpsSupervisor(cfg)
     st = sup.tick(DEVS, 0.0)
-    assert (st.state, st.isolation) == ("waiting", "none")
+    assert (st.state, st.isolation) == ("starting", "none")
     assert "no MPS control daemon answers at" in st.message
     assert not (cfg.pipe_dir / "control").exists()  # the agent never starts a daemon
 
@@ -115,7 +115,7 @@ def test_a_restarted_daemon_gets_the_defaults_again_and_counts_as_a_restart(cfg:
     deadline = time.monotonic() + 5
     while (cfg.pipe_dir / "control").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
-    assert sup.tick(DEVS, 5.0).state == "waiting"
+    assert sup.tick(DEVS, 5.0).state == "starting"
     daemon(cfg)  # its pod restarted it
     assert sup.tick(DEVS, 10.0).state == "running"
     assert run(cfg, "get_default_active_thread_percentage") == "30.0"
