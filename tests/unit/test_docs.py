@@ -154,3 +154,11 @@ def test_layout_picture_has_every_layer_of_the_contracts() -> None:
     missing = [m for m in layers if m not in named]
     assert layers, "pyproject.toml has no layers contract"
     assert not missing, f"the layout picture in {rel(GUIDE)} misses layers of the import contracts: {missing}"
+
+
+def test_ci_runs_the_documented_test_command() -> None:
+    """README and the developer guide promise that CI runs exactly `make test`; `.ci/run` must do so."""
+    commands = [line.strip() for line in (REPO / ".ci/run").read_text().splitlines()]
+    assert commands[-1] == "make test", f".ci/run ends with {commands[-1]!r}, not `make test`"
+    for page in (REPO / "README.md", GUIDE):
+        assert "`.ci/run`" in page.read_text() and "`make test`" in page.read_text(), rel(page)

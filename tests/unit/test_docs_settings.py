@@ -44,25 +44,26 @@ class Row:
     where: str  # file:line, for the failure message
 
 
-def tables_after(path: Path, heading: str) -> Iterator[list[Row]]:
-    """Every markdown table in `path` (after the line `heading`, if given), without its header rows."""
-    lines = path.read_text().splitlines()
-    start = 0
-    if heading:
-        start = next((i for i, line in enumerate(lines) if line.strip() == heading), -1)
-        assert start >= 0, f"{path.name}: no heading {heading!r}"
-    table: list[Row] = []
-    for i, line in enumerate(lines[start:], start + 1):
+@dataclasses.dataclass(frozen=True)
+class Table:
+    heading: str  # the last heading line above it
+    header: tuple[str, ...]
+    rows: list[Row]
+
+
+def tables(path: Path) -> Iterator[Table]:
+    """Every markdown table of `path`, with the heading it sits under."""
+    heading, block = "", []
+    for i, line in enumerate([*path.read_text().splitlines(), ""], 1):
         if line.startswith("|"):
             cells = tuple(c.strip() for c in line.strip().strip("|").split(" | "))
-            table.append(Row(cells, f"{path.relative_to(REPO)}:{i}"))
-        elif table:
-            yield table[2:]  # header and |---| rule
-            table = []
-            if heading:
-                return
-    if table:
-        yield table[2:]
+            block.append(Row(cells, f"{path.relative_to(REPO)}:{i}"))
+            continue
+        if block:
+            yield Table(heading, block[0].cells, block[2:])  # past the header and its |---| rule
+            block = []
+        if line.startswith("#"):
+            heading = line.strip()
 
 
 def ticked(cell: str) -> list[str]:
@@ -186,7 +187,9 @@ def test_settings_table_matches_the_service(
     cls, flags = settings_class(modules)
     fields = {f.name: f for f in dataclasses.fields(cls)}
     parser_options = options(subparser(*path))
-    rows = next(tables_after(SETTINGS_DOC, f"## `{command}`"))
+    found = [t.rows for t in tables(SETTINGS_DOC) if t.heading == f"## `{command}`"]
+    assert found, f"{SETTINGS_DOC.name} has no table under ## `{command}`"
+    rows = found[0]
     problems: list[str] = []
     chart_of: dict[str, list[str]] = {}
     for row in rows:
@@ -217,26 +220,12 @@ def test_settings_table_matches_the_service(
     assert not problems, "\n".join(problems)
 
 
-def values_tables(path: Path) -> Iterator[list[Row]]:
-    """The tables whose header starts `| value | default |`."""
-    lines = path.read_text().splitlines()
-    for i, line in enumerate(lines):
-        if line.replace(" ", "").startswith("|value|default|"):
-            rows = []
-            for j in range(i + 2, len(lines)):
-                if not lines[j].startswith("|"):
-                    break
-                cells = tuple(c.strip() for c in lines[j].strip().strip("|").split(" | "))
-                rows.append(Row(cells, f"{path.relative_to(REPO)}:{j + 1}"))
-            yield rows
-
-
 @pytest.mark.parametrize("path", VALUES_TABLES, ids=[p.name for p in VALUES_TABLES])
 def test_chart_values_tables_match_values_yaml(path: Path) -> None:
-    tables = list(values_tables(path))
-    assert tables, f"{path.relative_to(REPO)} has no `| value | default |` table"
+    found = [t for t in tables(path) if t.header[:2] == ("value", "default")]
+    assert found, f"{path.relative_to(REPO)} has no `| value | default |` table"
     problems = []
-    for row in (r for t in tables for r in t):
+    for row in (r for t in found for r in t.rows):
         keys, shown = ticked(row.cells[0]), ticked(row.cells[1])
         if len(shown) < len(keys):
             problems.append(f"{row.where}: {len(keys)} values but {len(shown)} defaults in `code`")
