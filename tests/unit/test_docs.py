@@ -8,6 +8,7 @@ elsewhere); once the page exists its links and anchors are checked like any othe
 from __future__ import annotations
 
 import glob
+import json
 import re
 import tomllib
 from collections.abc import Iterator
@@ -162,3 +163,27 @@ def test_ci_runs_the_documented_test_command() -> None:
     assert commands[-1] == "make test", f".ci/run ends with {commands[-1]!r}, not `make test`"
     for page in (REPO / "README.md", GUIDE):
         assert "`.ci/run`" in page.read_text() and "`make test`" in page.read_text(), rel(page)
+
+
+def test_packing_table_is_the_bench_result() -> None:
+    """docs/performance.md's packing table shows bench/results/packing.json, rounded to 2 decimals."""
+    result = json.loads((REPO / "bench/results/packing.json").read_text())
+    text = (REPO / "docs/performance.md").read_text().split("## Packing quality", 1)[1].split("\n## ", 1)[0]
+    header, rows = None, []
+    for line in text.splitlines():
+        if line.startswith("| trace |"):
+            header = [c.strip() for c in line.strip("|").split("|")]
+        elif header and re.match(r"^\| \w+ \|", line):
+            rows.append([c.strip().strip("*") for c in line.strip("|").split("|")])
+    # column → (the result's section, its name there)
+    sources = {1: ("results", "fragaware"), 2: ("results", "fgd"), 3: ("published", "FGD")}
+    sources |= {4: ("results", "binpack"), 5: ("published", "BestFit")}
+    assert header and rows, "no packing table under ## Packing quality"
+    wrong = []
+    for row in rows:
+        for col, (section, name) in sources.items():
+            value = result[section].get(row[0], {}).get(name, {}).get("unallocated_pct_at_100")
+            shown = row[col] if re.fullmatch(r"\d+\.\d\d", row[col]) else None
+            if (value is None) != (shown is None) or (shown and f"{value:.2f}" != shown):
+                wrong.append(f"{row[0]} {header[col]}: docs {row[col]!r}, packing.json {value}")
+    assert not wrong, "\n".join(wrong)
