@@ -81,4 +81,4 @@ def test_uninstall_removes_every_object_of_the_chart(
         ]
 
     wait_for(lambda: not left(), 60, "no object of the release left")
-    # Helm keeps CRDs (crds/) on uninstall by design: the GPUNode CRD stays, as README says.
+    # Helm keeps CRDs (crds/) on uninstall by design: the GPUNode CRD stays, as the local-cluster docs say.
