@@ -366,7 +366,7 @@ def test_uninstall_removes_every_object_of_the_chart_and_the_daemon(
     # No daemon left on the node: no stand-in process, no control socket answering.
     wait_for(lambda: not _standin_processes(), 60, "no MPS daemon process left on the node")
     assert not (chart.mps_pipe_dir(cluster) / "control").exists()
-    # Helm keeps CRDs (crds/) on uninstall by design: the GPUNode CRD stays, as README says.
+    # Helm keeps CRDs (crds/) on uninstall by design: the GPUNode CRD stays, as the local-cluster docs say.
 
 
 def _standin_processes() -> list[int]:
