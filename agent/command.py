@@ -1,4 +1,4 @@
-"""`gpupack agent run`: flags → Settings → the agent, its cycle and its /metrics + /healthz server."""
+"""`gpupack agent run` (flags → Settings → the agent, its cycle, /metrics + /healthz); `agent prepare-mps`."""
 
 from __future__ import annotations
 

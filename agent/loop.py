@@ -1,4 +1,4 @@
-"""One agent cycle: read NVML, supervise MPS, attribute and verify processes, publish, update metrics."""
+"""One agent cycle: read NVML, adopt MPS, attribute and verify processes, publish, update metrics."""
 
 from __future__ import annotations
 
