@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,40 @@ def test_keep_switches_nothing_and_only_the_boot_gates(tmp_path: Path) -> None:
     mpsprep.write_ready(tmp_path, modes, "b")
     assert mpsprep.not_ready(tmp_path, [modes[1].uuid], None, "b") == ""
     assert mpsprep.not_ready(tmp_path, [modes[1].uuid], None, "c") != ""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="setting a compute mode needs root, as in NVML")
+def test_prepare_mps_command_sets_idle_gpus_and_writes_the_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from app.cli import build_parser
+
+    sim_file = tmp_path / "gpus.yaml"
+    busy = [{"pid": 9, "used_mib": 1}]
+    sim_file.write_text(yaml.safe_dump({"gpus": [{"model": "T4"}, {"model": "T4", "processes": busy}]}))
+    state, pipe = tmp_path / "driver", tmp_path / "pipe"
+    argv = [
+        "agent",
+        "prepare-mps",
+        "--sim",
+        str(sim_file),
+        "--sim-state",
+        str(state),
+        "--pipe-dir",
+        str(pipe),
+    ]
+    args = build_parser().parse_args([*argv, "--node", "n1"])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].endswith(": NVML_COMPUTEMODE_EXCLUSIVE_PROCESS (switched)")
+    assert out[1].endswith("NVML_COMPUTEMODE_DEFAULT; busy (1 processes): switched to "
+                           "NVML_COMPUTEMODE_EXCLUSIVE_PROCESS once idle")  # fmt: skip
+    record = json.loads((pipe / mpsprep.READY_FILE).read_text())
+    assert sorted(record["gpus"].values()) == [
+        "NVML_COMPUTEMODE_DEFAULT",
+        "NVML_COMPUTEMODE_EXCLUSIVE_PROCESS",
+    ]
+    assert record["bootID"] == mpsprep.boot_id()
+    agent_view = SimulatedNvml(sim_file, "n1", state_dir=state, privileged=False)
+    agent_view.init()
+    assert agent_view.compute_mode(0) is EXCL  # the agent (another process) sees the same driver
