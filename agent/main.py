@@ -16,7 +16,7 @@ from agent import metrics, toolkit
 from agent.cgroup import ProcResolver
 from agent.loop import Agent, AgentConfig, Resolver
 from agent.mps import MpsConfig, MpsSupervisor
-from agent.nvml.base import Nvml
+from agent.nvml.base import ComputeMode, Nvml
 from agent.nvml.simfile import SimFileError
 from agent.reporter import ReporterConfig
 from agent.settings import Settings
@@ -26,11 +26,11 @@ from app.kube.calls import Request
 _log = log.get("gpupack.agent")
 
 
-def make_nvml(sim: Path | None, node: str) -> tuple[Nvml, Resolver | None]:
+def make_nvml(sim: Path | None, node: str, sim_state: Path | None = None) -> tuple[Nvml, Resolver | None]:
     if sim is not None:
         from agent.nvml.simulated import SimulatedNvml
 
-        backend = SimulatedNvml(sim, node)
+        backend = SimulatedNvml(sim, node, state_dir=sim_state)
         return backend, backend  # simulated processes carry their pod UID
     from agent.nvml.pynvml_backend import PynvmlBackend
 
@@ -39,7 +39,7 @@ def make_nvml(sim: Path | None, node: str) -> tuple[Nvml, Resolver | None]:
 
 def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: Callable[[], float]) -> Agent:
     """The agent for validated `settings`: NVML or a simulated set, the pid resolver, MPS, the reporter."""
-    nvml, sim_resolver = make_nvml(settings.sim, settings.node)
+    nvml, sim_resolver = make_nvml(settings.sim, settings.node, settings.sim_state)
     resolver: Resolver = sim_resolver or ProcResolver(settings.proc_root)
     config = AgentConfig(
         node=settings.node,
@@ -50,13 +50,13 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
         ),
         evict_on_violation=settings.evict_on_violation,
         env_device_selection=toolkit.read(None if settings.sim else settings.toolkit_config),
+        mps_compute_mode=ComputeMode.EXCLUSIVE_PROCESS if settings.mps_exclusive_process else None,
     )
     mps = MpsSupervisor(
         MpsConfig(
             enabled=settings.mps,
             binary=settings.mps_binary,
             pipe_dir=settings.mps_pipe_dir,
-            log_dir=settings.mps_log_dir,
             default_thread_percentage=settings.mps_thread_percentage,
             default_pinned_mem_limit_mib=settings.mps_pinned_mem_limit_mib,
         )
