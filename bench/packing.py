@@ -6,6 +6,7 @@ Besides the trace files, the `pinned` family is generated here: `pinned<share>-<
 with <share> % of its GPU pods pinned to GPU models of the fleet (`app.sim.constrain`, drawn by <seed>), the
 kind of mixed-fleet workload of the paper's gpuspec traces; nothing is published for it.
 Writes bench/results/packing.json. Run: .venv/bin/python bench/packing.py [--traces default --seeds 42-43]
+(the pinned family: --traces pinned --policies fgd,fragaware --out bench/results/packing-pinned.json)
 """
 
 from __future__ import annotations
@@ -35,12 +36,13 @@ from app.sim.constrain import pin_models  # noqa: E402
 from app.sim.engine import simulate  # noqa: E402
 from app.sim.loader import TracePod, load_nodes, load_pods  # noqa: E402
 
-FILE_TRACES = ("default", "gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100")
+TRACES = ("default", "gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100")
 PINNED_SHARES = (5, 10, 20, 30, 40)  # % of GPU pods pinned to models
 PINNED_SEEDS = (1, 2, 3)  # generator seeds: which pods, which models
 PINNED_BASE = "default"
 PINNED = re.compile(r"pinned(\d+)-(\d+)")
-TRACES = FILE_TRACES + tuple(f"pinned{s:02d}-{g}" for s in PINNED_SHARES for g in PINNED_SEEDS)
+# --traces pinned: the whole generated family
+FAMILIES = {"pinned": tuple(f"pinned{s:02d}-{g}" for s in PINNED_SHARES for g in PINNED_SEEDS)}
 NODE_FILE = "openb_node_list_gpu_node.csv"
 PUBLISHED_FILE = "fgd_expected_results/analysis_allo_discrete.csv"
 PUBLISHED_POLICIES = {"FGD": "06-FGD", "BestFit": "05-BestFit"}
@@ -178,7 +180,11 @@ def format_table(ours: dict[str, Any], pub: dict[str, Any], policies: list[str])
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--traces-dir", default=str(REPO.parent / "shared" / "traces"))
-    ap.add_argument("--traces", default=",".join(TRACES), help="comma list of trace names")
+    ap.add_argument(
+        "--traces",
+        default=",".join(TRACES),
+        help=f"comma list of trace names or families ({', '.join(FAMILIES)})",
+    )
     ap.add_argument("--seeds", default="42-51")
     ap.add_argument("--policies", default=",".join(registry.names()), help="comma list of policies")
     ap.add_argument("--inflate", type=float, default=1.3)
@@ -190,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"packing: {e}", file=sys.stderr)
         return 2
-    traces = [t for t in args.traces.split(",") if t]
+    traces = [name for t in args.traces.split(",") if t for name in FAMILIES.get(t, (t,))]
     policies = [p for p in args.policies.split(",") if p]
     traces_dir = Path(args.traces_dir).resolve()
     for p in policies:
