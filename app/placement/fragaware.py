@@ -49,7 +49,11 @@ class FragAware(FitFilter):
         self.name = name
         self.options = options or FragOptions()
         if self.options.settle_weight:
-            workload.settled_waste()  # built once (~0.1 s) here, not inside the first scheduling call
+            # Built once (~0.1 s each) here, not inside the first scheduling call: the whole workload's
+            # table, and one per distinct part that lands on a model of the fleet (where it is known).
+            workload.settled_waste()
+            for model, _ in workload.fleet:
+                workload.settled_for(model)
         # score() evaluates a node; choose_gpus() on the node that won asks the same question again.
         # Each thread (the extender shares a policy between threads) keeps its recent evaluations.
         self._recent = threading.local()
