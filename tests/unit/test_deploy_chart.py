@@ -309,10 +309,31 @@ def test_agent_policy_matches_the_agents_identity_and_node_name_extra(objects: l
     assert "authentication.kubernetes.io/node-name" in json.dumps(policy["spec"]["variables"])
 
 
+def test_quota_policy_refuses_new_limits_on_the_placement_resources_naming_the_quota_ones(
+    objects: list[dict[str, Any]],
+) -> None:
+    policy = find(objects, "ValidatingAdmissionPolicy", "gpupack-quota-resources")
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["resourcequotas"],
+        }
+    ]
+    (keys,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "placementKeys"]
+    for resource in (names.RESOURCE_GPU_MILLI, names.RESOURCE_GPU_MEMORY_MIB):
+        assert f"k.endsWith('{resource}')" in keys
+    (validation,) = policy["spec"]["validations"]
+    for resource in (names.RESOURCE_QUOTA_GPU_MILLI, names.RESOURCE_QUOTA_GPU_MEMORY_MIB):
+        assert f"requests.{resource}" in validation["messageExpression"]
+    assert validation["reason"] == "Invalid"
+
+
 def test_every_policy_has_a_denying_binding(objects: list[dict[str, Any]]) -> None:
     policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
     bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert policies == {"gpupack-pod-allocation", "gpupack-agent-own-node"}
+    assert policies == {"gpupack-pod-allocation", "gpupack-agent-own-node", "gpupack-quota-resources"}
     assert {b["spec"]["policyName"] for b in bindings} == policies
     assert all(
         b["spec"]["validationActions"] == ["Deny"] and "matchResources" not in b["spec"] for b in bindings

@@ -36,12 +36,14 @@ def test_policies_come_from_the_chart_policies_before_bindings() -> None:
     assert sorted(got) == [
         ("ValidatingAdmissionPolicy", "gpupack-agent-own-node"),
         ("ValidatingAdmissionPolicy", "gpupack-pod-allocation"),
+        ("ValidatingAdmissionPolicy", "gpupack-quota-resources"),
         ("ValidatingAdmissionPolicyBinding", "gpupack-agent-own-node"),
         ("ValidatingAdmissionPolicyBinding", "gpupack-pod-allocation"),
+        ("ValidatingAdmissionPolicyBinding", "gpupack-quota-resources"),
     ]
     kinds = [k for k, _ in got]
     assert kinds == sorted(kinds, key=lambda k: k.endswith("Binding"))
-    assert addons.policy_objects(manifest_docs(), ("webhook",)) == []
+    assert addons.policy_objects(manifest_docs(), ("scheduler",)) == []
 
 
 def test_scoped_binding_limits_a_copy_to_one_namespace_or_named_objects() -> None:
