@@ -16,10 +16,11 @@ meaning. Entries of the wrong type read as empty, so no caller crashes on a hand
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
+from functools import cached_property
 from typing import Any, Final
 
 from app import names
@@ -54,9 +55,12 @@ class Volume:
     host_path: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class ContainerView:
-    """One container of the pod, as every rule and patch reads it."""
+    """One container of the pod, as every rule and patch reads it.
+
+    `host` is worked out on first use: the webhook never needs it, the extender always does.
+    """
 
     kind: Kind
     index: int  # position in its list of the spec
@@ -68,8 +72,13 @@ class ContainerView:
     limits: Mapping[str, str] = field(default_factory=dict)
     ours: tuple[tuple[str, str], ...] = ()  # gpupack.io/* resources in requests, then limits (first wins)
     whole_gpus: str | None = None  # nvidia.com/gpu as written in limits (or requests), if any
-    host: HostResources = ZERO  # CPU (milli) and memory (MiB) requests, rounded up
     sidecar: bool = False  # an init container with restartPolicy Always: runs beside the others
+    resources: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)  # as sent
+
+    @cached_property
+    def host(self) -> HostResources:
+        """CPU (milli) and memory (MiB) requested, rounded up."""
+        return _host(as_object(self.resources.get("requests")), as_object(self.resources.get("limits")))
 
     @property
     def init(self) -> bool:
@@ -138,9 +147,9 @@ def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
     )
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True)
 class PodView:
-    """A pod as gpupack reads it."""
+    """A pod as gpupack reads it (`host` is worked out on first use)."""
 
     uid: str = ""
     namespace: str = ""
@@ -157,8 +166,26 @@ class PodView:
     volumes: tuple[Volume, ...] = ()
     affinity: Any = None  # spec.affinity as sent: the webhook ANDs its terms into it
     scheduler_name: str | None = None
-    host: HostResources = ZERO  # the pod's effective CPU and memory request (see `_pod_host`)
+    overhead: Mapping[str, Any] = field(default_factory=dict, repr=False)  # spec.overhead as sent
     container_ids: Mapping[str, str] = field(default_factory=dict)  # runtime container ID -> name
+
+    @cached_property
+    def host(self) -> HostResources:
+        """The pod's effective request, as kube-scheduler's NodeResourcesFit computes it.
+
+        max(regular containers + restartable (sidecar) init containers, each plain init container plus the
+        sidecars started before it) + pod overhead. CPU rounds up to a milli-core, memory up to a MiB.
+        """
+        running = sidecars = init_peak = ZERO
+        for c in self.containers:
+            if c.kind is Kind.REGULAR:
+                running = running + c.host
+            elif c.sidecar:
+                sidecars = sidecars + c.host
+                init_peak = init_peak.max(sidecars)
+            else:
+                init_peak = init_peak.max(sidecars + c.host)
+        return (running + sidecars).max(init_peak) + _host(self.overhead, {})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ask", ask_of(self.annotations))
@@ -213,7 +240,7 @@ def read(pod: Mapping[str, Any]) -> PodView:
         volumes=tuple(_volume(v) for v in as_list(spec.get("volumes"))),
         affinity=spec.get("affinity"),
         scheduler_name=scheduler if isinstance(scheduler, str) else None,
-        host=_pod_host(containers, _host(as_object(spec.get("overhead")), {})),
+        overhead=as_object(spec.get("overhead")),
         container_ids=_container_ids(status),
     )
 
@@ -222,8 +249,8 @@ def _container(kind: Kind, index: int, item: Any) -> ContainerView:
     c = as_object(item)
     name = c.get("name")
     resources = as_object(c.get("resources"))
-    raw_requests, raw_limits = as_object(resources.get("requests")), as_object(resources.get("limits"))
-    requests, limits = _quantities(raw_requests), _quantities(raw_limits)
+    requests = _quantities(as_object(resources.get("requests")))
+    limits = _quantities(as_object(resources.get("limits")))
     return ContainerView(
         kind=kind,
         index=index,
@@ -235,8 +262,8 @@ def _container(kind: Kind, index: int, item: Any) -> ContainerView:
         limits=limits,
         ours=_ours(requests, limits),
         whole_gpus=_limit_or_request(requests, limits, WHOLE_GPU_RESOURCE),
-        host=_host(raw_requests, raw_limits),
         sidecar=kind is Kind.INIT and c.get("restartPolicy") == "Always",
+        resources=resources,
     )
 
 
@@ -291,24 +318,6 @@ def _host(requests: Mapping[str, Any], limits: Mapping[str, Any]) -> HostResourc
         return quantity(requests.get(key, limits.get(key)))
 
     return HostResources(math.ceil(value("cpu") * 1000), math.ceil(value("memory") / MIB))
-
-
-def _pod_host(containers: Sequence[ContainerView], overhead: HostResources) -> HostResources:
-    """The pod's effective request, as kube-scheduler's NodeResourcesFit computes it.
-
-    max(regular containers + restartable (sidecar) init containers, each plain init container plus the
-    sidecars started before it) + pod overhead. CPU rounds up to a milli-core, memory up to a MiB.
-    """
-    running = sidecars = init_peak = ZERO
-    for c in containers:
-        if c.kind is Kind.REGULAR:
-            running = running + c.host
-        elif c.sidecar:
-            sidecars = sidecars + c.host
-            init_peak = init_peak.max(sidecars)
-        else:
-            init_peak = init_peak.max(sidecars + c.host)
-    return (running + sidecars).max(init_peak) + overhead
 
 
 def _container_ids(status: Mapping[str, Any]) -> dict[str, str]:
