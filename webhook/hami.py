@@ -72,19 +72,21 @@ def take_over(pod: PodView) -> Takeover | tuple[RequestError, ...]:
     container = asking[0]
     where = container.where
     values = _shares(container)
-    errors = [err for key, raw in values.items() if (err := _check(where, key, raw)) is not None]
+    amounts = {key: _share(where, key, raw) for key, raw in values.items()}
+    errors = [err for err in amounts.values() if isinstance(err, RequestError)]
     raw_count = container.resource(GPU)
-    if raw_count is not None and _integer(raw_count, 1, 16) is None:
-        errors.append(RequestError(f"{where}.resources[{GPU}]", raw_count, "must be an integer from 1 to 16"))
-    if errors:
+    count = 1 if raw_count is None else _integer(raw_count, 1, 16)
+    if count is None:
+        errors.append(
+            RequestError(f"{where}.resources[{GPU}]", str(raw_count), "must be an integer from 1 to 16")
+        )
+    if errors or count is None:
         return tuple(errors)
     used = next(key for key in SHARES if key in values)
-    amount = _integer(values[used], 1, MAX_MEMORY_MIB)
-    if used == MEMORY:
-        ours = {names.GPU_MEMORY: str(amount)}
-    else:
-        ours = {names.GPU_FRACTION: _fraction(int(amount or 0))}
-    ours[names.GPU_FRACTION_NUM_DEVICES] = str(_integer(raw_count, 1, 16)) if raw_count else "1"
+    amount = amounts[used]
+    assert not isinstance(amount, RequestError)
+    ours = {names.GPU_MEMORY: str(amount)} if used == MEMORY else {names.GPU_FRACTION: _fraction(amount)}
+    ours[names.GPU_FRACTION_NUM_DEVICES] = str(count)
     ours[names.GPU_FRACTION_CONTAINER_NAME] = container.name
     written = ", ".join(
         f"{k}={v}" for k, v in ([(GPU, raw_count)] if raw_count else []) + list(values.items())
@@ -114,14 +116,19 @@ def _integer(raw: str, low: int, high: int) -> int | None:
     return int(value)
 
 
-def _check(where: str, key: str, raw: str) -> RequestError | None:
-    if key == MEMORY and _integer(raw, 1, MAX_MEMORY_MIB) is None:
-        return RequestError(
-            f"{where}.resources[{key}]", raw, "must be a whole number of MiB per GPU, e.g. 4096"
+def _share(where: str, key: str, raw: str) -> int | RequestError:
+    """A HAMi share's amount (MiB for gpumem, else a percentage), or why it is not one."""
+    if key == MEMORY:
+        mib = _integer(raw, 1, MAX_MEMORY_MIB)
+        return (
+            RequestError(f"{where}.resources[{key}]", raw, "must be a whole number of MiB per GPU, e.g. 4096")
+            if mib is None
+            else mib
         )
-    if key != MEMORY and _integer(raw, 1, 100) is None:
+    percent = _integer(raw, 1, 100)
+    if percent is None:
         return RequestError(f"{where}.resources[{key}]", raw, "must be an integer percentage from 1 to 100")
-    return None
+    return percent
 
 
 def _fraction(percent: int) -> str:
