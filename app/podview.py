@@ -21,7 +21,8 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from fractions import Fraction
 from functools import cached_property
-from typing import Any, Final
+from types import MappingProxyType
+from typing import Any, Final, NamedTuple
 
 from app import names
 from app.hostres import MIB, ZERO, HostResources, quantity
@@ -55,12 +56,9 @@ class Volume:
     host_path: str | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class ContainerView:
-    """One container of the pod, as every rule and patch reads it.
-
-    `host` is worked out on first use: the webhook never needs it, the extender always does.
-    """
+    """One container of the pod, as every rule and patch reads it."""
 
     kind: Kind
     index: int  # position in its list of the spec
@@ -68,17 +66,17 @@ class ContainerView:
     env: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # by name: the last entry (kubelet's)
     mounts: tuple[Mount, ...] = ()
     has_resources: bool = False  # `resources` holds anything (even empty requests/limits)
-    requests: Mapping[str, str] = field(default_factory=dict)  # quantities as written (str)
-    limits: Mapping[str, str] = field(default_factory=dict)
+    requests: Mapping[str, Any] = field(default_factory=dict)  # quantities as sent
+    limits: Mapping[str, Any] = field(default_factory=dict)
     ours: tuple[tuple[str, str], ...] = ()  # gpupack.io/* resources in requests, then limits (first wins)
     whole_gpus: str | None = None  # nvidia.com/gpu as written in limits (or requests), if any
     sidecar: bool = False  # an init container with restartPolicy Always: runs beside the others
-    resources: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)  # as sent
 
-    @cached_property
+    @property
     def host(self) -> HostResources:
-        """CPU (milli) and memory (MiB) requested, rounded up."""
-        return _host(as_object(self.resources.get("requests")), as_object(self.resources.get("limits")))
+        """CPU (milli) and memory (MiB) requested, rounded up (worked out when asked: the webhook never
+        needs it); a limit without a request defaults the request to the limit (the apiserver does too)."""
+        return _host(self.requests, self.limits)
 
     @property
     def init(self) -> bool:
@@ -87,12 +85,12 @@ class ContainerView:
     @property
     def pointer(self) -> str:
         """The container's JSON pointer (RFC 6901), for patch ops."""
-        return f"/spec/{self.kind.value}/{self.index}"
+        return f"/spec/{self.kind}/{self.index}"
 
     @property
     def where(self) -> str:
         """The container's field path, for messages."""
-        return f"spec.{self.kind.value}[{self.name}]"
+        return f"spec.{self.kind}[{self.name}]"
 
     def resource(self, key: str) -> str | None:
         """A resource as the container limits it, else as it requests it (None: neither)."""
@@ -108,13 +106,13 @@ class ContainerView:
             requests=requests,
             limits=limits,
             ours=_ours(requests, limits),
-            whole_gpus=_limit_or_request(requests, limits, WHOLE_GPU_RESOURCE),
+            whole_gpus=_whole(requests, limits),
         )
 
 
-@dataclass(frozen=True, slots=True)
-class GpuAsk:
-    """The gpupack.io annotations of a GPU-share request, as written (None: absent).
+class GpuAsk(NamedTuple):
+    """The gpupack.io annotations of a GPU-share request, as written (None: absent). A named tuple: it
+    is built for every pod read, and builds in a third of a frozen dataclass's time.
 
     Teaching gpupack a new annotation starts here: one field, filled in `ask_of`.
     """
@@ -219,7 +217,7 @@ def read(pod: Mapping[str, Any]) -> PodView:
     containers = tuple(
         _container(kind, i, item)
         for kind in (Kind.REGULAR, Kind.INIT)
-        for i, item in enumerate(as_list(spec.get(kind.value)))
+        for i, item in enumerate(as_list(spec.get(kind)))
     )
     scheduler, node, phase = spec.get("schedulerName"), spec.get("nodeName"), status.get("phase")
     return PodView(
@@ -234,8 +232,7 @@ def read(pod: Mapping[str, Any]) -> PodView:
         phase=phase if isinstance(phase, str) and phase else "Pending",
         containers=containers,
         ephemeral=tuple(
-            _container(Kind.EPHEMERAL, i, item)
-            for i, item in enumerate(as_list(spec.get(Kind.EPHEMERAL.value)))
+            _container(Kind.EPHEMERAL, i, item) for i, item in enumerate(as_list(spec.get(Kind.EPHEMERAL)))
         ),
         volumes=tuple(_volume(v) for v in as_list(spec.get("volumes"))),
         affinity=spec.get("affinity"),
@@ -249,8 +246,7 @@ def _container(kind: Kind, index: int, item: Any) -> ContainerView:
     c = as_object(item)
     name = c.get("name")
     resources = as_object(c.get("resources"))
-    requests = _quantities(as_object(resources.get("requests")))
-    limits = _quantities(as_object(resources.get("limits")))
+    requests, limits = as_object(resources.get("requests")), as_object(resources.get("limits"))
     return ContainerView(
         kind=kind,
         index=index,
@@ -261,19 +257,23 @@ def _container(kind: Kind, index: int, item: Any) -> ContainerView:
         requests=requests,
         limits=limits,
         ours=_ours(requests, limits),
-        whole_gpus=_limit_or_request(requests, limits, WHOLE_GPU_RESOURCE),
+        whole_gpus=_whole(requests, limits),
         sidecar=kind is Kind.INIT and c.get("restartPolicy") == "Always",
-        resources=resources,
     )
 
 
-def _env(items: Any) -> dict[str, Mapping[str, Any]]:
+def _env(items: Any) -> Mapping[str, Mapping[str, Any]]:
     """Env entries by name; of repeated names the last, which is the one the kubelet applies."""
+    if not items:
+        return _NO_ENV
     out: dict[str, Mapping[str, Any]] = {}
     for entry in as_list(items):
         if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
             out[entry["name"]] = entry
     return out
+
+
+_NO_ENV: Final[Mapping[str, Mapping[str, Any]]] = MappingProxyType({})
 
 
 def _mount(item: Any) -> Mount | None:
@@ -290,14 +290,17 @@ def _volume(item: Any) -> Volume:
     return Volume(name if isinstance(name, str) else None, path if isinstance(path, str) else None)
 
 
-def _quantities(part: Mapping[str, Any]) -> dict[str, str]:
-    """Quantities as written (the apiserver sends strings; a hand-made object may hold numbers)."""
-    return {str(k): str(v) for k, v in part.items() if v is not None}
-
-
-def _limit_or_request(requests: Mapping[str, str], limits: Mapping[str, str], key: str) -> str | None:
+def _limit_or_request(requests: Mapping[str, Any], limits: Mapping[str, Any], key: str) -> str | None:
     value = limits.get(key)
-    return value if value is not None else requests.get(key)
+    if value is None:
+        value = requests.get(key)
+    return None if value is None else str(value)
+
+
+def _whole(requests: Mapping[str, Any], limits: Mapping[str, Any]) -> str | None:
+    """nvidia.com/gpu as written in limits (or requests)."""
+    whole = limits.get(WHOLE_GPU_RESOURCE, requests.get(WHOLE_GPU_RESOURCE))
+    return None if whole is None else str(whole)
 
 
 def _ours(requests: Mapping[str, Any], limits: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:

@@ -130,7 +130,11 @@ def test_resources_whole_gpus_ours_and_host_requests() -> None:
     c = podview.read(pod(containers=[{"name": "c", "resources": res}])).containers[0]
     assert c.whole_gpus == "1"  # the limit, when both are written
     assert c.ours == ((names.RESOURCE_GPU_MILLI, "250"),)  # the request first
-    assert c.requests["nvidia.com/gpu"] == "2" and c.limits["cpu"] == "2"
+    assert c.requests["nvidia.com/gpu"] == 2 and c.limits["cpu"] == "2"  # as sent
+    assert (
+        c.resource("nvidia.com/gpu") == "1"
+        and c.without(("nvidia.com/gpu",)).resource("nvidia.com/gpu") is None
+    )
     assert c.host == HostResources(cpu_milli=2000, memory_mib=1024)  # cpu: the limit defaults the request
     assert c.resource("nvidia.com/gpu") == "1" and c.resource("memory") == "1Gi" and c.resource("x") is None
     assert c.has_resources
