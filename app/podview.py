@@ -29,6 +29,7 @@ from app.hostres import MIB, ZERO, HostResources, quantity
 from app.objects import as_list, as_object, string_map
 
 WHOLE_GPU_RESOURCE: Final = "nvidia.com/gpu"
+_EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
 
 class Kind(StrEnum):
@@ -56,21 +57,26 @@ class Volume:
     host_path: str | None = None
 
 
-@dataclass(frozen=True, slots=True)
-class ContainerView:
-    """One container of the pod, as every rule and patch reads it."""
+class ContainerView(NamedTuple):
+    """One container of the pod, as every rule and patch reads it (a named tuple: one is built for
+    every container of every pod read, at a third of a frozen dataclass's cost)."""
 
     kind: Kind
-    index: int  # position in its list of the spec
+    position: int  # in its list of the spec
     name: str
-    env: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)  # by name: the last entry (kubelet's)
-    mounts: tuple[Mount, ...] = ()
+    env: Mapping[str, Mapping[str, Any]] = _EMPTY  # by name: the last entry (the one the kubelet applies)
     has_resources: bool = False  # `resources` holds anything (even empty requests/limits)
-    requests: Mapping[str, Any] = field(default_factory=dict)  # quantities as sent
-    limits: Mapping[str, Any] = field(default_factory=dict)
+    requests: Mapping[str, Any] = _EMPTY  # quantities as sent
+    limits: Mapping[str, Any] = _EMPTY
     ours: tuple[tuple[str, str], ...] = ()  # gpupack.io/* resources in requests, then limits (first wins)
     whole_gpus: str | None = None  # nvidia.com/gpu as written in limits (or requests), if any
     sidecar: bool = False  # an init container with restartPolicy Always: runs beside the others
+    source: Mapping[str, Any] = _EMPTY  # the container as sent
+
+    @property
+    def mounts(self) -> tuple[Mount, ...]:
+        """Its volumeMounts (read when asked: only the MPS pipe plan needs them, for one container)."""
+        return tuple(m for m in map(_mount, as_list(self.source.get("volumeMounts"))) if m is not None)
 
     @property
     def host(self) -> HostResources:
@@ -85,7 +91,7 @@ class ContainerView:
     @property
     def pointer(self) -> str:
         """The container's JSON pointer (RFC 6901), for patch ops."""
-        return f"/spec/{self.kind}/{self.index}"
+        return f"/spec/{self.kind}/{self.position}"
 
     @property
     def where(self) -> str:
@@ -101,8 +107,7 @@ class ContainerView:
         CPU and memory request stays)."""
         requests = {k: v for k, v in self.requests.items() if k not in keys}
         limits = {k: v for k, v in self.limits.items() if k not in keys}
-        return replace(
-            self,
+        return self._replace(
             requests=requests,
             limits=limits,
             ours=_ours(requests, limits),
@@ -147,7 +152,11 @@ def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
 
 @dataclass(frozen=True)
 class PodView:
-    """A pod as gpupack reads it (`host` is worked out on first use)."""
+    """A pod as gpupack reads it.
+
+    What only some readers need (host request, volumes, ephemeral containers, container IDs) is read
+    from `source` on first use, once.
+    """
 
     uid: str = ""
     namespace: str = ""
@@ -160,12 +169,28 @@ class PodView:
     node_name: str = ""  # spec.nodeName, "" while pending
     phase: str = "Pending"
     containers: tuple[ContainerView, ...] = ()  # the regular containers in order, then the init containers
-    ephemeral: tuple[ContainerView, ...] = ()
-    volumes: tuple[Volume, ...] = ()
     affinity: Any = None  # spec.affinity as sent: the webhook ANDs its terms into it
     scheduler_name: str | None = None
-    overhead: Mapping[str, Any] = field(default_factory=dict, repr=False)  # spec.overhead as sent
-    container_ids: Mapping[str, str] = field(default_factory=dict)  # runtime container ID -> name
+    source: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)  # the pod as sent
+
+    @cached_property
+    def _spec(self) -> Mapping[str, Any]:
+        return as_object(self.source.get("spec"))
+
+    @cached_property
+    def ephemeral(self) -> tuple[ContainerView, ...]:
+        """Ephemeral containers (`kubectl debug`): never counted among `containers`."""
+        items = as_list(self._spec.get(Kind.EPHEMERAL))
+        return tuple(_container(Kind.EPHEMERAL, i, item) for i, item in enumerate(items))
+
+    @cached_property
+    def volumes(self) -> tuple[Volume, ...]:
+        return tuple(_volume(v) for v in as_list(self._spec.get("volumes")))
+
+    @cached_property
+    def container_ids(self) -> Mapping[str, str]:
+        """Runtime container ID (without the runtime:// prefix) -> container name, init containers too."""
+        return _container_ids(as_object(self.source.get("status")))
 
     @cached_property
     def host(self) -> HostResources:
@@ -183,7 +208,7 @@ class PodView:
                 init_peak = init_peak.max(sidecars)
             else:
                 init_peak = init_peak.max(sidecars + c.host)
-        return (running + sidecars).max(init_peak) + _host(self.overhead, {})
+        return (running + sidecars).max(init_peak) + _host(as_object(self._spec.get("overhead")), {})
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ask", ask_of(self.annotations))
@@ -204,8 +229,8 @@ class PodView:
         """The view after `annotations` were added and `container` replaced the one at its place: what our
         mutation reads after another admission step (the HAMi take-over) rewrote the pod."""
         merged = {**self.annotations, **annotations}
-        place = (container.kind, container.index)
-        containers = tuple(container if (c.kind, c.index) == place else c for c in self.containers)
+        place = (container.kind, container.position)
+        containers = tuple(container if (c.kind, c.position) == place else c for c in self.containers)
         return replace(self, annotations=merged, containers=containers)
 
 
@@ -214,11 +239,9 @@ def read(pod: Mapping[str, Any]) -> PodView:
     meta = as_object(pod.get("metadata"))
     spec = as_object(pod.get("spec"))
     status = as_object(pod.get("status"))
-    containers = tuple(
-        _container(kind, i, item)
-        for kind in (Kind.REGULAR, Kind.INIT)
-        for i, item in enumerate(as_list(spec.get(kind)))
-    )
+    containers = [_container(Kind.REGULAR, i, item) for i, item in enumerate(as_list(spec.get(Kind.REGULAR)))]
+    if Kind.INIT in spec:
+        containers += [_container(Kind.INIT, i, item) for i, item in enumerate(as_list(spec[Kind.INIT]))]
     scheduler, node, phase = spec.get("schedulerName"), spec.get("nodeName"), status.get("phase")
     return PodView(
         uid=str(meta.get("uid") or ""),
@@ -230,15 +253,10 @@ def read(pod: Mapping[str, Any]) -> PodView:
         deleting=bool(meta.get("deletionTimestamp")),
         node_name=node if isinstance(node, str) else "",
         phase=phase if isinstance(phase, str) and phase else "Pending",
-        containers=containers,
-        ephemeral=tuple(
-            _container(Kind.EPHEMERAL, i, item) for i, item in enumerate(as_list(spec.get(Kind.EPHEMERAL)))
-        ),
-        volumes=tuple(_volume(v) for v in as_list(spec.get("volumes"))),
+        containers=tuple(containers),
         affinity=spec.get("affinity"),
         scheduler_name=scheduler if isinstance(scheduler, str) else None,
-        overhead=as_object(spec.get("overhead")),
-        container_ids=_container_ids(status),
+        source=pod,
     )
 
 
@@ -249,31 +267,28 @@ def _container(kind: Kind, index: int, item: Any) -> ContainerView:
     requests, limits = as_object(resources.get("requests")), as_object(resources.get("limits"))
     return ContainerView(
         kind=kind,
-        index=index,
+        position=index,
         name=name if isinstance(name, str) else "",
         env=_env(c.get("env")),
-        mounts=tuple(m for m in map(_mount, as_list(c.get("volumeMounts"))) if m is not None),
         has_resources=bool(resources),
         requests=requests,
         limits=limits,
         ours=_ours(requests, limits),
         whole_gpus=_whole(requests, limits),
         sidecar=kind is Kind.INIT and c.get("restartPolicy") == "Always",
+        source=c,
     )
 
 
 def _env(items: Any) -> Mapping[str, Mapping[str, Any]]:
     """Env entries by name; of repeated names the last, which is the one the kubelet applies."""
     if not items:
-        return _NO_ENV
+        return _EMPTY
     out: dict[str, Mapping[str, Any]] = {}
     for entry in as_list(items):
         if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
             out[entry["name"]] = entry
     return out
-
-
-_NO_ENV: Final[Mapping[str, Mapping[str, Any]]] = MappingProxyType({})
 
 
 def _mount(item: Any) -> Mount | None:
