@@ -36,11 +36,8 @@ class Readings:
         self._memo: dict[tuple[str, str], Reading] = {}
 
     def of(self, pod: Mapping[str, Any]) -> Reading:
-        meta = as_object(pod.get("metadata"))
-        uid, version = meta.get("uid"), meta.get("resourceVersion")
-        key = (
-            (uid, version) if isinstance(uid, str) and uid and isinstance(version, str) and version else None
-        )
+        """The pod's reading (/filter): the stored one of its version, else read and stored."""
+        key = _key(pod)
         if key is not None and (hit := self._memo.get(key)) is not None:
             return hit
         view = podview.read(pod)
@@ -51,3 +48,20 @@ class Readings:
                 if len(self._memo) > self._limit:
                     del self._memo[next(iter(self._memo))]
         return reading
+
+    def demand(self, pod: Mapping[str, Any]) -> PodDemand:
+        """The pod's demand (/prioritize): from the stored reading of its version, else read (and not
+        stored: the webhook check that /filter adds is not needed here)."""
+        key = _key(pod)
+        if key is not None and (hit := self._memo.get(key)) is not None:
+            return hit.demand
+        return request.pod_demand(podview.read(pod))
+
+
+def _key(pod: Mapping[str, Any]) -> tuple[str, str] | None:
+    """(uid, resourceVersion), or None when either is missing."""
+    meta = as_object(pod.get("metadata"))
+    uid, version = meta.get("uid"), meta.get("resourceVersion")
+    if isinstance(uid, str) and uid and isinstance(version, str) and version:
+        return uid, version
+    return None

@@ -132,7 +132,8 @@ async def prioritize(args: schemas.ExtenderArgs, req: Request) -> Response:
     t0 = time.perf_counter()
     try:
         rt: Runtime = req.app.state.runtime
-        demand = _reading(req, args).demand
+        readings: Readings = req.app.state.pod_readings
+        demand = readings.demand(args.pod())
         if _cold(rt, demand):
             return _priorities(await run_in_threadpool(prioritize_answer, rt, args, demand))
         return _priorities(prioritize_answer(rt, args, demand))

@@ -53,3 +53,12 @@ def test_the_oldest_reading_goes_first() -> None:
     readings.of(pod("0.5", uid="b"))
     readings.of(pod("0.5", uid="c"))
     assert readings.of(pod("0.5", uid="a")) is not oldest  # read again: it had been dropped
+
+
+def test_prioritize_takes_the_demand_of_filters_reading() -> None:
+    readings = Readings()
+    first = readings.of(pod("0.5"))
+    assert readings.demand(pod("0.5")) is first.demand
+    # A version /filter has not read is read for its demand alone, and not kept.
+    assert readings.demand(pod("0.25", rv="9")) == Demand(count=1, milli=250)
+    assert readings.of(pod("0.5", rv="9")).demand == Demand(count=1, milli=500)
