@@ -10,7 +10,7 @@ clock starts (kube-scheduler encodes in Go: Python's json.dumps of 5 000 names, 
 extender's cost); the server and this client share the process, so their CPU still competes. Next to
 the wall clock, the process's CPU time over the same warm calls: the cost without the waits for a
 shared CPU.
-Part 2 (real control plane, app.devcluster): the same kwok cluster and kube-scheduler; a burst of plain
+Part 2 (real control plane, tests.devcluster): the same kwok cluster and kube-scheduler; a burst of plain
 pods (the extender is not called), then a burst of gpupack pods (filter, prioritize and bind through our
 extender process), alternating rounds; pods/s = pods / (create of the first .. last one bound).
 
@@ -283,8 +283,8 @@ def throughput(n_pods: int, rounds: int, n_nodes: int) -> dict[str, Any]:
     import yaml
     from kubernetes import client
 
-    from app.devcluster import Cluster, ComponentSpec, HealthCheck, ensure_binaries, wait_for
     from app.kube.client import Kube
+    from tests.devcluster import Cluster, ComponentSpec, HealthCheck, ensure_binaries, wait_for
 
     bins = ensure_binaries()
     with tempfile.TemporaryDirectory(prefix="gpupack-bench-") as tmp:
@@ -355,7 +355,7 @@ def throughput(n_pods: int, rounds: int, n_nodes: int) -> dict[str, Any]:
 
 def _burst(core: Any, ns: str, n: int, gpu: bool) -> float:
     """Create `n` pods as fast as possible; pods/s from the first create to the last one bound."""
-    from app.devcluster import wait_for
+    from tests.devcluster import wait_for
 
     t0 = time.perf_counter()
     for i in range(n):

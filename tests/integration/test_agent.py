@@ -15,10 +15,10 @@ from kubernetes.utils import parse_quantity
 from simagents import SimAgents, write_sim
 
 from app import catalog, names
-from app.devcluster import Cluster, wait_for
-from app.devcluster.addons import install_rbac
 from app.kube.gpunode import GPUNode, stale_reason
 from app.model import Allocation
+from tests.devcluster import Cluster, wait_for
+from tests.devcluster.addons import install_rbac
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "T4"

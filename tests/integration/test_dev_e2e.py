@@ -26,10 +26,10 @@ from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import names
-from app.devcluster import BinariesError, ensure_binaries, wait_for
-from app.devcluster.components import CONTROL_PLANE
-from app.devcluster.processes import group_members, log_tail, pid_alive
 from app.kube.gpunode import GPUNode
+from tests.devcluster import BinariesError, ensure_binaries, wait_for
+from tests.devcluster.components import CONTROL_PLANE
+from tests.devcluster.processes import group_members, log_tail, pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"

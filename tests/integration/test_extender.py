@@ -23,9 +23,6 @@ from kubernetes import client
 from podshapes import webhook_pod
 
 from app import catalog, names, units
-from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
-from app.devcluster.addons import install_rbac
-from app.devcluster.nodes import NODE_CPU, NODE_MEMORY
 from app.hostres import HostResources
 from app.kube import gpunode
 from app.kube.cache import node_order_key
@@ -33,6 +30,9 @@ from app.kube.client import Kube
 from app.model import Allocation, ClusterState, Demand
 from app.placement import Placement, place, registry, to_allocation
 from app.request import pod_demand
+from tests.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
+from tests.devcluster.addons import install_rbac
+from tests.devcluster.nodes import NODE_CPU, NODE_MEMORY
 
 REPO = Path(__file__).resolve().parents[2]
 POOL = "gpupack.test/pool"

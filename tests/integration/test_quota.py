@@ -22,8 +22,8 @@ from test_extender import POOL, create_gpunodes, setup, start_extender  # noqa: 
 from test_webhook import Webhook, webhook  # noqa: F401 (webhook: fixture)
 
 from app import names
-from app.devcluster import Cluster, wait_for
 from app.kube.client import Kube
+from tests.devcluster import Cluster, wait_for
 
 MILLI = f"requests.{names.RESOURCE_QUOTA_GPU_MILLI}"
 MEMORY = f"requests.{names.RESOURCE_QUOTA_GPU_MEMORY_MIB}"

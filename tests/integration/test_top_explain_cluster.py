@@ -12,8 +12,8 @@ from typing import Any
 from test_extender import MODEL, POOL, create_gpunodes, extender, gpu_pod, outcome, setup
 
 from app import names
-from app.devcluster import Cluster, wait_for
 from app.kube.client import Kube
+from tests.devcluster import Cluster, wait_for
 
 __all__ = ["extender", "setup"]  # fixtures shared with test_extender
 

@@ -10,10 +10,10 @@ from collections.abc import Iterator
 import pytest
 
 from app import names
-from app.devcluster import Cluster, kubeletnode, wait_for
-from app.devcluster.identities import GPUPACK_NAMESPACE
 from app.kube.calls import Request
 from app.kube.client import Kube
+from tests.devcluster import Cluster, kubeletnode, wait_for
+from tests.devcluster.identities import GPUPACK_NAMESPACE
 
 from . import chart
 from .pods import busybox_pod, env_of, new_namespace, run_to_completion

@@ -14,8 +14,8 @@ from agent.main import Runner, create_app
 from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.simulated import SimulatedNvml
 from agent.settings import Settings
-from app.devcluster import wait_for
 from app.kube.calls import Request
+from tests.devcluster import wait_for
 
 
 def make_agent(sim: Path, send: Any = None) -> Agent:
