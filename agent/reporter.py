@@ -28,11 +28,13 @@ _log = log.get("gpupack.agent.reporter")
 Send = Callable[[Request], dict[str, Any]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReporterConfig:
-    heartbeat_s: int = gpunode.DEFAULT_HEARTBEAT_S  # status + node resources are written at least this often
-    min_interval_s: float = 5.0  # no two status writes closer than this, however much changes
-    memory_threshold_mib: int = 256  # a GPU's used memory must move this much to count as a change
+    """The reporter's cadence, from the agent's settings (their defaults are written there only)."""
+
+    heartbeat_s: int  # status + node resources are written at least this often
+    min_interval_s: float  # no two status writes closer than this, however much changes
+    memory_threshold_mib: int  # a GPU's used memory must move this much to count as a change
 
     @property
     def stale_after_s(self) -> int:
@@ -211,7 +213,7 @@ class Reporter:
 
     node: str
     send: Send
-    config: ReporterConfig = field(default_factory=ReporterConfig)
+    config: ReporterConfig
     on_write: Callable[[str, str], None] = lambda _kind, _outcome: None  # (kind, "ok"|"error")
     _spec: GPUNodeSpec | None = None  # last spec known to be stored
     _exists: bool = False

@@ -230,11 +230,11 @@ def child(root: Path) -> dict[str, Any]:
     from app import request
     from app.kube.assume import AssumeCache
     from app.kube.cache import ClusterCache
-    from app.kube.informers import InformerConfig
     from app.placement import registry
     from extender import verbs
+    from extender.config import Settings
     from extender.rankings import Rankings
-    from extender.runtime import informers, settle_heap
+    from extender.runtime import informer_config, informers, settle_heap
 
     imports_s = time.perf_counter() - t0
     rss_start = _rss_mib()
@@ -252,7 +252,7 @@ def child(root: Path) -> dict[str, Any]:
 
     cache = ClusterCache(AssumeCache(), heartbeat_timeout_s=1e9)
     t1 = time.perf_counter()
-    for informer in informers(Pages(), cache, InformerConfig()):  # as the extender wires them
+    for informer in informers(Pages(), cache, informer_config(Settings())):  # as the extender wires them
         informer.list_all()
     synced_s = time.perf_counter() - t1
     policy = registry.create("fragaware")

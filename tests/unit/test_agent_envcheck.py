@@ -140,7 +140,7 @@ def agent(tmp_path: Path, procs: Procs, kube: Kube) -> Agent:
     mps = MpsSupervisor(
         MpsConfig(binary=str(tmp_path / "none"), pipe_dir=tmp_path / "p", log_dir=tmp_path / "l")
     )
-    config = AgentConfig("n1", ReporterConfig(heartbeat_s=30, min_interval_s=5))
+    config = AgentConfig("n1", ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256))
     return Agent(config, nvml=sim, resolver=sim, mps=mps, send=kube.send, clock=lambda: 1.0e9, procs=procs)
 
 

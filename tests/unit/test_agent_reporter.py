@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from agent.reporter import Reporter, ReporterConfig, capacity_grew, significant_change
+from agent.main import reporter_config
+from agent.reporter import Reporter, capacity_grew, significant_change
+from agent.settings import Settings
 from app import names
 from app.errors import KubeError
 from app.kube import gpunode
@@ -65,7 +67,9 @@ def kube() -> FakeKube:
 
 
 def reporter(kube: FakeKube, **cfg: Any) -> Reporter:
-    return Reporter("n1", kube.send, ReporterConfig(**cfg))
+    """A reporter at the agent's default cadence (its settings), but for `cfg`."""
+    config = replace(reporter_config(Settings(node="n1")), **cfg)
+    return Reporter("n1", kube.send, config)
 
 
 NODE_STATUS = "PATCH /api/v1/nodes/n1/status"
