@@ -63,7 +63,10 @@ def build_spec(
                 memory_mib=g.memory_total_mib,
                 mig_enabled=g.mig_enabled,
                 mig_devices=tuple(
-                    MigDeviceSpec(m.uuid, m.mig_index, m.memory_total_mib, m.profile) for m in g.mig_devices
+                    MigDeviceSpec(
+                        uuid=m.uuid, index=m.mig_index, memory_mib=m.memory_total_mib, profile=m.profile
+                    )
+                    for m in g.mig_devices
                 ),
                 mps_capable=mps_capable and not g.mig_enabled,
             )
@@ -103,7 +106,8 @@ def _gpu_status(g: GpuSample, owners: Mapping[int, str], gpupack_pods: Collectio
         temperature_c=g.temperature_c,
         power_mw=g.power_mw,
         processes=tuple(
-            ProcessStatus(p.pid, owners.get(p.pid, ""), p.used_mib, p.mig_uuid) for p in g.processes
+            ProcessStatus(pid=p.pid, pod_uid=owners.get(p.pid, ""), used_mib=p.used_mib, mig_uuid=p.mig_uuid)
+            for p in g.processes
         ),
         foreign_memory_mib=foreign_mib(g, owners, gpupack_pods),
     )

@@ -7,6 +7,26 @@ from enum import StrEnum
 
 
 @dataclass(frozen=True, slots=True)
+class FieldError:
+    """One rule broken by one field of input a user or operator gave: a file, a flag, an object.
+
+    The one shape of such errors: where (`field`), what was there (`value`), and the rule it broke.
+    """
+
+    field: str  # where, as the user would find it: "pods[3].gpu", "--seeds", "status.gpus.0.index"
+    value: str  # as shown: strings quoted (so an empty one reads ''), numbers and lists as written
+    rule: str  # "must be a decimal in (0, 1]"
+
+    @classmethod
+    def of(cls, field: str, value: object, rule: str) -> FieldError:
+        """`value` shown as the user wrote it: repr() for a string, str() for anything else."""
+        return cls(field, repr(value) if isinstance(value, str) else str(value), rule)
+
+    def __str__(self) -> str:
+        return f"{self.field}={self.value}: {self.rule}"
+
+
+@dataclass(frozen=True, slots=True)
 class RequestError:
     """A pod annotation (or other user input) that breaks one rule."""
 

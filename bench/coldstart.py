@@ -70,9 +70,8 @@ def node_obj(name: str) -> dict[str, Any]:
 def gpunode_obj(name: str, beat: float) -> dict[str, Any]:
     spec, status = gpunode.idle(name, MODEL, GPUS, beat)
     return {
+        **gpunode.GPUNode.of(name, spec, status).wire(),
         "metadata": {"name": name, "resourceVersion": "1"},
-        "spec": spec.to_dict(),
-        "status": status.to_dict(),
     }
 
 

@@ -63,7 +63,7 @@ GPU_ENV: dict[str, Any] = {
 
 def gpunode_obj(name: str, beat: float) -> dict[str, Any]:
     spec, status = gpunode.idle(name, MODEL, GPUS, beat)
-    return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
+    return gpunode.GPUNode.of(name, spec, status).wire()
 
 
 def pod_obj(name: str, milli: int, node: str = "", alloc: Allocation | None = None) -> dict[str, Any]:
@@ -311,7 +311,7 @@ def throughput(n_pods: int, rounds: int, n_nodes: int) -> dict[str, Any]:
             kube = Kube.connect(str(cluster.kubeconfig))
             now = time.time()
             for n in nodes:
-                gn = gpunode.GPUNode.from_dict(gpunode_obj(n, now))
+                gn = gpunode.read(gpunode_obj(n, now))
                 assert gn.status is not None
                 kube.send(gpunode.create(n, gn.spec))
                 kube.send(gpunode.patch_status(n, gn.status))

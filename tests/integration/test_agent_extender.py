@@ -25,7 +25,7 @@ from podshapes import webhook_pod
 from simagents import SimAgents, write_sim
 
 from app import catalog, names
-from app.kube.gpunode import GPUNode
+from app.kube.gpunode import GPUNode, read
 from app.model import Allocation
 from tests.devcluster import (
     GPUPACK_NAMESPACE,
@@ -193,7 +193,7 @@ def gpunode(kube: Any, name: str) -> GPUNode | None:
         if exc.status == 404:
             return None
         raise
-    return GPUNode.from_dict(obj)
+    return read(obj)
 
 
 def gpu_row(url: str, node: str, index: int) -> dict[str, Any]:

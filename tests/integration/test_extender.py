@@ -129,18 +129,25 @@ def gpunode_body(name: str, gpus: int, beat: float, model: str = MODEL) -> dict[
     uuids = [f"GPU-{name}-{i}" for i in range(gpus)]
     spec = gpunode.GPUNodeSpec(
         node_name=name,
-        gpus=tuple(gpunode.GpuSpec(u, i, model, model, mem, mps_capable=True) for i, u in enumerate(uuids)),
+        gpus=tuple(
+            gpunode.GpuSpec(
+                uuid=u, index=i, model=model, product_name=model, memory_mib=mem, mps_capable=True
+            )
+            for i, u in enumerate(uuids)
+        ),
     )
     status = gpunode.GPUNodeStatus(
         heartbeat_time=beat,
-        gpus=tuple(gpunode.GpuStatus(u, i, True, memory_free_mib=mem) for i, u in enumerate(uuids)),
+        gpus=tuple(
+            gpunode.GpuStatus(uuid=u, index=i, healthy=True, memory_free_mib=mem) for i, u in enumerate(uuids)
+        ),
     )
-    return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
+    return gpunode.GPUNode.of(name, spec, status).wire()
 
 
 def create_gpunodes(kube: Kube, nodes: Sequence[str], gpus: int) -> None:
     for name in nodes:
-        body = gpunode.GPUNode.from_dict(gpunode_body(name, gpus, time.time()))
+        body = gpunode.read(gpunode_body(name, gpus, time.time()))
         assert body.status is not None
         kube.send(gpunode.create(name, body.spec))
         kube.send(gpunode.patch_status(name, body.status))
@@ -225,8 +232,8 @@ def predict(
     host = HostResources(int(NODE_CPU) * 1000, units.memory_mib(NODE_MEMORY).mib)
     state = ClusterState()
     for name in sorted(nodes, key=node_order_key):
-        gn = gpunode.GPUNode.from_dict(gpunode_body(name, gpus, beat=1.0))
-        node = gn.to_model_node(1.0)
+        gn = gpunode.read(gpunode_body(name, gpus, beat=1.0))
+        node = gn.to_model_node()
         state.nodes[name] = replace(node, cpu_milli_free=host.cpu_milli, memory_mib_free=host.memory_mib)
     pol = registry.create(policy)
     out: list[Allocation | None] = []

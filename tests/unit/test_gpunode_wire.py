@@ -100,7 +100,7 @@ def test_the_agent_writes_the_golden_gpunode(shape: str, tmp_path: Path, update_
 @pytest.mark.parametrize("shape", SHAPES)
 def test_a_served_gpunode_reads_and_writes_back_unchanged(shape: str) -> None:
     doc = json.loads((GOLDEN / f"{shape}.json").read_text())
-    node = gpunode.GPUNode.from_dict(doc)
+    node = gpunode.read(doc)
     assert (node.name, node.resource_version) == (shape, "48213")
     assert node.status is not None
     assert gpunode.patch_spec(shape, node.spec).body == {"spec": doc["spec"]}
