@@ -32,7 +32,7 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from app import catalog, names
-from app.errors import FieldError
+from app.errors import FieldError, InputError
 from app.kube import paths
 from app.kube.calls import MERGE_PATCH, Request, parse_time
 from app.model import MILLI_PER_GPU, Gpu, Node, mig_index
@@ -290,24 +290,28 @@ def read(obj: Mapping[str, Any]) -> GPUNode:
         raise GPUNodeError.of(obj, exc) from None
 
 
-class GPUNodeError(ValueError):
+class GPUNodeError(InputError):
     """A GPUNode object that does not fit its schema (the CRD normally keeps such objects out)."""
 
     def __init__(self, name: str, error: FieldError) -> None:
-        super().__init__(f"GPUNode {name or '(unnamed)'} does not fit its schema: {error}")
+        super().__init__([error], f"GPUNode {name or '(unnamed)'} does not fit its schema")
         self.name = name
-        self.error = error
+
+    @property
+    def error(self) -> FieldError:
+        return self.errors[0]
 
     @classmethod
     def of(cls, obj: Mapping[str, Any], exc: ValidationError) -> GPUNodeError:
+        """The first field pydantic found wrong (absent: value None), by its path in the object."""
         first = exc.errors(include_url=False)[0]
         meta = obj.get("metadata")
         name = meta.get("name") if isinstance(meta, Mapping) else None
         where = ".".join(str(p) for p in first["loc"])
         if first["type"] == "missing":
-            error = FieldError(where, "(absent)", "required")
+            error = FieldError(where, None, "is required")
         else:
-            error = FieldError.of(where, first.get("input"), first["msg"])
+            error = FieldError(where, first.get("input"), first["msg"])
         return cls(name if isinstance(name, str) else "", error)
 
 
