@@ -2,8 +2,8 @@
 
 Each service's settings dataclass is the one place its defaults are written: a field made with `setting()`
 carries its default and the sentence its flag's --help shows, and `add_flag()` declares the flag from it
-(argparse default and the "(default …)" in the help both read the field). The docs' flag tables and the
-chart's values are checked against the same fields (`flag_rows`).
+(argparse default and the "(default …)" in the help both read the field). `flag_rows` lists the flags with
+their defaults and sentences, for tables that must agree with them.
 """
 
 from __future__ import annotations
