@@ -9,13 +9,14 @@ import signal
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 from agent.settings import FLAGS, Settings
 from app import log, names
 from app.kube.calls import Request
-from app.settings import from_args
+from app.settings import add_flag, from_args
 
 _log = log.get("gpupack.agent")
 
@@ -35,44 +36,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     agent = sub.add_parser("agent", help="the node agent (DaemonSet on GPU nodes)")
     agent_sub = agent.add_subparsers(dest="agent_command", metavar="COMMAND", required=True)
     run = agent_sub.add_parser("run", help="report this node's GPUs, run MPS, verify containers")
-    run.add_argument(
-        "--node", default=os.environ.get("NODE_NAME", ""), help="node name (default: $NODE_NAME)"
-    )
-    run.add_argument(
-        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)"
-    )
-    run.add_argument("--sim", type=Path, default=None, help="simulated GPU set file instead of NVML")
-    run.add_argument(
-        "--sim-state", type=Path, default=None, help="simulated driver state dir (compute modes)"
-    )
-    run.add_argument("--heartbeat", type=duration, default=30.0, help="status heartbeat (default 30s)")
-    run.add_argument("--interval", type=duration, default=5.0, help="NVML sampling interval (default 5s)")
-    run.add_argument(
-        "--min-write-interval", type=duration, default=5.0, help="least time between status writes"
-    )
-    run.add_argument(
-        "--memory-threshold-mib", type=int, default=256, help="memory change that triggers a write"
-    )
-    run.add_argument("--host", default="0.0.0.0", help="address for /metrics and /healthz")
-    run.add_argument("--port", type=int, default=9400, help="port for /metrics and /healthz (0: none)")
-    run.add_argument("--proc-root", type=Path, default=Path("/proc"), help="the host's /proc, for pid → pod")
-    run.add_argument("--toolkit-config", type=Path, default=Path("/etc/nvidia-container-runtime/config.toml"))
-    run.add_argument(
-        "--evict-on-violation", action="store_true", help="evict pods off their GPU or over memory"
-    )
-    run.add_argument(
-        "--no-mps", dest="mps", action="store_false", help="no MPS (do not look for the MPS daemon pod)"
-    )
-    run.add_argument("--mps-binary", default="nvidia-cuda-mps-control", help="the control client")
-    run.add_argument("--mps-pipe-dir", type=Path, default=Path(names.MPS_PIPE_DIRECTORY))
-    run.add_argument(
-        "--mps-exclusive-process",
-        action="store_true",
-        help="keep MPS GPUs in EXCLUSIVE_PROCESS compute mode (an idle GPU is switched)",
-    )
-    run.add_argument("--mps-thread-percentage", type=int, default=100, help="daemon default active thread %%")
-    run.add_argument("--mps-pinned-mem-limit-mib", type=int, default=None, help="daemon default per device")
-    run.add_argument("--log-level", default="info")
+    flag = partial(add_flag, run, Settings, FLAGS)  # default and help from the Settings field
+    flag("node", default=os.environ.get("NODE_NAME", ""))
+    flag("kubeconfig")
+    flag("sim", type=Path)
+    flag("sim_state", type=Path)
+    flag("heartbeat_s", type=duration)
+    flag("interval_s", type=duration)
+    flag("min_write_interval_s", type=duration)
+    flag("memory_threshold_mib", type=int)
+    flag("host")
+    flag("port", type=int)
+    flag("proc_root", type=Path)
+    flag("toolkit_config", type=Path)
+    flag("evict_on_violation", action="store_true")
+    flag("mps", dest="mps", action="store_false")
+    flag("mps_binary")
+    flag("mps_pipe_dir", type=Path)
+    flag("mps_exclusive_process", action="store_true")
+    flag("mps_thread_percentage", type=int)
+    flag("mps_pinned_mem_limit_mib", type=int)
+    flag("log_level")
     run.set_defaults(func=run_command)
     prep = agent_sub.add_parser(
         "prepare-mps",

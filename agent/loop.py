@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent import envcheck, mpsprep, verify
@@ -37,7 +37,7 @@ class Procs(Protocol):
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     node: str
-    reporter: rep.ReporterConfig = field(default_factory=rep.ReporterConfig)
+    reporter: rep.ReporterConfig
     evict_on_violation: bool = False
     env_device_selection: str = "unknown"
     # The compute mode of the node's MPS GPUs (EXCLUSIVE_PROCESS: no process bypasses MPS); None: leave

@@ -37,17 +37,22 @@ def make_nvml(sim: Path | None, node: str, sim_state: Path | None = None) -> tup
     return PynvmlBackend(), None
 
 
+def reporter_config(settings: Settings) -> ReporterConfig:
+    """The reporter's cadence from the agent's settings (the heartbeat in whole seconds, as published)."""
+    return ReporterConfig(
+        heartbeat_s=max(1, round(settings.heartbeat_s)),
+        min_interval_s=settings.min_write_interval_s,
+        memory_threshold_mib=settings.memory_threshold_mib,
+    )
+
+
 def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: Callable[[], float]) -> Agent:
     """The agent for validated `settings`: NVML or a simulated set, the pid resolver, MPS, the reporter."""
     nvml, sim_resolver = make_nvml(settings.sim, settings.node, settings.sim_state)
     resolver: Resolver = sim_resolver or ProcResolver(settings.proc_root)
     config = AgentConfig(
         node=settings.node,
-        reporter=ReporterConfig(
-            heartbeat_s=max(1, round(settings.heartbeat_s)),
-            min_interval_s=settings.min_write_interval_s,
-            memory_threshold_mib=settings.memory_threshold_mib,
-        ),
+        reporter=reporter_config(settings),
         evict_on_violation=settings.evict_on_violation,
         env_device_selection=toolkit.read(None if settings.sim else settings.toolkit_config),
         mps_compute_mode=ComputeMode.EXCLUSIVE_PROCESS if settings.mps_exclusive_process else None,

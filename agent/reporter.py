@@ -28,11 +28,13 @@ _log = log.get("gpupack.agent.reporter")
 Send = Callable[[Request], dict[str, Any]]
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ReporterConfig:
-    heartbeat_s: int = gpunode.DEFAULT_HEARTBEAT_S  # status + node resources are written at least this often
-    min_interval_s: float = 5.0  # no two status writes closer than this, however much changes
-    memory_threshold_mib: int = 256  # a GPU's used memory must move this much to count as a change
+    """The reporter's cadence, from the agent's settings (their defaults are written there only)."""
+
+    heartbeat_s: int  # status + node resources are written at least this often
+    min_interval_s: float  # no two status writes closer than this, however much changes
+    memory_threshold_mib: int  # a GPU's used memory must move this much to count as a change
 
     @property
     def stale_after_s(self) -> int:
@@ -61,7 +63,10 @@ def build_spec(
                 memory_mib=g.memory_total_mib,
                 mig_enabled=g.mig_enabled,
                 mig_devices=tuple(
-                    MigDeviceSpec(m.uuid, m.mig_index, m.memory_total_mib, m.profile) for m in g.mig_devices
+                    MigDeviceSpec(
+                        uuid=m.uuid, index=m.mig_index, memory_mib=m.memory_total_mib, profile=m.profile
+                    )
+                    for m in g.mig_devices
                 ),
                 mps_capable=mps_capable and not g.mig_enabled,
             )
@@ -101,7 +106,8 @@ def _gpu_status(g: GpuSample, owners: Mapping[int, str], gpupack_pods: Collectio
         temperature_c=g.temperature_c,
         power_mw=g.power_mw,
         processes=tuple(
-            ProcessStatus(p.pid, owners.get(p.pid, ""), p.used_mib, p.mig_uuid) for p in g.processes
+            ProcessStatus(pid=p.pid, pod_uid=owners.get(p.pid, ""), used_mib=p.used_mib, mig_uuid=p.mig_uuid)
+            for p in g.processes
         ),
         foreign_memory_mib=foreign_mib(g, owners, gpupack_pods),
     )
@@ -211,7 +217,7 @@ class Reporter:
 
     node: str
     send: Send
-    config: ReporterConfig = field(default_factory=ReporterConfig)
+    config: ReporterConfig
     on_write: Callable[[str, str], None] = lambda _kind, _outcome: None  # (kind, "ok"|"error")
     _spec: GPUNodeSpec | None = None  # last spec known to be stored
     _exists: bool = False

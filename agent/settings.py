@@ -7,7 +7,7 @@ from pathlib import Path
 
 from app import names
 from app.errors import SettingError
-from app.settings import Checker
+from app.settings import Checker, setting
 
 # Settings fields whose flag is not just the field name in kebab case.
 FLAGS = {
@@ -20,28 +20,36 @@ FLAGS = {
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    node: str  # this node's name (the agent writes only its Node and GPUNode)
-    kubeconfig: str | None = None  # None: in-cluster, then ~/.kube/config
-    sim: Path | None = None  # a simulated GPU set file instead of NVML
-    sim_state: Path | None = (
-        None  # the simulated driver's state (compute modes), shared with the MPS daemon pod
+    node: str = setting(
+        help="node name (the agent writes only its Node and GPUNode)", shown="$NODE_NAME", required=True
     )
-    heartbeat_s: float = 30.0  # status heartbeat
-    interval_s: float = 5.0  # NVML sampling interval
-    min_write_interval_s: float = 5.0  # least time between status writes
-    memory_threshold_mib: int = 256  # memory change that triggers a write
-    host: str = "0.0.0.0"  # address of /metrics and /healthz
-    port: int = 9400  # port of /metrics and /healthz; 0: none
-    proc_root: Path = Path("/proc")  # the host's /proc, for pid → pod
-    toolkit_config: Path = Path("/etc/nvidia-container-runtime/config.toml")
-    evict_on_violation: bool = False  # evict pods off their GPU or over memory
-    mps: bool = True  # run the MPS control daemon
-    mps_binary: str = "nvidia-cuda-mps-control"
-    mps_pipe_dir: Path = Path(names.MPS_PIPE_DIRECTORY)
-    mps_exclusive_process: bool = False  # keep MPS GPUs in EXCLUSIVE_PROCESS (switching only idle ones)
-    mps_thread_percentage: int = 100  # the daemon's default active thread percentage
-    mps_pinned_mem_limit_mib: int | None = None  # the daemon's default per device
-    log_level: str = "info"
+    kubeconfig: str | None = setting(None, "kubeconfig file", shown="in-cluster, then ~/.kube/config")
+    sim: Path | None = setting(None, "simulated GPU set file instead of NVML")
+    sim_state: Path | None = setting(
+        None, "the simulated driver's state dir (compute modes), shared with the MPS daemon pod"
+    )
+    heartbeat_s: float = setting(30.0, "status heartbeat", unit="s")
+    interval_s: float = setting(5.0, "NVML sampling interval", unit="s")
+    min_write_interval_s: float = setting(5.0, "least time between status writes", unit="s")
+    memory_threshold_mib: int = setting(256, "a GPU's used memory must move this many MiB to trigger a write")
+    host: str = setting("0.0.0.0", "address of /metrics and /healthz")
+    port: int = setting(9400, "port of /metrics and /healthz; 0: none")
+    proc_root: Path = setting(Path("/proc"), "the host's /proc, for pid → pod")
+    toolkit_config: Path = setting(
+        Path("/etc/nvidia-container-runtime/config.toml"), "the NVIDIA container toolkit's config file"
+    )
+    evict_on_violation: bool = setting(False, "evict pods off their GPU or over memory")
+    mps: bool = setting(True, "no MPS (do not look for the MPS daemon pod)")  # its flag is --no-mps
+    mps_binary: str = setting("nvidia-cuda-mps-control", "the MPS control client's executable")
+    mps_pipe_dir: Path = setting(Path(names.MPS_PIPE_DIRECTORY), "the MPS daemon's pipe directory")
+    mps_exclusive_process: bool = setting(
+        False, "keep MPS GPUs in EXCLUSIVE_PROCESS compute mode (an idle GPU is switched)"
+    )
+    mps_thread_percentage: int = setting(100, "the MPS daemon's default active thread percentage")
+    mps_pinned_mem_limit_mib: int | None = setting(
+        None, "the MPS daemon's default pinned memory limit per device, MiB"
+    )
+    log_level: str = setting("info", "log level: debug, info, warning, error")
 
     @property
     def max_step_age_s(self) -> float:

@@ -2,20 +2,40 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
 
 @dataclass(frozen=True, slots=True)
-class RequestError:
-    """A pod annotation (or other user input) that breaks one rule."""
+class FieldError:
+    """One rule broken by one field of input a user or operator gave: a file, a flag, an object, a pod.
 
-    field: str  # annotation key, e.g. "gpu-fraction"
-    value: str  # exactly as the user wrote it
+    The one shape of such errors: where (`field`), what was there (`value`, as given), and the rule it
+    broke; printed as `field=value: rule` with the value in Python's notation, so '' and ' 1' show.
+    """
+
+    field: str  # where, as the user would find it: "gpu-fraction", "--seeds", "gpus[2].memory_mib"
+    value: object  # exactly as given (None: absent)
     rule: str  # "must be a decimal in (0, 1] with at most 2 decimals"
 
     def __str__(self) -> str:
         return f"{self.field}={self.value!r}: {self.rule}"
+
+
+@dataclass(frozen=True, slots=True)
+class RequestError(FieldError):
+    """A pod annotation (or other part of a pod) that breaks one rule; its value is the annotation's text."""
+
+
+class InputError(ValueError):
+    """Input that breaks rules, with every FieldError in the order found; `source` says whose fields."""
+
+    def __init__(self, errors: Sequence[FieldError], source: str = "") -> None:
+        self.errors = tuple(errors)
+        self.source = source
+        text = "; ".join(map(str, self.errors))
+        super().__init__(f"{source}: {text}" if source else text)
 
 
 @dataclass(frozen=True, slots=True)

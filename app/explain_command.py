@@ -8,8 +8,8 @@ import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from app import explain
-from app.errors import KubeError
+from app import explain, names
+from app.errors import FieldError, KubeError
 from app.kube import snapshot
 from app.kube.client import Kube
 from app.model import MILLI_PER_GPU, Demand
@@ -113,10 +113,8 @@ def run(args: argparse.Namespace) -> int:
         None,
     )
     if pod is None:
-        print(
-            f"gpupack explain: pod {args.pod!r} is not a gpupack pod (label gpupack.io/managed)",
-            file=sys.stderr,
-        )
+        rule = f"must name a gpupack pod (label {names.LABEL_MANAGED})"
+        print(f"gpupack explain: {FieldError('POD', args.pod, rule)}", file=sys.stderr)
         return 1
     info = pod_info(pod)
     cache = snap.cache(args.heartbeat_timeout)

@@ -7,7 +7,7 @@ import sys
 from collections.abc import Collection, Mapping, Sequence
 
 from app import names, quota
-from app.errors import KubeError
+from app.errors import FieldError, KubeError
 from app.fragmentation import fragmented_milli, typical_milli
 from app.kube import paths, snapshot
 from app.kube.cache import ClusterCache
@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
     state = cache.snapshot()
     unknown = sorted(set(args.node or ()) - set(state.nodes))
     if unknown:
-        print(f"gpupack top: --node={unknown[0]!r}: no GPUNode of that name", file=sys.stderr)
+        print(f"gpupack top: {FieldError('--node', unknown[0], 'must name a GPUNode')}", file=sys.stderr)
         return 1
     print(
         render(

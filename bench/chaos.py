@@ -1,8 +1,8 @@
 """Is a GPU share ever handed out twice or forgotten while the control plane is broken on purpose?
 
-A real local control plane (app.devcluster: etcd, kube-apiserver, kube-scheduler, kwok) with N kwok GPU
+A real local control plane (tests.devcluster: etcd, kube-apiserver, kube-scheduler, kwok) with N kwok GPU
 nodes, our webhook (registered with the apiserver) and two extender replicas behind the fault points of
-app.devcluster.faults.ExtenderRig. Pods of mixed shapes (0.25 / 0.5 / 0.3 / 1.0 of a GPU, gpu-memory 8Gi,
+tests.devcluster.faults.ExtenderRig. Pods of mixed shapes (0.25 / 0.5 / 0.3 / 1.0 of a GPU, gpu-memory 8Gi,
 0.5 on each of 2 GPUs) are created as users write them (annotations only: the webhook mutates them) at a
 steady rate, while fault rounds are injected, one kind after another:
   sever       the extenders' connections to the apiserver are reset and refused for 3 s
@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app import names  # noqa: E402
-from app.devcluster import Cluster, WaitTimeoutError, ensure_binaries, wait_for  # noqa: E402
-from app.devcluster.faults import ExtenderRig, audit, publish_gpunodes  # noqa: E402
+from tests.devcluster import Cluster, WaitTimeoutError, ensure_binaries, wait_for  # noqa: E402
+from tests.devcluster.faults import ExtenderRig, audit, publish_gpunodes  # noqa: E402
 
 MODEL = "A100-40GB"
 GPUS = 8
@@ -276,7 +276,7 @@ def scheduler_bind_timeouts(cluster: Cluster) -> int:
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from kubernetes import client
 
-    from app.devcluster.addons import WEBHOOK, Components, Definitions, webhook_spec
+    from tests.devcluster.addons import WEBHOOK, Components, Definitions, webhook_spec
 
     bins = ensure_binaries()
     with tempfile.TemporaryDirectory(prefix="gpupack-chaos-") as tmp:

@@ -70,9 +70,8 @@ def node_obj(name: str) -> dict[str, Any]:
 def gpunode_obj(name: str, beat: float) -> dict[str, Any]:
     spec, status = gpunode.idle(name, MODEL, GPUS, beat)
     return {
+        **gpunode.GPUNode.of(name, spec, status).wire(),
         "metadata": {"name": name, "resourceVersion": "1"},
-        "spec": spec.to_dict(),
-        "status": status.to_dict(),
     }
 
 
@@ -230,11 +229,11 @@ def child(root: Path) -> dict[str, Any]:
     from app import podview, request
     from app.kube.assume import AssumeCache
     from app.kube.cache import ClusterCache
-    from app.kube.informers import InformerConfig
     from app.placement import registry
     from extender import verbs
+    from extender.config import Settings
     from extender.rankings import Rankings
-    from extender.runtime import informers, settle_heap
+    from extender.runtime import informer_config, informers, settle_heap
 
     imports_s = time.perf_counter() - t0
     rss_start = _rss_mib()
@@ -252,7 +251,7 @@ def child(root: Path) -> dict[str, Any]:
 
     cache = ClusterCache(AssumeCache(), heartbeat_timeout_s=1e9)
     t1 = time.perf_counter()
-    for informer in informers(Pages(), cache, InformerConfig()):  # as the extender wires them
+    for informer in informers(Pages(), cache, informer_config(Settings())):  # as the extender wires them
         informer.list_all()
     synced_s = time.perf_counter() - t1
     policy = registry.create("fragaware")

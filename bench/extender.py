@@ -10,7 +10,7 @@ clock starts (kube-scheduler encodes in Go: Python's json.dumps of 5 000 names, 
 extender's cost); the server and this client share the process, so their CPU still competes. Next to
 the wall clock, the process's CPU time over the same warm calls: the cost without the waits for a
 shared CPU.
-Part 2 (real control plane, app.devcluster): the same kwok cluster and kube-scheduler; a burst of plain
+Part 2 (real control plane, tests.devcluster): the same kwok cluster and kube-scheduler; a burst of plain
 pods (the extender is not called), then a burst of gpupack pods (filter, prioritize and bind through our
 extender process), alternating rounds; pods/s = pods / (create of the first .. last one bound).
 
@@ -63,7 +63,7 @@ GPU_ENV: dict[str, Any] = {
 
 def gpunode_obj(name: str, beat: float) -> dict[str, Any]:
     spec, status = gpunode.idle(name, MODEL, GPUS, beat)
-    return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
+    return gpunode.GPUNode.of(name, spec, status).wire()
 
 
 def pod_obj(name: str, milli: int, node: str = "", alloc: Allocation | None = None) -> dict[str, Any]:
@@ -284,8 +284,8 @@ def throughput(n_pods: int, rounds: int, n_nodes: int) -> dict[str, Any]:
     import yaml
     from kubernetes import client
 
-    from app.devcluster import Cluster, ComponentSpec, HealthCheck, ensure_binaries, wait_for
     from app.kube.client import Kube
+    from tests.devcluster import Cluster, ComponentSpec, HealthCheck, ensure_binaries, wait_for
 
     bins = ensure_binaries()
     with tempfile.TemporaryDirectory(prefix="gpupack-bench-") as tmp:
@@ -312,7 +312,7 @@ def throughput(n_pods: int, rounds: int, n_nodes: int) -> dict[str, Any]:
             kube = Kube.connect(str(cluster.kubeconfig))
             now = time.time()
             for n in nodes:
-                gn = gpunode.GPUNode.from_dict(gpunode_obj(n, now))
+                gn = gpunode.read(gpunode_obj(n, now))
                 assert gn.status is not None
                 kube.send(gpunode.create(n, gn.spec))
                 kube.send(gpunode.patch_status(n, gn.status))
@@ -356,7 +356,7 @@ def throughput(n_pods: int, rounds: int, n_nodes: int) -> dict[str, Any]:
 
 def _burst(core: Any, ns: str, n: int, gpu: bool) -> float:
     """Create `n` pods as fast as possible; pods/s from the first create to the last one bound."""
-    from app.devcluster import wait_for
+    from tests.devcluster import wait_for
 
     t0 = time.perf_counter()
     for i in range(n):

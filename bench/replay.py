@@ -35,8 +35,14 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from app import catalog, names  # noqa: E402
-from app.devcluster import Cluster, ensure_binaries, node_body, wait_for  # noqa: E402
-from app.devcluster.addons import (  # noqa: E402
+from app.kube import gpunode  # noqa: E402
+from app.kube.client import Kube  # noqa: E402
+from app.model import MILLI_PER_GPU, Allocation, Demand, Gpu, Node  # noqa: E402
+from app.placement import default_workload, registry  # noqa: E402
+from app.sim.engine import replay  # noqa: E402
+from app.sim.loader import TracePod, load_pods  # noqa: E402
+from tests.devcluster import Cluster, ensure_binaries, node_body, wait_for  # noqa: E402
+from tests.devcluster.addons import (  # noqa: E402
     CRD_RELPATH,
     EXTENDER,
     MANIFEST_RELPATH,
@@ -48,13 +54,7 @@ from app.devcluster.addons import (  # noqa: E402
     rbac_objects,
     webhook_spec,
 )
-from app.devcluster.nodes import wait_for_ready_nodes  # noqa: E402
-from app.kube import gpunode  # noqa: E402
-from app.kube.client import Kube  # noqa: E402
-from app.model import MILLI_PER_GPU, Allocation, Demand, Gpu, Node  # noqa: E402
-from app.placement import default_workload, registry  # noqa: E402
-from app.sim.engine import replay  # noqa: E402
-from app.sim.loader import TracePod, load_pods  # noqa: E402
+from tests.devcluster.nodes import wait_for_ready_nodes  # noqa: E402
 
 TRACES = REPO.parent / "shared" / "traces"
 NAMESPACE = "replay"

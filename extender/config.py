@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from app.errors import SettingError
 from app.placement import DEFAULT_POLICY, registry
-from app.settings import Checker
+from app.settings import Checker, setting
 
 # Settings fields whose flag is not just the field name in kebab case.
 FLAGS = {
@@ -20,41 +20,65 @@ FLAGS = {
     "heartbeat_timeout_s": "--heartbeat-timeout",
     "watch_timeout_s": "--watch-timeout",
     "live_within_s": "--live-within",
+    "decide_in_filter": "--no-decide-in-filter",
 }
 
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    kubeconfig: str | None = None
-    host: str = "0.0.0.0"
-    port: int = 8888  # HTTPS, client certificate required: filter, prioritize, bind, state, explain
-    ops_port: int = 8889  # plain HTTP for probes and Prometheus: healthz, readyz, metrics only
+    kubeconfig: str | None = setting(None, "kubeconfig file", shown="in-cluster, then ~/.kube/config")
+    host: str = setting("0.0.0.0", "listen address of both ports")
+    port: int = setting(
+        8888,
+        "HTTPS port for kube-scheduler (client certificate required): filter, prioritize, bind, state and "
+        "explain",
+    )
+    ops_port: int = setting(
+        8889, "plain HTTP port with only healthz, readyz, metrics, for probes and Prometheus"
+    )
     # Mutual TLS with kube-scheduler: the serving pair and the CA that signs the scheduler's client cert.
-    tls_cert_file: str | None = None
-    tls_key_file: str | None = None
-    client_ca_file: str | None = None
-    cert_check_interval_s: float = 1.0  # how often the three files are checked for a rotation
-    policy: str = DEFAULT_POLICY
+    tls_cert_file: str | None = setting(None, "PEM serving certificate of --port (reloaded when it changes)")
+    tls_key_file: str | None = setting(None, "PEM private key of --tls-cert")
+    client_ca_file: str | None = setting(
+        None,
+        "PEM CA bundle: a caller of --port must present a client certificate signed by it "
+        "(kube-scheduler's extender tlsConfig certFile/keyFile)",
+    )
+    cert_check_interval_s: float = setting(1.0, "seconds between checks of the TLS files for a rotation")
+    policy: str = setting(DEFAULT_POLICY, f"placement policy: {', '.join(registry.names())}")
     # Filter keeps only the node the policy would pick, so kube-scheduler's own scoring cannot move a
     # pod off it and the cluster packs exactly as `gpupack simulate` predicts. Off: filter keeps every
     # fitting node and the policy only votes through prioritize.
-    decide_in_filter: bool = True
-    lease_namespace: str = "gpupack-system"
-    lease_name: str = "gpupack-extender"
-    identity: str = field(
-        default_factory=lambda: os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}"
+    decide_in_filter: bool = setting(
+        True, "let every fitting node pass filter and only rank them in prioritize"
+    )  # its flag is --no-decide-in-filter
+    lease_namespace: str = setting("gpupack-system", "namespace of the leader-election Lease")
+    lease_name: str = setting("gpupack-extender", "name of the leader-election Lease")
+    identity: str = setting(
+        help="leader-election identity",
+        shown="$POD_NAME, else host-pid",
+        factory=lambda: os.environ.get("POD_NAME") or f"{socket.gethostname()}-{os.getpid()}",
     )
-    lease_duration_s: int = 15
+    lease_duration_s: int = setting(15, "lease duration, seconds")
+    # Renew deadline and retry period follow the lease duration (extender.command.settings_from).
     renew_deadline_s: float = 10.0
     retry_period_s: float = 2.0
-    heartbeat_timeout_s: float | None = None  # None: each GPUNode's own status.staleAfterSeconds
+    heartbeat_timeout_s: float | None = setting(
+        None,
+        "treat a GPUNode whose heartbeat is older than this many seconds as unschedulable",
+        shown="the agent's own status.staleAfterSeconds",
+    )
     assume_ttl_s: float = 120.0
     resync_s: float = 600.0
-    watch_timeout_s: int = 45  # server-side timeoutSeconds of each watch call
+    watch_timeout_s: int = setting(45, "server-side timeout of each watch call, seconds")
     # Not Ready once an informer's view has not been proven live (list, event, clean watch end) for
     # this long. Shorter than assume_ttl_s, so a hold cannot expire while a stale view still serves.
-    live_within_s: float = 60.0
-    log_level: str = "info"
+    live_within_s: float = setting(
+        60.0,
+        "report not ready when the cluster view has not been proven live for this many seconds "
+        "(must exceed --watch-timeout)",
+    )
+    log_level: str = setting("info", "log level: debug, info, warning, error")
 
     def validate(self) -> list[SettingError]:
         check = Checker(FLAGS)

@@ -54,6 +54,16 @@ def gauges_of(rt: Runtime) -> ExtenderGauges:
     return stats.gauges(cache.snapshot(), cache.allocations(), pending, rt.is_leader(), rt.quotas.uses())
 
 
+def informer_config(settings: Settings) -> InformerConfig:
+    """The informers' timing from the extender's settings."""
+    return InformerConfig(
+        resync_s=settings.resync_s,
+        watch_timeout_s=settings.watch_timeout_s,
+        live_within_s=settings.live_within_s,
+        stuck_after_s=max(300.0, 3 * settings.live_within_s),
+    )
+
+
 def informers(
     kube: KubeApi, cache: ClusterCache, cfg: InformerConfig, clock: Callable[[], float] = time.monotonic
 ) -> tuple[Informer, Informer, Informer]:
@@ -119,12 +129,7 @@ class KubeRuntime:
         self.cache = ClusterCache(AssumeCache(settings.assume_ttl_s), settings.heartbeat_timeout_s)
         self.policy: Policy = registry.create(settings.policy)
         self.rankings = Rankings(self.cache, self.policy)
-        cfg = InformerConfig(
-            resync_s=settings.resync_s,
-            watch_timeout_s=settings.watch_timeout_s,
-            live_within_s=settings.live_within_s,
-            stuck_after_s=max(300.0, 3 * settings.live_within_s),
-        )
+        cfg = informer_config(settings)
         self.informers = informers(kube, self.cache, cfg, clock)
         # Namespaces' ResourceQuotas, for the quota gauges only: observability, so neither readiness nor
         # liveness waits for it, and an install without RBAC on resourcequotas still schedules.

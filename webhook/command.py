@@ -6,11 +6,12 @@ import argparse
 import ipaddress
 import socket
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-from app import certs, log, names
-from app.settings import from_args
+from app import certs, log
+from app.settings import add_flag, default_of, from_args
 from webhook.settings import FLAGS, Settings
 
 # Idle keep-alive connections are kept longer than the apiserver keeps them (client-go's transport closes
@@ -23,30 +24,17 @@ def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, henc
     webhook = sub.add_parser("webhook", help="the mutating admission webhook")
     webhook_sub = webhook.add_subparsers(dest="webhook_command", metavar="COMMAND", required=True)
     serve = webhook_sub.add_parser("serve", help="serve /mutate, /healthz, /readyz, /metrics over HTTPS")
-    serve.add_argument("--cert", required=True, help="PEM serving certificate (reloaded when it changes)")
-    serve.add_argument("--key", required=True, help="PEM private key of the certificate")
-    serve.add_argument("--host", default="0.0.0.0", help="address to listen on (default: all)")
-    serve.add_argument("--port", type=int, default=8443)
-    serve.add_argument("--scheduler-name", default=None, help="set spec.schedulerName on GPU pods")
-    serve.add_argument(
-        "--mps-pipe-host-dir", default=None, help="host dir of the MPS pipe (default /tmp/nvidia-mps)"
-    )
-    serve.add_argument(
-        "--hami-takeover",
-        action="store_true",
-        help="rewrite pods that ask for HAMi's nvidia.com/gpumem, gpumem-percentage or gpucores into a "
-        "gpupack GPU share (the webhook configuration's matchConditions must send them too)",
-    )
-    serve.add_argument(
-        "--cert-check-interval", type=float, default=1.0, help="seconds between cert file checks"
-    )
-    serve.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="worker processes answering on the port (about one per CPU the pod may use; default 1)",
-    )
-    serve.add_argument("--log-level", default="info")
+    flag = partial(add_flag, serve, Settings, FLAGS)  # default and help from the Settings field
+    flag("cert_file", required=True)
+    flag("key_file", required=True)
+    flag("host")
+    flag("port", type=int)
+    flag("scheduler_name")
+    flag("mps_pipe_host_dir")
+    flag("hami_takeover", action="store_true")
+    flag("cert_check_interval_s", type=float)
+    flag("workers", type=int)
+    flag("log_level")
     serve.set_defaults(func=_serve)
 
     gen = sub.add_parser("certs", help="make a CA and a webhook serving certificate; print the caBundle")
@@ -73,7 +61,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         args,
         FLAGS,
         scheduler_name=args.scheduler_name or None,
-        mps_pipe_host_dir=args.mps_pipe_host_dir or names.MPS_PIPE_DIRECTORY,
+        mps_pipe_host_dir=args.mps_pipe_host_dir or default_of(Settings, "mps_pipe_host_dir"),
     )
 
 

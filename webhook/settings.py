@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from app import names
 from app.errors import SettingError
-from app.settings import Checker
+from app.settings import Checker, setting
 
 # Settings fields whose flag is not just the field name in kebab case.
 FLAGS = {"cert_file": "--cert", "key_file": "--key", "cert_check_interval_s": "--cert-check-interval"}
@@ -21,21 +21,26 @@ _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-
 
 @dataclass(frozen=True, slots=True)
 class Settings:
-    scheduler_name: str | None = None  # set spec.schedulerName on GPU pods only when configured
-    mps_pipe_host_dir: str = names.MPS_PIPE_DIRECTORY  # host dir of the node's MPS control daemon
+    # Set spec.schedulerName on GPU pods only when configured.
+    scheduler_name: str | None = setting(None, "set spec.schedulerName on GPU pods")
+    mps_pipe_host_dir: str = setting(names.MPS_PIPE_DIRECTORY, "host dir of the node's MPS daemon pipe")
     # Rewrite pods asking for HAMi's nvidia.com/gpumem, gpumem-percentage or gpucores into a gpupack share
     # (webhook.hami); off by default: such pods are then left alone, for HAMi or the device plugin.
-    hami_takeover: bool = False
+    hami_takeover: bool = setting(
+        False,
+        "rewrite pods that ask for HAMi's nvidia.com/gpumem, gpumem-percentage or gpucores into a gpupack "
+        "GPU share (the webhook configuration's matchConditions must send them too)",
+    )
     # Serving: HTTPS with a certificate that is reloaded when its files change.
-    cert_file: str | None = None  # None: an app without TLS (tests); `serve` requires both files
-    key_file: str | None = None
-    host: str = "0.0.0.0"
-    port: int = 8443
-    cert_check_interval_s: float = 1.0
+    cert_file: str | None = setting(None, "PEM serving certificate (reloaded when it changes)")
+    key_file: str | None = setting(None, "PEM private key of the certificate")  # None: no TLS (tests)
+    host: str = setting("0.0.0.0", "address to listen on")
+    port: int = setting(8443, "HTTPS port of /mutate, /healthz, /readyz, /metrics")
+    cert_check_interval_s: float = setting(1.0, "seconds between cert file checks")
     # Worker processes on the one port (webhook.workers): reviews are stateless, so N answer like one,
     # N times as fast on N CPUs; /metrics then sums every worker's series.
-    workers: int = 1
-    log_level: str = "info"
+    workers: int = setting(1, "worker processes answering on the port, about one per CPU the pod may use")
+    log_level: str = setting("info", "log level: debug, info, warning, error")
 
     def validate(self) -> list[SettingError]:
         check = Checker(FLAGS)

@@ -15,18 +15,23 @@ import yaml
 
 from agent.nvml.base import ComputeMode, NvmlCode
 from app import catalog
-from app.errors import RequestError
+from app.errors import FieldError, InputError
 
 QUERIES = ("power", "temperature", "ecc", "utilization")
 _UUID_NS = uuidlib.UUID("6f1d3c52-2b7e-4d0a-9a51-1f0c7d6b9e10")  # fixed, so simulated UUIDs are stable
 
 
-class SimFileError(ValueError):
+class SimFileError(InputError):
     """A simulated GPU set file that breaks one or more rules; lists every broken field."""
 
-    def __init__(self, source: str, errors: list[RequestError]) -> None:
-        super().__init__(f"{source}: " + "; ".join(str(e) for e in errors))
-        self.errors = errors
+    def __init__(self, source: str, errors: list[FieldError]) -> None:
+        super().__init__(errors, source)
+
+
+def _brief(value: Any) -> Any:
+    """A value for an error message: itself, or the start of its repr() when that is long (a whole list)."""
+    text = repr(value)
+    return value if len(text) <= 40 else text[:39] + "…"
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,17 +114,17 @@ def load(path: Path, node: str = "") -> SimSet:
         raw = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
         raise SimFileError(
-            str(path), [RequestError("(file)", "", f"is not valid YAML/JSON: {exc}")]
+            str(path), [FieldError("(file)", str(path), f"must be valid YAML or JSON: {exc}")]
         ) from None
     return parse(raw, str(path), node)
 
 
 def parse(raw: Any, source: str, node: str = "") -> SimSet:
     """A SimSet from decoded YAML; `node` seeds default UUIDs so each node's GPUs differ."""
-    errors: list[RequestError] = []
+    errors: list[FieldError] = []
     if not isinstance(raw, dict):
         raise SimFileError(
-            source, [RequestError("(file)", repr(raw)[:40], "must be a mapping with a `gpus` list")]
+            source, [FieldError("(file)", _brief(raw), "must be a mapping with a `gpus` list")]
         )
     init_error: NvmlCode | None = None
     raw_init = raw.get("init_error")
@@ -127,11 +132,11 @@ def parse(raw: Any, source: str, node: str = "") -> SimSet:
         try:
             init_error = NvmlCode(raw_init)
         except ValueError:
-            errors.append(RequestError("init_error", str(raw_init), "must be an NVML_ERROR_* code name"))
+            errors.append(FieldError("init_error", raw_init, "must be an NVML_ERROR_* code name"))
     gpus_raw = raw.get("gpus")
     gpus: list[SimGpu] = []
     if not isinstance(gpus_raw, list):
-        errors.append(RequestError("gpus", repr(gpus_raw), "must be a list"))
+        errors.append(FieldError("gpus", _brief(gpus_raw), "must be a list"))
     else:
         for i, g in enumerate(gpus_raw):
             gpu = _gpu(g, f"gpus[{i}]", node, i, errors)
@@ -139,13 +144,13 @@ def parse(raw: Any, source: str, node: str = "") -> SimSet:
                 gpus.append(gpu)
     uuids = [g.uuid for g in gpus]
     if len(set(uuids)) != len(uuids):
-        errors.append(RequestError("gpus[].uuid", ",".join(uuids), "must be unique"))
+        errors.append(FieldError("gpus[].uuid", ",".join(uuids), "must be unique"))
     pids = [p for g in gpus for p in _pids(g)]
     if len(set(pids)) != len(pids):
-        errors.append(RequestError("gpus[].processes[].pid", ",".join(map(str, pids)), "must be unique"))
+        errors.append(FieldError("gpus[].processes[].pid", ",".join(map(str, pids)), "must be unique"))
     extra = set(raw) - {"gpus", "driver_version", "init_error", "_comment"}
     for key in sorted(extra):
-        errors.append(RequestError(key, "", "is not a known field"))
+        errors.append(FieldError(key, _brief(raw[key]), "is not a known field"))
     if errors:
         raise SimFileError(source, errors)
     return SimSet(
@@ -185,47 +190,45 @@ def _int(
     default: int,
     bounds: tuple[int, int],
     *,
-    errors: list[RequestError],
+    errors: list[FieldError],
 ) -> int:
     lo, hi = bounds
     v: object = d.get(key, default)
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        errors.append(RequestError(f"{path}.{key}", repr(v), f"must be an integer in [{lo}, {hi}]"))
+        errors.append(FieldError(f"{path}.{key}", v, f"must be an integer in [{lo}, {hi}]"))
         return default
     return v
 
 
-def _gpu(g: Any, path: str, node: str, index: int, errors: list[RequestError]) -> SimGpu | None:
+def _gpu(g: Any, path: str, node: str, index: int, errors: list[FieldError]) -> SimGpu | None:
     if not isinstance(g, dict):
-        errors.append(RequestError(path, repr(g), "must be a mapping"))
+        errors.append(FieldError(path, _brief(g), "must be a mapping"))
         return None
     for key in sorted(set(g) - _GPU_FIELDS):
-        errors.append(RequestError(f"{path}.{key}", "", "is not a known field"))
+        errors.append(FieldError(f"{path}.{key}", _brief(g[key]), "is not a known field"))
     try:
         model = catalog.lookup(str(g.get("model", "")))
     except KeyError as exc:
-        errors.append(RequestError(f"{path}.model", str(g.get("model", "")), str(exc.args[0])))
+        errors.append(FieldError(f"{path}.model", g.get("model"), str(exc.args[0])))
         return None
     behaviour = model_behaviour().get(model.name, {})
     uuid = str(g.get("uuid") or f"GPU-{uuidlib.uuid5(_UUID_NS, f'{node}/{index}')}")
     if not uuid.startswith("GPU-"):
-        errors.append(RequestError(f"{path}.uuid", uuid, "must start with 'GPU-' as NVML UUIDs do"))
+        errors.append(FieldError(f"{path}.uuid", uuid, "must start with 'GPU-' as NVML UUIDs do"))
     memory = _int(g, "memory_mib", path, model.memory_mib, (1, 1 << 22), errors=errors)
     ns_raw = g.get("not_supported", [])
     if not isinstance(ns_raw, list) or any(q not in QUERIES for q in ns_raw):
-        errors.append(
-            RequestError(f"{path}.not_supported", repr(ns_raw), f"must be a list of {', '.join(QUERIES)}")
-        )
+        errors.append(FieldError(f"{path}.not_supported", ns_raw, f"must be a list of {', '.join(QUERIES)}"))
         ns_raw = []
     xids = g.get("xids", [])
     if not isinstance(xids, list) or not all(
         isinstance(x, int) and not isinstance(x, bool) and x > 0 for x in xids
     ):
-        errors.append(RequestError(f"{path}.xids", repr(xids), "must be a list of positive XID numbers"))
+        errors.append(FieldError(f"{path}.xids", xids, "must be a list of positive XID numbers"))
         xids = []
     lost = g.get("lost", False)
     if not isinstance(lost, bool):
-        errors.append(RequestError(f"{path}.lost", repr(lost), "must be true or false"))
+        errors.append(FieldError(f"{path}.lost", lost, "must be true or false"))
         lost = False
     mig_slots = int(behaviour.get("mig_slots", 0))
     mig_enabled, migs = _mig(
@@ -237,11 +240,11 @@ def _gpu(g: Any, path: str, node: str, index: int, errors: list[RequestError]) -
         mode = ComputeMode(mode_raw)
     except ValueError:
         known = ", ".join(m.value for m in ComputeMode)
-        errors.append(RequestError(f"{path}.compute_mode", str(mode_raw), f"must be one of {known}"))
+        errors.append(FieldError(f"{path}.compute_mode", str(mode_raw), f"must be one of {known}"))
         mode = ComputeMode.DEFAULT
     if mig_enabled and processes:
         errors.append(
-            RequestError(
+            FieldError(
                 f"{path}.processes",
                 f"{len(processes)} processes",
                 "must be empty with MIG enabled: "
@@ -269,56 +272,52 @@ def _gpu(g: Any, path: str, node: str, index: int, errors: list[RequestError]) -
         compute_mode=mode,
     )
     if gpu.used_mib > gpu.memory_mib:
-        errors.append(RequestError(path, f"{gpu.used_mib} MiB used", f"must not exceed memory_mib={memory}"))
+        errors.append(FieldError(path, f"{gpu.used_mib} MiB used", f"must not exceed memory_mib={memory}"))
     for m in migs:
         used = sum(p.used_mib for p in m.processes)
         if used > m.memory_mib:
             errors.append(
-                RequestError(
-                    f"{path}.mig.devices[{m.slot}]", f"{used} MiB used", "must not exceed memory_mib"
-                )
+                FieldError(f"{path}.mig.devices[{m.slot}]", f"{used} MiB used", "must not exceed memory_mib")
             )
     return gpu
 
 
 def _mig(
-    raw: Any, path: str, *, model: str, gpu_uuid: str, slots: int, errors: list[RequestError]
+    raw: Any, path: str, *, model: str, gpu_uuid: str, slots: int, errors: list[FieldError]
 ) -> tuple[bool, tuple[SimMig, ...]]:
     if raw is None:
         return False, ()
     if not isinstance(raw, dict):
-        errors.append(RequestError(path, repr(raw), "must be a mapping with `enabled` and `devices`"))
+        errors.append(FieldError(path, _brief(raw), "must be a mapping with `enabled` and `devices`"))
         return False, ()
     enabled = raw.get("enabled", False)
     if not isinstance(enabled, bool):
-        errors.append(RequestError(f"{path}.enabled", repr(enabled), "must be true or false"))
+        errors.append(FieldError(f"{path}.enabled", enabled, "must be true or false"))
         return False, ()
     if enabled and slots == 0:
-        errors.append(RequestError(f"{path}.enabled", "true", f"model {model} has no MIG support"))
+        errors.append(FieldError(f"{path}.enabled", True, f"model {model} has no MIG support"))
         return False, ()
     devices_raw = raw.get("devices", [])
     if not isinstance(devices_raw, list) or len(devices_raw) > slots:
         errors.append(
-            RequestError(f"{path}.devices", repr(devices_raw)[:40], f"must be a list of at most {slots}")
+            FieldError(f"{path}.devices", _brief(devices_raw), f"must be a list of at most {slots}")
         )
         return enabled, ()
     if devices_raw and not enabled:
         errors.append(
-            RequestError(f"{path}.devices", f"{len(devices_raw)} devices", "must be empty with MIG disabled")
+            FieldError(f"{path}.devices", f"{len(devices_raw)} devices", "must be empty with MIG disabled")
         )
         return enabled, ()
     out: list[SimMig] = []
     profiles = catalog.lookup(model).mig_profiles
     for slot, dpath, d in _mappings(devices_raw, f"{path}.devices", "must be a mapping", errors):
         for key in sorted(set(d) - {"profile", "memory_mib", "processes"}):
-            errors.append(RequestError(f"{dpath}.{key}", "", "is not a known field"))
+            errors.append(FieldError(f"{dpath}.{key}", _brief(d[key]), "is not a known field"))
         name = str(d.get("profile", ""))
         profile = next((p for p in profiles if p.name == name), None)
         if profile is None:
             known = ", ".join(p.name for p in profiles)
-            errors.append(
-                RequestError(f"{dpath}.profile", name, f"must be a MIG profile of {model} ({known})")
-            )
+            errors.append(FieldError(f"{dpath}.profile", name, f"must be a MIG profile of {model} ({known})"))
             continue
         out.append(
             SimMig(
@@ -331,12 +330,12 @@ def _mig(
         )
     layout = tuple(m.profile for m in out)
     if layout and (rule := catalog.mig_layout_error(catalog.lookup(model), layout)):
-        errors.append(RequestError(f"{path}.devices", ",".join(layout), rule))
+        errors.append(FieldError(f"{path}.devices", ",".join(layout), rule))
     return enabled, tuple(out)
 
 
 def _mappings(
-    items: list[Any], path: str, rule: str, errors: list[RequestError]
+    items: list[Any], path: str, rule: str, errors: list[FieldError]
 ) -> Iterator[tuple[int, str, dict[str, Any]]]:
     """Each item that is a mapping, with its index and path; any other item is reported under `rule`."""
     for i, item in enumerate(items):
@@ -344,20 +343,20 @@ def _mappings(
         if isinstance(item, dict):
             yield i, item_path, item
         else:
-            errors.append(RequestError(item_path, repr(item), rule))
+            errors.append(FieldError(item_path, _brief(item), rule))
 
 
-def _processes(raw: Any, path: str, errors: list[RequestError]) -> tuple[SimProcess, ...]:
+def _processes(raw: Any, path: str, errors: list[FieldError]) -> tuple[SimProcess, ...]:
     if not isinstance(raw, list):
-        errors.append(RequestError(path, repr(raw)[:40], "must be a list"))
+        errors.append(FieldError(path, _brief(raw), "must be a list"))
         return ()
     out: list[SimProcess] = []
     for _, ppath, p in _mappings(raw, path, "must be a mapping with pid and used_mib", errors):
         for key in sorted(set(p) - {"pid", "used_mib", "pod_uid", "container", "mps"}):
-            errors.append(RequestError(f"{ppath}.{key}", "", "is not a known field"))
+            errors.append(FieldError(f"{ppath}.{key}", _brief(p[key]), "is not a known field"))
         mps = p.get("mps", False)
         if not isinstance(mps, bool):
-            errors.append(RequestError(f"{ppath}.mps", repr(mps), "must be true or false"))
+            errors.append(FieldError(f"{ppath}.mps", repr(mps), "must be true or false"))
             mps = False
         out.append(
             SimProcess(

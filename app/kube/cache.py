@@ -99,8 +99,7 @@ class ClusterCache:
         self._wall = wall
         self._lock = threading.RLock()
         self._base: dict[str, Node] = {}  # from GPUNode objects, nothing reserved
-        self._heartbeat: dict[str, float | None] = {}
-        self._stale_after: dict[str, int | None] = {}  # each agent's own limit, used when ours is None
+        self._heartbeat: dict[str, gpunode.Heartbeat] = {}  # by our --heartbeat-timeout, else the agent's
         self._pods: dict[str, PodInfo] = {}  # gpupack pods by uid
         self._pods_listed_at: float | None = None  # assume-cache time the running pod list started
         self._allocatable: dict[str, HostResources] = {}  # node -> Node allocatable CPU and memory
@@ -172,7 +171,6 @@ class ClusterCache:
         with self._lock:
             before, self._base = self._base, {}
             self._heartbeat.clear()
-            self._stale_after.clear()
             self._fresh_until.clear()
             for obj in objs:
                 self._put_gpunode(obj)
@@ -195,28 +193,18 @@ class ClusterCache:
         with self._lock:
             self._base.pop(name, None)
             self._heartbeat.pop(name, None)
-            self._stale_after.pop(name, None)
             self._fresh_until.pop(name, None)
             self._changed(name)
             self._reorder()
 
     def _put_gpunode(self, obj: JsonDict) -> str:
-        node, heartbeat, stale_after = gpunode_to_node(obj)
+        node, heartbeat = gpunode_to_node(obj, self.heartbeat_timeout_s)
         self._base[node.name] = node
         self._heartbeat[node.name] = heartbeat
-        self._stale_after[node.name] = stale_after
-        limit = self._heartbeat_limit(node.name)
-        until = -math.inf if heartbeat is None else heartbeat + limit
+        until = heartbeat.fresh_until
         self._fresh_until[node.name] = until
         self._earliest_stale = min(self._earliest_stale, until)  # a lower bound; frame() tightens it
         return node.name
-
-    def _heartbeat_limit(self, name: str) -> float:
-        return (
-            self.heartbeat_timeout_s
-            or self._stale_after.get(name)
-            or gpunode.DEFAULT_HEARTBEAT_S * gpunode.STALE_FACTOR
-        )
 
     def _reorder(self) -> None:
         order = sorted(self._base, key=node_order_key)
@@ -479,8 +467,8 @@ class ClusterCache:
     def _with_heartbeat(self, node: Node, now: float) -> Node:
         if not node.schedulable:
             return node
-        limit = self._heartbeat_limit(node.name)
-        reason = gpunode.stale_reason(self._heartbeat.get(node.name), limit, now)
+        heartbeat = self._heartbeat.get(node.name) or gpunode.Heartbeat.of(None, self.heartbeat_timeout_s)
+        reason = heartbeat.stale_reason(now)
         return replace(node, schedulable=False, unschedulable_reason=reason) if reason else node
 
     def snapshot(self) -> ClusterState:
@@ -520,13 +508,16 @@ class ClusterCache:
 # --- GPUNode objects (gpupack.io/v1alpha1) ---
 
 
-def gpunode_to_node(obj: Mapping[str, Any]) -> tuple[Node, float | None, int | None]:
-    """A GPUNode as a Node with nothing reserved, its heartbeat (Unix time) and its own staleness limit.
+def gpunode_to_node(obj: JsonDict, heartbeat_timeout_s: float | None) -> tuple[Node, gpunode.Heartbeat]:
+    """A GPUNode as a Node with nothing reserved, and its heartbeat (by `heartbeat_timeout_s` when set,
+    else the agent's own limit).
 
     Staleness is left to the reader (`ClusterCache`), which judges it against the time of each request.
+    An object that does not fit the CRD's types gives a node without GPUs that says which field is wrong.
     """
-    gn = gpunode.GPUNode.from_dict(obj)
-    if gn.status is None:
-        return gn.to_model_node(0.0), None, None
-    node = gn.to_model_node(gn.status.heartbeat_time)
-    return node, gn.status.heartbeat_time or None, gn.status.stale_after_seconds
+    try:
+        gn = gpunode.read(obj)
+    except gpunode.GPUNodeError as exc:
+        node = Node(name=obj_name(obj), gpus=(), schedulable=False, unschedulable_reason=str(exc))
+        return node, gpunode.Heartbeat.of(None, heartbeat_timeout_s)
+    return gn.to_model_node(), gpunode.Heartbeat.of(gn.status, heartbeat_timeout_s)

@@ -1,7 +1,9 @@
-"""The GPUNode custom resource: typed spec/status, dict round-trips, and pure request builders.
+"""The GPUNode custom resource: typed spec/status (pydantic, its wire format), the placement view, its
+heartbeat's freshness, and pure request builders.
 
-Written by the agent (one object per node, name = node name), read by the extender through
-`GPUNode.from_dict(obj).to_model_node(now)`; staleness is judged by `stale_reason` at each request.
+Written by the agent (one object per node, name = node name), read by the extender's cache through
+`read(obj).to_model_node()`; whether the heartbeat is fresh is judged by `Heartbeat` (the one place), at
+each request.
 """
 
 from __future__ import annotations
@@ -10,18 +12,35 @@ import math
 import re
 from collections import Counter
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    PlainSerializer,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    computed_field,
+    field_validator,
+)
+from pydantic.alias_generators import to_camel
 
 from app import catalog, names
+from app.errors import FieldError, InputError
 from app.kube import paths
 from app.kube.calls import MERGE_PATCH, Request, parse_time
 from app.model import MILLI_PER_GPU, Gpu, Node, mig_index
 
 API_VERSION = f"{names.GPUNODE_GROUP}/{names.GPUNODE_VERSION}"
-DEFAULT_HEARTBEAT_S = 30
+DEFAULT_HEARTBEAT_S = 30  # heartbeatIntervalSeconds of a status that does not say
 STALE_FACTOR = 3  # a heartbeat older than this many intervals means "the agent is gone: do not place"
+DEFAULT_STALE_AFTER_S = DEFAULT_HEARTBEAT_S * STALE_FACTOR
 
 ISOLATION_MPS = "mps"
 ISOLATION_NONE = "none"
@@ -37,49 +56,78 @@ def label_value(raw: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "-", raw)[:63].strip("-_.")
 
 
-def _get(d: Mapping[str, Any], key: str, kind: type, default: Any) -> Any:
-    v = d.get(key, default)
-    return v if isinstance(v, kind) and not (kind is int and isinstance(v, bool)) else default
+def _unix_time(raw: Any) -> float:
+    """heartbeatTime: an RFC 3339 string on the wire (a number when built in Python); "" means never."""
+    if isinstance(raw, int | float) and not isinstance(raw, bool):
+        return float(raw)
+    if raw == "":
+        return 0.0
+    parsed = parse_time(raw) if isinstance(raw, str) else None
+    if parsed is None:
+        raise ValueError("must be an RFC 3339 time such as 2023-11-14T22:13:20Z")
+    return parsed
+
+
+_ACRONYMS = (("Mib", "MiB"), ("Uuid", "UUID"), ("Uid", "UID"))
+
+
+def wire_name(field: str) -> str:
+    """The CRD's name of a field: camelCase, with its acronyms as written there (memoryMiB, podUID)."""
+    if field == "power_mw":
+        return "powerMilliWatts"
+    name = to_camel(field)
+    for camel, acronym in _ACRONYMS:
+        name = re.sub(camel + "(?![a-z])", acronym, name)
+    return name
+
+
+# Unix seconds in Python, a Kubernetes Time in JSON.
+KubeTime = Annotated[float, BeforeValidator(_unix_time), PlainSerializer(format_time, when_used="json")]
+
+
+class _Wire(BaseModel):
+    """A part of the GPUNode resource: camelCase on the wire (as the CRD names it), snake_case here.
+
+    Immutable. Scalars are strict: a string where the CRD says integer is an error naming the field, not
+    a guess. Fields the CRD does not require have defaults, so an older agent's object still reads.
+    """
+
+    model_config = ConfigDict(frozen=True, alias_generator=wire_name, populate_by_name=True, extra="ignore")
+
+    def wire(self) -> dict[str, Any]:
+        """The JSON object the agent writes (absent optional readings are left out, never null)."""
+        return self.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def _empty(value: str) -> bool:
+    return not value
 
 
 # --- spec ---
 
 
-@dataclass(frozen=True, slots=True)
-class MigDeviceSpec:
+class MigDeviceSpec(_Wire):
     """One MIG device of a GPU in MIG mode: its own UUID, memory and profile; `index` is its NVML slot."""
 
-    uuid: str
-    index: int
-    memory_mib: int
-    profile: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"uuid": self.uuid, "index": self.index, "memoryMiB": self.memory_mib, "profile": self.profile}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MigDeviceSpec:
-        return cls(
-            _get(d, "uuid", str, ""),
-            _get(d, "index", int, 0),
-            _get(d, "memoryMiB", int, 0),
-            _get(d, "profile", str, ""),
-        )
+    uuid: StrictStr = ""
+    index: StrictInt = 0
+    memory_mib: StrictInt = 0
+    profile: StrictStr = ""
 
 
-@dataclass(frozen=True, slots=True)
-class GpuSpec:
+class GpuSpec(_Wire):
     """One GPU's inventory (changes only when hardware, MIG mode or MPS availability change)."""
 
-    uuid: str
-    index: int
-    model: str  # catalogue name (app.catalog), else NVML's product name
-    product_name: str
-    memory_mib: int
-    mig_enabled: bool = False
+    uuid: StrictStr
+    index: StrictInt
+    model: StrictStr  # catalogue name (app.catalog), else NVML's product name
+    product_name: StrictStr = ""
+    memory_mib: StrictInt
+    mig_enabled: StrictBool = False
     mig_devices: tuple[MigDeviceSpec, ...] = ()
-    mps_capable: bool = False  # an MPS control daemon serves this GPU
+    mps_capable: StrictBool = False  # an MPS control daemon serves this GPU
 
+    @computed_field  # type: ignore[prop-decorator]  # written for `kubectl get -o wide`; never read back
     @property
     def shared(self) -> bool:
         """Offered for fractional sharing; MIG-enabled GPUs are not: their MIG devices are offered whole."""
@@ -90,38 +138,11 @@ class GpuSpec:
         """The MIG devices placement may hand out whole (none unless the GPU is in MIG mode)."""
         return self.mig_devices if self.mig_enabled else ()
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "uuid": self.uuid,
-            "index": self.index,
-            "model": self.model,
-            "productName": self.product_name,
-            "memoryMiB": self.memory_mib,
-            "migEnabled": self.mig_enabled,
-            "migDevices": [m.to_dict() for m in self.mig_devices],
-            "mpsCapable": self.mps_capable,
-            "shared": self.shared,
-        }
 
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GpuSpec:
-        return cls(
-            uuid=_get(d, "uuid", str, ""),
-            index=_get(d, "index", int, 0),
-            model=_get(d, "model", str, ""),
-            product_name=_get(d, "productName", str, ""),
-            memory_mib=_get(d, "memoryMiB", int, 0),
-            mig_enabled=_get(d, "migEnabled", bool, False),
-            mig_devices=tuple(MigDeviceSpec.from_dict(m) for m in _get(d, "migDevices", list, [])),
-            mps_capable=_get(d, "mpsCapable", bool, False),
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class GPUNodeSpec:
-    node_name: str
-    driver_version: str = ""
-    gpus: tuple[GpuSpec, ...] = ()
+class GPUNodeSpec(_Wire):
+    node_name: StrictStr
+    driver_version: StrictStr = ""
+    gpus: tuple[GpuSpec, ...]
 
     @property
     def shared_gpus(self) -> tuple[GpuSpec, ...]:
@@ -132,233 +153,113 @@ class GPUNodeSpec:
         """GPUs in MIG mode with at least one MIG device."""
         return tuple(g for g in self.gpus if g.mig_targets)
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "nodeName": self.node_name,
-            "driverVersion": self.driver_version,
-            "gpus": [g.to_dict() for g in self.gpus],
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GPUNodeSpec:
-        return cls(
-            node_name=_get(d, "nodeName", str, ""),
-            driver_version=_get(d, "driverVersion", str, ""),
-            gpus=tuple(GpuSpec.from_dict(g) for g in _get(d, "gpus", list, []) if isinstance(g, dict)),
-        )
-
 
 # --- status ---
 
 
-@dataclass(frozen=True, slots=True)
-class ProcessStatus:
-    pid: int
-    pod_uid: str  # "" when the process belongs to no pod we could identify (a "foreign" process)
-    used_mib: int | None = None
-    mig_uuid: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"pid": self.pid, "podUID": self.pod_uid}
-        if self.used_mib is not None:
-            out["usedMiB"] = self.used_mib
-        if self.mig_uuid:
-            out["migUUID"] = self.mig_uuid
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> ProcessStatus:
-        used = d.get("usedMiB")
-        return cls(
-            pid=_get(d, "pid", int, 0),
-            pod_uid=_get(d, "podUID", str, ""),
-            used_mib=used if isinstance(used, int) else None,
-            mig_uuid=_get(d, "migUUID", str, ""),
-        )
+class ProcessStatus(_Wire):
+    pid: StrictInt
+    pod_uid: StrictStr  # "" for a process of no pod we could identify ("foreign")
+    used_mib: StrictInt | None = None
+    mig_uuid: StrictStr = Field(default="", exclude_if=_empty)
 
 
-@dataclass(frozen=True, slots=True)
-class GpuStatus:
+class GpuStatus(_Wire):
     """One GPU's live reading. Memory fields are None when NVML could not be read this time."""
 
-    uuid: str
-    index: int
-    healthy: bool = True
-    reason: str = ""
-    memory_used_mib: int | None = None
-    memory_free_mib: int | None = None
-    utilization_percent: int | None = None
-    temperature_c: int | None = None
-    power_mw: int | None = None
-    processes: tuple[ProcessStatus, ...] = ()
+    uuid: StrictStr
+    index: StrictInt
+    healthy: StrictBool
+    reason: StrictStr = Field(default="", exclude_if=_empty)
+    memory_used_mib: StrictInt | None = None
+    memory_free_mib: StrictInt | None = None
+    utilization_percent: StrictInt | None = None
+    temperature_c: StrictInt | None = None
+    power_mw: StrictInt | None = None
     # Memory used by processes that belong to no gpupack pod on this node (placement adds it to the
     # reservations); None when NVML gave no per-process memory this time.
-    foreign_memory_mib: int | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"uuid": self.uuid, "index": self.index, "healthy": self.healthy}
-        if self.reason:
-            out["reason"] = self.reason
-        for key, v in (
-            ("memoryUsedMiB", self.memory_used_mib),
-            ("memoryFreeMiB", self.memory_free_mib),
-            ("utilizationPercent", self.utilization_percent),
-            ("temperatureC", self.temperature_c),
-            ("powerMilliWatts", self.power_mw),
-            ("foreignMemoryMiB", self.foreign_memory_mib),
-        ):
-            if v is not None:
-                out[key] = v
-        out["processes"] = [p.to_dict() for p in self.processes]
-        return out
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GpuStatus:
-        def opt(key: str) -> int | None:
-            v = d.get(key)
-            return v if isinstance(v, int) and not isinstance(v, bool) else None
-
-        return cls(
-            uuid=_get(d, "uuid", str, ""),
-            index=_get(d, "index", int, 0),
-            healthy=_get(d, "healthy", bool, False),
-            reason=_get(d, "reason", str, ""),
-            memory_used_mib=opt("memoryUsedMiB"),
-            memory_free_mib=opt("memoryFreeMiB"),
-            utilization_percent=opt("utilizationPercent"),
-            temperature_c=opt("temperatureC"),
-            power_mw=opt("powerMilliWatts"),
-            foreign_memory_mib=opt("foreignMemoryMiB"),
-            processes=tuple(
-                ProcessStatus.from_dict(p) for p in _get(d, "processes", list, []) if isinstance(p, dict)
-            ),
-        )
+    foreign_memory_mib: StrictInt | None = None
+    processes: tuple[ProcessStatus, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
-class MpsStatus:
-    state: str = "disabled"  # running | starting | backoff | unavailable | disabled
-    isolation: str = ISOLATION_NONE  # what MPS pods on this node actually get: "mps" or "none"
-    message: str = ""
-    restarts: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "state": self.state,
-            "isolation": self.isolation,
-            "message": self.message,
-            "restarts": self.restarts,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MpsStatus:
-        return cls(
-            state=_get(d, "state", str, "disabled"),
-            isolation=_get(d, "isolation", str, ISOLATION_NONE),
-            message=_get(d, "message", str, ""),
-            restarts=_get(d, "restarts", int, 0),
-        )
+class MpsStatus(_Wire):
+    state: StrictStr = "disabled"  # running | starting | backoff | unavailable | disabled
+    isolation: StrictStr = ISOLATION_NONE  # what MPS pods on this node actually get: "mps" or "none"
+    message: StrictStr = ""
+    restarts: StrictInt = 0
 
 
-@dataclass(frozen=True, slots=True)
-class Summary:
+class Summary(_Wire):
     """Node totals, so `kubectl get gpunodes` printer columns have plain fields to point at."""
 
-    gpus: int = 0
-    healthy_gpus: int = 0
-    model: str = ""
-    memory_total_mib: int = 0
-    memory_allocated_mib: int = 0  # reserved by gpupack allocations on this node (from pod annotations)
-    memory_used_mib: int = 0  # NVML's reading, whoever uses it
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "gpus": self.gpus,
-            "healthyGpus": self.healthy_gpus,
-            "model": self.model,
-            "memoryTotalMiB": self.memory_total_mib,
-            "memoryAllocatedMiB": self.memory_allocated_mib,
-            "memoryUsedMiB": self.memory_used_mib,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> Summary:
-        return cls(
-            gpus=_get(d, "gpus", int, 0),
-            healthy_gpus=_get(d, "healthyGpus", int, 0),
-            model=_get(d, "model", str, ""),
-            memory_total_mib=_get(d, "memoryTotalMiB", int, 0),
-            memory_allocated_mib=_get(d, "memoryAllocatedMiB", int, 0),
-            memory_used_mib=_get(d, "memoryUsedMiB", int, 0),
-        )
+    gpus: StrictInt = 0
+    healthy_gpus: StrictInt = 0
+    model: StrictStr = ""
+    memory_total_mib: StrictInt = 0
+    # Reserved by gpupack allocations on this node (from pod annotations).
+    memory_allocated_mib: StrictInt = 0
+    memory_used_mib: StrictInt = 0  # NVML's reading, whoever uses it
 
 
-@dataclass(frozen=True, slots=True)
-class GPUNodeStatus:
-    heartbeat_time: float  # Unix time of the agent's last write; see `stale_after_seconds`
-    heartbeat_interval_seconds: int = DEFAULT_HEARTBEAT_S
+class GPUNodeStatus(_Wire):
+    heartbeat_time: KubeTime = 0.0  # Unix time of the agent's last write (0: never); see `Heartbeat`
+    heartbeat_interval_seconds: StrictInt = DEFAULT_HEARTBEAT_S
     # Readers treat a heartbeat older than this as "the agent is gone: do not place here".
-    stale_after_seconds: int = DEFAULT_HEARTBEAT_S * STALE_FACTOR
+    stale_after_seconds: StrictInt = DEFAULT_STALE_AFTER_S
     gpus: tuple[GpuStatus, ...] = ()
-    mps: MpsStatus = field(default_factory=MpsStatus)
-    summary: Summary = field(default_factory=Summary)
-    env_device_selection: str = "unknown"  # allowed | disabled | unknown: NVIDIA_VISIBLE_DEVICES honoured?
-    nvml_error: str = ""  # NVML failed for the whole node
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "heartbeatTime": format_time(self.heartbeat_time),
-            "heartbeatIntervalSeconds": self.heartbeat_interval_seconds,
-            "staleAfterSeconds": self.stale_after_seconds,
-            "gpus": [g.to_dict() for g in self.gpus],
-            "mps": self.mps.to_dict(),
-            "summary": self.summary.to_dict(),
-            "envDeviceSelection": self.env_device_selection,
-            "nvmlError": self.nvml_error,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> GPUNodeStatus:
-        return cls(
-            heartbeat_time=parse_time(_get(d, "heartbeatTime", str, "")) or 0.0,
-            heartbeat_interval_seconds=_get(d, "heartbeatIntervalSeconds", int, DEFAULT_HEARTBEAT_S),
-            stale_after_seconds=_get(d, "staleAfterSeconds", int, DEFAULT_HEARTBEAT_S * STALE_FACTOR),
-            gpus=tuple(GpuStatus.from_dict(g) for g in _get(d, "gpus", list, []) if isinstance(g, dict)),
-            mps=MpsStatus.from_dict(_get(d, "mps", dict, {})),
-            summary=Summary.from_dict(_get(d, "summary", dict, {})),
-            env_device_selection=_get(d, "envDeviceSelection", str, "unknown"),
-            nvml_error=_get(d, "nvmlError", str, ""),
-        )
+    mps: MpsStatus = MpsStatus()
+    summary: Summary = Summary()
+    env_device_selection: StrictStr = (
+        "unknown"  # allowed | disabled | unknown: NVIDIA_VISIBLE_DEVICES honoured?
+    )
+    nvml_error: StrictStr = ""  # NVML failed for the whole node
 
 
 # --- the whole object ---
 
 
-@dataclass(frozen=True, slots=True)
-class GPUNode:
-    name: str
+class ObjectMeta(_Wire):
+    """The parts of the apiserver's metadata we read (the rest: uid, managedFields... is ignored)."""
+
+    name: StrictStr = ""
+    resource_version: StrictStr = ""
+
+
+class GPUNode(_Wire):
+    """A GPUNode as served: metadata, spec, and status (None until the agent's first status write)."""
+
+    metadata: ObjectMeta = ObjectMeta()
     spec: GPUNodeSpec
-    status: GPUNodeStatus | None = None  # None until the agent's first status write
-    resource_version: str = ""
+    status: GPUNodeStatus | None = None
+
+    @field_validator("status", mode="before")
+    @classmethod
+    def _no_status_yet(cls, raw: Any) -> Any:
+        return raw or None  # `status: {}` before the first write reads as no status
 
     @classmethod
-    def from_dict(cls, obj: Mapping[str, Any]) -> GPUNode:
-        meta = _get(obj, "metadata", dict, {})
-        raw_status = obj.get("status")
-        return cls(
-            name=_get(meta, "name", str, ""),
-            spec=GPUNodeSpec.from_dict(_get(obj, "spec", dict, {})),
-            status=GPUNodeStatus.from_dict(raw_status)
-            if isinstance(raw_status, dict) and raw_status
-            else None,
-            resource_version=_get(meta, "resourceVersion", str, ""),
-        )
+    def of(cls, name: str, spec: GPUNodeSpec, status: GPUNodeStatus | None = None) -> GPUNode:
+        return cls(metadata=ObjectMeta(name=name), spec=spec, status=status)
 
-    def to_model_node(self, now: float) -> Node:
+    @property
+    def name(self) -> str:
+        return self.metadata.name
+
+    @property
+    def resource_version(self) -> str:
+        return self.metadata.resource_version
+
+    @property
+    def heartbeat(self) -> Heartbeat:
+        """The heartbeat by the agent's own limit (a reader with its own limit: `Heartbeat.of`)."""
+        return Heartbeat.of(self.status)
+
+    def to_model_node(self) -> Node:
         """The placement view: shared GPUs with foreign usage, live readings and health.
 
-        Unschedulable when the heartbeat is stale or the node ignores NVIDIA_VISIBLE_DEVICES (gpupack
-        could not give a pod its GPU); `mps` says whether `isolation: mps` pods get MPS here.
+        Unschedulable when the node ignores NVIDIA_VISIBLE_DEVICES (gpupack could not give a pod its
+        GPU); `mps` says whether `isolation: mps` pods get MPS here. Whether the agent is still there is
+        the heartbeat's question, asked at the time of each request (`Heartbeat.stale_reason`).
         """
         status = self.status
         live = {g.uuid: g for g in status.gpus} if status else {}
@@ -366,12 +267,10 @@ class GPUNode:
             _model_mig(g, m, live.get(g.uuid)) for g in self.spec.mig_gpus for m in g.mig_targets
         )
         if status is None:
-            return Node(
-                name=self.name, gpus=gpus, schedulable=False, unschedulable_reason=stale_reason(None, 0, now)
-            )
-        reason = stale_reason(status.heartbeat_time or None, status.stale_after_seconds, now)
-        if not reason and status.env_device_selection == ENV_SELECTION_DISABLED:
-            reason = ENV_SELECTION_DISABLED_REASON
+            return Node(name=self.name, gpus=gpus)
+        reason = (
+            ENV_SELECTION_DISABLED_REASON if status.env_device_selection == ENV_SELECTION_DISABLED else ""
+        )
         mps = status.mps.isolation == ISOLATION_MPS
         return Node(
             name=self.name,
@@ -381,6 +280,74 @@ class GPUNode:
             mps=mps,
             mps_reason="" if mps else f"MPS is {status.mps.state} on this node",
         )
+
+
+def read(obj: Mapping[str, Any]) -> GPUNode:
+    """A served GPUNode object; raises GPUNodeError naming the first field that breaks the CRD's types."""
+    try:
+        return GPUNode.model_validate(obj)
+    except ValidationError as exc:
+        raise GPUNodeError.of(obj, exc) from None
+
+
+class GPUNodeError(InputError):
+    """A GPUNode object that does not fit its schema (the CRD normally keeps such objects out)."""
+
+    def __init__(self, name: str, error: FieldError) -> None:
+        super().__init__([error], f"GPUNode {name or '(unnamed)'} does not fit its schema")
+        self.name = name
+
+    @property
+    def error(self) -> FieldError:
+        return self.errors[0]
+
+    @classmethod
+    def of(cls, obj: Mapping[str, Any], exc: ValidationError) -> GPUNodeError:
+        """The first field pydantic found wrong (absent: value None), by its path in the object."""
+        first = exc.errors(include_url=False)[0]
+        meta = obj.get("metadata")
+        name = meta.get("name") if isinstance(meta, Mapping) else None
+        where = ".".join(str(p) for p in first["loc"])
+        if first["type"] == "missing":
+            error = FieldError(where, None, "is required")
+        else:
+            error = FieldError(where, first.get("input"), first["msg"])
+        return cls(name if isinstance(name, str) else "", error)
+
+
+@dataclass(frozen=True, slots=True)
+class Heartbeat:
+    """When a node's agent last wrote its status, and how long that write vouches for the node.
+
+    The one judgement of staleness: the extender's cache, `gpupack explain`/`top` and repack (through
+    the cache) all ask `stale_reason(now)`.
+    """
+
+    at: float | None  # Unix time of the last status write; None: never
+    limit_s: float  # older than this: the agent is gone, place nothing there
+
+    @classmethod
+    def of(cls, status: GPUNodeStatus | None, timeout_s: float | None = None) -> Heartbeat:
+        """By `timeout_s` (the extender's --heartbeat-timeout) when set, else the agent's own limit."""
+        own = status.stale_after_seconds if status else 0
+        return cls(
+            status.heartbeat_time or None if status else None, timeout_s or own or DEFAULT_STALE_AFTER_S
+        )
+
+    @property
+    def fresh_until(self) -> float:
+        """The Unix time the heartbeat goes stale (-inf: it never was fresh)."""
+        return -math.inf if self.at is None else self.at + self.limit_s
+
+    def stale_reason(self, now: float) -> str:
+        """Why the node must not get gpupack pods because of its agent's heartbeat ("" when it is fresh)."""
+        if self.at is None:
+            return "gpupack agent has not reported a heartbeat"
+        age = now - self.at
+        if age <= self.limit_s:
+            return ""
+        # Rounded up, so the message never reads "6s old (limit 6s)" for 6.4 s.
+        return f"gpupack agent heartbeat is {math.ceil(age)}s old (limit {self.limit_s:g}s)"
 
 
 ENV_SELECTION_DISABLED = "disabled"
@@ -425,17 +392,6 @@ def _model_mig(parent: GpuSpec, mig: MigDeviceSpec, live: GpuStatus | None) -> G
     )
 
 
-def stale_reason(heartbeat: float | None, limit_s: float, now: float) -> str:
-    """Why a node must not get gpupack pods because of its agent's heartbeat ("" when it is fresh)."""
-    if heartbeat is None:
-        return "gpupack agent has not reported a heartbeat"
-    age = now - heartbeat
-    if age <= limit_s:
-        return ""
-    # Rounded up, so the message never reads "6s old (limit 6s)" for 6.4 s.
-    return f"gpupack agent heartbeat is {math.ceil(age)}s old (limit {limit_s:g}s)"
-
-
 def idle(
     node_name: str, model: str, count: int, heartbeat: float, *, mps: bool = False, live_memory: bool = True
 ) -> tuple[GPUNodeSpec, GPUNodeStatus]:
@@ -447,12 +403,17 @@ def idle(
     uuids = [f"GPU-{node_name}-{i}" for i in range(count)]
     spec = GPUNodeSpec(
         node_name=node_name,
-        gpus=tuple(GpuSpec(u, i, model, model, memory, mps_capable=mps) for i, u in enumerate(uuids)),
+        gpus=tuple(
+            GpuSpec(uuid=u, index=i, model=model, product_name=model, memory_mib=memory, mps_capable=mps)
+            for i, u in enumerate(uuids)
+        ),
     )
     free = memory if live_memory else None
     status = GPUNodeStatus(
         heartbeat_time=heartbeat,
-        gpus=tuple(GpuStatus(u, i, True, memory_free_mib=free) for i, u in enumerate(uuids)),
+        gpus=tuple(
+            GpuStatus(uuid=u, index=i, healthy=True, memory_free_mib=free) for i, u in enumerate(uuids)
+        ),
     )
     return spec, status
 
@@ -505,19 +466,17 @@ def create(name: str, spec: GPUNodeSpec, node_uid: str = "") -> Request:
     meta: dict[str, Any] = {"name": name}
     if node_uid:
         meta["ownerReferences"] = [{"apiVersion": "v1", "kind": "Node", "name": name, "uid": node_uid}]
-    body = {"apiVersion": API_VERSION, "kind": names.GPUNODE_KIND, "metadata": meta, "spec": spec.to_dict()}
+    body = {"apiVersion": API_VERSION, "kind": names.GPUNODE_KIND, "metadata": meta, "spec": spec.wire()}
     return Request("POST", paths.gpunodes(), body)
 
 
 def patch_spec(name: str, spec: GPUNodeSpec) -> Request:
-    return Request("PATCH", paths.gpunode(name), {"spec": spec.to_dict()}, content_type=MERGE_PATCH)
+    return Request("PATCH", paths.gpunode(name), {"spec": spec.wire()}, content_type=MERGE_PATCH)
 
 
 def patch_status(name: str, status: GPUNodeStatus) -> Request:
     """Merge-patch the whole status (every key is always present, lists are replaced whole)."""
-    return Request(
-        "PATCH", paths.gpunode_status(name), {"status": status.to_dict()}, content_type=MERGE_PATCH
-    )
+    return Request("PATCH", paths.gpunode_status(name), {"status": status.wire()}, content_type=MERGE_PATCH)
 
 
 def patch_node_labels(name: str, labels: Mapping[str, str]) -> Request:

@@ -46,17 +46,20 @@ class Handler(Protocol):
     def delete(self, obj: JsonDict) -> None: ...
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class InformerConfig:
-    resync_s: float = 600.0  # full relist this often: heals anything a watch silently missed
+    """The timing of the informers. The three without a default are the extender's settings (its flags
+    set them; extender.runtime.informer_config), so their defaults are written there only."""
+
+    resync_s: float  # full relist this often: heals anything a watch silently missed
     # Server-side timeoutSeconds of one watch call. Short, so a healthy but quiet watch still ends
     # (cleanly, proving the view live) well within `live_within_s`; the client's read timeout sits a
     # little above it, so a frozen watch fails instead of hanging.
-    watch_timeout_s: int = 45
+    watch_timeout_s: int
+    live_within_s: float  # the view counts as live this long after it was last proven live
     page_limit: int = 500
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 30.0
-    live_within_s: float = 60.0  # the view counts as live this long after it was last proven live
     stuck_after_s: float = 300.0  # no progress for this long: the thread is stuck (liveness fails)
 
     def validate(self) -> list[str]:
@@ -93,7 +96,7 @@ class Informer:
         *,
         name: str,
         label_selector: str = "",
-        config: InformerConfig | None = None,
+        config: InformerConfig,
         sleep: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
         slim: Callable[[JsonDict], JsonDict] | None = None,
@@ -106,7 +109,7 @@ class Informer:
         self.slim = slim
         self.name = name
         self.label_selector = label_selector
-        self.config = config or InformerConfig()
+        self.config = config
         self._stop = threading.Event()
         self._sleep = sleep or (lambda s: self._stop.wait(s) and None)
         self._clock = clock

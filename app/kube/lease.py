@@ -16,14 +16,17 @@ from app.kube.informers import KubeApi
 LOG = log.get("gpupack.lease")
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class LeaseConfig:
+    """One Lease and its timing; the extender's settings give every field but the last (their defaults
+    are written there only)."""
+
     namespace: str
-    name: str = "gpupack-extender"
-    identity: str = ""
-    lease_duration_s: int = 15  # how long others wait after the last renewal they saw
-    renew_deadline_s: float = 10.0  # a leader that could not renew for this long steps down
-    retry_period_s: float = 2.0
+    name: str
+    identity: str
+    lease_duration_s: int  # how long others wait after the last renewal they saw
+    renew_deadline_s: float  # a leader that could not renew for this long steps down
+    retry_period_s: float
     stuck_after_s: float = 120.0  # a loop that has not ticked for this long is stuck (liveness fails)
 
     def __post_init__(self) -> None:

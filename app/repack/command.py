@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from app import names
-from app.errors import KubeError
+from app.errors import FieldError, InputError, KubeError
 from app.kube import snapshot
 from app.kube.cache import ClusterCache
 from app.kube.client import Kube
@@ -29,7 +29,7 @@ EXIT_STOPPED = 3  # --apply stopped at a surprise
 def _count(flag: str) -> Any:
     def parse(text: str) -> int:
         if not (text.isascii() and text.isdigit()):
-            raise argparse.ArgumentTypeError(f"{flag}={text!r}: must be a whole number >= 0")
+            raise argparse.ArgumentTypeError(str(FieldError(flag, text, "must be a whole number >= 0")))
         return int(text)
 
     return parse
@@ -43,7 +43,7 @@ def pod_key_arg(flag: str) -> Any:
 
     def parse(text: str) -> str:
         if not POD_KEY.fullmatch(text):
-            raise argparse.ArgumentTypeError(f"{flag}={text!r}: must be NAMESPACE/NAME")
+            raise argparse.ArgumentTypeError(str(FieldError(flag, text, "must be NAMESPACE/NAME")))
         return text
 
     return parse
@@ -58,7 +58,7 @@ def seconds_arg(flag: str) -> Any:
         except ValueError:
             value = -1.0
         if not (0 < value < math.inf):  # also refuses nan
-            raise argparse.ArgumentTypeError(f"{flag}={text!r}: must be a number of seconds > 0")
+            raise argparse.ArgumentTypeError(str(FieldError(flag, text, "must be a number of seconds > 0")))
         return value
 
     return parse
@@ -155,17 +155,21 @@ def compute_room(
     max_moves: int,
     namespace: str | None,
 ) -> Room:
-    """The fewest moves after which the Pending pod `key` fits; ValueError naming --for when none do."""
+    """The fewest moves after which the Pending pod `key` fits; an InputError naming --for when none do."""
+
+    def bad(rule: str) -> InputError:
+        return InputError([FieldError("--for", key, rule)])
+
     ns, name = key.split("/", 1)
     pod = next((p for p in snap.pods if (pod_info(p).namespace, pod_info(p).name) == (ns, name)), None)
     if pod is None:
-        raise ValueError(f"--for={key!r}: no such gpupack pod (label {names.LABEL_MANAGED})")
+        raise bad(f"must name a gpupack pod (label {names.LABEL_MANAGED})")
     info = pod_info(pod)
     if not info.pending:
         where = f"bound to {info.node_name}" if info.node_name else f"{info.phase}, deleting={info.deleting}"
-        raise ValueError(f"--for={key!r}: must be a Pending pod, not yet bound ({where})")
+        raise bad(f"must be a Pending pod, not yet bound ({where})")
     if not isinstance(info.demand, Demand):
-        raise ValueError(f"--for={key!r}: its GPU request is invalid: {'; '.join(map(str, info.demand))}")
+        raise bad(f"must have a valid GPU request ({'; '.join(map(str, info.demand))})")
     pods, budgets = _running(snap, cache, namespace)
     nodes = [n for n in cache.nodes(exclude_uid=info.uid).values() if n is not None]
     room = make_room(
@@ -178,8 +182,8 @@ def compute_room(
         max_moves=max_moves,
     )
     if room is None:
-        raise ValueError(
-            f"--for={key!r}: no {max_moves} moves or fewer of movable pods make room for it "
+        raise bad(
+            f"must fit after {max_moves} moves or fewer of movable pods; none make room for it "
             "(a pod moves only where the extender would place it now, off the room)"
         )
     return room
@@ -248,9 +252,8 @@ def _load(path: str) -> Plan:
     try:
         return Plan.from_dict(json.loads(Path(path).read_text()))
     except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise ValueError(
-            f"--from={path!r}: must be the output of `gpupack repack --plan --json` ({exc})"
-        ) from None
+        rule = f"must be the output of `gpupack repack --plan --json` ({exc})"
+        raise InputError([FieldError("--from", path, rule)]) from None
 
 
 def run(args: argparse.Namespace) -> int:

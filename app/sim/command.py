@@ -16,22 +16,23 @@ from importlib import resources
 from pathlib import Path
 from typing import TextIO
 
+from app.errors import FieldError, InputError
 from app.model import Node
 from app.placement import DEFAULT_POLICY, TargetWorkload, registry
 from app.sim import report
 from app.sim.engine import Progress, RunResult, simulate
-from app.sim.loader import TraceError, TracePod, load_nodes, load_pods, read_nodes, read_pods
+from app.sim.loader import TracePod, load_nodes, load_pods, read_nodes, read_pods
 
 SYNTHETIC_NODES = "synthetic_nodes.csv"
 SYNTHETIC_PODS = "synthetic_pods.csv"
 MAX_SEEDS = 1000
 
 
-class UsageError(Exception):
+class UsageError(InputError):
     """Bad command-line input: names the flag, the value and the rule."""
 
     def __init__(self, flag: str, value: str, rule: str):
-        super().__init__(f"{flag}={value!r}: {rule}")
+        super().__init__([FieldError(flag, value, rule)])
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -114,7 +115,15 @@ def load_trace(nodes: str | None, pods: str | None) -> tuple[tuple[Node, ...], t
         if not Path(value).is_file():
             raise UsageError(flag, value, "must be an existing, readable file")
     assert nodes is not None and pods is not None
-    return load_nodes(Path(nodes)), load_pods(Path(pods)), f"{Path(pods).name} on {Path(nodes).name}"
+    node_list, pod_list = load_nodes(Path(nodes)), load_pods(Path(pods))
+    # Replaying needs GPU capacity to fill and pods that fill it; say so rather than divide by zero.
+    if not any(n.gpus for n in node_list):
+        raise UsageError("--nodes", nodes, "must list at least one node with GPUs (column gpu > 0)")
+    if not any(p.demand.count for p in pod_list):
+        raise UsageError(
+            "--pods", pods, "must list at least one pod that asks for a GPU (column num_gpu > 0)"
+        )
+    return node_list, pod_list, f"{Path(pods).name} on {Path(nodes).name}"
 
 
 def _text(content: str) -> TextIO:
@@ -211,10 +220,7 @@ def run(args: argparse.Namespace) -> int:
         policies = parse_policies(args.policy)
         jobs = parse_jobs(args.jobs)
         nodes, pods, label = load_trace(args.nodes, args.pods)
-    except UsageError as e:
-        print(f"gpupack simulate: {e}", file=sys.stderr)
-        return 2
-    except TraceError as e:
+    except InputError as e:  # a flag (UsageError) or a trace file (TraceError)
         print(f"gpupack simulate: {e}", file=sys.stderr)
         return 2
     workload = TargetWorkload.from_demands(p.demand for p in pods).on_fleet(nodes)

@@ -9,14 +9,19 @@ from pathlib import Path
 from typing import TextIO
 
 from app import catalog, request
+from app.errors import FieldError, InputError
 from app.model import MILLI_PER_GPU, Demand, Gpu, Node
 
 NODE_COLUMNS = ("sn", "cpu_milli", "memory_mib", "gpu", "model")
 POD_COLUMNS = ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")  # gpu_spec is optional
 
 
-class TraceError(ValueError):
-    """A trace file that cannot be read; the message names the file, line and column."""
+class TraceError(InputError):
+    """A trace file that cannot be read: the field (a cell's column, the header, a row) with its value and
+    rule, where = the file and line."""
+
+    def __init__(self, where: str, field: str, value: object, rule: str) -> None:
+        super().__init__([FieldError(field, value, rule)], where)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +49,7 @@ def _open(path: Path) -> TextIO:
     try:
         return path.open(newline="", encoding="utf-8")
     except OSError as e:
-        raise TraceError(f"{path}: cannot read: {e.strerror or e}") from None
+        raise TraceError("", "file", str(path), f"must be readable ({e.strerror or e})") from None
 
 
 def read_nodes(f: TextIO, source: str) -> tuple[Node, ...]:
@@ -76,7 +81,7 @@ def read_nodes(f: TextIO, source: str) -> tuple[Node, ...]:
             )
         )
     if not nodes:
-        raise TraceError(f"{source}: no nodes")
+        raise TraceError(source, "rows", 0, "must list at least one node")
     return tuple(nodes)
 
 
@@ -99,7 +104,7 @@ def read_pods(f: TextIO, source: str) -> tuple[TracePod, ...]:
         )
         pods.append(TracePod(cell.text("name"), demand))
     if not pods:
-        raise TraceError(f"{source}: no pods")
+        raise TraceError(source, "rows", 0, "must list at least one pod")
     return tuple(pods)
 
 
@@ -109,17 +114,19 @@ def _rows(f: TextIO, source: str, required: tuple[str, ...]) -> Iterator[tuple[i
     missing = [c for c in required if c not in header]
     if missing:
         raise TraceError(
-            f"{source}:1: missing column(s) {', '.join(missing)}; header is {','.join(header)!r}"
+            f"{source}:1", "header", ",".join(header), f"must have the column(s) {', '.join(missing)}"
         )
     try:
         for row in reader:
             if None in row or any(row.get(c) is None for c in required):
-                raise TraceError(
-                    f"{source}:{reader.line_num}: has {len(header)} columns in the header, not this row"
+                cells = [v for k, v in row.items() if k is not None and v is not None] + list(
+                    row.get(None) or []
                 )
+                rule = f"must have {len(header)} columns, as the header does"
+                raise TraceError(f"{source}:{reader.line_num}", "row", ",".join(cells), rule)
             yield reader.line_num, row
     except csv.Error as e:
-        raise TraceError(f"{source}:{reader.line_num}: malformed CSV: {e}") from None
+        raise TraceError(f"{source}:{reader.line_num}", "row", str(e), "must be well-formed CSV") from None
 
 
 class _Cells:
@@ -127,7 +134,7 @@ class _Cells:
         self.source, self.line, self.row = source, line, row
 
     def error(self, column: str, rule: str) -> TraceError:
-        return TraceError(f"{self.source}:{self.line}: column {column}={self.row.get(column, '')!r}: {rule}")
+        return TraceError(f"{self.source}:{self.line}", f"column {column}", self.row.get(column, ""), rule)
 
     def text(self, column: str) -> str:
         value = self.row[column].strip()

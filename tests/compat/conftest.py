@@ -26,14 +26,14 @@ from kubernetes.utils import parse_quantity
 
 from app import names
 from app.admission import webhook_configuration
-from app.devcluster import (
+from tests.devcluster import (
     GPUPACK_NAMESPACE,
     Cluster,
     ComponentSpec,
     HealthCheck,
     wait_for,
 )
-from app.devcluster.addons import (
+from tests.devcluster.addons import (
     CRD_RELPATH,
     MANIFEST_RELPATH,
     install_crd,

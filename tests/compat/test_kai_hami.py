@@ -22,8 +22,8 @@ from hypothesis import HealthCheck, given, settings
 from kubernetes.client.rest import ApiException
 
 from app import names
-from app.devcluster import wait_for
 from app.model import Allocation
+from tests.devcluster import wait_for
 from webhook import hami
 
 from .conftest import REPO, chart_webhook_configuration

@@ -3,7 +3,7 @@
 Every test collected under tests/integration/ is marked `integration` automatically.
 
 Fixtures
-  cluster    (session)  app.devcluster.Cluster running etcd, kube-apiserver (own CA, RBAC, static tokens),
+  cluster    (session)  tests.devcluster.Cluster running etcd, kube-apiserver (own CA, RBAC, static tokens),
                         kube-controller-manager (every default controller: Deployments/ReplicaSets/Jobs make
                         pods, namespaces are finalized, ResourceQuota and PDB status computed, garbage
                         collection, ServiceAccount tokens), kube-scheduler
@@ -32,9 +32,9 @@ Fixtures
   gpunode_crd (session) the GPUNode CRD from deploy/crds, created (an existing one is kept) and Established.
   run_gpupack (session) run_gpupack(*args, env=..., timeout=300) -> CompletedProcess: `gpupack ARGS` as the
                         console script runs it (this interpreter, from the repo), output captured, no check.
-Helpers: `from app.devcluster import wait_for, node_body, ComponentSpec, HealthCheck` (wait_for polls with a
-deadline and names what it waited for); `from app.devcluster.addons import install_crd, install_rbac` (create,
-an existing object is kept; install_crd waits until Established). Binaries: $GPUPACK_K8S_BIN or
+Helpers: `from tests.devcluster import wait_for, node_body, ComponentSpec, HealthCheck` (wait_for polls with
+a deadline and names what it waited for); `from tests.devcluster.addons import install_crd, install_rbac`
+(create, an existing object is kept; install_crd waits until Established). Binaries: $GPUPACK_K8S_BIN or
 tests/k8s/build.sh; if neither works the session FAILS (never skips). A failed test's report carries the
 tail of every component log.
 """
@@ -52,8 +52,8 @@ import yaml
 from controlplane import attach_log_tails, running_cluster
 from kubernetes import client
 
-from app.devcluster import Cluster
-from app.devcluster.addons import CRD_RELPATH, gpupack_cli, install_crd
+from tests.devcluster import Cluster
+from tests.devcluster.addons import CRD_RELPATH, gpupack_cli, install_crd
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]

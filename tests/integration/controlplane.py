@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from app.devcluster import BinariesError, Cluster, ensure_binaries
+from tests.devcluster import BinariesError, Cluster, ensure_binaries
 
 LOG_LINES = 25
 

@@ -12,8 +12,8 @@ from typing import Any
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.devcluster import Cluster, ComponentSpec, HealthCheck
-from app.devcluster.ports import free_ports
+from tests.devcluster import Cluster, ComponentSpec, HealthCheck
+from tests.devcluster.ports import free_ports
 
 
 def write_sim(path: Path, gpus: list[dict[str, Any]]) -> None:

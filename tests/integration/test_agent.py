@@ -15,10 +15,10 @@ from kubernetes.utils import parse_quantity
 from simagents import SimAgents, write_sim
 
 from app import catalog, names
-from app.devcluster import Cluster, wait_for
-from app.devcluster.addons import install_rbac
-from app.kube.gpunode import GPUNode, stale_reason
+from app.kube.gpunode import GPUNode, read
 from app.model import Allocation
+from tests.devcluster import Cluster, wait_for
+from tests.devcluster.addons import install_rbac
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "T4"
@@ -58,10 +58,7 @@ def writes(metrics_text: str) -> float:
 
 def fresh(gn: GPUNode) -> bool:
     """The agent wrote within its own staleness limit (what the extender checks at each request)."""
-    status = gn.status
-    return status is not None and not stale_reason(
-        status.heartbeat_time or None, status.stale_after_seconds, time.time()
-    )
+    return not gn.heartbeat.stale_reason(time.time())
 
 
 def get_gpunode(kube: Any, name: str) -> GPUNode | None:
@@ -74,7 +71,7 @@ def get_gpunode(kube: Any, name: str) -> GPUNode | None:
         if exc.status == 404:
             return None
         raise
-    return GPUNode.from_dict(obj)
+    return read(obj)
 
 
 def reported(kube: Any, name: str, cond: Callable[[GPUNode], bool]) -> Callable[[], GPUNode | None]:
@@ -236,7 +233,7 @@ def test_stopped_agent_goes_stale_and_recovers_on_restart(
     assert heartbeat() == last, "heartbeat advanced with the agent stopped"
     gn = get_gpunode(kube, n)
     assert gn is not None and not fresh(gn)
-    assert not gn.to_model_node(time.time()).schedulable
+    assert gn.heartbeat.stale_reason(time.time()).startswith("gpupack agent heartbeat is")
 
     agents.start(n)
     wait_for(lambda: heartbeat() > last, 3 * HEARTBEAT_S + 10, "fresh heartbeat after restart")

@@ -25,10 +25,17 @@ from podshapes import webhook_pod
 from simagents import SimAgents, write_sim
 
 from app import catalog, names
-from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, WaitTimeoutError, wait_for
-from app.devcluster.addons import MANIFEST_RELPATH, install_rbac, rbac_objects
-from app.kube.gpunode import GPUNode
+from app.kube.gpunode import GPUNode, read
 from app.model import Allocation
+from tests.devcluster import (
+    GPUPACK_NAMESPACE,
+    Cluster,
+    ComponentSpec,
+    HealthCheck,
+    WaitTimeoutError,
+    wait_for,
+)
+from tests.devcluster.addons import MANIFEST_RELPATH, install_rbac, rbac_objects
 
 REPO = Path(__file__).resolve().parents[2]
 MODEL = "T4"
@@ -186,7 +193,7 @@ def gpunode(kube: Any, name: str) -> GPUNode | None:
         if exc.status == 404:
             return None
         raise
-    return GPUNode.from_dict(obj)
+    return read(obj)
 
 
 def gpu_row(url: str, node: str, index: int) -> dict[str, Any]:

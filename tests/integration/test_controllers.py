@@ -19,7 +19,7 @@ from kubernetes.client.rest import ApiException
 from podshapes import webhook_pod
 
 from app import names
-from app.devcluster import Cluster, wait_for
+from tests.devcluster import Cluster, wait_for
 
 APP_LABEL = "gpupack.test/app"
 

@@ -27,9 +27,9 @@ from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
 from app.admission import webhook_configuration
-from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
-from app.devcluster.addons import install_crd
-from app.devcluster.ports import free_ports
+from tests.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
+from tests.devcluster.addons import install_crd
+from tests.devcluster.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy/helm/gpupack"

@@ -20,7 +20,7 @@ import yaml
 from cryptography import x509
 
 from app import certs
-from app.devcluster import Cluster
+from tests.devcluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy/helm/gpupack"

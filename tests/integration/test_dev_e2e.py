@@ -26,10 +26,10 @@ from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import names
-from app.devcluster import BinariesError, ensure_binaries, wait_for
-from app.devcluster.components import CONTROL_PLANE
-from app.devcluster.processes import group_members, log_tail, pid_alive
-from app.kube.gpunode import GPUNode
+from app.kube.gpunode import GPUNode, read
+from tests.devcluster import BinariesError, ensure_binaries, wait_for
+from tests.devcluster.components import CONTROL_PLANE
+from tests.devcluster.processes import group_members, log_tail, pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"
@@ -114,7 +114,7 @@ def gpunode(api: Any, name: str) -> GPUNode:
     raw = client.CustomObjectsApi(api).get_cluster_custom_object(
         names.GPUNODE_GROUP, names.GPUNODE_VERSION, names.GPUNODE_PLURAL, name
     )
-    return GPUNode.from_dict(raw)
+    return read(raw)
 
 
 def example(name: str) -> dict[str, Any]:

@@ -23,9 +23,6 @@ from kubernetes import client
 from podshapes import webhook_pod
 
 from app import catalog, names, podview, units
-from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
-from app.devcluster.addons import install_rbac
-from app.devcluster.nodes import NODE_CPU, NODE_MEMORY
 from app.hostres import HostResources
 from app.kube import gpunode
 from app.kube.cache import node_order_key
@@ -33,6 +30,9 @@ from app.kube.client import Kube
 from app.model import Allocation, ClusterState, Demand
 from app.placement import Placement, place, registry, to_allocation
 from app.request import pod_demand
+from tests.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
+from tests.devcluster.addons import install_rbac
+from tests.devcluster.nodes import NODE_CPU, NODE_MEMORY
 
 REPO = Path(__file__).resolve().parents[2]
 POOL = "gpupack.test/pool"
@@ -129,18 +129,25 @@ def gpunode_body(name: str, gpus: int, beat: float, model: str = MODEL) -> dict[
     uuids = [f"GPU-{name}-{i}" for i in range(gpus)]
     spec = gpunode.GPUNodeSpec(
         node_name=name,
-        gpus=tuple(gpunode.GpuSpec(u, i, model, model, mem, mps_capable=True) for i, u in enumerate(uuids)),
+        gpus=tuple(
+            gpunode.GpuSpec(
+                uuid=u, index=i, model=model, product_name=model, memory_mib=mem, mps_capable=True
+            )
+            for i, u in enumerate(uuids)
+        ),
     )
     status = gpunode.GPUNodeStatus(
         heartbeat_time=beat,
-        gpus=tuple(gpunode.GpuStatus(u, i, True, memory_free_mib=mem) for i, u in enumerate(uuids)),
+        gpus=tuple(
+            gpunode.GpuStatus(uuid=u, index=i, healthy=True, memory_free_mib=mem) for i, u in enumerate(uuids)
+        ),
     )
-    return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
+    return gpunode.GPUNode.of(name, spec, status).wire()
 
 
 def create_gpunodes(kube: Kube, nodes: Sequence[str], gpus: int) -> None:
     for name in nodes:
-        body = gpunode.GPUNode.from_dict(gpunode_body(name, gpus, time.time()))
+        body = gpunode.read(gpunode_body(name, gpus, time.time()))
         assert body.status is not None
         kube.send(gpunode.create(name, body.spec))
         kube.send(gpunode.patch_status(name, body.status))
@@ -225,8 +232,8 @@ def predict(
     host = HostResources(int(NODE_CPU) * 1000, units.memory_mib(NODE_MEMORY).mib)
     state = ClusterState()
     for name in sorted(nodes, key=node_order_key):
-        gn = gpunode.GPUNode.from_dict(gpunode_body(name, gpus, beat=1.0))
-        node = gn.to_model_node(1.0)
+        gn = gpunode.read(gpunode_body(name, gpus, beat=1.0))
+        node = gn.to_model_node()
         state.nodes[name] = replace(node, cpu_milli_free=host.cpu_milli, memory_mib_free=host.memory_mib)
     pol = registry.create(policy)
     out: list[Allocation | None] = []

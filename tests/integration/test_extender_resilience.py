@@ -31,9 +31,9 @@ from test_extender import (
 )
 
 from app import catalog
-from app.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
-from app.devcluster.addons import install_rbac
 from app.kube.client import Kube
+from tests.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
+from tests.devcluster.addons import install_rbac
 
 
 class Proxy:

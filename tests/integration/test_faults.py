@@ -7,7 +7,7 @@ share is never given to two pods and never forgotten":
   - every bound managed pod has an allocation whose gpupack.io/node equals its spec.nodeName,
   - every pod gets bound once the fault is over, and the leader's assume cache drains (no hold is kept).
 
-The extender replicas run behind fault points (app/devcluster/faults.py ExtenderRig): kube-scheduler
+The extender replicas run behind fault points (tests/devcluster/faults.py ExtenderRig): kube-scheduler
 reaches them through a router that, like a Service, sends new connections to the Ready replica only (and,
 with drain=True, cuts its connections to a replica that stopped leading), and they reach the apiserver
 through a proxy the tests sever or freeze. GPUNodes are published once by the
@@ -28,9 +28,9 @@ from kubernetes.client.rest import ApiException
 from podshapes import webhook_pod
 
 from app import catalog
-from app.devcluster import Cluster, wait_for
-from app.devcluster.addons import Definitions
-from app.devcluster.faults import Audit, ExtenderRig, audit, publish_gpunodes
+from tests.devcluster import Cluster, wait_for
+from tests.devcluster.addons import Definitions
+from tests.devcluster.faults import Audit, ExtenderRig, audit, publish_gpunodes
 
 POOL = "gpupack.test/pool"
 MODEL = "A100-40GB"

@@ -16,8 +16,8 @@ from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 
 from app import names
-from app.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
-from app.devcluster.processes import group_members, pid_alive
+from tests.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
+from tests.devcluster.processes import group_members, pid_alive
 
 REPO = Path(__file__).resolve().parents[2]
 POOL = "gpupack.test/pool"  # nodes of one test carry pool=<namespace>; its pods select them

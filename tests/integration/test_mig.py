@@ -16,11 +16,11 @@ from simagents import SimAgents, write_sim
 from test_agent_extender import POOL, Extender, bound, explain_row, state_of, unschedulable
 
 from app import names
-from app.devcluster import wait_for
-from app.devcluster.addons import sim_document
-from app.devcluster.nodes import MigLayout
-from app.devcluster.poll import WaitTimeoutError
 from app.model import mig_index
+from tests.devcluster import wait_for
+from tests.devcluster.addons import sim_document
+from tests.devcluster.nodes import MigLayout
+from tests.devcluster.poll import WaitTimeoutError
 
 # The agent-and-extender fixtures of test_agent_extender.py (pytest finds fixtures by module attribute).
 installed, extender, agents = shared.installed, shared.extender, shared.agents

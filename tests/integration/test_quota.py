@@ -26,9 +26,9 @@ from test_extender import POOL, create_gpunodes, setup, start_extender  # noqa: 
 from test_webhook import Webhook, webhook  # noqa: F401 (webhook: fixture)
 
 from app import names
-from app.devcluster import Cluster, wait_for
-from app.devcluster.addons import MANIFEST_RELPATH, install_policies, policy_objects, scoped_binding
 from app.kube.client import Kube
+from tests.devcluster import Cluster, wait_for
+from tests.devcluster.addons import MANIFEST_RELPATH, install_policies, policy_objects, scoped_binding
 
 MILLI = f"requests.{names.RESOURCE_QUOTA_GPU_MILLI}"
 MEMORY = f"requests.{names.RESOURCE_QUOTA_GPU_MEMORY_MIB}"

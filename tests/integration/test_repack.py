@@ -17,9 +17,9 @@ from kubernetes import client
 from test_extender import MODEL, POOL, create_gpunodes, extender, gpu_pod, outcome, setup
 
 from app import names
-from app.devcluster import Cluster, wait_for
 from app.kube.client import Kube
 from app.model import Allocation
+from tests.devcluster import Cluster, wait_for
 
 __all__ = ["extender", "setup"]  # fixtures shared with test_extender
 

@@ -1,6 +1,6 @@
 """A tenant against gpupack's trust boundary through the real apiserver: admission policies, narrow RBAC.
 
-The tenant identity (app/devcluster/identities.py) has no rights of its own; each test grants it what a
+The tenant identity (tests/devcluster/identities.py) has no rights of its own; each test grants it what a
 namespace user typically has (pods: create/get/list/watch/update/patch/delete in its namespace). The
 chart's ValidatingAdmissionPolicies come from the rendered deploy/manifests/gpupack.yaml, bound only to
 this test's namespace or nodes (addons.scoped_binding), so other modules sharing the apiserver keep
@@ -22,8 +22,10 @@ from kubernetes.client.rest import ApiException
 from test_extender import POOL, PROC, create_gpunodes, gpu_pod, outcome, start_extender
 
 from app import managed, names
-from app.devcluster import GPUPACK_NAMESPACE, Cluster, wait_for
-from app.devcluster.addons import (
+from app.kube.client import Kube
+from app.model import Allocation
+from tests.devcluster import GPUPACK_NAMESPACE, Cluster, wait_for
+from tests.devcluster.addons import (
     MANIFEST_RELPATH,
     agent_node_token,
     install_policies,
@@ -33,9 +35,7 @@ from app.devcluster.addons import (
     scoped_binding,
     wait_for_pod_policy,
 )
-from app.devcluster.identities import kubeconfig
-from app.kube.client import Kube
-from app.model import Allocation
+from tests.devcluster.identities import kubeconfig
 
 REPO = Path(__file__).resolve().parents[2]
 EXTENDER_USER = f"system:serviceaccount:{GPUPACK_NAMESPACE}:gpupack-extender"

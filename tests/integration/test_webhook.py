@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from app import names
 from app.admission import webhook_configuration
-from app.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
-from app.devcluster.ports import free_ports
+from tests.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
+from tests.devcluster.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
 TEMPLATE = REPO / "deploy" / "webhook" / "mutatingwebhookconfiguration.yaml"

@@ -19,8 +19,8 @@ from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import certs, names
-from app.devcluster import wait_for
-from app.devcluster.ports import free_ports
+from tests.devcluster import wait_for
+from tests.devcluster.ports import free_ports
 from webhook.schemas import AdmissionRequest, AdmissionReview, GroupVersionKind, GroupVersionResource
 
 REPO = Path(__file__).resolve().parents[2]

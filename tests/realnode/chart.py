@@ -24,11 +24,11 @@ from typing import Any
 import pytest
 import yaml
 
-from app.devcluster import Cluster, ComponentSpec, kubeletnode
-from app.devcluster.addons import SIM_SAMPLES_RELPATH, sim_file_for
-from app.devcluster.identities import GPUPACK_NAMESPACE
 from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube
+from tests.devcluster import Cluster, ComponentSpec, kubeletnode
+from tests.devcluster.addons import SIM_SAMPLES_RELPATH, sim_file_for
+from tests.devcluster.identities import GPUPACK_NAMESPACE
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy/helm/gpupack"
@@ -147,7 +147,7 @@ def helm(helm_bin: str, cluster: Cluster, *args: str, values_doc: dict[str, Any]
 def start_extender_relay(cluster: Cluster) -> None:
     service = f"{GPUPACK_NAMESPACE}/{RELEASE}-extender:8888"
     listen = f"127.0.0.1:{cluster.extender_port}"
-    argv = (sys.executable, "-m", "app.devcluster.relay", "--listen", listen, "--service", service)
+    argv = (sys.executable, "-m", "tests.devcluster.relay", "--listen", listen, "--service", service)
     cluster.start_process(ComponentSpec(EXTENDER_RELAY, (*argv, "--kubeconfig", str(cluster.kubeconfig))))
 
 

@@ -26,9 +26,9 @@ from pathlib import Path
 
 import pytest
 
-from app.devcluster import BinariesError, Cluster, ensure_binaries, kubeletnode, wait_for
-from app.devcluster.addons import wait_for_gpunodes
 from app.kube.client import Kube
+from tests.devcluster import BinariesError, Cluster, ensure_binaries, kubeletnode, wait_for
+from tests.devcluster.addons import wait_for_gpunodes
 
 from . import chart
 

@@ -6,9 +6,9 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app.devcluster import kubeletnode, wait_for
 from app.kube.calls import Request
 from app.kube.client import Kube
+from tests.devcluster import kubeletnode, wait_for
 
 RUN_TIMEOUT_S = 90
 

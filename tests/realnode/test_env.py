@@ -10,9 +10,9 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from app import names
-from app.devcluster import Cluster, kubeletnode, wait_for
 from app.kube.calls import Request
 from app.kube.client import Kube
+from tests.devcluster import Cluster, kubeletnode, wait_for
 
 from . import chart
 from .pods import busybox_pod, env_of, new_namespace, run_to_completion

@@ -7,10 +7,10 @@ from collections.abc import Iterator
 import pytest
 
 from app import names
-from app.devcluster import Cluster, kubeletnode
-from app.devcluster.identities import GPUPACK_NAMESPACE
 from app.kube.calls import Request
 from app.kube.client import Kube
+from tests.devcluster import Cluster, kubeletnode
+from tests.devcluster.identities import GPUPACK_NAMESPACE
 
 from . import chart
 

@@ -13,10 +13,10 @@ from typing import Any
 import pytest
 
 from app import names
-from app.devcluster import Cluster, kubeletnode
 from app.errors import KubeError
 from app.kube.calls import Request
 from app.kube.client import Kube
+from tests.devcluster import Cluster, kubeletnode
 
 from .pods import busybox_pod, env_of, new_namespace, run_to_completion
 

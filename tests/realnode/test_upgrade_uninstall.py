@@ -24,10 +24,10 @@ import yaml
 
 from agent import mpsprep
 from app import names
-from app.devcluster import Cluster, kubeletnode, wait_for
-from app.devcluster.identities import GPUPACK_NAMESPACE
 from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube
+from tests.devcluster import Cluster, kubeletnode, wait_for
+from tests.devcluster.identities import GPUPACK_NAMESPACE
 
 from . import chart
 from .pods import busybox_pod, env_of, new_namespace, run_to_completion

@@ -14,13 +14,15 @@ from fastapi.testclient import TestClient
 from agent import metrics as agent_metrics
 from agent.command import duration
 from agent.loop import Agent, AgentConfig
-from agent.main import create_app
+from agent.main import create_app, reporter_config
 from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.simulated import SimulatedNvml
 from agent.reporter import ReporterConfig
 from agent.settings import Settings
 from app.kube.calls import Request
 from app.model import Allocation
+
+DEFAULT_CADENCE = reporter_config(Settings(node="n1"))  # the agent's settings' defaults
 
 T0 = 1_700_000_000.0
 POD_UID = "5a3e8d5c-8f0e-4d7e-9a52-3c1f1d2b7a10"
@@ -92,7 +94,7 @@ def setup(tmp_path: Path) -> tuple[Agent, FakeKube, Clock, Path]:
     clock = Clock()
     mps = MpsSupervisor(MpsConfig(binary=str(tmp_path / "none"), pipe_dir=tmp_path / "p"))
     agent = Agent(
-        AgentConfig("n1", ReporterConfig(heartbeat_s=30, min_interval_s=5)),
+        AgentConfig("n1", ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256)),
         nvml=sim,
         resolver=sim,
         mps=mps,
@@ -161,7 +163,9 @@ def test_nvml_failure_is_reported_and_init_retried(tmp_path: Path) -> None:
     sim = SimulatedNvml(path, "n1")
     kube, clock = FakeKube([]), Clock()
     mps = MpsSupervisor(MpsConfig(enabled=False))
-    agent = Agent(AgentConfig("n1"), nvml=sim, resolver=sim, mps=mps, send=kube.send, clock=clock)
+    agent = Agent(
+        AgentConfig("n1", DEFAULT_CADENCE), nvml=sim, resolver=sim, mps=mps, send=kube.send, clock=clock
+    )
     status = agent.step()
     assert "DRIVER_NOT_LOADED" in status.nvml_error and status.gpus == ()
     write(path, {"gpus": [{"model": "T4"}]})

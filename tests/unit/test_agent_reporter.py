@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
-from agent.reporter import Reporter, ReporterConfig, capacity_grew, significant_change
+from agent.main import reporter_config
+from agent.reporter import Reporter, capacity_grew, significant_change
+from agent.settings import Settings
 from app import names
 from app.errors import KubeError
 from app.kube import gpunode
@@ -16,19 +18,25 @@ from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus, Mps
 
 T0 = 1_700_000_000.0
 SPEC = GPUNodeSpec(
-    "n1", "550", (GpuSpec("GPU-a", 0, "T4", "Tesla T4", 15109), GpuSpec("GPU-b", 1, "T4", "Tesla T4", 15109))
+    node_name="n1",
+    driver_version="550",
+    gpus=tuple(
+        GpuSpec(uuid=f"GPU-{x}", index=i, model="T4", product_name="Tesla T4", memory_mib=15109)
+        for i, x in enumerate("ab")
+    ),
 )
 
 
 def status(now: float, used: int = 0, healthy: bool = True, pids: tuple[int, ...] = ()) -> GPUNodeStatus:
     a = GpuStatus(
-        "GPU-a",
-        0,
+        uuid="GPU-a",
+        index=0,
+        healthy=True,
         memory_used_mib=used,
         memory_free_mib=15109 - used,
-        processes=tuple(ProcessStatus(p, "") for p in pids),
+        processes=tuple(ProcessStatus(pid=p, pod_uid="") for p in pids),
     )
-    b = GpuStatus("GPU-b", 1, healthy=healthy, memory_used_mib=0, memory_free_mib=15109)
+    b = GpuStatus(uuid="GPU-b", index=1, healthy=healthy, memory_used_mib=0, memory_free_mib=15109)
     return GPUNodeStatus(heartbeat_time=now, gpus=(a, b))
 
 
@@ -65,7 +73,9 @@ def kube() -> FakeKube:
 
 
 def reporter(kube: FakeKube, **cfg: Any) -> Reporter:
-    return Reporter("n1", kube.send, ReporterConfig(**cfg))
+    """A reporter at the agent's default cadence (its settings), but for `cfg`."""
+    config = replace(reporter_config(Settings(node="n1")), **cfg)
+    return Reporter("n1", kube.send, config)
 
 
 NODE_STATUS = "PATCH /api/v1/nodes/n1/status"
@@ -139,9 +149,11 @@ def test_spec_change_is_patched(kube: FakeKube) -> None:
     r = reporter(kube)
     r.tick(SPEC, status(T0), T0)
     kube.kinds()
-    mig = replace(SPEC, gpus=(replace(SPEC.gpus[0], mps_capable=True), SPEC.gpus[1]))
+    mig = SPEC.model_copy(
+        update={"gpus": (SPEC.gpus[0].model_copy(update={"mps_capable": True}), SPEC.gpus[1])}
+    )
     assert r.tick(mig, status(T0 + 1), T0 + 1) == ["spec"]
-    assert kube.requests[-1].body == {"spec": mig.to_dict()}
+    assert kube.requests[-1].body == {"spec": mig.wire()}
 
 
 def test_existing_gpunode_after_restart_is_patched_not_recreated(kube: FakeKube) -> None:
@@ -191,9 +203,9 @@ def test_status_write_failure_keeps_the_old_heartbeat(kube: FakeKube) -> None:
         (status(T0, used=300), "GPU 0 memory"),
         (status(T0, healthy=False), "GPU 1 health"),
         (status(T0, pids=(5,)), "GPU 0 processes"),
-        (replace(status(T0), mps=MpsStatus("running", "mps")), "MPS"),
-        (replace(status(T0), env_device_selection="disabled"), "node"),
-        (replace(status(T0), gpus=status(T0).gpus[:1]), "GPU count"),
+        (status(T0).model_copy(update={"mps": MpsStatus(state="running", isolation="mps")}), "MPS"),
+        (status(T0).model_copy(update={"env_device_selection": "disabled"}), "node"),
+        (status(T0).model_copy(update={"gpus": status(T0).gpus[:1]}), "GPU count"),
         (status(T0 + 999, used=100), ""),
     ],
 )
@@ -231,8 +243,10 @@ def test_capacity_grew(old: tuple[GpuStatus, ...] | None, new: tuple[GpuStatus, 
 
 def test_capacity_grew_after_a_heartbeat_gap_longer_than_stale() -> None:
     old = GPUNodeStatus(heartbeat_time=T0, gpus=(_gpu(0),))
-    assert capacity_grew(old, replace(old, heartbeat_time=T0 + 90), 256, 90) == ""
-    assert capacity_grew(old, replace(old, heartbeat_time=T0 + 91), 256, 90) == "heartbeat resumed"
+    assert capacity_grew(old, old.model_copy(update={"heartbeat_time": T0 + 90}), 256, 90) == ""
+    assert (
+        capacity_grew(old, old.model_copy(update={"heartbeat_time": T0 + 91}), 256, 90) == "heartbeat resumed"
+    )
 
 
 def test_freed_memory_bumps_the_node_annotation_once(kube: FakeKube) -> None:

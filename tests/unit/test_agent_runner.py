@@ -10,12 +10,14 @@ import yaml
 from fastapi.testclient import TestClient
 
 from agent.loop import Agent, AgentConfig
-from agent.main import Runner, create_app
+from agent.main import Runner, create_app, reporter_config
 from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.simulated import SimulatedNvml
 from agent.settings import Settings
-from app.devcluster import wait_for
 from app.kube.calls import Request
+from tests.devcluster import wait_for
+
+DEFAULT_CADENCE = reporter_config(Settings(node="n1"))  # the agent's settings' defaults
 
 
 def make_agent(sim: Path, send: Any = None) -> Agent:
@@ -25,7 +27,14 @@ def make_agent(sim: Path, send: Any = None) -> Agent:
     def no_api(req: Request) -> dict[str, Any]:
         return {}
 
-    return Agent(AgentConfig("n1"), nvml=nvml, resolver=nvml, mps=mps, send=send or no_api, clock=lambda: 1.0)
+    return Agent(
+        AgentConfig("n1", DEFAULT_CADENCE),
+        nvml=nvml,
+        resolver=nvml,
+        mps=mps,
+        send=send or no_api,
+        clock=lambda: 1.0,
+    )
 
 
 def test_an_invalid_simulated_file_ends_the_runner_with_2(tmp_path: Path) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 from importlib.metadata import EntryPoint
+from pathlib import Path
 
 import pytest
 
@@ -52,3 +53,35 @@ def test_a_named_subcommand_loads_only_its_entry_point_and_others_load_all() -> 
     every = [ep.name for ep in cli.command_entry_points()]
     assert [ep.name for ep in cli.commands_for(["certs"])] == every  # webhook's second subcommand
     assert [ep.name for ep in cli.commands_for([])] == every
+
+
+def test_a_command_whose_module_this_install_lacks_says_so(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # An install from the wheel or the image has no tests/ package: `gpupack dev` is listed but explains.
+    absent = EntryPoint(
+        name="dev", value="no_such_pkg.devcluster.command:register", group=cli.ENTRY_POINT_GROUP
+    )
+    top = EntryPoint(name="top", value="app.top:register", group=cli.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(cli, "command_entry_points", lambda: [absent, top])
+    assert _choices(cli.build_parser()) == {"dev", "top"}
+    for argv in (["dev", "up", "--nodes", "2"], ["dev", "--help"], ["dev"]):
+        assert cli.main(argv) == 2, argv
+        err = capsys.readouterr().err
+        assert err.startswith("gpupack dev: not part of this install"), err
+        assert "no_such_pkg.devcluster.command" in err and "make dev" in err
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["--help"])
+    assert exit_info.value.code == 0
+    assert "(source checkout only)" in capsys.readouterr().out
+
+
+def test_a_command_whose_dependency_is_missing_fails_loudly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The command's own module is there but imports something absent: a broken install, not hidden.
+    (tmp_path / "brokencmd.py").write_text("import no_such_dependency\n\ndef register(sub): ...\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    broken = EntryPoint(name="broken", value="brokencmd:register", group=cli.ENTRY_POINT_GROUP)
+    with pytest.raises(ModuleNotFoundError, match="no_such_dependency"):
+        cli.build_parser([broken])

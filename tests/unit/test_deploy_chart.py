@@ -19,7 +19,7 @@ import yaml
 
 from app import names
 from app.cli import build_parser
-from app.devcluster import schedconfig
+from tests.devcluster import schedconfig
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "deploy/helm/gpupack"

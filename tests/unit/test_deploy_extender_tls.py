@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from app.cli import build_parser
-from app.devcluster import schedconfig
+from tests.devcluster import schedconfig
 
 REPO = Path(__file__).resolve().parents[2]
 MANIFEST = REPO / "deploy/manifests/gpupack.yaml"

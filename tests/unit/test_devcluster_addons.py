@@ -12,12 +12,12 @@ import yaml
 
 from agent.nvml import simfile
 from app import admission, catalog, cli, names, podview, request
-from app.devcluster import addons, command
-from app.devcluster.cluster import Cluster
-from app.devcluster.identities import IDENTITIES
-from app.devcluster.layout import Layout, Ports
-from app.devcluster.nodes import MigLayout, node_body
-from app.devcluster.processes import ManagedProcess
+from tests.devcluster import addons, command
+from tests.devcluster.cluster import Cluster
+from tests.devcluster.identities import IDENTITIES
+from tests.devcluster.layout import Layout, Ports
+from tests.devcluster.nodes import MigLayout, node_body
+from tests.devcluster.processes import ManagedProcess
 
 REPO = Path(__file__).resolve().parents[2]
 SAMPLES = sorted((REPO / addons.SIM_SAMPLES_RELPATH).glob("*.yaml"))
@@ -380,8 +380,8 @@ def test_examples_are_valid_requests_with_nothing_but_the_annotation(
 
 
 def test_start_processes_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from app.devcluster import processes
-    from app.devcluster.processes import ComponentError, ComponentSpec, HealthCheck
+    from tests.devcluster import processes
+    from tests.devcluster.processes import ComponentError, ComponentSpec, HealthCheck
 
     launched: list[ManagedProcess] = []
     real_start = processes.start
@@ -390,7 +390,7 @@ def test_start_processes_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.M
         launched.append(real_start(spec, log_path))
         return launched[-1]
 
-    monkeypatch.setattr("app.devcluster.cluster.start_process_only", spy)
+    monkeypatch.setattr("tests.devcluster.cluster.start_process_only", spy)
     cluster = Cluster(Layout(tmp_path), tmp_path, Ports(*range(1, 8)), {})
     sleeper = ComponentSpec("sleeper", (sys.executable, "-c", "import time; time.sleep(60)"))
     failing = ComponentSpec(

@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 
 from app import catalog, cli
-from app.devcluster.__main__ import main
+from tests.devcluster.__main__ import main
 
 
 def test_dev_is_registered_in_the_cli() -> None:
-    assert "app.devcluster.command:register" in {ep.value for ep in cli.command_entry_points()}
+    assert "tests.devcluster.command:register" in {ep.value for ep in cli.command_entry_points()}
 
 
 def test_unknown_model_is_one_line_listing_known_models_exit_2(

@@ -10,9 +10,9 @@ import pytest
 import yaml
 
 from app import names
-from app.devcluster import components, identities, ports, schedconfig
-from app.devcluster.binaries import repo_root
-from app.devcluster.layout import Layout, Ports
+from tests.devcluster import components, identities, ports, schedconfig
+from tests.devcluster.binaries import repo_root
+from tests.devcluster.layout import Layout, Ports
 
 TEMPLATE = (repo_root() or Path(".")) / schedconfig.TEMPLATE_RELPATH
 

@@ -14,8 +14,8 @@ from typing import Any
 import pytest
 
 from app import names
-from app.devcluster import ComponentSpec, processes, wait_for
-from app.devcluster.faults import ExtenderRig, ReadyPicker, TcpProxy, audit, fixed, kubeconfig_via
+from tests.devcluster import ComponentSpec, processes, wait_for
+from tests.devcluster.faults import ExtenderRig, ReadyPicker, TcpProxy, audit, fixed, kubeconfig_via
 
 
 def pod(

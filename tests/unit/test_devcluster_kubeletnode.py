@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from app.devcluster import kubeletnode, pki, realnode
+from tests.devcluster import kubeletnode, pki, realnode
 
 
 def test_kubelet_and_apiserver_get_exactly_the_bootstrap_roles_they_need() -> None:

@@ -7,8 +7,8 @@ from typing import Any
 import pytest
 
 from app import catalog, names
-from app.devcluster import node_body
-from app.devcluster.nodes import is_ready
+from tests.devcluster import node_body
+from tests.devcluster.nodes import is_ready
 
 
 def test_node_advertises_gpus_as_design_says() -> None:

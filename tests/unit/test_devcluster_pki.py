@@ -14,8 +14,8 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from app.devcluster import pki
 from app.tls import ReloadingContext
+from tests.devcluster import pki
 
 
 def _sans(cert: x509.Certificate) -> tuple[list[str], list[str]]:

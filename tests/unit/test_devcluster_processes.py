@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from app.devcluster import (
+from tests.devcluster import (
     ComponentError,
     ComponentSpec,
     HealthCheck,
@@ -17,7 +17,7 @@ from app.devcluster import (
     processes,
     wait_for,
 )
-from app.devcluster.ports import free_ports
+from tests.devcluster.ports import free_ports
 
 PY = sys.executable
 # Prints a line once its SIGTERM handler is installed, so the test knows the handler is live.

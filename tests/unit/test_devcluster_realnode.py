@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from app.devcluster import realnode
-from app.devcluster.realnode import NodePaths
+from tests.devcluster import realnode
+from tests.devcluster.realnode import NodePaths
 
 PATHS = NodePaths(Path("/tmp/gpupack-node"))
 SUBNET = "10.88.77.0/24"

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.devcluster import relay
+from tests.devcluster import relay
 
 SERVICE = {
     "spec": {"ports": [{"name": "https", "port": 8888, "targetPort": "https"}, {"name": "ops", "port": 8889}]}

@@ -16,7 +16,7 @@ from app.errors import KubeError, PlacementReason
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict, Request
-from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
+from app.kube.gpunode import GPUNode, GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
 from app.model import Allocation, Demand, Node
 from app.placement import Policy, registry
 from extender.binder import Binder
@@ -32,12 +32,17 @@ NOW = 1_700_000_000.0
 
 def gpunode(name: str, gpus: int = 2, mem: int = 16_384, model: str = "V100M16") -> JsonDict:
     spec = GPUNodeSpec(
-        node_name=name, gpus=tuple(GpuSpec(f"GPU-{name}-{i}", i, model, "Tesla", mem) for i in range(gpus))
+        node_name=name,
+        gpus=tuple(
+            GpuSpec(uuid=f"GPU-{name}-{i}", index=i, model=model, product_name="Tesla", memory_mib=mem)
+            for i in range(gpus)
+        ),
     )
     status = GPUNodeStatus(
-        heartbeat_time=NOW, gpus=tuple(GpuStatus(f"GPU-{name}-{i}", i, True) for i in range(gpus))
+        heartbeat_time=NOW,
+        gpus=tuple(GpuStatus(uuid=f"GPU-{name}-{i}", index=i, healthy=True) for i in range(gpus)),
     )
-    return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
+    return GPUNode.of(name, spec, status).wire()
 
 
 # What the webhook gives the GPU container (the extender places only pods that carry it).

@@ -19,7 +19,6 @@ import pytest
 import uvicorn
 
 from app import certs
-from app.devcluster.ports import free_ports
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.placement import registry
@@ -27,6 +26,7 @@ from extender.binder import Binder
 from extender.config import Settings
 from extender.main import create_app, run, servers
 from extender.runtime import StaticRuntime
+from tests.devcluster.ports import free_ports
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,7 @@ from app.errors import KubeError
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict, Request
-from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
+from app.kube.gpunode import GPUNode, GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
 from app.model import Demand
 from app.placement import registry
 from app.pods import pod_info
@@ -201,9 +201,16 @@ class NoPods:
 
 
 def _gpunode(name: str) -> JsonDict:
-    spec = GPUNodeSpec(node_name=name, gpus=(GpuSpec(f"GPU-{name}-0", 0, "V100M16", "Tesla", 16384),))
-    status = GPUNodeStatus(heartbeat_time=time.time(), gpus=(GpuStatus(f"GPU-{name}-0", 0, True),))
-    return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
+    spec = GPUNodeSpec(
+        node_name=name,
+        gpus=(
+            GpuSpec(uuid=f"GPU-{name}-0", index=0, model="V100M16", product_name="Tesla", memory_mib=16384),
+        ),
+    )
+    status = GPUNodeStatus(
+        heartbeat_time=time.time(), gpus=(GpuStatus(uuid=f"GPU-{name}-0", index=0, healthy=True),)
+    )
+    return GPUNode.of(name, spec, status).wire()
 
 
 @pytest.fixture(scope="module")

@@ -152,3 +152,20 @@ def test_runtime_stage_carries_oci_labels() -> None:
     assert versions == [pyproject()["project"]["version"]]
     chart = yaml.safe_load((REPO / "deploy/helm/gpupack/Chart.yaml").read_text())
     assert versions == [chart["appVersion"]]  # the chart's image tag defaults to its appVersion
+
+
+def test_neither_the_image_nor_the_wheel_carries_the_development_harness() -> None:
+    # tests/devcluster (local control plane, fault proxy, kubelet node) runs `gpupack dev` and the test
+    # tiers from a checkout; the product must not ship it (an import contract keeps the product off it).
+    from setuptools import find_packages
+
+    build = stages(DOCKERFILE.read_text())[0]
+    copied = {rest.split()[0] for word, rest in build if word == "COPY"}
+    assert not any(src == "tests" or src.startswith(("tests/", "./tests")) for src in copied), copied
+    find = pyproject()["tool"]["setuptools"]["packages"]["find"]
+    shipped = find_packages(where=str(REPO), include=find["include"])
+    assert "app" in shipped and "agent.nvml" in shipped  # the find rule does see the product
+    assert not [p for p in shipped if p == "tests" or p.startswith("tests.")]
+    # `gpupack dev` is still an entry point of the wheel: the CLI reports it absent there (test_cli).
+    dev = pyproject()["project"]["entry-points"]["gpupack.commands"]["dev"]
+    assert dev.startswith("tests.devcluster.")

@@ -10,7 +10,7 @@ from app import names, podview
 from app.errors import RequestError
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache, node_order_key
-from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
+from app.kube.gpunode import GPUNode, GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
 from app.model import Allocation, Demand
 from app.pods import pod_info
 from app.request import pod_demand
@@ -23,13 +23,18 @@ def gpunode(
 ) -> dict[str, Any]:
     spec = GPUNodeSpec(
         node_name=name,
-        gpus=tuple(GpuSpec(f"GPU-{name}-{i}", i, model, "Tesla", mem) for i in range(gpus)),
+        gpus=tuple(
+            GpuSpec(uuid=f"GPU-{name}-{i}", index=i, model=model, product_name="Tesla", memory_mib=mem)
+            for i in range(gpus)
+        ),
     )
     status = GPUNodeStatus(
         heartbeat_time=beat,
-        gpus=tuple(GpuStatus(f"GPU-{name}-{i}", i, True, memory_free_mib=mem) for i in range(gpus)),
+        gpus=tuple(
+            GpuStatus(uuid=f"GPU-{name}-{i}", index=i, healthy=True, memory_free_mib=mem) for i in range(gpus)
+        ),
     )
-    return {"metadata": {"name": name}, "spec": spec.to_dict(), "status": status.to_dict()}
+    return GPUNode.of(name, spec, status).wire()
 
 
 def alloc(node: str, *gpus: int, milli: int = 500, mem: int = 8192) -> Allocation:

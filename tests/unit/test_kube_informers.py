@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -11,6 +12,8 @@ import pytest
 from app.errors import KubeError
 from app.kube.calls import JsonDict, Request
 from app.kube.informers import Informer, InformerConfig, object_key
+from extender.config import Settings as ExtenderSettings
+from extender.runtime import informer_config
 
 
 def obj(name: str, rv: str, ns: str = "default") -> JsonDict:
@@ -70,7 +73,7 @@ def make(kube: FakeKube, now: list[float], sleeps: list[float], **cfg: Any) -> t
         rec,
         name="pods",
         label_selector="gpupack.io/managed=true",
-        config=InformerConfig(page_limit=2, **cfg),
+        config=replace(informer_config(ExtenderSettings()), page_limit=2, **cfg),
         sleep=sleeps.append,
         clock=lambda: now[0],
     )
@@ -281,8 +284,10 @@ def test_a_dead_or_stuck_thread_is_reported() -> None:
 
 
 def test_config_bounds_are_consistent() -> None:
-    assert InformerConfig().validate() == []
-    errors = InformerConfig(watch_timeout_s=90, live_within_s=60.0, stuck_after_s=30.0).validate()
+    assert informer_config(ExtenderSettings()).validate() == []  # the extender's defaults
+    errors = InformerConfig(
+        resync_s=600.0, watch_timeout_s=90, live_within_s=60.0, stuck_after_s=30.0
+    ).validate()
     assert errors == [
         "live_within_s=60.0: must exceed watch_timeout_s=90"
         " (a quiet watch proves itself live only when it ends)",
@@ -297,7 +302,14 @@ def test_slim_keeps_only_what_the_handler_needs_of_listed_and_watched_objects() 
     ]
     kube.streams = [[{"type": "ADDED", "object": {**obj("b", "6"), "spec": {"big": "y"}}}]]
     rec = Recorder()
-    inf = Informer(kube, "/api/v1/pods", rec, name="pods", slim=lambda o: {"metadata": o["metadata"]})
+    inf = Informer(
+        kube,
+        "/api/v1/pods",
+        rec,
+        name="pods",
+        config=informer_config(ExtenderSettings()),
+        slim=lambda o: {"metadata": o["metadata"]},
+    )
     inf.step()
     inf.step()
     assert rec.store == {"default/a": obj("a", "1"), "default/b": obj("b", "6")}

@@ -223,7 +223,14 @@ def test_a_failing_callback_does_not_break_the_elector() -> None:
 
     a = LeaderElector(
         store,
-        LeaseConfig(namespace="sys", name="l", identity="a"),
+        LeaseConfig(
+            namespace="sys",
+            name="l",
+            identity="a",
+            lease_duration_s=15,
+            renew_deadline_s=10,
+            retry_period_s=2,
+        ),
         wall=lambda: 1_700_000_000 + now[0],
         clock=lambda: now[0],
         on_started=boom,

@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from agent.loop import Agent, AgentConfig
 from agent.main import create_app as agent_app
+from agent.main import reporter_config
 from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.simulated import SimulatedNvml
 from agent.settings import Settings as AgentSettings
@@ -27,6 +28,8 @@ from extender.main import create_app as extender_app
 from extender.runtime import StaticRuntime
 from webhook.main import create_app as webhook_app
 from webhook.settings import Settings as WebhookSettings
+
+DEFAULT_CADENCE = reporter_config(AgentSettings(node="n1"))  # the agent's settings' defaults
 
 PREFIXES = ("gpupack_webhook_", "gpupack_extender_", "gpupack_agent_")
 
@@ -63,7 +66,14 @@ def agent_client(tmp_path: Path) -> TestClient:
     sim.write_text(yaml.safe_dump({"gpus": [{"model": "T4"}]}))
     nvml = SimulatedNvml(sim, "n1")
     mps = MpsSupervisor(MpsConfig(enabled=False))
-    agent = Agent(AgentConfig("n1"), nvml=nvml, resolver=nvml, mps=mps, send=NoKube().send, clock=lambda: 0.0)
+    agent = Agent(
+        AgentConfig("n1", DEFAULT_CADENCE),
+        nvml=nvml,
+        resolver=nvml,
+        mps=mps,
+        send=NoKube().send,
+        clock=lambda: 0.0,
+    )
     agent.step()  # per-GPU gauges exist once a cycle ran
     return TestClient(agent_app(AgentSettings(node="n1"), agent))
 

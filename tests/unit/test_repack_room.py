@@ -168,10 +168,10 @@ def test_repack_for_refuses_a_pod_it_cannot_make_room_for_naming_the_flag() -> N
     snap = Snapshot(pods=[bound, pending, broken])
     kw: dict[str, object] = {"policy": "binpack", "max_moves": 4, "namespace": None}
     cases = {
-        "ns/missing": "--for='ns/missing': no such gpupack pod (label gpupack.io/managed)",
+        "ns/missing": "--for='ns/missing': must name a gpupack pod (label gpupack.io/managed)",
         "ns/bound": "--for='ns/bound': must be a Pending pod, not yet bound (bound to node-0)",
-        "ns/broken": "--for='ns/broken': its GPU request is invalid: ",
-        "ns/waiting": "--for='ns/waiting': no 4 moves or fewer of movable pods make room for it",
+        "ns/broken": "--for='ns/broken': must have a valid GPU request (",
+        "ns/waiting": "--for='ns/waiting': must fit after 4 moves or fewer of movable pods; none make room",
     }
     for key, message in cases.items():
         with pytest.raises(ValueError) as err:

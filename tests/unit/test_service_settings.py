@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from agent.command import register as agent_register
 from agent.command import settings_from as agent_settings_from
+from agent.settings import FLAGS as AGENT_FLAGS
 from agent.settings import Settings as AgentSettings
 from app.errors import SettingError
-from app.settings import Checker
+from app.settings import Checker, default_of, flag_rows, help_of
+from extender.config import FLAGS as EXTENDER_FLAGS
 from extender.config import Settings as ExtenderSettings
 from webhook.main import create_app as webhook_app
 from webhook.settings import Settings as WebhookSettings
@@ -92,8 +96,6 @@ def test_extender_settings_errors_are_typed() -> None:
 
 
 def agent_args(*argv: str) -> AgentSettings:
-    import argparse
-
     parser = argparse.ArgumentParser()
     agent_register(parser.add_subparsers())
     return agent_settings_from(parser.parse_args(["agent", "run", *argv]))
@@ -203,3 +205,59 @@ def test_a_service_with_bad_flags_exits_2_listing_each(
     assert len(err) == len(lines), err
     for got, want in zip(err, lines, strict=True):
         assert got.startswith(want), (got, want)
+
+
+def _serve_parser(argv: list[str]) -> argparse.ArgumentParser:
+    """The parser of `gpupack SERVICE VERB` as the CLI builds it."""
+    from app.cli import build_parser
+
+    parser: argparse.ArgumentParser = build_parser()
+    for word in argv:
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        parser = sub.choices[word]
+    return parser
+
+
+SERVICES = [
+    (["webhook", "serve"], WebhookSettings, "webhook.settings"),
+    (["extender", "serve"], ExtenderSettings, "extender.config"),
+    (["agent", "run"], AgentSettings, "agent.settings"),
+]
+
+
+@pytest.mark.parametrize(("argv", "cls", "module"), SERVICES, ids=["webhook", "extender", "agent"])
+def test_each_flag_takes_default_and_help_from_its_settings_field(
+    argv: list[str], cls: type[Any], module: str
+) -> None:
+    import importlib
+
+    flags = importlib.import_module(module).FLAGS
+    parser = _serve_parser(argv)
+    by_flag = {a.option_strings[0]: a for a in parser._actions if a.option_strings and a.dest != "help"}
+    rows = flag_rows(cls, flags)
+    # Every settings field with a help sentence is a flag, and every flag is such a field.
+    assert sorted(by_flag) == sorted(r.flag for r in rows)
+    for row in rows:
+        action = by_flag[row.flag]
+        assert action.help == help_of(cls, row.field)
+        if row.field == "node":  # the agent's node defaults to $NODE_NAME when the parser is built
+            continue
+        assert action.default == default_of(cls, row.field), row.flag
+        if row.default:
+            assert action.help.endswith(f"(default: {row.default})"), action.help
+
+
+def test_the_defaults_the_issue_named_are_written_once_and_shown_as_such() -> None:
+    rows = {r.flag: r for r in flag_rows(ExtenderSettings, EXTENDER_FLAGS)}
+    assert (rows["--lease-duration"].default, rows["--watch-timeout"].default) == ("15", "45")
+    assert rows["--identity"].default == "$POD_NAME, else host-pid"  # computed at start-up
+    agent = {r.flag: r for r in flag_rows(AgentSettings, AGENT_FLAGS)}
+    assert (agent["--memory-threshold-mib"].default, agent["--heartbeat"].default) == ("256", "30s")
+    assert agent["--no-mps"].default == ""  # a switch: its sentence says what it does
+    # The components take these from the settings: the agent's reporter and the extender's informers.
+    from agent.main import reporter_config
+    from extender.runtime import informer_config
+
+    cadence = reporter_config(AgentSettings(node="n1"))
+    assert (cadence.heartbeat_s, cadence.memory_threshold_mib) == (30, 256)
+    assert informer_config(ExtenderSettings()).watch_timeout_s == 45

@@ -62,15 +62,19 @@ def test_loader_reads_the_tiny_fixture() -> None:
         ),
         pytest.param(
             "name,cpu_milli,num_gpu,gpu_milli\np,1,1,500\n",
-            "pods.csv:1: missing column(s) memory_mib",
+            "pods.csv:1: header='name,cpu_milli,num_gpu,gpu_milli': must have the column(s) memory_mib",
             id="missing-column",
         ),
         pytest.param(
             "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,0,1\n",
-            "pods.csv:2: has 5 columns in the header, not this row",
+            "pods.csv:2: row='p,1,0,1': must have 5 columns, as the header does",
             id="short-row",
         ),
-        pytest.param("name,cpu_milli,memory_mib,num_gpu,gpu_milli\n", "pods.csv: no pods", id="empty"),
+        pytest.param(
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n",
+            "pods.csv: rows=0: must list at least one pod",
+            id="empty",
+        ),
         pytest.param(
             "name,cpu_milli,memory_mib,num_gpu,gpu_milli\n,1,0,1,500\n",
             "pods.csv:2: column name='': must not be empty",
@@ -111,7 +115,9 @@ def test_node_loader_errors_name_file_line_and_column(text: str, message: str) -
 
 
 def test_loader_reports_a_missing_file(tmp_path: Path) -> None:
-    with pytest.raises(TraceError, match=r"nope\.csv: cannot read: No such file or directory"):
+    with pytest.raises(
+        TraceError, match=r"^file='.*/nope\.csv': must be readable \(No such file or directory\)$"
+    ):
         load_pods(tmp_path / "nope.csv")
 
 
@@ -277,3 +283,48 @@ def test_the_chooser_agrees_with_place_while_pods_arrive_and_leave(name: str) ->
         running.append((i, demand, expected.gpus))
         placed += 1
     assert placed > 500 and len(running) < placed  # both arrivals and departures happened
+
+
+@pytest.mark.parametrize(
+    ("nodes", "pods", "message"),
+    [
+        pytest.param(
+            "sn,cpu_milli,memory_mib,gpu,model\nn1,1000,1000,0,\n",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,0,1,500\n",
+            "--nodes='{nodes}': must list at least one node with GPUs (column gpu > 0)",
+            id="no-gpu-nodes",
+        ),
+        pytest.param(
+            "sn,cpu_milli,memory_mib,gpu,model\nn1,1000,1000,1,T4\n",
+            "name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,0,0,0\n",
+            "--pods='{pods}': must list at least one pod that asks for a GPU (column num_gpu > 0)",
+            id="no-gpu-pods",
+        ),
+    ],
+)
+def test_a_trace_with_nothing_to_replay_is_a_usage_error_not_a_crash(
+    nodes: str, pods: str, message: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: a traceback (no GPU capacity) or a table of nan (no GPU pods).
+    node_file, pod_file = tmp_path / "nodes.csv", tmp_path / "pods.csv"
+    node_file.write_text(nodes)
+    pod_file.write_text(pods)
+    assert main(["simulate", "--nodes", str(node_file), "--pods", str(pod_file), "--jobs", "1"]) == 2
+    want = message.format(nodes=node_file, pods=pod_file)
+    assert capsys.readouterr().err == f"gpupack simulate: {want}\n"
+
+
+def test_every_input_error_of_the_simulator_has_the_one_shape() -> None:
+    # Flags and trace files alike: [where: ]field=value: rule, the value in Python notation.
+    from app.errors import FieldError, InputError
+    from app.sim.command import UsageError, parse_seeds
+
+    with pytest.raises(UsageError) as usage:
+        parse_seeds("9-1")
+    with pytest.raises(TraceError) as trace:
+        read_pods(io.StringIO("name,cpu_milli,memory_mib,num_gpu,gpu_milli\np,1,0,1,abc\n"), "pods.csv")
+    for exc in (usage.value, trace.value):
+        assert isinstance(exc, InputError) and len(exc.errors) == 1
+    assert usage.value.errors[0] == FieldError("--seeds", "9-1", usage.value.errors[0].rule)
+    assert trace.value.errors[0] == FieldError("column gpu_milli", "abc", "must be an integer in [0, 1000]")
+    assert str(trace.value) == "pods.csv:2: column gpu_milli='abc': must be an integer in [0, 1000]"

@@ -63,7 +63,7 @@ https://{{ include "gpupack.fullname" . }}-extender.{{ .Release.Namespace }}.svc
 
 {{/*
 Where kube-scheduler's pods mount Secret <fullname>-scheduler-client (tls.crt, tls.key, ca.crt); the same
-paths as schedconfig.CHART_TLS in app/devcluster/schedconfig.py (a unit test compares the two).
+paths as schedconfig.CHART_TLS in tests/devcluster/schedconfig.py (a unit test compares the two).
 */}}
 {{- define "gpupack.schedulerTLSDir" -}}
 /etc/gpupack-scheduler/extender-client

@@ -1,4 +1,4 @@
-"""`python -m app.devcluster up|down|status`: `gpupack dev ...` without the other subcommands."""
+"""`python -m tests.devcluster up|down|status`: `gpupack dev ...` without the other subcommands."""
 
 from __future__ import annotations
 

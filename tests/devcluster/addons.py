@@ -3,9 +3,9 @@
 An addon is started after the control plane is healthy and the fake GPU nodes are Ready. It starts its
 processes with `cluster.start_process(ComponentSpec(...))` (or `start_processes` for several at once) - so
 they are health-checked, logged to DIR/logs/<name>.log, recorded in DIR/state.json and stopped by
-`gpupack dev down` - and may then create API objects as admin (`cluster.api_client()`). `app` must not
-import webhook/extender/agent (import-linter contract), so an addon runs them as commands
-(`sys.executable -m app.cli ...`), never as imports.
+`gpupack dev down` - and may then create API objects as admin (`cluster.api_client()`). The dev cluster
+does not import webhook/extender/agent (import-linter contract): an addon runs them as commands
+(`sys.executable -m app.cli ...`), the way a real install runs the image.
 
 The addons, in order:
 

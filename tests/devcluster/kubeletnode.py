@@ -344,7 +344,7 @@ def start_api_relay(cluster: Cluster, node: RealNode, progress: Progress = _quie
             (
                 sys.executable,
                 "-m",
-                "app.devcluster.relay",
+                "tests.devcluster.relay",
                 "--listen",
                 f"{node.ip}:{port}",
                 "--to",

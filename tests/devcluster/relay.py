@@ -8,7 +8,7 @@ The dev cluster runs no kube-proxy and no DNS, and its apiserver listens on 127.
   relays each connection to a ready endpoint of that Service (only the extender leader is Ready), looked
   up in its EndpointSlices when the connection arrives, as a Service routes.
 
-Bytes are relayed as they are (TLS end to end), by faults.TcpProxy. Run as `python -m app.devcluster.relay`.
+Bytes are relayed as they are (TLS end to end), by faults.TcpProxy. Run as `python -m tests.devcluster.relay`.
 """
 
 from __future__ import annotations
@@ -84,7 +84,7 @@ def service_picker(kube: Kube, namespace: str, name: str, port: int) -> Callable
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m app.devcluster.relay", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m tests.devcluster.relay", description=__doc__)
     parser.add_argument("--listen", type=host_port, required=True, help="HOST:PORT to listen on")
     to = parser.add_mutually_exclusive_group(required=True)
     to.add_argument("--to", type=host_port, help="HOST:PORT to relay every connection to")
