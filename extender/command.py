@@ -76,6 +76,27 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         action="store_false",
         help="let every fitting node pass filter and only rank them in prioritize",
     )
+    s.add_argument(
+        "--autoscale-pool",
+        dest="autoscale_pools",
+        action="append",
+        metavar="MODEL:GPUS",
+        help="a node shape the cluster autoscaler can add (repeat for several, in order of preference); "
+        "with one, the leader asks for GPU nodes with placeholder pods sized by its own packing "
+        "(docs/autoscaling.md)",
+    )
+    s.add_argument(
+        "--autoscale-interval", type=float, help="seconds between two scale-up reconciles (default 5)"
+    )
+    s.add_argument(
+        "--autoscale-grace",
+        type=float,
+        help="seconds a pod is pending before it counts toward a scale-up (default 5)",
+    )
+    s.add_argument(
+        "--autoscale-resource",
+        help="the resource a placeholder requests per whole GPU (default nvidia.com/gpu)",
+    )
     s.add_argument("--log-level", default="info")
     s.set_defaults(func=serve)
 
@@ -83,8 +104,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def settings_from(args: argparse.Namespace) -> Settings:
     duration = args.lease_duration
     # The lease's timing follows its duration in client-go's proportions (15 s: renew 10 s, retry 2 s).
+    pools = tuple(args.autoscale_pools or ())
     return from_args(
-        Settings, args, FLAGS, renew_deadline_s=duration * 2 / 3, retry_period_s=max(0.2, duration / 7.5)
+        Settings,
+        args,
+        FLAGS,
+        renew_deadline_s=duration * 2 / 3,
+        retry_period_s=max(0.2, duration / 7.5),
+        autoscale_pools=pools,
     )
 
 

@@ -6,6 +6,7 @@ import os
 import socket
 from dataclasses import dataclass, field
 
+from app.autoscale.plan import Pool
 from app.errors import SettingError
 from app.placement import DEFAULT_POLICY, registry
 from app.settings import Checker
@@ -20,6 +21,9 @@ FLAGS = {
     "heartbeat_timeout_s": "--heartbeat-timeout",
     "watch_timeout_s": "--watch-timeout",
     "live_within_s": "--live-within",
+    "autoscale_pools": "--autoscale-pool",
+    "autoscale_interval_s": "--autoscale-interval",
+    "autoscale_grace_s": "--autoscale-grace",
 }
 
 
@@ -55,6 +59,12 @@ class Settings:
     # this long. Shorter than assume_ttl_s, so a hold cannot expire while a stale view still serves.
     live_within_s: float = 60.0
     log_level: str = "info"
+    # Scale-up requests to a cluster autoscaler (extender/autoscaler.py): the node shapes it can add, as
+    # MODEL:GPUS; none turns the requests off. Pods pending for `grace` are sized every `interval`.
+    autoscale_pools: tuple[str, ...] = ()
+    autoscale_interval_s: float = 5.0
+    autoscale_grace_s: float = 5.0
+    autoscale_resource: str = "nvidia.com/gpu"  # what a placeholder pod requests, one per whole GPU
 
     def validate(self) -> list[SettingError]:
         check = Checker(FLAGS)
@@ -89,6 +99,17 @@ class Settings:
         if ttl_ok and not self.watch_timeout_s < self.live_within_s < self.assume_ttl_s:
             rule = f"must be in (watch_timeout_s={self.watch_timeout_s}, assume_ttl_s={self.assume_ttl_s})"
             check.bad("live_within_s", self.live_within_s, rule)
+        for raw in self.autoscale_pools:
+            try:
+                Pool.parse(raw)
+            except ValueError as exc:
+                check.bad("autoscale_pools", raw, str(exc).removeprefix(f"{raw!r}: "))
+        check.positive("autoscale_interval_s", self.autoscale_interval_s)
+        if self.autoscale_grace_s < 0:
+            check.bad("autoscale_grace_s", self.autoscale_grace_s, "must be >= 0")
+        if "/" not in self.autoscale_resource:
+            rule = "must be an extended resource name with a domain, e.g. nvidia.com/gpu"
+            check.bad("autoscale_resource", self.autoscale_resource, rule)
         return check.errors
 
     def serving_errors(self) -> list[SettingError]:
