@@ -17,7 +17,7 @@ from app import managed, names, quota, request, units
 from app.errors import RequestError
 from app.jsonpointer import pointer
 from app.request import GpuRequest, Isolation
-from webhook import hami, pipe, podsecurity
+from webhook import disruption, hami, pipe, podsecurity
 from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings
 
@@ -111,7 +111,7 @@ def pod_patch(pod: Mapping[str, Json], req: GpuRequest, settings: Settings) -> l
     The pod must have passed `clashes` (no env of ours set otherwise, a pipe mount we can add or reuse).
     """
     spec = pod["spec"]
-    ops = _label_ops(pod.get("metadata") or {})
+    ops = _label_ops(pod.get("metadata") or {}) + disruption.annotation_ops(pod.get("metadata") or {})
     pipe_mount: pipe.PipeMount | None = None
     for path, where, container in containers(spec):
         if container.get("name") == req.container:
