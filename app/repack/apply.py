@@ -14,8 +14,9 @@ from app.kube.informers import KubeApi
 from app.kube.snapshot import list_all
 from app.model import Allocation
 from app.objects import as_object, string_map
+from app.repack import drain
 from app.repack.candidates import controller_of
-from app.repack.plan import Move, Plan
+from app.repack.plan import Goal, Move, Plan
 
 
 class Outcome(StrEnum):
@@ -103,17 +104,32 @@ class Executor:
     def run(self, plan: Plan, *, max_evictions: int | None = None, dry_run: bool = False) -> Report:
         moves = plan.moves if max_evictions is None else plan.moves[:max_evictions]
         steps: list[Step] = []
-        for move in moves:
-            try:
-                outcome, detail, replacement, landed = self._step(move, dry_run)
-            except _StopError as stop:
-                outcome, detail, replacement, landed = stop.step
-            step = Step(move, outcome, detail, replacement, landed)
-            steps.append(step)
-            self.on_step(step)
-            if outcome not in {Outcome.MOVED, Outcome.DRY_RUN}:
-                break
+        # Emptying nodes: they take no new share while their pods move (app.repack.drain).
+        draining = plan.freed_nodes if plan.goal is Goal.NODES and moves and not dry_run else ()
+        try:
+            for node in draining:
+                self.kube.send(drain.add(node))
+            for move in moves:
+                try:
+                    outcome, detail, replacement, landed = self._step(move, dry_run)
+                except _StopError as stop:
+                    outcome, detail, replacement, landed = stop.step
+                step = Step(move, outcome, detail, replacement, landed)
+                steps.append(step)
+                self.on_step(step)
+                if outcome not in {Outcome.MOVED, Outcome.DRY_RUN}:
+                    break
+        finally:
+            for node in draining:
+                self._untaint(node)
         return Report(len(moves), tuple(steps))
+
+    def _untaint(self, node: str) -> None:
+        try:
+            self.kube.send(drain.remove(node))
+        except KubeError as exc:
+            if not exc.is_not_found:  # gone: the autoscaler removed the node it emptied
+                raise
 
     def _step(self, move: Move, dry_run: bool) -> tuple[Outcome, str, str, Allocation | None]:
         ns, name = move.pod.split("/", 1)

@@ -1,0 +1,101 @@
+"""A node a repack is emptying carries the draining taint for exactly as long as the run."""
+
+from __future__ import annotations
+
+from app.errors import KubeError
+from app.kube.calls import JsonDict, Request
+from app.repack import drain
+from app.repack.plan import Goal, Move, Plan
+from tests.unit.test_repack_apply import DST, SRC, FakeKube, executor
+
+
+class NodeKube(FakeKube):
+    """FakeKube plus Node taint patches: records each node's taints; `gone` nodes answer 404."""
+
+    def __init__(self, *args: object, gone: frozenset[str] = frozenset(), **kw: object) -> None:
+        super().__init__(*args, **kw)  # type: ignore[arg-type]
+        self.taints: dict[str, set[str]] = {}
+        self.tainted_during_eviction: dict[str, set[str]] = {}
+        self.gone = gone
+
+    def send(self, req: Request) -> JsonDict:
+        if req.path.startswith("/api/v1/nodes/"):
+            node = req.path.rsplit("/", 1)[1]
+            if node in self.gone:
+                raise KubeError(404, "NotFound", f'nodes "{node}" not found')
+            assert req.content_type == drain.STRATEGIC_MERGE_PATCH
+            (t,) = req.body["spec"]["taints"]
+            have = self.taints.setdefault(node, set())
+            if t.get("$patch") == "delete":
+                have.discard(t["key"])
+            else:
+                assert t == {"key": drain.TAINT_KEY, "value": "repack", "effect": "NoSchedule"}
+                have.add(t["key"])
+            return {}
+        if req.path.endswith("/eviction"):
+            self.tainted_during_eviction = {n: set(t) for n, t in self.taints.items()}
+        return super().send(req)
+
+
+def nodes_plan() -> Plan:
+    move = Move("ns/web-a", "u1", SRC, DST, pdbs=("ns/web",), frees=(("n1", 3),))
+    return Plan(Goal.NODES, "binpack", (move,), (("n1", 3),), ("n1",), ())
+
+
+def test_emptied_nodes_are_tainted_while_pods_move_and_untainted_after() -> None:
+    kube = NodeKube(lands=DST)
+    report = executor(kube).run(nodes_plan())
+    assert report.stopped is None
+    assert kube.tainted_during_eviction == {"n1": {drain.TAINT_KEY}}
+    assert kube.taints == {"n1": set()}
+
+
+def test_the_taint_goes_even_when_the_run_stops() -> None:
+    kube = NodeKube(lands=DST, refuse=True)
+    report = executor(kube).run(nodes_plan())
+    assert report.stopped is not None
+    assert kube.taints == {"n1": set()}
+
+
+def test_a_node_the_autoscaler_removed_meanwhile_is_no_error() -> None:
+    kube = NodeKube(lands=DST, gone=frozenset({"n1"}))
+    kube.gone = frozenset()
+    runner = executor(kube)
+    original = kube.send
+
+    def send(req: Request) -> JsonDict:
+        if req.path.endswith("/eviction"):
+            kube.gone = frozenset({"n1"})  # removed once empty, before the run untaints it
+        return original(req)
+
+    kube.send = send  # type: ignore[method-assign]
+    assert runner.run(nodes_plan()).stopped is None
+
+
+def test_gpus_goal_and_dry_run_taint_nothing() -> None:
+    for plan, dry in (
+        (Plan(Goal.GPUS, "binpack", nodes_plan().moves, (("n1", 3),), ("n1",), ()), False),
+        (nodes_plan(), True),
+    ):
+        kube = NodeKube(lands=DST)
+        executor(kube).run(plan, dry_run=dry)
+        assert kube.taints == {}
+
+
+def test_a_tainted_node_is_no_target_unless_the_pod_tolerates_it() -> None:
+    from app.repack.selectors import scheduler_refusal
+
+    node = {"metadata": {"name": "n1", "labels": {}}, "spec": {"taints": [drain.taint()]}}
+    assert scheduler_refusal({}, node) == f"tainted {drain.TAINT_KEY}:NoSchedule, not tolerated by the pod"
+    exists = {"tolerations": [{"key": drain.TAINT_KEY, "operator": "Exists"}]}
+    equal = {"tolerations": [{"key": drain.TAINT_KEY, "value": "repack", "effect": "NoSchedule"}]}
+    other = {"tolerations": [{"key": drain.TAINT_KEY, "value": "other"}]}
+    everything = {"tolerations": [{"operator": "Exists"}]}
+    assert [scheduler_refusal(s, node) is None for s in (exists, equal, other, everything)] == [
+        True,
+        True,
+        False,
+        True,
+    ]
+    prefer = {"metadata": {"name": "n2"}, "spec": {"taints": [{"key": "k", "effect": "PreferNoSchedule"}]}}
+    assert scheduler_refusal({}, prefer) is None
