@@ -104,7 +104,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def settings_from(args: argparse.Namespace) -> Settings:
     duration = args.lease_duration
     # The lease's timing follows its duration in client-go's proportions (15 s: renew 10 s, retry 2 s).
-    pools = tuple(args.autoscale_pools or ())
+    pools = tuple(args.autoscale_pools) if args.autoscale_pools else None
     return from_args(
         Settings,
         args,

@@ -61,7 +61,7 @@ class Settings:
     log_level: str = "info"
     # Scale-up requests to a cluster autoscaler (extender/autoscaler.py): the node shapes it can add, as
     # MODEL:GPUS; none turns the requests off. Pods pending for `grace` are sized every `interval`.
-    autoscale_pools: tuple[str, ...] = ()
+    autoscale_pools: tuple[str, ...] | None = None
     autoscale_interval_s: float = 5.0
     autoscale_grace_s: float = 5.0
     autoscale_resource: str = "nvidia.com/gpu"  # what a placeholder pod requests, one per whole GPU
@@ -99,7 +99,7 @@ class Settings:
         if ttl_ok and not self.watch_timeout_s < self.live_within_s < self.assume_ttl_s:
             rule = f"must be in (watch_timeout_s={self.watch_timeout_s}, assume_ttl_s={self.assume_ttl_s})"
             check.bad("live_within_s", self.live_within_s, rule)
-        for raw in self.autoscale_pools:
+        for raw in self.autoscale_pools or ():
             try:
                 Pool.parse(raw)
             except ValueError as exc:
