@@ -80,10 +80,14 @@ def owned_anchor_pod(node: str, owner_uid: str) -> dict[str, Any]:
 
 
 def shape(node: Mapping[str, Any]) -> tuple[str, int] | None:
-    """(model, GPUs) of an autoscaler's node, from its model label and GPU capacity; None if it has none."""
+    """(model, GPUs) of an autoscaler's node, from its model label and allocatable GPUs; None if it has none.
+
+    Allocatable, not capacity: Karpenter's kwok provider sets capacity to what the pods it launched the node
+    for requested, and allocatable to the instance type's.
+    """
     labels = (node.get("metadata") or {}).get("labels") or {}
-    capacity = (node.get("status") or {}).get("capacity") or {}
-    model, gpus = labels.get(names.NODE_LABEL_GPU_MODEL), str(capacity.get(GPU_RESOURCE, ""))
+    allocatable = (node.get("status") or {}).get("allocatable") or {}
+    model, gpus = labels.get(names.NODE_LABEL_GPU_MODEL), str(allocatable.get(GPU_RESOURCE, ""))
     if not model or not gpus.isdigit() or int(gpus) < 1:
         return None
     try:

@@ -28,11 +28,11 @@ def test_extender_flags_name_the_pool() -> None:
 def test_shape_of_an_added_node() -> None:
     node = {
         "metadata": {"name": "n", "labels": {names.NODE_LABEL_GPU_MODEL: "A100-80GB", k.NODEPOOL_LABEL: "p"}},
-        "status": {"capacity": {"nvidia.com/gpu": "8"}},
+        "status": {"capacity": {"nvidia.com/gpu": "3"}, "allocatable": {"nvidia.com/gpu": "8"}},
     }
     assert shape(node) == ("A100-80GB", 8)
-    assert shape({"metadata": {"labels": {}}, "status": {"capacity": {"nvidia.com/gpu": "8"}}}) is None
-    assert shape({**node, "status": {"capacity": {}}}) is None
+    assert shape({"metadata": {"labels": {}}, "status": {"allocatable": {"nvidia.com/gpu": "8"}}}) is None
+    assert shape({**node, "status": {"allocatable": {}}}) is None
 
 
 def test_anchor_pod_counts_as_a_daemonset_pod_without_being_controlled() -> None:
