@@ -13,6 +13,11 @@ Pods: the first --pods GPU pods of the trace by creation time, in --waves equal 
 apart; each lives its trace lifetime scaled so that the median lifetime is --median-waves waves (clipped
 to [0.5, 6] waves). GPU model constraints are dropped: one node pool of --model serves every pod.
 Run: .venv/bin/python bench/autoscale.py [--trace gpushare40 --pods 320 --waves 8 --policy <default>]
+
+With --live N, it also measures the time from pending to bound on a real control plane: `gpupack dev up
+--autoscaler` (the real Karpenter kwok provider, one static node kept full), then N waves of the slice's first
+pods as Deployments, each wave waiting until every pod is bound; per pod, from its creation to its
+PodScheduled condition (one-second resolution, as the API stores them).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ import platform
 import statistics
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -192,6 +198,98 @@ def run(arrivals: list[Arrival], pool: Pool, policy_name: str, repack: bool) -> 
     }
 
 
+def live(arrivals: list[Arrival], waves: int, per_wave: int, model: str) -> dict[str, Any]:
+    """Pending-to-bound times through the dev cluster with Karpenter (see the module docstring)."""
+    import os
+    import subprocess
+    import tempfile
+
+    from kubernetes import client, config
+
+    from app import names
+    from app.autoscale import placeholders as ph
+    from app.devcluster import ensure_binaries, wait_for
+    from app.devcluster.karpenter import NODEPOOL_LABEL
+
+    env = {**os.environ, "GPUPACK_K8S_BIN": str(ensure_binaries())}
+    cli = [str(REPO / ".venv/bin/gpupack"), "dev"]
+    with tempfile.TemporaryDirectory(prefix="gpupack-autoscale-") as tmp:
+        d = Path(tmp) / "dev"
+        up = [*cli, "up", "--dir", str(d), "--nodes", "1", "--gpu-model", model, "--autoscaler"]
+        t0 = time.monotonic()
+        subprocess.run(up, env=env, check=True, capture_output=True, timeout=600)
+        up_s = time.monotonic() - t0
+        try:
+            with config.new_client_from_config(config_file=str(d / "kubeconfig")) as api:
+                core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+                core.create_namespace({"metadata": {"name": "bench"}})
+
+                def deploy(name: str, share: str, replicas: int) -> None:
+                    labels = {"app": name}
+                    template = {
+                        "metadata": {"labels": labels, "annotations": {names.GPU_FRACTION: share}},
+                        "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+                    }
+                    spec = {"replicas": replicas, "selector": {"matchLabels": labels}, "template": template}
+                    apps.create_namespaced_deployment("bench", {"metadata": {"name": name}, "spec": spec})
+
+                def bound() -> list[Any]:
+                    return [p for p in core.list_namespaced_pod("bench").items if p.spec.node_name]
+
+                deploy("fill", "1.0", 8)
+                wait_for(lambda: len(bound()) == 8, 120, "the static node full")
+                out = []
+                total = 8
+                for w in range(waves):
+                    wave = arrivals[w * per_wave : (w + 1) * per_wave]
+                    shares = Counter(
+                        f"{(a.demand.milli or MILLI_PER_GPU) / MILLI_PER_GPU:.2f}"
+                        for a in wave
+                        if a.demand.count == 1
+                    )
+                    t_wave = time.monotonic()
+                    for share, n in sorted(shares.items()):
+                        deploy(f"w{w}-{share.replace('.', '')}", share, n)
+                    total += sum(shares.values())
+                    asked: list[int] = []
+
+                    def done(asked: list[int] = asked, total: int = total) -> bool:
+                        sel = f"{ph.LABEL_PLACEHOLDER}=true"
+                        held = core.list_namespaced_pod("gpupack-system", label_selector=sel).items
+                        gpus = sum(int(p.metadata.labels[ph.LABEL_GPUS]) for p in held)
+                        asked.append(gpus)
+                        return len(bound()) == total
+
+                    wait_for(done, 300, f"wave {w} bound", interval=0.5)
+                    times = []
+                    for p in bound():
+                        if not p.metadata.labels.get("app", "").startswith(f"w{w}-"):
+                            continue
+                        cond = next(c for c in p.status.conditions or [] if c.type == "PodScheduled")
+                        times.append(
+                            (cond.last_transition_time - p.metadata.creation_timestamp).total_seconds()
+                        )
+                    out.append(
+                        {
+                            "wave": w,
+                            "pods": len(times),
+                            "wall_s_until_all_bound": round(time.monotonic() - t_wave, 1),
+                            "pending_to_bound_s": {
+                                "median": statistics.median(times),
+                                "p90": sorted(times)[int(0.9 * (len(times) - 1))],
+                                "max": max(times),
+                            },
+                            "gpus_asked_max": max(asked),
+                            "karpenter_nodes": len(core.list_node(label_selector=NODEPOOL_LABEL).items),
+                        }
+                    )
+                return {"dev_up_s": round(up_s, 1), "model": model, "waves": out}
+        finally:
+            subprocess.run(
+                [*cli, "down", "--dir", str(d)], env=env, check=False, capture_output=True, timeout=120
+            )
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--traces-dir", default="/work/shared/traces")
@@ -203,6 +301,10 @@ def main() -> int:
     ap.add_argument("--model", default="A100-80GB")
     ap.add_argument("--gpus-per-node", type=int, default=8)
     ap.add_argument("--policy", default=DEFAULT_POLICY, choices=registry.names())
+    ap.add_argument("--live", type=int, default=0, metavar="WAVES", help="also measure on the dev cluster")
+    ap.add_argument(
+        "--live-pods", type=int, default=20, help="pods per live wave (single-GPU ones of the slice)"
+    )
     ap.add_argument("--out", default=str(REPO / "bench/results/autoscale.json"))
     args = ap.parse_args()
     pool = Pool.parse(f"{args.model}:{args.gpus_per_node}")
@@ -248,6 +350,8 @@ def main() -> int:
         },
         "runs": runs,
     }
+    if args.live:
+        doc["live"] = live(arrivals, args.live, args.live_pods, pool.model)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps(doc["summary"], indent=2))
     return 0
