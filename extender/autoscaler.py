@@ -67,6 +67,7 @@ class Autoscaler:
         self._clock = clock
         self._first_pending: dict[str, float] = {}  # pod uid -> when this replica first saw it pending
         self._priority_class_ok = False
+        self._reported: set[str] = set()  # unplaceable pods already logged
         self._stop = threading.Event()
         self.last_tick_at: float | None = None
 
@@ -120,7 +121,9 @@ class Autoscaler:
                 },
             )
         for u in wanted.unplaceable:
-            LOG.warning("pending pod fits no autoscaler pool", extra={"pod": u.key, "why": u.why})
+            if u.key not in self._reported:  # once per pod, not every round
+                LOG.warning("pending pod fits no autoscaler pool", extra={"pod": u.key, "why": u.why})
+        self._reported = {u.key for u in wanted.unplaceable}
         return TickResult(wanted, created, tuple(deleted))
 
     def _ensure_priority_class(self) -> None:

@@ -17,6 +17,7 @@ from app import catalog
 from app.errors import PlacementReason
 from app.model import Demand, Gpu, Node
 from app.placement import Placement, Policy, place, to_allocation
+from app.placement.memo import MemoPolicy
 
 VIRTUAL_PREFIX = "autoscale-virtual-"  # names of the nodes the planner imagines (never real ones)
 
@@ -90,6 +91,7 @@ def plan(
     the first pool whose model it accepts and whose nodes have enough GPUs for it; a pool's virtual nodes
     are filled by the policy before another one is imagined.
     """
+    policy = MemoPolicy(policy)  # a burst of pods shares a few shapes: unchanged nodes answer from the memo
     real = {n.name: n for n in nodes}
     virtual: dict[str, Node] = {}
     pool_of: dict[str, Pool] = {}
