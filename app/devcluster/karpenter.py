@@ -20,10 +20,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from app import catalog, names
+from app.errors import KubeError
 from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube
 
-from .addons import EXTENDER, Components, Definitions, create, install_crd, install_rbac
+from .addons import EXTENDER, Components, Definitions, install_crd, install_rbac
 from .binaries import BinariesError, repo_root
 from .identities import GPUPACK_NAMESPACE
 from .layout import Layout
@@ -41,6 +42,8 @@ NODE_POOL_PREFIX = "gpupack-"
 KARPENTER = "karpenter"
 ZONE = "test-zone-a"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
+NODE_CLASSES = "/apis/karpenter.kwok.sh/v1alpha1/kwoknodeclasses"
+NODE_POOLS = "/apis/karpenter.sh/v1/nodepools"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 
 
@@ -264,15 +267,24 @@ class KarpenterAddon:
                 install_crd(api, yaml.safe_load(crd.read_text()))
             install_rbac(api, extender_rbac(GPUPACK_NAMESPACE, EXTENDER))
             kube = Kube(api)
-            create(api, node_class())
+            _create(kube, NODE_CLASSES, node_class())
             now = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
-            status_path = f"/apis/karpenter.kwok.sh/v1alpha1/kwoknodeclasses/{NODE_CLASS}/status"
+            status_path = f"{NODE_CLASSES}/{NODE_CLASS}/status"
             kube.send(Request("PATCH", status_path, node_class_ready_status(now), content_type=MERGE_PATCH))
-            create(api, node_pool(self.pool, self.consolidate_after))
+            _create(kube, NODE_POOLS, node_pool(self.pool, self.consolidate_after))
         types_file = write_instance_types(cluster.layout, [self.pool])
         ports = free_ports(2)
         cluster.start_process(spec(bins, cluster.kubeconfig, types_file, (ports[0], ports[1])), progress)
         cluster.start_process(nodeagents_spec(cluster.dir), progress)
+
+
+def _create(kube: Kube, collection: str, body: dict[str, Any]) -> None:
+    """POST `body` to `collection`; one that exists already is fine (an addon re-run)."""
+    try:
+        kube.send(Request("POST", collection, body))
+    except KubeError as exc:
+        if not exc.is_conflict:
+            raise
 
 
 def autoscaler_addons(model: str, gpus: int = 8) -> tuple[Any, ...]:
