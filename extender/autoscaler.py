@@ -93,12 +93,13 @@ class Autoscaler:
         now = self._clock()
         self.last_tick_at = now
         nodes = [n for n in self.cache.nodes().values() if n is not None]
+        published = {n.name for n in nodes}
         wanted = plan(nodes, self.pending(now), self.config.pools, self.policy)
         listed = self.kube.send(
             calls.list_request(paths.pods(self.config.namespace), f"{placeholders.LABEL_PLACEHOLDER}=true")
         )
         have = [p for p in map(placeholders.read, listed.get("items") or []) if p is not None]
-        changes = placeholders.reconcile(have, wanted.requests)
+        changes = placeholders.reconcile(have, wanted.requests, published)
         deleted = []
         for name in changes.delete:
             if self._send(Request("DELETE", paths.pod(self.config.namespace, name)), (404,)):
@@ -115,8 +116,8 @@ class Autoscaler:
                 extra={
                     "gpus_wanted": wanted.gpus,
                     "requests": [f"{r.pool.model}x{r.gpus}" for r in wanted.requests],
-                    "created": created,
-                    "deleted": len(deleted),
+                    "placeholders_created": created,
+                    "placeholders_deleted": len(deleted),
                     "fit_now": len(wanted.fit_now),
                 },
             )

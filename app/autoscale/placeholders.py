@@ -12,7 +12,7 @@ the placeholders there are with the plan's requests, keyed by (model, GPUs), and
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping, Sequence, Set
 from dataclasses import dataclass
 from typing import Any
 
@@ -60,17 +60,23 @@ def read(pod: Mapping[str, Any]) -> Placeholder | None:
     return Placeholder(str(meta.get("name") or ""), labels.get(LABEL_MODEL, ""), int(gpus), node)
 
 
-def reconcile(have: Sequence[Placeholder], want: Sequence[Request]) -> Changes:
+def reconcile(
+    have: Sequence[Placeholder], want: Sequence[Request], published: Set[str] = frozenset()
+) -> Changes:
     """Placeholders to create and to delete so that there is exactly one per wanted (model, GPUs).
 
-    Of several of one shape, a bound one is withdrawn first: its node is there, so the pending pods will
-    be placed on it as soon as its GPUs are published; a pending one still waits for its node.
+    A placeholder bound to a node whose GPUs are `published` (the plan already counts them) has served its
+    purpose and is always withdrawn: the plan's requests are for GPUs beyond those. One bound to a node
+    still coming up stands for capacity on its way. Of several of one shape, a bound one is withdrawn
+    first: its node is there; a pending one still waits for its node.
     """
     wanted = Counter((r.pool.model, r.gpus) for r in want if r.gpus > 0)
     keep: Counter[tuple[str, int]] = Counter()
     delete: list[str] = []
     for p in sorted(have, key=lambda p: (p.node == "", p.name), reverse=True):
-        if keep[p.shape] < wanted[p.shape]:
+        if p.node in published:
+            delete.append(p.name)
+        elif keep[p.shape] < wanted[p.shape]:
             keep[p.shape] += 1
         else:
             delete.append(p.name)

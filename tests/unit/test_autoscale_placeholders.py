@@ -81,3 +81,11 @@ def test_reconcile_replaces_a_changed_shape() -> None:
     have = [ph.Placeholder("a", "A100-80GB", 2, "")]
     got = ph.reconcile(have, [req(A100, 3)])
     assert got.delete == ("a",) and [r.gpus for r in got.create] == [3]
+
+
+def test_a_placeholder_on_a_node_whose_gpus_are_published_never_stands_for_new_capacity() -> None:
+    """Its node's GPUs are in the plan already: the same shape wanted again means another node."""
+    have = [ph.Placeholder("arrived", "A100-80GB", 8, "n1"), ph.Placeholder("coming", "A100-80GB", 2, "n2")]
+    got = ph.reconcile(have, [req(A100, 8), req(A100, 2)], published={"n1"})
+    assert got.delete == ("arrived",)
+    assert [(r.pool.model, r.gpus) for r in got.create] == [("A100-80GB", 8)]

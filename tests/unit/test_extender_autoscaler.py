@@ -101,6 +101,28 @@ def test_pending_shares_become_one_placeholder_sized_by_packing_and_go_once_boun
     assert api.pods == {}
 
 
+def test_a_second_wave_of_the_same_shape_asks_again_once_the_first_node_is_published() -> None:
+    api, cache, scaler, clock = setup()
+    for i in range(8):
+        cache.upsert_pod(pod(f"a{i}", f"a{i}", milli=1000))
+    scaler.tick()
+    clock[0] = 6.0
+    scaler.tick()
+    (first,) = api.pods
+    api.bind(first, "n1")
+    cache.upsert_gpunode(gpunode("n1", gpus=8, mem=81_920, model=MODEL))
+    for i in range(8):  # the first wave bound on n1, filling it
+        cache.upsert_pod(
+            pod(f"a{i}", f"a{i}", milli=1000, node="n1", allocation=alloc("n1", i, milli=1000, mem=81_920))
+        )
+    for i in range(8):  # a second wave of the same shape
+        cache.upsert_pod(pod(f"b{i}", f"wave2-{i}", milli=1000))
+    scaler.tick()
+    clock[0] = 12.0
+    scaler.tick()
+    assert first not in api.pods and api.shapes() == [8]
+
+
 def test_deleted_pending_pods_withdraw_their_placeholder() -> None:
     api, cache, scaler, clock = setup()
     cache.upsert_pod(pod("p", "u1", milli=1000, count=3))
