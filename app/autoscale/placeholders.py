@@ -2,8 +2,10 @@
 
 A placeholder is a pause pod in gpupack's own namespace (no tenant quota is charged) asking for whole GPUs
 (`nvidia.com/gpu` by default: the resource every GPU node template of Karpenter and cluster-autoscaler
-already advertises) on a node of the wanted model. Its PriorityClass is low, so any real pod preempts it, yet
-above cluster-autoscaler's expendable cutoff (-10), below which CA would not scale up for it. The autoscaler
+already advertises) on a node of the wanted model that gpupack's agent has not labelled yet
+(`gpupack.io/enabled` absent), i.e. a node still to come. Its PriorityClass is low, so any real pod
+preempts it, yet above cluster-autoscaler's expendable cutoff (-10), below which CA would not scale up for
+it. The autoscaler
 adds a node for it; once the node's GPUs are published the planner finds room for the pending pods there and
 the placeholder is withdrawn. It never stands for anything but the current plan: each reconcile compares
 the placeholders there are with the plan's requests, keyed by (model, GPUs), and deletes every extra one.
@@ -116,6 +118,22 @@ def body(request: Request, namespace: str, resource: str = DEFAULT_RESOURCE) -> 
             "terminationGracePeriodSeconds": 0,
             "automountServiceAccountToken": False,
             "nodeSelector": {names.NODE_LABEL_GPU_MODEL: request.pool.model},
+            # Only on a node gpupack does not run on yet: a node that already advertises the resource (a
+            # device plugin's nvidia.com/gpu) and has gpupack's agent is counted in the plan already, and a
+            # placeholder bound there would stand for no new capacity.
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": names.NODE_LABEL_ENABLED, "operator": "DoesNotExist"}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            },
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [
                 {

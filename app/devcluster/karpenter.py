@@ -126,10 +126,10 @@ def node_pool(pool: GpuPool, consolidate_after: str = "10s") -> dict[str, Any]:
         "spec": {
             "template": {
                 "metadata": {
-                    # What the gpupack agent labels its node with; Karpenter needs them up front to know
-                    # that this pool's nodes satisfy a placeholder's node selector.
+                    # The model label the gpupack agent sets too: Karpenter needs it up front to know that
+                    # this pool's nodes satisfy a placeholder's node selector. Not gpupack.io/enabled: its
+                    # absence is what marks a node still to come for a placeholder (app.autoscale).
                     "labels": {
-                        names.NODE_LABEL_ENABLED: "true",
                         names.NODE_LABEL_GPU_MODEL: spec.name,
                         names.NODE_LABEL_GPU_MEMORY_MAX_MIB: str(spec.memory_mib),
                     }

@@ -89,3 +89,10 @@ def test_a_placeholder_on_a_node_whose_gpus_are_published_never_stands_for_new_c
     got = ph.reconcile(have, [req(A100, 8), req(A100, 2)], published={"n1"})
     assert got.delete == ("arrived",)
     assert [(r.pool.model, r.gpus) for r in got.create] == [("A100-80GB", 8)]
+
+
+def test_a_placeholder_only_binds_where_gpupack_does_not_run_yet() -> None:
+    terms = ph.body(req(A100, 2), "gpupack-system")["spec"]["affinity"]["nodeAffinity"][
+        "requiredDuringSchedulingIgnoredDuringExecution"
+    ]["nodeSelectorTerms"]
+    assert terms == [{"matchExpressions": [{"key": names.NODE_LABEL_ENABLED, "operator": "DoesNotExist"}]}]

@@ -16,6 +16,7 @@ def test_instance_type_offers_the_pools_gpus_and_the_pool_selects_it() -> None:
     assert req == {"key": k.INSTANCE_TYPE_LABEL, "operator": "In", "values": [it["name"]]}
     labels = body["spec"]["template"]["metadata"]["labels"]
     assert labels[names.NODE_LABEL_GPU_MODEL] == "A100-80GB"
+    assert names.NODE_LABEL_ENABLED not in labels  # its absence marks a node a placeholder may take
     assert body["spec"]["disruption"]["consolidationPolicy"] == "WhenEmpty"
     assert body["spec"]["limits"] == {"nvidia.com/gpu": str(8 * pool.max_nodes)}
 
