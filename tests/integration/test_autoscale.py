@@ -171,7 +171,7 @@ def test_scale_up_as_asked_then_repack_and_scale_down(
             },
         )
         for name, replicas in (("q3", 2), ("q1", 3), ("third", 3), ("half", 4)):
-            apps.patch_namespaced_deployment_scale(NS, name, {"spec": {"replicas": replicas}})
+            apps.patch_namespaced_deployment_scale(name, NS, {"spec": {"replicas": replicas}})
         wait_for(lambda: len(gpupack_pods(core)) == 8 + 2 + 3 + 3 + 4, 60, "scaled down")
         before = {p.metadata.uid for p in gpupack_pods(core)}
         violations: list[str] = []
