@@ -104,12 +104,16 @@ class Executor:
     def run(self, plan: Plan, *, max_evictions: int | None = None, dry_run: bool = False) -> Report:
         moves = plan.moves if max_evictions is None else plan.moves[:max_evictions]
         steps: list[Step] = []
-        # Emptying nodes: they take no new share while their pods move (app.repack.drain).
-        draining = plan.freed_nodes if plan.goal is Goal.NODES and moves and not dry_run else ()
+        # Emptying nodes: each takes no new share from just before its first pod moves (app.repack.drain),
+        # as the planner predicted; a node emptied later may still take pods moved off an earlier one.
+        emptying = set(plan.freed_nodes) if plan.goal is Goal.NODES and not dry_run else set()
+        draining: list[str] = []
         try:
-            for node in draining:
-                self.kube.send(drain.add(node))
             for move in moves:
+                node = move.source.node
+                if node in emptying and node not in draining:
+                    draining.append(node)
+                    self.kube.send(drain.add(node))
                 try:
                     outcome, detail, replacement, landed = self._step(move, dry_run)
                 except _StopError as stop:
