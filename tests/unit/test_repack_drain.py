@@ -99,3 +99,22 @@ def test_a_tainted_node_is_no_target_unless_the_pod_tolerates_it() -> None:
     ]
     prefer = {"metadata": {"name": "n2"}, "spec": {"taints": [{"key": "k", "effect": "PreferNoSchedule"}]}}
     assert scheduler_refusal({}, prefer) is None
+
+
+def test_the_node_being_emptied_is_no_target_for_its_own_pods() -> None:
+    """n1's 0.75 share would best go back into the hole it leaves; the taint keeps it out, so n1 empties."""
+    from app.model import Allocation, Demand, Gpu, Node
+    from app.placement import registry
+    from app.repack.plan import PodRef, plan
+
+    shares = {"n0": [(0, 750)], "n1": [(0, 750), (1, 500)], "n2": [(0, 500), (1, 300), (1, 300)]}
+    nodes, pods = [], []
+    for name, placed in shares.items():
+        allocs = [Allocation(name, (g,), (), m, m * 81920 // 1000) for g, m in placed]
+        nodes.append(Node(name, tuple(Gpu(i, "A100-80GB", 81920) for i in range(2))).reserve(allocs))
+        pods += [
+            PodRef(f"ns/{name}-{i}", f"{name}-{i}", a, Demand(1, milli=a.milli)) for i, a in enumerate(allocs)
+        ]
+    got = plan(nodes, pods, {}, registry.create("fragaware"), goal=Goal.NODES)
+    assert got.freed_nodes == ("n1",)
+    assert {m.target.node for m in got.moves} <= {"n0", "n2"}
