@@ -113,7 +113,7 @@ class Executor:
                 node = move.source.node
                 if node in emptying and node not in draining:
                     draining.append(node)
-                    self.kube.send(drain.add(node))
+                    self._taint(node, draining=True)
                 try:
                     outcome, detail, replacement, landed = self._step(move, dry_run)
                 except _StopError as stop:
@@ -130,10 +130,23 @@ class Executor:
 
     def _untaint(self, node: str) -> None:
         try:
-            self.kube.send(drain.remove(node))
+            self._taint(node, draining=False)
         except KubeError as exc:
             if not exc.is_not_found:  # gone: the autoscaler removed the node it emptied
                 raise
+
+    def _taint(self, node: str, *, draining: bool, attempts: int = 5) -> None:
+        """Add or remove the draining taint: read the node, write its whole taint list; again on a 409."""
+        for attempt in range(attempts):
+            req = drain.change(self.kube.send(drain.get(node)), draining=draining)
+            if req is None:
+                return
+            try:
+                self.kube.send(req)
+                return
+            except KubeError as exc:
+                if not exc.is_conflict or attempt == attempts - 1:
+                    raise
 
     def _step(self, move: Move, dry_run: bool) -> tuple[Outcome, str, str, Allocation | None]:
         ns, name = move.pod.split("/", 1)

@@ -10,30 +10,49 @@ from tests.unit.test_repack_apply import DST, SRC, FakeKube, executor
 
 
 class NodeKube(FakeKube):
-    """FakeKube plus Node taint patches: records each node's taints; `gone` nodes answer 404."""
+    """FakeKube plus Nodes: GET, and merge patches of the taint list with a resourceVersion precondition.
 
-    def __init__(self, *args: object, gone: frozenset[str] = frozenset(), **kw: object) -> None:
+    Each node starts with a foreign taint that must survive; `gone` nodes answer 404; `races` conflicts
+    (409) the first write of that many patches, as a concurrent writer would.
+    """
+
+    def __init__(
+        self, *args: object, gone: frozenset[str] = frozenset(), races: int = 0, **kw: object
+    ) -> None:
         super().__init__(*args, **kw)  # type: ignore[arg-type]
-        self.taints: dict[str, set[str]] = {}
+        self.nodes: dict[str, dict[str, object]] = {}
         self.tainted_during_eviction: dict[str, set[str]] = {}
         self.gone = gone
+        self.races = races
+
+    def node(self, name: str) -> dict[str, object]:
+        return self.nodes.setdefault(name, {"rv": 1, "taints": [{"key": "other", "effect": "NoExecute"}]})
+
+    def keys(self, name: str) -> set[str]:
+        return {t["key"] for t in self.node(name)["taints"]}  # type: ignore[attr-defined]
 
     def send(self, req: Request) -> JsonDict:
         if req.path.startswith("/api/v1/nodes/"):
-            node = req.path.rsplit("/", 1)[1]
-            if node in self.gone:
-                raise KubeError(404, "NotFound", f'nodes "{node}" not found')
-            assert req.content_type == drain.STRATEGIC_MERGE_PATCH
-            (t,) = req.body["spec"]["taints"]
-            have = self.taints.setdefault(node, set())
-            if t.get("$patch") == "delete":
-                have.discard(t["key"])
-            else:
-                assert t == {"key": drain.TAINT_KEY, "value": "repack", "effect": "NoSchedule"}
-                have.add(t["key"])
+            name = req.path.rsplit("/", 1)[1]
+            if name in self.gone:
+                raise KubeError(404, "NotFound", f'nodes "{name}" not found')
+            node = self.node(name)
+            if req.method == "GET":
+                return {
+                    "metadata": {"name": name, "resourceVersion": str(node["rv"])},
+                    "spec": {"taints": node["taints"]},
+                }
+            assert req.method == "PATCH" and req.content_type == "application/merge-patch+json"
+            if self.races:
+                self.races -= 1
+                node["rv"] = int(node["rv"]) + 1  # type: ignore[call-overload]
+            if req.body["metadata"]["resourceVersion"] != str(node["rv"]):
+                raise KubeError(409, "Conflict", "the object has been modified")
+            node["taints"] = req.body["spec"]["taints"] or []
+            node["rv"] = int(node["rv"]) + 1  # type: ignore[call-overload]
             return {}
         if req.path.endswith("/eviction"):
-            self.tainted_during_eviction = {n: set(t) for n, t in self.taints.items()}
+            self.tainted_during_eviction = {n: self.keys(n) for n in self.nodes}
         return super().send(req)
 
 
@@ -43,18 +62,18 @@ def nodes_plan() -> Plan:
 
 
 def test_emptied_nodes_are_tainted_while_pods_move_and_untainted_after() -> None:
-    kube = NodeKube(lands=DST)
+    kube = NodeKube(lands=DST, races=1)
     report = executor(kube).run(nodes_plan())
     assert report.stopped is None
-    assert kube.tainted_during_eviction == {"n1": {drain.TAINT_KEY}}
-    assert kube.taints == {"n1": set()}
+    assert kube.tainted_during_eviction == {"n1": {"other", drain.TAINT_KEY}}
+    assert kube.keys("n1") == {"other"}  # a foreign taint survives both writes
 
 
 def test_the_taint_goes_even_when_the_run_stops() -> None:
     kube = NodeKube(lands=DST, refuse=True)
     report = executor(kube).run(nodes_plan())
     assert report.stopped is not None
-    assert kube.taints == {"n1": set()}
+    assert kube.keys("n1") == {"other"}
 
 
 def test_a_node_the_autoscaler_removed_meanwhile_is_no_error() -> None:
@@ -79,13 +98,14 @@ def test_gpus_goal_and_dry_run_taint_nothing() -> None:
     ):
         kube = NodeKube(lands=DST)
         executor(kube).run(plan, dry_run=dry)
-        assert kube.taints == {}
+        assert kube.nodes == {}
 
 
 def test_a_tainted_node_is_no_target_unless_the_pod_tolerates_it() -> None:
     from app.repack.selectors import scheduler_refusal
 
     node = {"metadata": {"name": "n1", "labels": {}}, "spec": {"taints": [drain.taint()]}}
+    assert drain.change(node, draining=True) is None  # already there: no write
     assert scheduler_refusal({}, node) == f"tainted {drain.TAINT_KEY}:NoSchedule, not tolerated by the pod"
     exists = {"tolerations": [{"key": drain.TAINT_KEY, "operator": "Exists"}]}
     equal = {"tolerations": [{"key": drain.TAINT_KEY, "value": "repack", "effect": "NoSchedule"}]}
