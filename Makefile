@@ -5,7 +5,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: dev down status simulate test test-unit test-integration test-realnode lint deps k8s-bins helm-bin
+.PHONY: dev down status simulate test test-unit test-integration test-realnode lint deps k8s-bins helm-bin karpenter-bin
 
 $(STAMP): pyproject.toml
 	@echo "[setup] python venv + gpupack[dev] (pip)"
@@ -22,6 +22,10 @@ k8s-bins: deps
 
 helm-bin: deps
 	@tests/helm/build.sh >/dev/null
+
+# Karpenter's kwok provider, for `gpupack dev up --autoscaler` and tests/integration/test_autoscale.py.
+karpenter-bin: deps
+	@tests/karpenter/build.sh >/dev/null
 
 dev: k8s-bins
 	@$(BIN)/gpupack dev up
@@ -44,12 +48,12 @@ lint: $(STAMP)
 test-unit: $(STAMP)
 	$(BIN)/pytest -m "not integration" tests
 
-test-integration: k8s-bins helm-bin
+test-integration: k8s-bins helm-bin karpenter-bin
 	$(BIN)/pytest -m integration tests
 
 # The real-node tier alone (root; part of test-integration and test too).
 test-realnode: k8s-bins helm-bin
 	$(BIN)/pytest -m realnode tests
 
-test: k8s-bins helm-bin lint
+test: k8s-bins helm-bin karpenter-bin lint
 	$(BIN)/pytest tests

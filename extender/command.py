@@ -34,6 +34,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     flag("watch_timeout_s", type=int)
     flag("live_within_s", type=float)
     flag("decide_in_filter", dest="decide_in_filter", action="store_false")
+    flag("autoscale_pools", dest="autoscale_pools", action="append", metavar="MODEL:GPUS")
+    flag("autoscale_interval_s", type=float)
+    flag("autoscale_grace_s", type=float)
+    flag("autoscale_resource")
     flag("log_level")
     s.set_defaults(func=serve)
 
@@ -41,8 +45,14 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 def settings_from(args: argparse.Namespace) -> Settings:
     duration = args.lease_duration
     # The lease's timing follows its duration in client-go's proportions (15 s: renew 10 s, retry 2 s).
+    pools = tuple(args.autoscale_pools) if args.autoscale_pools else None
     return from_args(
-        Settings, args, FLAGS, renew_deadline_s=duration * 2 / 3, retry_period_s=max(0.2, duration / 7.5)
+        Settings,
+        args,
+        FLAGS,
+        renew_deadline_s=duration * 2 / 3,
+        retry_period_s=max(0.2, duration / 7.5),
+        autoscale_pools=pools,
     )
 
 

@@ -6,6 +6,7 @@ import os
 import socket
 from dataclasses import dataclass
 
+from app.autoscale.plan import Pool
 from app.errors import SettingError
 from app.placement import DEFAULT_POLICY, registry
 from app.settings import Checker, setting
@@ -21,6 +22,9 @@ FLAGS = {
     "watch_timeout_s": "--watch-timeout",
     "live_within_s": "--live-within",
     "decide_in_filter": "--no-decide-in-filter",
+    "autoscale_pools": "--autoscale-pool",
+    "autoscale_interval_s": "--autoscale-interval",
+    "autoscale_grace_s": "--autoscale-grace",
 }
 
 
@@ -79,6 +83,19 @@ class Settings:
         "(must exceed --watch-timeout)",
     )
     log_level: str = setting("info", "log level: debug, info, warning, error")
+    # Scale-up requests to a cluster autoscaler (extender/autoscaler.py): the node shapes it can add, as
+    # MODEL:GPUS; none turns the requests off. Pods pending for `grace` are sized every `interval`.
+    autoscale_pools: tuple[str, ...] | None = setting(
+        None,
+        "a node shape the cluster autoscaler can add, MODEL:GPUS (repeat for several, in order of "
+        "preference); with one, the leader asks for GPU nodes with placeholder pods sized by its own "
+        "packing (docs/autoscaling.md)",
+    )
+    autoscale_interval_s: float = setting(5.0, "seconds between two scale-up reconciles")
+    autoscale_grace_s: float = setting(5.0, "seconds a pod is pending before it counts toward a scale-up")
+    autoscale_resource: str = setting(
+        "nvidia.com/gpu", "the resource a placeholder pod requests per whole GPU"
+    )
 
     def validate(self) -> list[SettingError]:
         check = Checker(FLAGS)
@@ -113,6 +130,17 @@ class Settings:
         if ttl_ok and not self.watch_timeout_s < self.live_within_s < self.assume_ttl_s:
             rule = f"must be in (watch_timeout_s={self.watch_timeout_s}, assume_ttl_s={self.assume_ttl_s})"
             check.bad("live_within_s", self.live_within_s, rule)
+        for raw in self.autoscale_pools or ():
+            try:
+                Pool.parse(raw)
+            except ValueError as exc:
+                check.bad("autoscale_pools", raw, str(exc).removeprefix(f"{raw!r}: "))
+        check.positive("autoscale_interval_s", self.autoscale_interval_s)
+        if self.autoscale_grace_s < 0:
+            check.bad("autoscale_grace_s", self.autoscale_grace_s, "must be >= 0")
+        if "/" not in self.autoscale_resource:
+            rule = "must be an extended resource name with a domain, e.g. nvidia.com/gpu"
+            check.bad("autoscale_resource", self.autoscale_resource, rule)
         return check.errors
 
     def serving_errors(self) -> list[SettingError]:

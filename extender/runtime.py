@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 from app import log, names
+from app.autoscale.plan import Pool
 from app.kube import paths
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
@@ -18,6 +19,7 @@ from app.kube.quotas import QuotaStore
 from app.placement import Policy, registry
 from app.pods import slim_pod
 from extender import stats
+from extender.autoscaler import AutoscaleConfig, Autoscaler
 from extender.binder import Binder
 from extender.config import Settings
 from extender.metrics import ExtenderGauges, PendingReason
@@ -113,6 +115,22 @@ class StaticRuntime:
         return True
 
 
+def autoscaler_of(
+    kube: KubeApi, cache: ClusterCache, policy: Policy, settings: Settings, can_write: Callable[[], bool]
+) -> Autoscaler | None:
+    """The scale-up loop when node pools are configured (`--autoscale-pool`), else None."""
+    if not settings.autoscale_pools:
+        return None
+    config = AutoscaleConfig(
+        pools=tuple(Pool.parse(p) for p in settings.autoscale_pools),
+        namespace=settings.lease_namespace,
+        resource=settings.autoscale_resource,
+        interval_s=settings.autoscale_interval_s,
+        grace_s=settings.autoscale_grace_s,
+    )
+    return Autoscaler(kube, cache, policy, config, can_write=can_write)
+
+
 class KubeRuntime:
     """Informers on GPUNodes, pods and Nodes, a leader elector, and readiness that waits for them.
 
@@ -154,6 +172,7 @@ class KubeRuntime:
             clock=clock,
         )
         self.binder = Binder(kube, self.cache, self.policy, can_write=self.elector.can_write)
+        self.autoscaler = autoscaler_of(kube, self.cache, self.policy, settings, self.elector.can_write)
         self._threads: list[threading.Thread] = []
 
     def _on_started(self) -> None:
@@ -198,8 +217,12 @@ class KubeRuntime:
     def start(self) -> None:
         self._threads = [inf.start() for inf in (*self.informers, self.quota_informer)]
         self._threads.append(self.elector.start())
+        if self.autoscaler is not None:
+            self._threads.append(self.autoscaler.start())
 
     def stop(self) -> None:
+        if self.autoscaler is not None:
+            self.autoscaler.stop()
         self.elector.stop()
         self.elector.release()
         for inf in (*self.informers, self.quota_informer):

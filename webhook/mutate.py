@@ -18,7 +18,7 @@ from app.errors import RequestError
 from app.jsonpointer import pointer
 from app.podview import ContainerView, PodView
 from app.request import GpuRequest, Isolation
-from webhook import hami, pipe, podsecurity
+from webhook import disruption, hami, pipe, podsecurity
 from webhook.metrics import WebhookOutcome
 from webhook.schemas import AdmissionReview
 from webhook.settings import Settings
@@ -118,7 +118,7 @@ def pod_patch(pod: PodView, req: GpuRequest, plans: Plans, settings: Settings) -
 
     The pod must have passed `clashes` (no env of ours set otherwise, a pipe mount we can add or reuse).
     """
-    ops = _label_ops(pod.labels)
+    ops = _label_ops(pod.labels) + disruption.annotation_ops(pod.annotations)
     volume_ops: list[Op] = []
     for c in pod.containers:
         if c.name != req.container:

@@ -14,8 +14,9 @@ from app.kube.informers import KubeApi
 from app.kube.snapshot import list_all
 from app.model import Allocation
 from app.objects import as_object, string_map
+from app.repack import drain
 from app.repack.candidates import controller_of
-from app.repack.plan import Move, Plan
+from app.repack.plan import Goal, Move, Plan
 
 
 class Outcome(StrEnum):
@@ -103,17 +104,49 @@ class Executor:
     def run(self, plan: Plan, *, max_evictions: int | None = None, dry_run: bool = False) -> Report:
         moves = plan.moves if max_evictions is None else plan.moves[:max_evictions]
         steps: list[Step] = []
-        for move in moves:
-            try:
-                outcome, detail, replacement, landed = self._step(move, dry_run)
-            except _StopError as stop:
-                outcome, detail, replacement, landed = stop.step
-            step = Step(move, outcome, detail, replacement, landed)
-            steps.append(step)
-            self.on_step(step)
-            if outcome not in {Outcome.MOVED, Outcome.DRY_RUN}:
-                break
+        # Emptying nodes: each takes no new share from just before its first pod moves (app.repack.drain),
+        # as the planner predicted; a node emptied later may still take pods moved off an earlier one.
+        emptying = set(plan.freed_nodes) if plan.goal is Goal.NODES and not dry_run else set()
+        draining: list[str] = []
+        try:
+            for move in moves:
+                node = move.source.node
+                if node in emptying and node not in draining:
+                    draining.append(node)
+                    self._taint(node, draining=True)
+                try:
+                    outcome, detail, replacement, landed = self._step(move, dry_run)
+                except _StopError as stop:
+                    outcome, detail, replacement, landed = stop.step
+                step = Step(move, outcome, detail, replacement, landed)
+                steps.append(step)
+                self.on_step(step)
+                if outcome not in {Outcome.MOVED, Outcome.DRY_RUN}:
+                    break
+        finally:
+            for node in draining:
+                self._untaint(node)
         return Report(len(moves), tuple(steps))
+
+    def _untaint(self, node: str) -> None:
+        try:
+            self._taint(node, draining=False)
+        except KubeError as exc:
+            if not exc.is_not_found:  # gone: the autoscaler removed the node it emptied
+                raise
+
+    def _taint(self, node: str, *, draining: bool, attempts: int = 5) -> None:
+        """Add or remove the draining taint: read the node, write its whole taint list; again on a 409."""
+        for attempt in range(attempts):
+            req = drain.change(self.kube.send(drain.get(node)), draining=draining)
+            if req is None:
+                return
+            try:
+                self.kube.send(req)
+                return
+            except KubeError as exc:
+                if not exc.is_conflict or attempt == attempts - 1:
+                    raise
 
     def _step(self, move: Move, dry_run: bool) -> tuple[Outcome, str, str, Allocation | None]:
         ns, name = move.pod.split("/", 1)

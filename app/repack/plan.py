@@ -237,6 +237,11 @@ def _drain(
             return None
         if goal is Goal.GPUS and pod.alloc.milli >= MILLI_PER_GPU:
             return None  # a whole-GPU pod only fits an idle GPU: moving it frees none
+        if goal is Goal.NODES:
+            # The executor taints the node it empties (app.repack.drain): kube-scheduler sends no replacement
+            # back there, so neither does the prediction (else the best fit is often the hole just left).
+            gone = {n for n, _ in source}
+            pod = replace(pod, nodes=frozenset(n for n in (pod.nodes or trial.order) if n not in gone))
         target = predict(trial, pod, policy)
         if target is None or not _target_helps(trial, target, source, goal):
             return None

@@ -57,6 +57,7 @@ def node_allows(pod_spec: Mapping[str, Any], node_labels: Mapping[str, str]) -> 
 
 
 CORDONED = "cordoned (spec.unschedulable)"
+TAINTED = "tainted {key}:{effect}, not tolerated by the pod"
 NOT_SELECTED = "the pod's nodeSelector or required node affinity does not match the node's labels"
 
 
@@ -65,6 +66,25 @@ def scheduler_refusal(pod_spec: Mapping[str, Any], node: Mapping[str, Any]) -> s
     required affinity); None when it passes the node on."""
     if as_object(node.get("spec")).get("unschedulable") is True:
         return CORDONED
+    for taint in as_list(as_object(node.get("spec")).get("taints")):
+        t = as_object(taint)
+        if t.get("effect") in {"NoSchedule", "NoExecute"} and not tolerates(pod_spec, t):
+            return TAINTED.format(key=t.get("key"), effect=t.get("effect"))
     if not node_allows(pod_spec, string_map(as_object(node.get("metadata")).get("labels"))):
         return NOT_SELECTED
     return None
+
+
+def tolerates(pod_spec: Mapping[str, Any], taint: Mapping[str, Any]) -> bool:
+    """Whether one of the pod's tolerations tolerates `taint` (Kubernetes' matching rules)."""
+    for raw in as_list(pod_spec.get("tolerations")):
+        tol = as_object(raw)
+        if tol.get("effect") and tol.get("effect") != taint.get("effect"):
+            continue
+        key = tol.get("key") or ""
+        if tol.get("operator") == "Exists":
+            if not key or key == taint.get("key"):
+                return True
+        elif key == taint.get("key") and (tol.get("value") or "") == (taint.get("value") or ""):
+            return True
+    return False

@@ -512,7 +512,9 @@ class Components:
         agent_heartbeat: str = "30s",
         probe_timeout_s: float = 30,
         mps_pipe_host_dir: Path | None = None,
+        extender_extra: Sequence[str] = (),
     ) -> None:
+        self.extender_extra = tuple(extender_extra)  # more `extender serve` flags (e.g. --autoscale-pool)
         self.agent_heartbeat = agent_heartbeat
         self.probe_timeout_s = probe_timeout_s
         self.mps_pipe_host_dir = mps_pipe_host_dir
@@ -524,6 +526,7 @@ class Components:
                 cluster.extender_ops_port,
                 cluster.kubeconfig_for(EXTENDER),
                 cluster.extender_tls,
+                self.extender_extra,
             ),
             webhook_spec(
                 cluster.webhook_port,

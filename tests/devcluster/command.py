@@ -15,6 +15,7 @@ from .addons import DEV_ADDONS, Components, Definitions
 from .binaries import BinariesError, ensure_binaries, repo_root
 from .cluster import Cluster, default_dir, locked
 from .components import CONTROL_PLANE
+from .karpenter import autoscaler_addons
 from .nodes import MigLayout
 from .processes import ComponentError
 
@@ -77,6 +78,12 @@ def register(subparsers: Any) -> None:
         action="store_true",
         help="also run a real kubelet + containerd node (root; Debian containerd, runc, CNI plugins, "
         "busybox-static) with simulated GPUs, tainted gpupack.test/real-node=true:NoSchedule",
+    )
+    up.add_argument(
+        "--autoscaler",
+        action="store_true",
+        help="also run Karpenter's kwok provider with a pool of 8-GPU nodes of --gpu-model, the extender "
+        "asking it for GPUs, and an agent on every node it adds (docs/autoscaling.md)",
     )
     up.set_defaults(func=cmd_up)
     add("down", "stop every process of the cluster and verify none remains").set_defaults(func=cmd_down)
@@ -189,6 +196,9 @@ def cmd_up(args: argparse.Namespace) -> int:
             "service_accounts": args.real_node,
         }
         addons = DEV_ADDONS
+        if args.autoscaler:
+            addons = autoscaler_addons(model)
+            cluster.meta["autoscaler"] = True
         try:
             cluster.start(progress)
             progress(f"creating {args.nodes} nodes x {args.gpus_per_node} {model}")

@@ -1,0 +1,1 @@
+"""Scale-up requests sized by gpupack's own packing (pure): what GPU capacity pending pods need."""

@@ -1,0 +1,227 @@
+"""Grow and shrink with demand: the real Karpenter (kwok provider) adds and removes GPU nodes for gpupack.
+
+`gpupack dev up --autoscaler` runs the control plane, gpupack's extender (asking for nodes with placeholder
+pods), webhook and agents, Karpenter's kwok provider with a pool of 8-GPU nodes, and an agent on every node
+Karpenter adds. One node is there from the start and is filled; then 40 pods of mixed shares arrive and stay
+pending until Karpenter has added the nodes gpupack asked for. Then demand drops, `gpupack repack --goal
+nodes --apply` empties nodes within a PodDisruptionBudget, and Karpenter removes the empty ones.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client, config
+
+from app import names
+from app.autoscale import placeholders as ph
+from tests.devcluster import BinariesError, ensure_binaries, wait_for
+from tests.devcluster.karpenter import NODEPOOL_LABEL
+from tests.devcluster.processes import log_tail
+
+MODEL = "A100-80GB"
+NS = "autoscale"
+# 40 pods: (deployment, share, replicas). Packed: 10 x (0.75 + 0.25), 5 x (0.5 + 0.5), 10 x 0.3 on 4 GPUs.
+SHARES = [("q3", "0.75", 10), ("q1", "0.25", 10), ("half", "0.5", 10), ("third", "0.3", 10)]
+Run = Callable[..., subprocess.CompletedProcess[str]]
+
+
+@pytest.fixture(scope="module")
+def dev(tmp_path_factory: pytest.TempPathFactory, run_gpupack: Run) -> Iterator[tuple[Path, dict[str, str]]]:
+    try:
+        bins = ensure_binaries()
+    except BinariesError as exc:
+        pytest.fail(f"needs Kubernetes binaries and they cannot be built:\n{exc}", pytrace=False)
+    d = tmp_path_factory.mktemp("autoscale") / "dev"
+    env = {**os.environ, "GPUPACK_K8S_BIN": str(bins)}
+    up = run_gpupack(
+        "dev", "up", "--dir", str(d), "--nodes", "1", "--gpus-per-node", "8", "--gpu-model", MODEL,
+        "--autoscaler", env=env, timeout=600,
+    )  # fmt: skip
+    try:
+        if up.returncode != 0:
+            pytest.fail(
+                f"dev up --autoscaler failed ({up.returncode}):\n{up.stderr}\n{logs(d)}", pytrace=False
+            )
+        yield d, env
+    finally:
+        run_gpupack("dev", "down", "--dir", str(d), env=env, timeout=120)
+
+
+def logs(d: Path, lines: int = 25) -> str:
+    return "\n".join(f"---- {p.name}\n{log_tail(p, lines)}" for p in sorted((d / "logs").glob("*.log")))
+
+
+@pytest.fixture(scope="module")
+def api(dev: tuple[Path, dict[str, str]]) -> Iterator[Any]:
+    with config.new_client_from_config(config_file=str(dev[0] / "kubeconfig")) as c:
+        yield c
+
+
+def deployment(name: str, share: str, replicas: int) -> dict[str, Any]:
+    labels = {"app": name}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": NS},
+        "spec": {
+            "replicas": replicas,
+            "selector": {"matchLabels": labels},
+            "template": {
+                "metadata": {"labels": labels, "annotations": {names.GPU_FRACTION: share}},
+                "spec": {"containers": [{"name": "main", "image": "busybox"}]},
+            },
+        },
+    }
+
+
+def gpupack_pods(core: Any) -> list[Any]:
+    return [p for p in core.list_namespaced_pod(NS).items if not p.metadata.deletion_timestamp]
+
+
+def karpenter_nodes(core: Any) -> list[str]:
+    return sorted(n.metadata.name for n in core.list_node(label_selector=NODEPOOL_LABEL).items)
+
+
+def over_committed(pods: list[Any]) -> dict[tuple[str, str], int]:
+    used: Counter[tuple[str, str]] = Counter()
+    for p in pods:
+        ann = p.metadata.annotations or {}
+        for i in (ann.get(names.ALLOC_GPU_INDEXES) or "").split(","):
+            if i:
+                used[(ann[names.ALLOC_NODE], i)] += int(ann[names.ALLOC_GPU_MILLI])
+    return {k: v for k, v in used.items() if v > 1000}
+
+
+def nodes_for(requests: list[int], per_node: int = 8) -> int:
+    free: list[int] = []
+    for want in sorted(requests, reverse=True):
+        i = next((i for i, left in enumerate(free) if left >= want), None)
+        if i is None:
+            free.append(per_node - want)
+        else:
+            free[i] -= want
+    return len(free)
+
+
+def test_scale_up_as_asked_then_repack_and_scale_down(
+    dev: tuple[Path, dict[str, str]], api: Any, run_gpupack: Run
+) -> None:
+    d, env = dev
+    core, apps, policy = client.CoreV1Api(api), client.AppsV1Api(api), client.PolicyV1Api(api)
+    try:
+        core.create_namespace({"metadata": {"name": NS}})
+        # A full cluster: the one static node's 8 GPUs taken whole.
+        apps.create_namespaced_deployment(NS, deployment("fill", "1.0", 8))
+        wait_for(
+            lambda: sum(1 for p in gpupack_pods(core) if p.spec.node_name) == 8, 60, "the static node full"
+        )
+        assert karpenter_nodes(core) == []
+
+        # 40 pods of mixed shares: pending until Karpenter adds what gpupack asks for.
+        t0 = time.monotonic()
+        for name, share, replicas in SHARES:
+            apps.create_namespaced_deployment(NS, deployment(name, share, replicas))
+        asked: list[list[int]] = []
+
+        def watch_placeholders() -> bool:
+            found = core.list_namespaced_pod(
+                "gpupack-system", label_selector=f"{ph.LABEL_PLACEHOLDER}=true"
+            ).items
+            shapes = sorted(int(p.metadata.labels[ph.LABEL_GPUS]) for p in found)
+            if shapes and (not asked or asked[-1] != shapes):
+                asked.append(shapes)
+            return sum(1 for p in gpupack_pods(core) if p.spec.node_name) == 48
+
+        wait_for(watch_placeholders, 150, "every pod bound", interval=0.5)
+        scale_up_s = time.monotonic() - t0
+        pods = gpupack_pods(core)
+        assert not over_committed(pods)
+        added = karpenter_nodes(core)
+        assert asked, "gpupack never asked for GPUs"
+        largest = max(asked, key=sum)
+        assert abs(len(added) - nodes_for(largest)) <= 1, (asked, added)
+        assert sum(largest) <= 8 * len(added)
+        print(f"asked {asked}; Karpenter added {len(added)} nodes; all 48 pods bound in {scale_up_s:.1f}s")
+        wait_for(
+            lambda: (
+                not core.list_namespaced_pod(
+                    "gpupack-system", label_selector=f"{ph.LABEL_PLACEHOLDER}=true"
+                ).items
+            ),
+            30,
+            "placeholders withdrawn",
+        )
+
+        # Demand drops; a budget guards the 0.5 shares while repack empties nodes.
+        policy.create_namespaced_pod_disruption_budget(
+            NS,
+            {
+                "metadata": {"name": "half"},
+                "spec": {"minAvailable": 3, "selector": {"matchLabels": {"app": "half"}}},
+            },
+        )
+        for name, replicas in (("q3", 2), ("q1", 3), ("third", 3), ("half", 4)):
+            apps.patch_namespaced_deployment_scale(name, NS, {"spec": {"replicas": replicas}})
+        wait_for(lambda: len(gpupack_pods(core)) == 8 + 2 + 3 + 3 + 4, 60, "scaled down")
+        before = {p.metadata.uid for p in gpupack_pods(core)}
+        violations: list[str] = []
+        stop = threading.Event()
+
+        def guard() -> None:
+            while not stop.is_set():
+                ready = [
+                    p
+                    for p in gpupack_pods(core)
+                    if p.metadata.labels.get("app") == "half" and p.spec.node_name
+                ]
+                if len(ready) < 3:
+                    violations.append(f"{len(ready)} of the 0.5 shares bound")
+                stop.wait(0.2)
+
+        watcher = threading.Thread(target=guard, daemon=True)
+        watcher.start()
+        repack = run_gpupack(
+            "repack",
+            "--goal",
+            "nodes",
+            "--apply",
+            "--json",
+            "--kubeconfig",
+            str(d / "kubeconfig"),
+            env=env,
+            timeout=150,
+        )
+        stop.set()
+        watcher.join()
+        assert repack.returncode == 0, repack.stdout + repack.stderr
+        report = json.loads(repack.stdout)
+        assert not violations, violations
+
+        # Karpenter removes every node left empty; gpupack pods are never evicted by it (do-not-disrupt).
+        def no_empty_node() -> bool:
+            used = {p.spec.node_name for p in gpupack_pods(core)}
+            return all(n in used for n in karpenter_nodes(core))
+
+        wait_for(no_empty_node, 90, "Karpenter removing the emptied nodes")
+        left = karpenter_nodes(core)
+        assert len(left) < len(added), (added, left, report["plan"])
+        after = gpupack_pods(core)
+        assert len(after) == len(before) and all(p.spec.node_name for p in after)
+        moved = [s["pod"] for s in report["report"]["steps"] if s["outcome"] == "moved"]
+        replaced = before - {p.metadata.uid for p in after}
+        assert len(replaced) == len(moved), (replaced, moved)  # only the pods repack moved were replaced
+        assert not over_committed(after)
+        print(f"repack moved {len(moved)} pods; Karpenter nodes {len(added)} -> {len(left)}")
+    except BaseException:
+        print(logs(d))
+        raise

@@ -1,0 +1,157 @@
+"""The leader's scale-up loop against an in-memory apiserver: placeholders follow the pending pods."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from app.autoscale import placeholders as ph
+from app.autoscale.plan import Pool
+from app.errors import KubeError
+from app.kube.cache import ClusterCache
+from app.kube.calls import Request
+from app.placement import registry
+from extender.autoscaler import PRIORITY_CLASSES, AutoscaleConfig, Autoscaler
+from tests.unit.test_kube_cache import NOW, alloc, gpunode, pod
+
+NS = "gpupack-system"
+MODEL = "A100-80GB"
+
+
+class Apiserver:
+    """Pods in gpupack's namespace (create with generateName, list by label, delete) and PriorityClasses."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.priority_classes: list[str] = []
+        self.names = (f"{ph.NAME_PREFIX}{i}" for i in itertools.count())
+
+    def send(self, req: Request) -> dict[str, Any]:
+        if req.method == "POST" and req.path == PRIORITY_CLASSES:
+            name = req.body["metadata"]["name"]
+            if name in self.priority_classes:
+                raise KubeError(409, "AlreadyExists", name)
+            self.priority_classes.append(name)
+            return req.body
+        if req.method == "POST" and req.path == f"/api/v1/namespaces/{NS}/pods":
+            name = next(self.names)
+            self.pods[name] = {**req.body, "metadata": {**req.body["metadata"], "name": name}}
+            return self.pods[name]
+        if req.method == "GET" and req.path == f"/api/v1/namespaces/{NS}/pods":
+            assert req.query["labelSelector"] == f"{ph.LABEL_PLACEHOLDER}=true"
+            return {"items": list(self.pods.values())}
+        if req.method == "DELETE":
+            name = req.path.rsplit("/", 1)[1]
+            if self.pods.pop(name, None) is None:
+                raise KubeError(404, "NotFound", name)
+            return {}
+        raise AssertionError(f"unexpected call {req.method} {req.path}")
+
+    def shapes(self) -> list[int]:
+        return sorted(int(p["metadata"]["labels"][ph.LABEL_GPUS]) for p in self.pods.values())
+
+    def bind(self, name: str, node: str) -> None:
+        self.pods[name]["spec"]["nodeName"] = node
+
+
+def setup(leading: list[bool] | None = None) -> tuple[Apiserver, ClusterCache, Autoscaler, list[float]]:
+    api = Apiserver()
+    cache = ClusterCache(wall=lambda: NOW)
+    full = gpunode("n0", gpus=8, mem=81_920, model=MODEL)
+    cache.set_gpunodes([full])
+    for i in range(8):
+        cache.upsert_pod(
+            pod(f"busy{i}", f"b{i}", milli=1000, node="n0", allocation=alloc("n0", i, milli=1000, mem=81_920))
+        )
+    clock = [0.0]
+    lead = leading if leading is not None else [True]
+    config = AutoscaleConfig(pools=(Pool(MODEL, 8),), namespace=NS, grace_s=5.0)
+    scaler = Autoscaler(
+        api, cache, registry.create("binpack"), config, can_write=lambda: lead[0], clock=lambda: clock[0]
+    )
+    return api, cache, scaler, clock
+
+
+def test_pending_shares_become_one_placeholder_sized_by_packing_and_go_once_bound() -> None:
+    api, cache, scaler, clock = setup()
+    for i in range(5):
+        cache.upsert_pod(pod(f"p{i}", f"u{i}", milli=300))
+    scaler.tick()
+    assert api.pods == {}  # within the grace period: kube-scheduler gets its chance first
+    clock[0] = 6.0
+    result = scaler.tick()
+    assert result is not None and result.plan.gpus == 2
+    assert api.shapes() == [2] and api.priority_classes == [ph.PRIORITY_CLASS]
+    clock[0] = 12.0
+    scaler.tick()
+    assert api.shapes() == [2]  # the same plan: nothing created or deleted
+    # The autoscaler's node arrives (the placeholder binds there), then its agent publishes the GPUs.
+    api.bind(next(iter(api.pods)), "n1")
+    cache.set_gpunodes(
+        [gpunode("n0", gpus=8, mem=81_920, model=MODEL), gpunode("n1", gpus=8, mem=81_920, model=MODEL)]
+    )
+    clock[0] = 18.0
+    scaler.tick()
+    assert api.pods == {}  # withdrawn: the pending pods fit on n1 now
+    for i in range(5):
+        cache.upsert_pod(
+            pod(f"p{i}", f"u{i}", milli=300, node="n1", allocation=alloc("n1", i // 3, milli=300))
+        )
+    scaler.tick()
+    assert api.pods == {}
+
+
+def test_a_second_wave_of_the_same_shape_asks_again_once_the_first_node_is_published() -> None:
+    api, cache, scaler, clock = setup()
+    for i in range(8):
+        cache.upsert_pod(pod(f"a{i}", f"a{i}", milli=1000))
+    scaler.tick()
+    clock[0] = 6.0
+    scaler.tick()
+    (first,) = api.pods
+    api.bind(first, "n1")
+    cache.upsert_gpunode(gpunode("n1", gpus=8, mem=81_920, model=MODEL))
+    for i in range(8):  # the first wave bound on n1, filling it
+        cache.upsert_pod(
+            pod(f"a{i}", f"a{i}", milli=1000, node="n1", allocation=alloc("n1", i, milli=1000, mem=81_920))
+        )
+    for i in range(8):  # a second wave of the same shape
+        cache.upsert_pod(pod(f"b{i}", f"wave2-{i}", milli=1000))
+    scaler.tick()
+    clock[0] = 12.0
+    scaler.tick()
+    assert first not in api.pods and api.shapes() == [8]
+
+
+def test_deleted_pending_pods_withdraw_their_placeholder() -> None:
+    api, cache, scaler, clock = setup()
+    cache.upsert_pod(pod("p", "u1", milli=1000, count=3))
+    scaler.tick()
+    clock[0] = 10.0
+    scaler.tick()
+    assert api.shapes() == [3]
+    cache.delete_pod(pod("p", "u1", milli=1000, count=3))
+    scaler.tick()
+    assert api.pods == {}
+
+
+def test_a_standby_writes_nothing_and_forgets_its_clock() -> None:
+    leading = [False]
+    api, cache, scaler, clock = setup(leading)
+    cache.upsert_pod(pod("p", "u1", milli=500))
+    clock[0] = 100.0
+    assert scaler.tick() is None and api.pods == {}
+    leading[0] = True
+    scaler.tick()  # a new leader starts the grace period over: it never saw the pod pending before
+    assert api.pods == {}
+    clock[0] = 106.0
+    scaler.tick()
+    assert api.shapes() == [1]
+
+
+def test_stale_placeholders_left_by_an_old_leader_are_withdrawn() -> None:
+    api, _cache, scaler, _clock = setup()
+    body = ph.body(ph.Request(Pool(MODEL, 8), 4, ("ns/gone",)), NS)
+    api.send(Request("POST", f"/api/v1/namespaces/{NS}/pods", body))
+    scaler.tick()
+    assert api.pods == {}
