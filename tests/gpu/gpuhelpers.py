@@ -15,9 +15,9 @@ from typing import Any
 
 from agent.nvml.base import Nvml, NvmlCode, NvmlError
 from agent.nvml.simfile import SimSet
-from app import names
+from app import names, podview
 from app.model import Allocation
-from app.request import Container, GpuRequest, parse
+from app.request import GpuRequest, parse
 
 # The nvidia-smi query the inventory is checked against (field names from `nvidia-smi --help-query-gpu`).
 SMI_FIELDS = ("index", "uuid", "name", "memory.total", "mig.mode.current", "compute_mode", "compute_cap")
@@ -133,7 +133,11 @@ def normalize_uuid(raw: str) -> str:
 
 def fraction_request(fraction: str) -> GpuRequest:
     """The webhook's parse of a pod annotated `gpu-fraction: <fraction>` with one container."""
-    parsed = parse({names.GPU_FRACTION: fraction}, (Container("main"),))
+    pod = {
+        "metadata": {"annotations": {names.GPU_FRACTION: fraction}},
+        "spec": {"containers": [{"name": "main", "image": "workload"}]},
+    }
+    parsed = parse(podview.read(pod))
     if not isinstance(parsed, GpuRequest):
         raise ValueError("; ".join(str(e) for e in parsed))
     return parsed

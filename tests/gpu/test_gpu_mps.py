@@ -81,7 +81,13 @@ class Daemon:
             stderr=subprocess.DEVNULL, timeout=20, check=False,
         )  # fmt: skip
         assert started.returncode == 0, f"{self.config.binary} -d: exit {started.returncode}\n{self.logs()}"
-        status = self.sup.tick([Device(self.uuid, self.memory_mib)], now=time.monotonic())
+        # `-d` returns once the daemon forked; its control socket may come a moment later.
+        deadline = time.monotonic() + 10
+        while True:
+            status = self.sup.tick([Device(self.uuid, self.memory_mib)], now=time.monotonic())
+            if self.sup.state is MpsState.RUNNING or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
         if self.sup.state is not MpsState.RUNNING:
             logs = self.logs()
             self.control("quit")  # a daemon that started but would not take its defaults
@@ -175,7 +181,7 @@ def test_daemon_default_caps_a_client_that_asks_for_more(
     d = Daemon(real_nvml, mps_binary, pinned_default_mib=default_mib)
     d.start()
     try:
-        shown = d.control("get_default_device_pinned_mem_limit 0").stdout.strip()
+        shown = d.control(f"get_default_device_pinned_mem_limit {d.uuid}").stdout.strip()
         base = {
             "CUDA_VISIBLE_DEVICES": d.uuid,
             names.ENV_MPS_PIPE_DIRECTORY: str(d.pipe_dir),

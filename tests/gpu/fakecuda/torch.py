@@ -50,7 +50,8 @@ def _limit_mib() -> int:
     if daemon is None:
         return limit
     for value in (
-        str(daemon["pinned"].get("0", "")),
+        # The daemon's default for this device, set by ordinal or by UUID (the agent uses the UUID).
+        str(daemon["pinned"].get("0") or daemon["pinned"].get(f"GPU-{UUID}", "")),
         os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "").removeprefix("0="),
     ):
         mib = _mib(value)
