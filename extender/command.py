@@ -8,6 +8,7 @@ import sys
 from app.placement import DEFAULT_POLICY, registry
 from app.settings import from_args
 from extender.config import FLAGS, Settings
+from extender.workloads import LEARNED, SOURCES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -44,6 +45,13 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--policy",
         default=DEFAULT_POLICY,
         help=f"placement policy: {', '.join(registry.names())} (default {DEFAULT_POLICY})",
+    )
+    s.add_argument(
+        "--workload",
+        choices=SOURCES,
+        default=LEARNED,
+        help="target workload of the policy: learned from the cluster's gpupack pods and fleet, or the "
+        "built-in distribution (default learned)",
     )
     s.add_argument(
         "--lease-namespace", default="gpupack-system", help="namespace of the leader-election Lease"

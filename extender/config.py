@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from app.errors import SettingError
 from app.placement import DEFAULT_POLICY, registry
 from app.settings import Checker
+from extender.workloads import LEARNED, SOURCES
 
 # Settings fields whose flag is not just the field name in kebab case.
 FLAGS = {
@@ -39,6 +40,10 @@ class Settings:
     # pod off it and the cluster packs exactly as `gpupack simulate` predicts. Off: filter keeps every
     # fitting node and the policy only votes through prioritize.
     decide_in_filter: bool = True
+    # What the policy judges a node's free share against: "learned" from the cluster's own gpupack pods on
+    # its fleet, as `gpupack simulate` does with a trace (the built-in distribution while fewer than 50
+    # GPU pods are known); "builtin": always the built-in distribution, fixed behaviour.
+    workload: str = LEARNED
     lease_namespace: str = "gpupack-system"
     lease_name: str = "gpupack-extender"
     identity: str = field(
@@ -70,6 +75,8 @@ class Settings:
         check.positive("cert_check_interval_s", self.cert_check_interval_s)
         if self.policy not in registry.names():
             check.bad("policy", self.policy, f"must be one of {', '.join(registry.names())}")
+        if self.workload not in SOURCES:
+            check.bad("workload", self.workload, f"must be one of {', '.join(SOURCES)}")
         if not self.lease_namespace:
             check.bad("lease_namespace", self.lease_namespace, "must name a namespace")
         if not self.identity:
