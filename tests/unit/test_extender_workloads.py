@@ -2,20 +2,23 @@
 
 from __future__ import annotations
 
+import copy
 import random
 
 import pytest
 
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
+from app.kube.calls import JsonDict, Request
 from app.model import Demand
 from app.placement import default_workload, registry
 from app.placement.workload import MIN_LEARNED_PODS, WEIGHT_STEP, learned
 from extender.binder import Binder
 from extender.config import Settings
-from extender.runtime import StaticRuntime
-from extender.workloads import BUILTIN, LEARN_EVERY_S, LEARNED, WorkloadClock, target
+from extender.runtime import KubeRuntime, StaticRuntime
+from extender.workloads import BUILTIN, LEARN_EVERY_S, LEARNED, WorkloadClock, target, workload_of
 from tests.unit.test_extender_app import FakeKube, gpunode, pod
+from tests.unit.test_extender_runtime import Apiserver, step_all
 
 T4 = frozenset({"T4"})
 
@@ -108,3 +111,39 @@ def test_a_policy_without_a_workload_never_switches() -> None:
 def test_the_workload_setting_names_its_rule() -> None:
     errors = Settings(workload="mine").validate()
     assert [e.as_flag() for e in errors] == ["--workload='mine': must be one of learned, builtin"]
+
+
+class ListingApiserver(Apiserver):
+    """The runtime tests' apiserver, listing these GPUNodes and pods."""
+
+    def __init__(self, gpunodes: list[JsonDict], pods: list[JsonDict]) -> None:
+        super().__init__()
+        self.items = {"gpunodes": gpunodes, "/pods": pods}
+
+    def send(self, req: Request) -> JsonDict:
+        for key, items in self.items.items():
+            if req.method == "GET" and "/leases" not in req.path and req.path.endswith(key):
+                return {"items": copy.deepcopy(items), "metadata": {"resourceVersion": "7"}}
+        return super().send(req)
+
+
+@pytest.mark.parametrize("source", [LEARNED, BUILTIN])
+def test_a_replica_turning_ready_judges_against_the_workload_of_the_api_state(source: str) -> None:
+    pinned = []
+    for i in range(MIN_LEARNED_PODS):
+        p = pod(f"p{i}", 500)
+        p["metadata"]["annotations"]["gpupack.io/gpu-model"] = "T4"
+        pinned.append(p)
+    api = ListingApiserver([gpunode("a1", model="T4", mem=15109), gpunode("b1")], pinned)
+    settings = Settings(lease_namespace="sys", identity="me", workload=source)
+    rt = KubeRuntime(api, settings, clock=lambda: 0.0)
+    rt.elector.tick()
+    step_all(rt)
+    assert rt.ready() == (True, "ready")
+    wl = workload_of(rt.policy)
+    assert wl is not None and dict(wl.fleet) == {"T4": 2, "V100M16": 2}
+    if source == LEARNED:
+        assert [s.models for s in wl.shapes] == [T4]
+    else:
+        assert wl.shapes == default_workload().shapes
+    assert rt.binder.policy is rt.policy and rt.rankings.policy is rt.policy
