@@ -8,6 +8,7 @@ from functools import partial
 
 from app.settings import add_flag, from_args
 from extender.config import FLAGS, Settings
+from extender.workloads import SOURCES
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -26,6 +27,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     flag("client_ca_file")
     flag("cert_check_interval_s", type=float)
     flag("policy")
+    flag("workload", choices=SOURCES)
     flag("lease_namespace")
     flag("lease_name")
     flag("identity")

@@ -10,6 +10,7 @@ from app.autoscale.plan import Pool
 from app.errors import SettingError
 from app.placement import DEFAULT_POLICY, registry
 from app.settings import Checker, setting
+from extender.workloads import LEARNED, SOURCES
 
 # Settings fields whose flag is not just the field name in kebab case.
 FLAGS = {
@@ -56,6 +57,14 @@ class Settings:
     decide_in_filter: bool = setting(
         True, "let every fitting node pass filter and only rank them in prioritize"
     )  # its flag is --no-decide-in-filter
+    # What the policy judges a node's free share against: "learned" from the cluster's own gpupack pods on
+    # its fleet, as `gpupack simulate` does with a trace (the built-in distribution while fewer than 50
+    # GPU pods are known); "builtin": always the built-in distribution, fixed behaviour.
+    workload: str = setting(
+        LEARNED,
+        "target workload of the policy: learned from the cluster's gpupack pods and fleet, or the "
+        "built-in distribution",
+    )
     lease_namespace: str = setting("gpupack-system", "namespace of the leader-election Lease")
     lease_name: str = setting("gpupack-extender", "name of the leader-election Lease")
     identity: str = setting(
@@ -111,6 +120,8 @@ class Settings:
         check.positive("cert_check_interval_s", self.cert_check_interval_s)
         if self.policy not in registry.names():
             check.bad("policy", self.policy, f"must be one of {', '.join(registry.names())}")
+        if self.workload not in SOURCES:
+            check.bad("workload", self.workload, f"must be one of {', '.join(SOURCES)}")
         if not self.lease_namespace:
             check.bad("lease_namespace", self.lease_namespace, "must name a namespace")
         if not self.identity:

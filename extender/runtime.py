@@ -17,6 +17,7 @@ from app.kube.informers import Informer, InformerConfig, KubeApi
 from app.kube.lease import LeaderElector, LeaseConfig
 from app.kube.quotas import QuotaStore
 from app.placement import Policy, registry
+from app.placement.workload import TargetWorkload
 from app.pods import slim_pod
 from extender import stats
 from extender.autoscaler import AutoscaleConfig, Autoscaler
@@ -24,6 +25,7 @@ from extender.binder import Binder
 from extender.config import Settings
 from extender.metrics import ExtenderGauges, PendingReason
 from extender.rankings import Rankings
+from extender.workloads import CHECK_EVERY_S, WorkloadClock, workload_of
 
 LOG = log.get("gpupack.extender")
 
@@ -43,6 +45,37 @@ class Runtime(Protocol):
     def alive(self) -> tuple[bool, str]: ...
 
     def is_leader(self) -> bool: ...
+
+
+class _Judged(Protocol):
+    cache: ClusterCache
+    policy: Policy
+    rankings: Rankings
+    binder: Binder
+
+
+def refresh_workload(rt: _Judged, clock: WorkloadClock, now: float) -> TargetWorkload | None:
+    """Switch `rt` to a policy judging against the workload the cache's state now calls for, when the
+    clock says it is time to look and that workload differs; the new workload, else None.
+
+    The new policy gets new rankings, ready before the swap (rows read here, not in a request); a
+    request already running finishes on the old pair. Policies without a workload never switch.
+    """
+    current = workload_of(rt.policy)
+    if current is None or not clock.due(rt.cache, now):
+        return None
+    wanted = clock.look(rt.cache, now, current)
+    if wanted is None:
+        return None
+    policy = registry.create(rt.policy.name, wanted)
+    rankings = Rankings(rt.cache, policy)
+    rankings.prepare()
+    rt.policy, rt.rankings, rt.binder.policy = policy, rankings, policy
+    LOG.info(
+        "target workload changed",
+        extra={"shapes": len(wanted.shapes), "fleet": dict(wanted.fleet), "source": clock.source},
+    )
+    return wanted
 
 
 def gauges_of(rt: Runtime) -> ExtenderGauges:
@@ -104,6 +137,10 @@ class StaticRuntime:
         self.rankings = Rankings(cache, policy)
         self.binder = binder
         self.decide_in_filter = decide_in_filter
+
+    def refresh_workload(self, clock: WorkloadClock, now: float = 0.0) -> TargetWorkload | None:
+        """What KubeRuntime does on its own cadence, when a test or bench asks (see `refresh_workload`)."""
+        return refresh_workload(self, clock, now)
 
     def ready(self) -> tuple[bool, str]:
         return True, "ready"
@@ -173,7 +210,9 @@ class KubeRuntime:
         )
         self.binder = Binder(kube, self.cache, self.policy, can_write=self.elector.can_write)
         self.autoscaler = autoscaler_of(kube, self.cache, self.policy, settings, self.elector.can_write)
+        self.workload_clock = WorkloadClock(settings.workload)
         self._threads: list[threading.Thread] = []
+        self._stopping = threading.Event()
 
     def _on_started(self) -> None:
         # A standby has watched all along, and the old leader stopped serving a renew deadline before
@@ -202,7 +241,10 @@ class KubeRuntime:
             self._settled = False
             return False, "; ".join(problems)
         if not self._settled:
-            self.rankings.prepare()  # views and rows built before the heap is frozen, not in a request
+            # Every view is live: the workload is read from the cache's pods and fleet before the first
+            # request, so a replica that just took over judges as the old leader did on the same pods.
+            if refresh_workload(self, self.workload_clock, self._clock()) is None:
+                self.rankings.prepare()  # views and rows built before the heap is frozen, not in a request
             settle_heap()
             self._settled = True
         return True, "ready"
@@ -214,13 +256,26 @@ class KubeRuntime:
                 return False, why
         return True, "alive"
 
+    def _watch_workload(self) -> None:
+        # Only once Ready: before, the cache is still filling and ready() makes the first look.
+        while not self._stopping.wait(CHECK_EVERY_S):
+            if self._settled:
+                try:
+                    refresh_workload(self, self.workload_clock, self._clock())
+                except Exception:  # a bad look keeps the current policy; the next tick tries again
+                    LOG.exception("target workload refresh failed")
+
     def start(self) -> None:
         self._threads = [inf.start() for inf in (*self.informers, self.quota_informer)]
         self._threads.append(self.elector.start())
         if self.autoscaler is not None:
             self._threads.append(self.autoscaler.start())
+        watcher = threading.Thread(target=self._watch_workload, name="workload", daemon=True)
+        watcher.start()
+        self._threads.append(watcher)
 
     def stop(self) -> None:
+        self._stopping.set()
         if self.autoscaler is not None:
             self.autoscaler.stop()
         self.elector.stop()

@@ -350,6 +350,12 @@ class ClusterCache:
         with self._lock:
             return list(self._pods.values())
 
+    def inventory(self) -> list[Node]:
+        """Every GPUNode's node as its agent reports it, nothing reserved, stale or not: the fleet the
+        target workload is judged on (`TargetWorkload.on_fleet`)."""
+        with self._lock:
+            return list(self._base.values())
+
     def node_names(self) -> list[str]:
         with self._lock:
             return list(self._order)

@@ -21,6 +21,12 @@ DEFAULT_FILE = "typical_pods.json"
 _MEMO_LIMIT = 500_000
 SETTLE_POOL_GPUS = 8000  # large enough that V barely moves between pool seeds; ~0.1 s to build
 _NOTHING_SETTLES = tuple(float(x) for x in range(MILLI_PER_GPU + 1))  # no pod comes: every hole stays
+# A learned workload needs this many GPU pods: below it a shape's share is mostly chance (one pod moves it
+# 2 % or more), so the built-in distribution is used whole rather than blended with a noisy one.
+MIN_LEARNED_PODS = 50
+# Learned weights are rounded to this step, so a workload is a function of the pods' shapes that a few
+# pods more or less rarely change: every change invalidates the extender's rankings.
+WEIGHT_STEP = 0.02
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,6 +335,24 @@ def _shape_errors(s: PodShape) -> Iterable[str]:
         yield f"cpu_milli={s.cpu_milli}: must be non-negative"
     if not s.weight > 0:
         yield f"weight={s.weight}: must be positive"
+
+
+def learned(demands: Iterable[Demand], min_pods: int = MIN_LEARNED_PODS) -> TargetWorkload | None:
+    """The workload of `demands` (FGD's construction) with weights rounded to WEIGHT_STEP; None when fewer
+    than `min_pods` of them ask for a GPU (the caller then uses the built-in one).
+
+    Deterministic: the same demands in any order give the same shapes and weights.
+    """
+    demands = list(demands)
+    if sum(1 for d in demands if d.count and d.milli is not None) < min_pods:
+        return None
+    raw = TargetWorkload.from_demands(demands)
+    steps = [(s, round(s.weight / WEIGHT_STEP)) for s in raw.shapes]
+    kept = [(s, n) for s, n in steps if n > 0] or [max(steps, key=lambda sn: sn[0].weight)]
+    total = sum(max(n, 1) for _, n in kept)
+    return TargetWorkload(
+        tuple(PodShape(s.cpu_milli, s.milli, s.count, s.models, max(n, 1) / total) for s, n in kept)
+    )
 
 
 @cache

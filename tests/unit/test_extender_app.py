@@ -11,14 +11,15 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app import names
+from app import names, podview
 from app.errors import KubeError, PlacementReason
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict, Request
 from app.kube.gpunode import GPUNode, GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
 from app.model import Allocation, Demand, Node
-from app.placement import Policy, registry
+from app.placement import Placement, Policy, TargetWorkload, place, registry
+from app.request import pod_demand
 from extender.binder import Binder
 from extender.config import Settings
 from extender.main import create_app
@@ -26,6 +27,7 @@ from extender.metrics import PendingReason
 from extender.rankings import Rankings
 from extender.runtime import StaticRuntime
 from extender.schemas import HostPriorityList
+from extender.workloads import BUILTIN, LEARNED, WorkloadClock
 
 NOW = 1_700_000_000.0
 
@@ -694,3 +696,35 @@ def test_settings_validation(settings: Settings, message: str) -> None:
 
 def test_settings_report_every_error_at_once() -> None:
     assert len(Settings(port=0, policy="x", assume_ttl_s=0).validate()) == 3
+
+
+def test_learned_workload_steers_an_unpinned_pod_off_the_scarce_model_as_the_simulator_does() -> None:
+
+    fleet = (
+        *(gpunode(f"a{i}", model="T4", mem=15109) for i in (1, 2)),
+        *(gpunode(f"b{i}") for i in range(1, 5)),
+    )
+    names_ = [n["metadata"]["name"] for n in fleet]
+    env = Env(policy="fragaware", nodes=fleet)
+    for i in range(60):  # a queue of pods that run only on a T4
+        p = pod(f"t4-{i}", 500)
+        p["metadata"]["annotations"][names.GPU_MODEL] = "T4"
+        env.kube.add(p)
+    free = pod("free", 500)  # runs anywhere
+    builtin_choice = env.filter(free, names_)["NodeNames"]
+    assert env.runtime.refresh_workload(WorkloadClock(BUILTIN)) is not None  # the fleet is now known
+    assert env.filter(free, names_)["NodeNames"] == builtin_choice  # no pinned shape: nothing scarce
+    wl = env.runtime.refresh_workload(WorkloadClock(LEARNED))
+    assert wl is not None and any(s.models == {"T4"} for s in wl.shapes)
+    chosen = env.filter(free, names_)["NodeNames"]
+    # What `gpupack simulate` does on this state: the workload of the pods on the fleet, then place().
+    nodes = [n for n in env.cache.nodes().values() if n is not None]
+    demands = [p.demand for p in env.cache.pods() if isinstance(p.demand, Demand)]
+    sim_policy = registry.create("fragaware", TargetWorkload.from_demands(demands).on_fleet(nodes))
+    demand = pod_demand(podview.read(free))
+    assert isinstance(demand, Demand)
+    expected = place(nodes, demand, sim_policy)
+    assert isinstance(expected, Placement)
+    assert chosen == [expected.node.name]
+    assert chosen[0].startswith("b") and builtin_choice == ["a1"]  # off the T4s, which it took before
+    assert env.binder.policy is env.runtime.policy  # bind re-checks with the same policy
