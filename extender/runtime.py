@@ -243,11 +243,18 @@ class KubeRuntime:
         if not self._settled:
             # Every view is live: the workload is read from the cache's pods and fleet before the first
             # request, so a replica that just took over judges as the old leader did on the same pods.
-            if refresh_workload(self, self.workload_clock, self._clock()) is None:
+            if self._refresh_workload() is None:
                 self.rankings.prepare()  # views and rows built before the heap is frozen, not in a request
             settle_heap()
             self._settled = True
         return True, "ready"
+
+    def _refresh_workload(self) -> TargetWorkload | None:
+        """`refresh_workload` on this replica; the scale-up planner follows the new policy too."""
+        wanted = refresh_workload(self, self.workload_clock, self._clock())
+        if wanted is not None and self.autoscaler is not None:
+            self.autoscaler.policy = self.policy
+        return wanted
 
     def alive(self) -> tuple[bool, str]:
         for worker in (*self.informers, self.elector):
@@ -261,7 +268,7 @@ class KubeRuntime:
         while not self._stopping.wait(CHECK_EVERY_S):
             if self._settled:
                 try:
-                    refresh_workload(self, self.workload_clock, self._clock())
+                    self._refresh_workload()
                 except Exception:  # a bad look keeps the current policy; the next tick tries again
                     LOG.exception("target workload refresh failed")
 
