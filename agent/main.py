@@ -16,8 +16,10 @@ from agent import metrics, toolkit
 from agent.cgroup import ProcResolver
 from agent.loop import Agent, AgentConfig, Resolver
 from agent.mps import MpsConfig, MpsSupervisor
+from agent.nodeserver import NodeServer
 from agent.nvml.base import Nvml
 from agent.nvml.simfile import SimFileError
+from agent.pipedirs import PipeDirs
 from agent.reporter import ReporterConfig
 from agent.settings import Settings
 from app import log
@@ -70,6 +72,13 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
     # The container-start env check reads the host's processes even with simulated GPUs: the pods are real.
     procs = ProcResolver(settings.proc_root)
     return Agent(config, nvml=nvml, resolver=resolver, mps=mps, send=send, clock=clock, procs=procs)
+
+
+def node_server(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> NodeServer | None:
+    """The RuntimeClass handler's answerer, where --node-socket asks for one (docs/node-side.md)."""
+    if settings.node_socket is None:
+        return None
+    return NodeServer(settings.node_socket, settings.node, PipeDirs(settings.mps_pipe_dir), send)
 
 
 class Runner:

@@ -38,6 +38,8 @@ class Settings:
     mps_log_dir: Path = Path("/var/log/nvidia-mps")
     mps_thread_percentage: int = 100  # the daemon's default active thread percentage
     mps_pinned_mem_limit_mib: int | None = None  # the daemon's default per device
+    # The RuntimeClass handler's question socket (agent.nodeserver); None: this agent answers none.
+    node_socket: Path | None = None
     log_level: str = "info"
 
     @property
@@ -60,4 +62,6 @@ class Settings:
             check.bad("mps_thread_percentage", self.mps_thread_percentage, "must be in 1..100")
         if self.mps_pinned_mem_limit_mib is not None:
             check.positive("mps_pinned_mem_limit_mib", self.mps_pinned_mem_limit_mib, "must be >= 1")
+        if self.node_socket is not None and not self.node_socket.is_absolute():
+            check.bad("node_socket", str(self.node_socket), "must be an absolute path")
         return check.errors

@@ -32,6 +32,12 @@ def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, henc
         "--mps-pipe-host-dir", default=None, help="host dir of the MPS pipe (default /tmp/nvidia-mps)"
     )
     serve.add_argument(
+        "--runtime-class",
+        default="",
+        help="gpupack's RuntimeClass for MPS shares (the node adds each pod's MPS directory; "
+        "docs/node-side.md); empty: a hostPath volume of the pipe dir in the pod",
+    )
+    serve.add_argument(
         "--hami-takeover",
         action="store_true",
         help="rewrite pods that ask for HAMi's nvidia.com/gpumem, gpumem-percentage or gpucores into a "

@@ -74,7 +74,9 @@ def decide(body: Mapping[str, Json], settings: Settings, pod_security: str | Non
     if isinstance(parsed, tuple):
         return _deny(uid, parsed)
     if pod_security and (
-        refused := podsecurity.refusal(parsed, annotations, pod_security, req.get("namespace", ""))
+        refused := podsecurity.refusal(
+            parsed, annotations, pod_security, req.get("namespace", ""), pipe_writes(pod, parsed, settings)
+        )
     ):
         return _deny(uid, (refused,))
     if errors := clashes(pod, parsed, settings):
@@ -112,38 +114,49 @@ def pod_patch(pod: Mapping[str, Json], req: GpuRequest, settings: Settings) -> l
     """
     spec = pod["spec"]
     ops = _label_ops(pod.get("metadata") or {})
-    pipe_mount: pipe.PipeMount | None = None
-    for path, where, container in containers(spec):
+    wrote = pipe_writes(pod, req, settings)
+    if isinstance(wrote, RequestError):
+        raise ValueError(str(wrote))
+    for path, _, container in containers(spec):
         if container.get("name") == req.container:
-            if req.isolation is Isolation.MPS:
-                planned = pipe.plan(spec, container, where, settings.mps_pipe_host_dir)
-                if isinstance(planned, RequestError):
-                    raise ValueError(str(planned))
-                pipe_mount = planned
-            pipe_dir = pipe_mount.path if pipe_mount else names.MPS_PIPE_DIRECTORY
+            pipe_dir = wrote.pipe_dir if wrote else names.MPS_PIPE_DIRECTORY
             ops += _missing_ops(path, container, "env", gpu_env(req, pipe_dir))
             ops += _resource_ops(path, container, req)
-            if pipe_mount and pipe_mount.add_mount:
+            if wrote and wrote.mount:
                 # Mounts are not keyed by name (one volume may be mounted twice), so append as planned.
-                mount = {"name": pipe_mount.volume, "mountPath": pipe_mount.path}
                 mounts = container.get("volumeMounts")
                 ops.append(
-                    {"op": "add", "path": f"{path}/volumeMounts/-", "value": mount}
+                    {"op": "add", "path": f"{path}/volumeMounts/-", "value": wrote.mount}
                     if mounts
-                    else {"op": "add", "path": f"{path}/volumeMounts", "value": [mount]}
+                    else {"op": "add", "path": f"{path}/volumeMounts", "value": [wrote.mount]}
                 )
         else:
             ops += _missing_ops(path, container, "env", [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, NO_GPU)])
-    if pipe_mount and pipe_mount.add_volume:
-        volume = {
-            "name": pipe_mount.volume,
-            "hostPath": {"path": settings.mps_pipe_host_dir, "type": "DirectoryOrCreate"},
-        }
-        ops += _missing_ops("/spec", spec, "volumes", [volume])
+    if wrote and wrote.volume:
+        ops += _missing_ops("/spec", spec, "volumes", [wrote.volume])
+    if wrote and wrote.runtime_class and spec.get("runtimeClassName") != wrote.runtime_class:
+        ops.append({"op": "add", "path": "/spec/runtimeClassName", "value": wrote.runtime_class})
     ops += _affinity_ops(spec, node_requirements(req))
     if settings.scheduler_name and spec.get("schedulerName") != settings.scheduler_name:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name})
     return ops
+
+
+def pipe_writes(
+    pod: Mapping[str, Json], req: GpuRequest, settings: Settings
+) -> pipe.Writes | RequestError | None:
+    """What the patch writes for the MPS pipe directory of the GPU container (webhook.pipe); None when the
+    share has no MPS or the pod has no such container; a RequestError when a pod's mount is in the way."""
+    if req.isolation is not Isolation.MPS:
+        return None
+    spec = pod.get("spec") or {}
+    for _, where, container in containers(spec):
+        if container.get("name") == req.container:
+            planned = pipe.plan(spec, container, where, settings.mps_pipe_host_dir)
+            if isinstance(planned, RequestError):
+                return planned
+            return pipe.writes(planned, settings.mps_pipe_host_dir, settings.runtime_class)
+    return None
 
 
 def containers(spec: Mapping[str, Json]) -> list[tuple[str, str, Mapping[str, Json]]]:
@@ -161,20 +174,21 @@ def clashes(pod: Mapping[str, Json], req: GpuRequest, settings: Settings) -> tup
     - An env var we set, written by the user with another value (the last entry of a name is the one
       that counts): overwriting it would silently change their pod, keeping it would break the share.
     - A mount of some other volume where the GPU container's MPS pipe mount goes (see webhook.pipe).
+    - A runtimeClassName of the pod's own where an MPS share needs gpupack's RuntimeClass.
     """
     spec = pod["spec"]
     errors: list[RequestError] = []
+    wrote = pipe_writes(pod, req, settings)
+    if isinstance(wrote, RequestError):
+        errors.append(wrote)
+        wrote = None
+    elif wrote and (clash := pipe.runtime_class_clash(spec, wrote)):
+        errors.append(clash)
     for _, where, container in containers(spec):
         if container.get("name") != req.container:
             errors += _env_clashes(where, container, [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, NO_GPU)], req)
             continue
-        pipe_dir = names.MPS_PIPE_DIRECTORY
-        if req.isolation is Isolation.MPS:
-            planned = pipe.plan(spec, container, where, settings.mps_pipe_host_dir)
-            if isinstance(planned, RequestError):
-                errors.append(planned)
-            else:
-                pipe_dir = planned.path
+        pipe_dir = wrote.pipe_dir if wrote else names.MPS_PIPE_DIRECTORY
         errors += _env_clashes(where, container, gpu_env(req, pipe_dir), req)
     return tuple(errors)
 

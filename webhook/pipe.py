@@ -3,8 +3,14 @@
 A pod written for KAI-Scheduler's MPS mode already mounts the host's `/tmp/nvidia-mps` itself, under any
 volume name and at any path. Adding a second mount of it would make the pod invalid (`mountPath must be
 unique`) or mount the pipe twice, so such a mount is reused and CUDA_MPS_PIPE_DIRECTORY points at it.
-Only where the container has none do we add a volume (under a name no volume of the pod has yet) and a
-mount at names.MPS_PIPE_DIRECTORY; a user mount of some *other* volume at that path is refused.
+A user mount of some *other* volume at names.MPS_PIPE_DIRECTORY is refused.
+
+Where the container has no mount of its own, what the webhook writes (`writes`) depends on the node side:
+- with gpupack's RuntimeClass (chart `nodeSide.enabled`, the default): only `spec.runtimeClassName`; the
+  handler on the node mounts the pod's *own* MPS directory at names.MPS_PIPE_DIRECTORY when the container
+  is created (docs/node-side.md). No hostPath in the pod, so the share passes Pod Security `baseline`;
+- without it (legacy): a hostPath volume of the whole pipe directory (under a name no volume of the pod
+  has yet) and a mount at names.MPS_PIPE_DIRECTORY; the pod then needs a `privileged` namespace.
 """
 
 from __future__ import annotations
@@ -28,6 +34,48 @@ class PipeMount:
     path: str  # the mount path in the container: the value of CUDA_MPS_PIPE_DIRECTORY
     add_volume: bool  # the pod has no volume of the host dir yet
     add_mount: bool  # the GPU container does not mount it yet
+
+
+@dataclass(frozen=True, slots=True)
+class Writes:
+    """What the patch writes for the GPU container's MPS pipe directory."""
+
+    pipe_dir: str  # the value of CUDA_MPS_PIPE_DIRECTORY in the container
+    runtime_class: str | None = None  # spec.runtimeClassName: the node side adds the pod's MPS directory
+    volume: dict[str, Any] | None = None  # a hostPath volume to add to the pod (legacy)
+    mount: dict[str, Any] | None = None  # a volumeMount to add to the container (legacy)
+
+    @property
+    def host_path(self) -> bool:
+        """The pod reaches the pipe directory through a hostPath volume (its own, or one we add)."""
+        return self.runtime_class is None
+
+
+def writes(planned: PipeMount, host_dir: str, runtime_class: str) -> Writes:
+    """What to write for `planned`: the user's own hostPath mount is kept as it is; otherwise the RuntimeClass
+    when `runtime_class` names one, else (legacy) our hostPath volume and mount."""
+    if not planned.add_mount:
+        return Writes(planned.path)
+    if runtime_class:
+        return Writes(names.MPS_PIPE_DIRECTORY, runtime_class=runtime_class)
+    volume = {"name": planned.volume, "hostPath": {"path": host_dir, "type": "DirectoryOrCreate"}}
+    mount = {"name": planned.volume, "mountPath": planned.path}
+    return Writes(planned.path, volume=volume if planned.add_volume else None, mount=mount)
+
+
+def runtime_class_clash(spec: Mapping[str, Any], wrote: Writes) -> RequestError | None:
+    """A runtimeClassName of the pod's own where the share needs gpupack's: refused, never overwritten."""
+    have = spec.get("runtimeClassName")
+    if wrote.runtime_class is None or have in (None, "", wrote.runtime_class):
+        return None
+    return RequestError(
+        "spec.runtimeClassName",
+        str(have),
+        f"must be {wrote.runtime_class!r} or unset for an MPS share: gpupack's RuntimeClass gives the GPU "
+        "container its pod's own MPS directory at the node, and its handler runs the node's configured "
+        "runtime (NVIDIA's included, see docs/node-side.md); remove it, or annotate "
+        f"{names.ISOLATION}: none",
+    )
 
 
 def _norm(path: object) -> str:

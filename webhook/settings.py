@@ -23,6 +23,9 @@ _DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-
 class Settings:
     scheduler_name: str | None = None  # set spec.schedulerName on GPU pods only when configured
     mps_pipe_host_dir: str = names.MPS_PIPE_DIRECTORY  # host dir of the node's MPS control daemon
+    # gpupack's RuntimeClass: MPS shares get spec.runtimeClassName and the node adds each pod's own MPS
+    # directory (docs/node-side.md). "": legacy, a hostPath volume of the pipe dir in the pod.
+    runtime_class: str = ""
     # Rewrite pods asking for HAMi's nvidia.com/gpumem, gpumem-percentage or gpucores into a gpupack share
     # (webhook.hami); off by default: such pods are then left alone, for HAMi or the device plugin.
     hami_takeover: bool = False
@@ -48,6 +51,12 @@ class Settings:
         parts = self.mps_pipe_host_dir.split("/")
         if not self.mps_pipe_host_dir.startswith("/") or ".." in parts:
             check.bad("mps_pipe_host_dir", self.mps_pipe_host_dir, "must be an absolute path without '..'")
+        if self.runtime_class and not (
+            len(self.runtime_class) <= 253 and _DNS1123_SUBDOMAIN.match(self.runtime_class)
+        ):
+            check.bad(
+                "runtime_class", self.runtime_class, "must be a DNS-1123 subdomain (a RuntimeClass name)"
+            )
         if self.cert_file is not None or self.key_file is not None:
             for field in ("cert_file", "key_file"):
                 check.readable_file(field, getattr(self, field), "must name a readable PEM file")
