@@ -55,6 +55,7 @@ def build_image(archive: Path) -> str:
 def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str, gpus: int) -> dict[str, Any]:
     repository, tag = image.rsplit(":", 1)
     sim = sim_file_for(model, gpus, sorted((REPO / SIM_SAMPLES_RELPATH).glob("*.yaml")), cluster.dir / "sim")
+    pipe = str(mps_pipe_dir(cluster))
     tolerate = [{"key": kubeletnode.TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
@@ -62,17 +63,33 @@ def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str,
         "scheduler": {"mode": "default"},
         "webhook": {
             "certs": {"mode": "helm"},
-            "mpsPipeHostDir": str(cluster.dir / "mps-pipe"),
+            "mpsPipeHostDir": pipe,
             "tolerations": tolerate,
         },
         "extender": {"certs": {"mode": "secret"}, "tolerations": tolerate},
+        # The node's containerd declares the handler with this BinaryName (kubeletnode, node preparation).
+        "nodeSide": {
+            "installDir": str(node.paths.handler_dir),
+            "stateDir": str(node_side_state_dir(cluster)),
+        },
         "agent": {
             "simulated": sim.read_text(),
-            "mps": {"enabled": False},  # simulated GPUs: no MPS daemon to run
+            # Simulated GPUs: no MPS daemon to run; a stand-in listens on the pipe dir (conftest.mps_standin).
+            "mps": {"enabled": False, "pipeDir": pipe},
             "toolkitConfigDir": str(cluster.dir / "toolkit"),
             "tolerations": [*tolerate, {"key": "node.kubernetes.io/not-ready", "operator": "Exists"}],
         },
     }
+
+
+def mps_pipe_dir(cluster: Cluster) -> Path:
+    """The node's MPS pipe directory (agent.mps.pipeDir = webhook.mpsPipeHostDir)."""
+    return cluster.dir / "mps-pipe"
+
+
+def node_side_state_dir(cluster: Cluster) -> Path:
+    """nodeSide.stateDir: the agent's socket and the containers' records."""
+    return cluster.dir / "node-side"
 
 
 def extender_secret(cluster: Cluster) -> dict[str, Any]:

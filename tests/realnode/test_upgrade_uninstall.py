@@ -57,7 +57,27 @@ def test_upgrade_rolls_every_component_and_pods_still_get_their_gpu(
 def test_uninstall_removes_every_object_of_the_chart(
     real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube, helm_bin: str
 ) -> None:
-    cluster, _ = real_cluster
+    cluster, node = real_cluster
+    handler = node.paths.handler_dir
+    assert sorted(p.name for p in handler.iterdir()) == ["gpupack-runc", "gpupack-runc.json"]
+    # Drain what runs under the handler first (docs/node-side.md, "Uninstall"): it needs the binary to stop.
+    under = [
+        p["metadata"]
+        for p in kube.send(Request("GET", "/api/v1/pods"))["items"]
+        if p["spec"].get("runtimeClassName") == "gpupack"
+    ]
+    for meta in under:
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+        kube.send(Request("DELETE", path, {"gracePeriodSeconds": 0}))
+    wait_for(
+        lambda: (
+            not any(
+                p["spec"].get("runtimeClassName") for p in kube.send(Request("GET", "/api/v1/pods"))["items"]
+            )
+        ),
+        120,
+        "every pod under the runtime handler gone",
+    )
     chart.helm(helm_bin, cluster, "uninstall", chart.RELEASE, "--wait", "--timeout", "120s")
     selector = {"labelSelector": f"app.kubernetes.io/instance={chart.RELEASE}"}
     paths = (
@@ -71,6 +91,7 @@ def test_uninstall_removes_every_object_of_the_chart(
         "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
         "/apis/rbac.authorization.k8s.io/v1/clusterroles",
         "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "/apis/node.k8s.io/v1/runtimeclasses",
     )
 
     def left() -> list[str]:
@@ -81,4 +102,9 @@ def test_uninstall_removes_every_object_of_the_chart(
         ]
 
     wait_for(lambda: not left(), 60, "no object of the release left")
+    # The node side's installer removed the handler from the node (no container runs under it any more);
+    # containerd's declaration of the handler is node preparation, not the chart's (docs/node-side.md).
+    wait_for(
+        lambda: not handler.exists() or not any(handler.iterdir()), 60, "the handler removed from the node"
+    )
     # Helm keeps CRDs (crds/) on uninstall by design: the GPUNode CRD stays, as README says.
