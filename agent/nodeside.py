@@ -7,6 +7,9 @@ The agent reads the pod from the apiserver and answers here:
 - the GPU container: its allocation as env (the same values the kubelet resolves from the allocation
   annotations, set again at the node so a spec edited after admission cannot change them) and, for an
   MPS share, `CUDA_MPS_PIPE_DIRECTORY` plus a bind mount of the pod's own MPS directory there;
+- the GPU container loses NVIDIA's own per-cgroup memory-limit variables (`NVIDIA_GPU_MEMORY_*`, read by
+  the NVIDIA toolkit's `apply-cuda-memory-limits` hook): gpupack alone sets the share's limits, so the
+  hook never applies a second, tenant-chosen limit or reservation on top (docs/node-side.md);
 - every other container: `NVIDIA_VISIBLE_DEVICES=void` (no GPU), nothing else;
 - a refusal with the reason wherever the answer cannot be right: the pod is gone or on another node, it
   is no gpupack pod, its allocation cannot be read, its request is invalid. The handler then fails the
@@ -26,6 +29,14 @@ from app.pods import is_gpupack_pod, pod_info
 from app.request import GpuRequest, Isolation
 
 MPS_ONLY = (names.ENV_MPS_THREAD_PERCENTAGE, names.ENV_MPS_MEMORY_LIMIT)
+# NVIDIA's memory-limit hook reads these (singular in the merged toolkit change, plural as KAI injects them;
+# which spellings a given toolkit reads is UNVERIFIED, so both go).
+NVIDIA_MEMORY_LIMIT_ENV = (
+    "NVIDIA_GPU_MEMORY_REQUEST",
+    "NVIDIA_GPU_MEMORY_LIMIT",
+    "NVIDIA_GPU_MEMORY_REQUESTS",
+    "NVIDIA_GPU_MEMORY_LIMITS",
+)
 ASK_FIELDS = ("pod_uid", "namespace", "name", "container", "container_id")
 
 
@@ -57,12 +68,14 @@ class Answer:
     reason: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
+    unset: tuple[str, ...] = ()  # env the container must not have
 
     def to_json(self) -> dict[str, Any]:
         return {
             "allowed": self.allowed,
             "reason": self.reason,
             "env": dict(self.env),
+            "unset": list(self.unset),
             "mounts": [
                 {"source": m.source, "destination": m.destination, "read_only": m.read_only}
                 for m in self.mounts
@@ -76,6 +89,7 @@ class Grant:
 
     env: Mapping[str, str]
     mps: bool = False
+    unset: tuple[str, ...] = ()
 
 
 def refuse(reason: str) -> Answer:
@@ -125,10 +139,10 @@ def decide(ask: Ask, pod: Mapping[str, Any] | None, node: str) -> Grant | Answer
     env = {var: alloc[ann] for var, ann in envcheck.FROM_ANNOTATION.items() if mps or var not in MPS_ONLY}
     if mps:
         env[names.ENV_MPS_PIPE_DIRECTORY] = names.MPS_PIPE_DIRECTORY
-    return Grant(env, mps=mps)
+    return Grant(env, mps=mps, unset=NVIDIA_MEMORY_LIMIT_ENV)
 
 
 def answer(grant: Grant, mps_dir: str | None) -> Answer:
     """The handler's answer: the grant, with the pod's MPS directory mounted where its env points."""
     mounts = (Mount(mps_dir, names.MPS_PIPE_DIRECTORY),) if grant.mps and mps_dir else ()
-    return Answer(True, env=grant.env, mounts=mounts)
+    return Answer(True, env=grant.env, mounts=mounts, unset=grant.unset)

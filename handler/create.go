@@ -48,6 +48,7 @@ type answer struct {
 	Reason  string            `json:"reason"`
 	Env     map[string]string `json:"env"`
 	Mounts  []mount           `json:"mounts"`
+	Unset   []string          `json:"unset"` // env the container must not have
 }
 
 // record is what the handler did for one container, readable inside it at RecordPath. The clocks are
@@ -61,6 +62,7 @@ type record struct {
 	Pod         string            `json:"pod"`
 	Container   string            `json:"container,omitempty"`
 	Env         map[string]string `json:"env,omitempty"`
+	Unset       []string          `json:"unset,omitempty"`
 	Mounts      []mount           `json:"mounts,omitempty"`
 	BoottimeNs  int64             `json:"boottime_ns"`
 	RealtimeNs  int64             `json:"realtime_ns"`
@@ -111,7 +113,7 @@ func prepare(inv invocation, cfg config) error {
 		if !a.Allowed {
 			return fmt.Errorf("gpupack: %s not started: %s", where, a.Reason)
 		}
-		rec.Container, rec.Env, rec.Mounts = q.Container, a.Env, a.Mounts
+		rec.Container, rec.Env, rec.Unset, rec.Mounts = q.Container, a.Env, a.Unset, a.Mounts
 		if err := edit(spec, a, recordPath(cfg, inv.ID)); err != nil {
 			return fmt.Errorf("gpupack: %s not started: %w", where, err)
 		}
@@ -129,18 +131,23 @@ func prepare(inv invocation, cfg config) error {
 	return nil
 }
 
-// edit adds the agent's env (replacing a variable of the same name) and mounts, plus the record.
+// edit sets the agent's env (replacing a variable of the same name), drops the env it unsets, and adds its
+// mounts, plus the record.
 func edit(spec map[string]any, a answer, rec string) error {
 	process, _ := spec["process"].(map[string]any)
 	if process == nil {
 		return fmt.Errorf("the container's spec has no process")
+	}
+	drop := map[string]bool{}
+	for _, name := range a.Unset {
+		drop[name] = true
 	}
 	var env []any
 	existing, _ := process["env"].([]any)
 	for _, e := range existing {
 		s, _ := e.(string)
 		name, _, _ := strings.Cut(s, "=")
-		if _, ours := a.Env[name]; !ours {
+		if _, ours := a.Env[name]; !ours && !drop[name] {
 			env = append(env, e)
 		}
 	}

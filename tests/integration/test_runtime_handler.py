@@ -60,7 +60,7 @@ def spec(kind: str = "container", container: str = "main", **extra: Any) -> dict
         "process": {
             "user": {"uid": 1000, "gid": 1000},
             "args": ["sh"],
-            "env": ["PATH=/bin", "CUDA_VISIBLE_DEVICES=GPU-mine"],
+            "env": ["PATH=/bin", "CUDA_VISIBLE_DEVICES=GPU-mine", "NVIDIA_GPU_MEMORY_LIMIT=80G"],
         },
         "root": {"path": "rootfs"},
         "mounts": [{"destination": "/proc", "type": "proc", "source": "proc"}],
@@ -174,6 +174,7 @@ def test_gpu_container_create_gets_its_share_before_the_runtime_runs(node: Node)
     assert env[names.ENV_MPS_THREAD_PERCENTAGE] == "50"
     assert env[names.ENV_MPS_PIPE_DIRECTORY] == names.MPS_PIPE_DIRECTORY
     assert env["PATH"] == "/bin"
+    assert "NVIDIA_GPU_MEMORY_LIMIT" not in env  # NVIDIA's hook sets no second limit
     mounts = {m["destination"]: m for m in seen["mounts"]}
     pod_dir = node.pipe / "pods" / UID
     assert mounts[names.MPS_PIPE_DIRECTORY] == {

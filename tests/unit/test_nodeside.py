@@ -46,6 +46,7 @@ def test_gpu_container_of_an_mps_share_gets_its_allocation_env_and_its_mps_direc
         names.ENV_MPS_PIPE_DIRECTORY: names.MPS_PIPE_DIRECTORY,
     }
     assert answer.mounts == (nodeside.Mount("/tmp/nvidia-mps/pods/" + UID, names.MPS_PIPE_DIRECTORY),)
+    assert "NVIDIA_GPU_MEMORY_LIMIT" in answer.unset and "NVIDIA_GPU_MEMORY_REQUESTS" in answer.unset
 
 
 def test_share_without_mps_gets_no_mps_env_and_no_mount() -> None:
