@@ -1,11 +1,11 @@
 """The agent's answer to the RuntimeClass handler: a unix socket, one JSON line in, one JSON line out.
 
 Each connection carries one question (agent.nodeside.Ask). The pod is read from the apiserver at that
-moment (not from the agent's periodic listing, which may predate a pod bound a second ago), the answer
-computed by agent.nodeside, and the pod's MPS directory prepared by agent.pipedirs. Every failure is an
-answer with a reason, never a dropped connection: the handler puts the reason into the container's
-CreateContainerError. While the agent is down or restarting nothing listens, the handler's connect
-fails, and it refuses the container with that; the kubelet retries the create with backoff.
+moment (a fresh list by name; the agent's periodic listing may predate a pod bound a second ago), the
+answer computed by agent.nodeside, and the pod's MPS directory prepared by agent.pipedirs. Every failure
+is an answer with a reason, never a dropped connection: the handler fails the container's OCI `create`
+with it, which the pod's status shows. While the agent is down or restarting nothing listens, the
+handler's connect fails, and it refuses the container with that.
 
 A maintenance thread renews the pods' links to the MPS daemon and removes the directories of pods that
 left the node.
@@ -33,6 +33,12 @@ _log = log.get("gpupack.agent.nodeside")
 MAX_LINE = 64 * 1024
 READ_TIMEOUT_S = 5.0
 MAINTENANCE_S = 30.0
+
+
+def read_pod(namespace: str, name: str) -> Request:
+    """One pod, read fresh (no resourceVersion: a quorum read), as a list by name: the agent's RBAC lists
+    pods and needs no `get` for this."""
+    return Request("GET", paths.pods(namespace), query={"fieldSelector": f"metadata.name={name}"})
 
 
 class NodeServer:
@@ -65,13 +71,13 @@ class NodeServer:
         if isinstance(ask, str):
             return nodeside.refuse(ask)
         try:
-            pod: dict[str, Any] | None = self.send(Request("GET", paths.pod(ask.namespace, ask.name)))
+            listed = self.send(read_pod(ask.namespace, ask.name))
         except KubeError as exc:
-            if exc.code != 404:
-                return nodeside.refuse(
-                    f"the agent cannot read {ask.where} from the apiserver ({exc.code}: {exc.message})"
-                )
-            pod = None
+            return nodeside.refuse(
+                f"the agent cannot read {ask.where} from the apiserver ({exc.code}: {exc.message})"
+            )
+        items = listed.get("items") or []
+        pod: dict[str, Any] | None = items[0] if items else None
         grant = nodeside.decide(ask, pod, self.node)
         if isinstance(grant, nodeside.Answer):
             return grant

@@ -138,8 +138,9 @@ def node(built: Path) -> Iterator[Node]:
     (install / "gpupack-runc.json").write_text(json.dumps(config))
 
     def send(req: Request) -> dict[str, Any]:
-        if req.method == "GET" and req.path == "/api/v1/namespaces/team-a/pods/half":
-            return the_pod()
+        if req.method == "GET" and req.path == "/api/v1/namespaces/team-a/pods":
+            assert req.query == {"fieldSelector": "metadata.name=half"}
+            return {"items": [the_pod()]}
         if req.method == "GET" and req.path == "/api/v1/pods":
             return {"items": [the_pod()]}
         raise KubeError(404, "NotFound", f"{req.path} not found")

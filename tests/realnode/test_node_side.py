@@ -75,6 +75,15 @@ def cri_started_at_ns(node: kubeletnode.RealNode, cid: str) -> int:
     return int(json.loads(status.read_text())["StartedAt"])
 
 
+def start_failures(pod: dict[str, Any]) -> list[str]:
+    """'<reason>: <message>' of every state of the pod's containers that carries a message."""
+    out = []
+    for s in pod["status"].get("containerStatuses") or []:
+        for part in (s.get("state") or {}, s.get("lastState") or {}):
+            out += [f"{v.get('reason')}: {v['message']}" for v in part.values() if v.get("message")]
+    return out
+
+
 def tenant(name: str, uid: int | None, node: str) -> dict[str, Any]:
     pod = busybox_pod(name, {names.GPU_FRACTION: "0.5"}, {"main": ("sh", "-c", TENANT)}, node)
     if uid is not None:
@@ -162,21 +171,23 @@ def test_pod_whose_mps_backend_is_down_fails_with_the_reason_and_starts_once_it_
     mps_standin.stop()
     try:
         pod = busybox_pod("down", {names.GPU_FRACTION: "0.5"}, {"main": ("sh", "-c", FIRST)}, node)
+        pod["spec"]["restartPolicy"] = "OnFailure"  # a start that failed is retried (with Never: pod Failed)
         kube.send(Request("POST", f"/api/v1/namespaces/{ns}/pods", pod))
-        waiting: dict[str, Any] = {}
+        seen: list[str] = []
 
         def refused() -> bool:
-            statuses = kube.send(Request("GET", path))["status"].get("containerStatuses") or []
-            waiting.update((statuses[0]["state"].get("waiting") or {}) if statuses else {})
-            return waiting.get("reason") == "CreateContainerError"
+            seen[:] = start_failures(kube.send(Request("GET", path)))
+            return any("the MPS control daemon does not answer at" in m for m in seen)
 
-        wait_for(refused, RUN_TIMEOUT_S, "CreateContainerError", interval=0.5)
-        assert "the MPS control daemon does not answer at" in waiting["message"], waiting
-        assert 'container "main" of pod ' + f"{ns}/down not started" in waiting["message"]
+        wait_for(refused, RUN_TIMEOUT_S, "the container refused for its MPS backend", interval=0.5)
+        assert any(f'container "main" of pod {ns}/down not started' in m for m in seen), seen
+        print("status while the backend is down:", seen)
         events = kube.send(Request("GET", f"/api/v1/namespaces/{ns}/events"))["items"]
         failed = [e["message"] for e in events if e.get("reason") == "Failed"]
         assert any("the MPS control daemon does not answer" in m for m in failed), failed
-        assert kube.send(Request("GET", path))["status"]["phase"] == "Pending"  # never started without MPS
+        status = kube.send(Request("GET", path))["status"]
+        assert status["phase"] == "Pending"  # never started without MPS
+        assert not any("running" in (s.get("state") or {}) for s in status.get("containerStatuses") or [])
     finally:
         mps_standin.start()
     wait_for(
