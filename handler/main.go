@@ -38,7 +38,7 @@ func main() {
 		runtime = "runc"
 	}
 	switch inv.Command {
-	case "create":
+	case "create", "run": // run = create + start: never a way around the node side
 		if cfgErr != nil {
 			fail(inv, cfgErr)
 		}

@@ -258,6 +258,14 @@ def test_every_other_subcommand_passes_through_and_delete_drops_the_record(node:
     assert not (node.state / "containers" / "c6.json").exists()
 
 
+def test_run_is_no_way_around_the_node_side(node: Node) -> None:
+    (node.bundle / "config.json").write_text(json.dumps(spec()))
+    node.server.stop()
+    done = node.run("run", "--bundle", str(node.bundle), "c10")
+    assert done.returncode == 1 and "did not answer" in done.stderr
+    assert not (node.out / "argv").exists()
+
+
 def test_unconfigured_handler_refuses_create(node: Node) -> None:
     (node.binary.parent / "gpupack-runc.json").unlink()
     done = node.create(spec(), "c7")

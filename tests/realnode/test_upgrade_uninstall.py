@@ -36,6 +36,27 @@ def test_upgrade_rolls_every_component_and_pods_still_get_their_gpu(
     real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube, helm_bin: str
 ) -> None:
     cluster, node = real_cluster
+    # A pod as gpupack admitted MPS shares before the node side: the whole pipe dir as a hostPath volume,
+    # no RuntimeClass. It must keep running, reaching the daemon, through the rollout (docs/node-side.md).
+    legacy_ns = new_namespace(kube, {"pod-security.kubernetes.io/enforce": "privileged"})
+    probe = "while true; do test -S /tmp/nvidia-mps/control && echo reach-$(date +%s); sleep 1; done"
+    legacy = busybox_pod("legacy", {names.GPU_FRACTION: "0.5"}, {"main": ("sh", "-c", probe)}, node.name)
+    legacy["spec"]["volumes"] = [
+        {
+            "name": "gpupack-mps-pipe",
+            "hostPath": {"path": str(chart.mps_pipe_dir(cluster)), "type": "DirectoryOrCreate"},
+        }
+    ]
+    legacy["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "gpupack-mps-pipe", "mountPath": "/tmp/nvidia-mps"}
+    ]
+    kube.send(Request("POST", f"/api/v1/namespaces/{legacy_ns}/pods", legacy))
+    legacy_path = f"/api/v1/namespaces/{legacy_ns}/pods/legacy"
+    wait_for(
+        lambda: kube.send(Request("GET", legacy_path))["status"].get("phase") == "Running", 90, "legacy pod"
+    )
+    stored = kube.send(Request("GET", legacy_path))
+    assert "runtimeClassName" not in stored["spec"]  # its own pipe mount is kept: no node side for it
     before = _names(kube)
     debug = [arg for c in ("webhook", "extender", "agent") for arg in ("--set", f"{c}.logLevel=debug")]
     chart.helm(helm_bin, cluster, "upgrade", chart.RELEASE, str(chart.CHART), "--reuse-values", *debug)
@@ -52,6 +73,16 @@ def test_upgrade_rolls_every_component_and_pods_still_get_their_gpu(
     assert done["status"]["phase"] == "Succeeded", done["status"]
     env = env_of(kube, ns, "after", "main")
     assert env[names.ENV_CUDA_VISIBLE_DEVICES] == done["metadata"]["annotations"][names.ALLOC_GPU_UUIDS]
+    assert done["spec"]["runtimeClassName"] == "gpupack"
+    # The legacy pod ran through the rollout and still reaches the daemon through its hostPath mount.
+    status = kube.send(Request("GET", legacy_path))["status"]
+    assert status["phase"] == "Running" and status["containerStatuses"][0]["restartCount"] == 0, status
+    seen_before = len(kube.text(f"{legacy_path}/log", {"container": "main"}).split())
+    wait_for(
+        lambda: len(kube.text(f"{legacy_path}/log", {"container": "main"}).split()) > seen_before,
+        10,
+        "the legacy pod reaching the daemon after the upgrade",
+    )
 
 
 def test_uninstall_removes_every_object_of_the_chart(
