@@ -185,9 +185,11 @@ def test_pod_whose_mps_backend_is_down_fails_with_the_reason_and_starts_once_it_
         events = kube.send(Request("GET", f"/api/v1/namespaces/{ns}/events"))["items"]
         failed = [e["message"] for e in events if e.get("reason") == "Failed"]
         assert any("the MPS control daemon does not answer" in m for m in failed), failed
-        status = kube.send(Request("GET", path))["status"]
-        assert status["phase"] == "Pending"  # never started without MPS
-        assert not any("running" in (s.get("state") or {}) for s in status.get("containerStatuses") or [])
+        # Never started without MPS: no running state, every attempt a StartError (the kubelet retries it).
+        for s in kube.send(Request("GET", path))["status"].get("containerStatuses") or []:
+            assert "running" not in s["state"], s
+            ended = [p["terminated"] for p in (s["state"], s.get("lastState") or {}) if "terminated" in p]
+            assert all(t["reason"] == "StartError" for t in ended), s
     finally:
         mps_standin.start()
     wait_for(
@@ -203,7 +205,13 @@ def test_a_restarted_container_gets_its_state_again(
 ) -> None:
     node = real_cluster[1].name
     ns = new_namespace(kube, {ENFORCE: "baseline"})
-    once = FIRST + "env; if [ -e /work/once ]; then exit 0; fi; touch /work/once; exit 1"
+    # Each instance keeps its record in the pod's emptyDir; the second prints both, then succeeds.
+    once = FIRST + (
+        'echo "$R" >> /work/records; '
+        "if [ -e /work/once ]; then n=0; "
+        'while read -r l; do n=$((n+1)); echo "REC$n=$l"; done < /work/records; '
+        "env; exit 0; fi; touch /work/once; exit 1"
+    )
     pod = busybox_pod("again", {names.GPU_FRACTION: "0.5"}, {"main": ("sh", "-c", once)}, node)
     pod["spec"]["restartPolicy"] = "OnFailure"
     pod["spec"]["volumes"] = [{"name": "work", "emptyDir": {}}]
@@ -214,12 +222,17 @@ def test_a_restarted_container_gets_its_state_again(
     assert status["restartCount"] == 1
     now, before = container_id(status), container_id(status["lastState"]["terminated"])
     assert now != before
-    for cid, previous in ((now, False), (before, True)):
-        seen = log_of(kube, ns, "again", previous=previous)
-        record = json.loads(seen["RECORD"])
-        assert record["container_id"] == cid  # each instance got a record, its own
-        assert seen[names.ENV_MPS_PIPE_DIRECTORY] == names.MPS_PIPE_DIRECTORY
+    raw = kube.text(f"/api/v1/namespaces/{ns}/pods/again/log", {"container": "main"})
+    seen = log_of(kube, ns, "again")
+    assert "REC2" in seen, raw
+    first, second = json.loads(seen["REC1"]), json.loads(seen["REC2"])
+    assert (first["container_id"], second["container_id"]) == (before, now)  # each instance got its own
+    assert json.loads(seen["RECORD"]) == second
+    assert first["boottime_ns"] < second["boottime_ns"]
+    for record in (first, second):
+        assert record["mounts"] == second["mounts"]  # the same MPS directory: the pod's
         assert record["env"][names.ENV_MPS_THREAD_PERCENTAGE] == seen[names.ENV_MPS_THREAD_PERCENTAGE]
+    assert seen[names.ENV_MPS_PIPE_DIRECTORY] == names.MPS_PIPE_DIRECTORY
 
 
 def test_two_uids_both_get_a_server_at_once(
