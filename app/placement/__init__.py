@@ -1,4 +1,4 @@
-"""Placement policies behind one interface, and `place`, the call the extender and simulator share."""
+"""Placement policies behind one interface, and `place`, the reference chooser the faster paths must match."""
 
 from app.placement import binpack, fragaware, spread
 from app.placement.base import DEFAULT_POLICY, Policy, Registry, registry

@@ -1,4 +1,9 @@
-"""Choosing a node and GPUs for one demand with a policy: the call shared by the extender and simulator."""
+"""Choosing a node and GPUs for one demand with a policy, node by node: the reference chooser.
+
+`/explain` (and `gpupack explain`), repack's planners and the simulator's unindexed replay call `place`. The
+extender's filter (rankings over `app.placement.ranking`, with the array pass of `batch`) and the simulator's
+indexed replay do not; they are tested to decide exactly as `place` does.
+"""
 
 from __future__ import annotations
 

@@ -298,7 +298,7 @@ def simulate(
 ) -> RunResult:
     """Replay `pods` on `nodes` with `policy`; `workload` is the fragmentation yardstick for the report.
 
-    `indexed=False` calls `place` over every node for every pod: slow, the literal extender path, and the
+    `indexed=False` calls `place` over every node for every pod: slow, the reference chooser, and the
     oracle the fast path is tested against.
     """
     started = time.perf_counter()

@@ -6,7 +6,7 @@ host's MPS pipe directory itself; HAMi: `nvidia.com/gpu` with `gpumem`, `gpumem-
 with only `schedulerName` left out. The real apiserver calls our webhook (the chart's configuration, with
 webhook.hamiTakeover=true), the real kube-scheduler calls our extender, and the env a kubelet would give
 each container is resolved from the stored pod. Deliberate differences are refused with our message
-(README, "Coming from KAI / HAMi").
+(docs/user-guide.md, "Coming from KAI / HAMi").
 """
 
 from __future__ import annotations

@@ -1,12 +1,13 @@
-"""gpupack installed by its Helm chart into a dev cluster with a real node: the path README's install takes.
+"""gpupack installed by its Helm chart into a dev cluster with a real node: the operator guide's install path.
 
-What the dev cluster lacks compared with a full cluster, and how the install makes up for it (README, "A real
-node"): no registry (the image is built by deploy/image/build.sh and imported into the node's containerd,
-`image.pullPolicy=Never`); no kube-proxy and an apiserver on 127.0.0.1 only (the node's relay at the node
-IP, chart value `kubernetesAPI`); kube-scheduler runs on the host (`scheduler.mode=default`, the harness's
-kube-scheduler already calls the extender at 127.0.0.1:<extender port>, where a relay forwards to the
-extender Service's ready endpoint, with the harness's extender certificates in `extender.certs.mode=secret`);
-no GPUs (`agent.simulated`). Every host path the chart mounts points into the cluster directory.
+What the dev cluster lacks compared with a full cluster, and how the install makes up for it
+(docs/developer/local-cluster.md, "A real node"): no registry (the image is built by deploy/image/build.sh
+and imported into the node's containerd, `image.pullPolicy=Never`); no kube-proxy and an apiserver on
+127.0.0.1 only (the node's relay at the node IP, chart value `kubernetesAPI`); kube-scheduler runs on the
+host (`scheduler.mode=default`, the harness's kube-scheduler already calls the extender at
+127.0.0.1:<extender port>, where a relay forwards to the extender Service's ready endpoint, with the
+harness's extender certificates in `extender.certs.mode=secret`); no GPUs (`agent.simulated`). Every host
+path the chart mounts points into the cluster directory.
 """
 
 from __future__ import annotations

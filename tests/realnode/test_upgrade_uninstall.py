@@ -138,4 +138,4 @@ def test_uninstall_removes_every_object_of_the_chart(
     wait_for(
         lambda: not handler.exists() or not any(handler.iterdir()), 60, "the handler removed from the node"
     )
-    # Helm keeps CRDs (crds/) on uninstall by design: the GPUNode CRD stays, as README says.
+    # Helm keeps CRDs (crds/) on uninstall by design: the GPUNode CRD stays, as the local-cluster docs say.
