@@ -1,16 +1,15 @@
 """Put gpupack's RuntimeClass handler on the node, and take it away again when the release is uninstalled.
 
-`gpupack agent handler` runs as a sidecar of the agent DaemonSet (an init container with restartPolicy
-Always: it starts before the agent and stops after it). It copies the image's `gpupack-runc` into the
-host's install dir (containerd's `BinaryName` for the handler, declared when the node was prepared; see
-docs/node-side.md) with `gpupack-runc.json` beside it, then waits. On SIGTERM it tells a rollout from an
-uninstall by asking for its own DaemonSet: still there → a rollout, the files stay for the next pod (which
-overwrites them); gone, or no longer readable by this pod's identity (helm deleted the RBAC and
-ServiceAccount with it) → an uninstall, and the binary and its config are removed. Containers still
-running under the handler need it for `kill` and `delete`: while any has a record in the state dir, the
-files are left in place and the log names those containers (drain MPS pods before uninstalling).
-Both files are replaced by rename, so a shim that runs the handler meanwhile gets the old or the new
-one, never half a file.
+`gpupack agent handler` is the one container of the chart's node-side DaemonSet (on the agent's nodes). It
+copies the image's `gpupack-runc` into the host's install dir (containerd's `BinaryName` for the handler,
+declared when the node was prepared; see docs/node-side.md) with `gpupack-runc.json` beside it, then waits.
+On SIGTERM it tells a rollout from an uninstall by asking for its own DaemonSet: still there → a rollout,
+the files stay for the next pod (which overwrites them); gone, or no longer readable by this pod's
+identity (helm deleted the RBAC and ServiceAccount with it) → an uninstall, and the binary and its config
+are removed. Containers still running under the handler need it for `kill` and `delete`: while any has a
+record in the state dir, the files are left in place and the log names those containers (drain MPS pods
+before uninstalling). Both files are replaced by rename, so a shim that runs the handler meanwhile gets
+the old or the new one, never half a file.
 """
 
 from __future__ import annotations

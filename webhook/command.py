@@ -33,7 +33,7 @@ def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, henc
     )
     serve.add_argument(
         "--runtime-class",
-        default="",
+        default=None,
         help="gpupack's RuntimeClass for MPS shares (the node adds each pod's MPS directory; "
         "docs/node-side.md); empty: a hostPath volume of the pipe dir in the pod",
     )
@@ -79,6 +79,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         args,
         FLAGS,
         scheduler_name=args.scheduler_name or None,
+        runtime_class=args.runtime_class or None,
         mps_pipe_host_dir=args.mps_pipe_host_dir or names.MPS_PIPE_DIRECTORY,
     )
 

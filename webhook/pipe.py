@@ -51,7 +51,7 @@ class Writes:
         return self.runtime_class is None
 
 
-def writes(planned: PipeMount, host_dir: str, runtime_class: str) -> Writes:
+def writes(planned: PipeMount, host_dir: str, runtime_class: str | None) -> Writes:
     """What to write for `planned`: the user's own hostPath mount is kept as it is; otherwise the RuntimeClass
     when `runtime_class` names one, else (legacy) our hostPath volume and mount."""
     if not planned.add_mount:

@@ -24,8 +24,8 @@ class Settings:
     scheduler_name: str | None = None  # set spec.schedulerName on GPU pods only when configured
     mps_pipe_host_dir: str = names.MPS_PIPE_DIRECTORY  # host dir of the node's MPS control daemon
     # gpupack's RuntimeClass: MPS shares get spec.runtimeClassName and the node adds each pod's own MPS
-    # directory (docs/node-side.md). "": legacy, a hostPath volume of the pipe dir in the pod.
-    runtime_class: str = ""
+    # directory (docs/node-side.md). None: legacy, a hostPath volume of the pipe dir in the pod.
+    runtime_class: str | None = None
     # Rewrite pods asking for HAMi's nvidia.com/gpumem, gpumem-percentage or gpucores into a gpupack share
     # (webhook.hami); off by default: such pods are then left alone, for HAMi or the device plugin.
     hami_takeover: bool = False
@@ -51,7 +51,7 @@ class Settings:
         parts = self.mps_pipe_host_dir.split("/")
         if not self.mps_pipe_host_dir.startswith("/") or ".." in parts:
             check.bad("mps_pipe_host_dir", self.mps_pipe_host_dir, "must be an absolute path without '..'")
-        if self.runtime_class and not (
+        if self.runtime_class is not None and not (
             len(self.runtime_class) <= 253 and _DNS1123_SUBDOMAIN.match(self.runtime_class)
         ):
             check.bad(
