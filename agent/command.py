@@ -1,4 +1,4 @@
-"""`gpupack agent run`: flags → Settings → the agent, its cycle and its /metrics + /healthz server."""
+"""`gpupack agent run` (flags → Settings → the agent, its cycle, /metrics + /healthz); `agent prepare-mps`."""
 
 from __future__ import annotations
 
@@ -42,6 +42,9 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)"
     )
     run.add_argument("--sim", type=Path, default=None, help="simulated GPU set file instead of NVML")
+    run.add_argument(
+        "--sim-state", type=Path, default=None, help="simulated driver state dir (compute modes)"
+    )
     run.add_argument("--heartbeat", type=duration, default=30.0, help="status heartbeat (default 30s)")
     run.add_argument("--interval", type=duration, default=5.0, help="NVML sampling interval (default 5s)")
     run.add_argument(
@@ -57,10 +60,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     run.add_argument(
         "--evict-on-violation", action="store_true", help="evict pods off their GPU or over memory"
     )
-    run.add_argument("--no-mps", dest="mps", action="store_false", help="do not run the MPS control daemon")
-    run.add_argument("--mps-binary", default="nvidia-cuda-mps-control")
+    run.add_argument(
+        "--no-mps", dest="mps", action="store_false", help="no MPS (do not look for the MPS daemon pod)"
+    )
+    run.add_argument("--mps-binary", default="nvidia-cuda-mps-control", help="the control client")
     run.add_argument("--mps-pipe-dir", type=Path, default=Path(names.MPS_PIPE_DIRECTORY))
-    run.add_argument("--mps-log-dir", type=Path, default=Path("/var/log/nvidia-mps"))
+    run.add_argument(
+        "--mps-exclusive-process",
+        action="store_true",
+        help="keep MPS GPUs in EXCLUSIVE_PROCESS compute mode (an idle GPU is switched)",
+    )
     run.add_argument("--mps-thread-percentage", type=int, default=100, help="daemon default active thread %%")
     run.add_argument("--mps-pinned-mem-limit-mib", type=int, default=None, help="daemon default per device")
     run.add_argument(
@@ -71,6 +80,21 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     )
     run.add_argument("--log-level", default="info")
     run.set_defaults(func=run_command)
+    prep = agent_sub.add_parser(
+        "prepare-mps",
+        help="put idle MPS GPUs in their compute mode, write the ready record (the MPS daemon pod's init)",
+    )
+    prep.add_argument("--sim", type=Path, default=None, help="simulated GPU set file instead of NVML")
+    prep.add_argument("--sim-state", type=Path, default=None, help="simulated driver state dir")
+    prep.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="node name (simulated UUIDs)")
+    prep.add_argument("--pipe-dir", type=Path, default=Path(names.MPS_PIPE_DIRECTORY))
+    prep.add_argument(
+        "--compute-mode",
+        choices=("exclusive-process", "default", "keep"),
+        default="exclusive-process",
+        help="mode idle MPS GPUs are put in; keep: leave every mode as it is (default: exclusive-process)",
+    )
+    prep.set_defaults(func=prepare_command)
 
     handler = agent_sub.add_parser(
         "handler", help="install gpupack's RuntimeClass handler on this node; remove it on uninstall"
@@ -157,7 +181,8 @@ def _run(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> int:
     finally:
         if node_side is not None:
             node_side.stop()
-        agent.mps.stop()
+        # Nothing of the node's MPS is stopped: the daemon runs in its own pod, and its servers and their
+        # clients outlive this process (agent.mps).
         _log.info("agent stopped", extra={"node": settings.node})
 
 
@@ -198,4 +223,30 @@ def handler_command(args: argparse.Namespace) -> int:
             _log.info("rollout: the runtime handler stays for the next agent pod")
     finally:
         kube.close()
+    return 0
+
+
+def prepare_command(args: argparse.Namespace) -> int:
+    """`gpupack agent prepare-mps`: 0 once every GPU was looked at (a busy one stays, and says so);
+    1 when NVML cannot be used at all (the init container is retried by the kubelet)."""
+    from agent import mpsprep
+    from agent.main import make_nvml
+    from agent.nvml.base import ComputeMode, NvmlError
+
+    log.setup("info")
+    want = {"exclusive-process": ComputeMode.EXCLUSIVE_PROCESS, "default": ComputeMode.DEFAULT}.get(
+        args.compute_mode
+    )
+    nvml, _ = make_nvml(args.sim, args.node, args.sim_state)
+    try:
+        nvml.init()
+        modes = mpsprep.apply(nvml, want)
+    except NvmlError as exc:
+        print(f"gpupack agent prepare-mps: NVML: {exc}", file=sys.stderr)
+        return 1
+    for m in modes:
+        state = (m.mode.value if m.mode else "unknown") + (" (switched)" if m.switched else "")
+        print(f"GPU {m.index} {m.uuid}: {state}" + (f"; {m.reason}" if m.reason else ""))
+    path = mpsprep.write_ready(args.pipe_dir, modes, mpsprep.boot_id())
+    print(f"ready record: {path}")
     return 0

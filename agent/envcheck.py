@@ -14,7 +14,6 @@ from collections.abc import Mapping
 from app import names
 from app.pods import PodInfo
 
-NO_GPU = "void"
 # Env var -> the allocation annotation the webhook's fieldRef reads it from.
 FROM_ANNOTATION: Mapping[str, str] = {
     names.ENV_NVIDIA_VISIBLE_DEVICES: names.ALLOC_GPU_UUIDS,
@@ -42,7 +41,9 @@ def mismatches(pod: PodInfo, container: str, env: Mapping[str, str]) -> tuple[st
     as "NAME='have' (allocation: 'want')"; empty when it matches or the pod has no allocation to compare."""
     if container != pod.gpu_container:
         have = env.get(names.ENV_NVIDIA_VISIBLE_DEVICES, "")
-        return () if have == NO_GPU else (_differs(names.ENV_NVIDIA_VISIBLE_DEVICES, have, NO_GPU),)
+        return (
+            () if have == names.NO_GPU else (_differs(names.ENV_NVIDIA_VISIBLE_DEVICES, have, names.NO_GPU),)
+        )
     if pod.allocation is None:
         return ()
     want = pod.allocation.to_annotations()

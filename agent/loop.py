@@ -1,4 +1,4 @@
-"""One agent cycle: read NVML, supervise MPS, attribute and verify processes, publish, update metrics."""
+"""One agent cycle: read NVML, adopt MPS, attribute and verify processes, publish, update metrics."""
 
 from __future__ import annotations
 
@@ -6,12 +6,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from agent import envcheck, verify
+from agent import envcheck, mpsprep, verify
 from agent import metrics as m
 from agent import reporter as rep
 from agent.cgroup import PodRef
 from agent.mps import Device, MpsState, MpsSupervisor
-from agent.nvml.base import Nvml, NvmlCode, NvmlError
+from agent.nvml.base import ComputeMode, Nvml, NvmlCode, NvmlError
 from agent.sample import NodeSample, Sampler
 from app import log
 from app.errors import KubeError
@@ -40,6 +40,10 @@ class AgentConfig:
     reporter: rep.ReporterConfig = field(default_factory=rep.ReporterConfig)
     evict_on_violation: bool = False
     env_device_selection: str = "unknown"
+    # The compute mode of the node's MPS GPUs (EXCLUSIVE_PROCESS: no process bypasses MPS); None: leave
+    # modes as they are. The MPS daemon pod's init container sets it before the daemon starts (agent.mpsprep);
+    # the agent switches a GPU that was busy then, once it is idle.
+    mps_compute_mode: ComputeMode | None = None
 
 
 class Agent:
@@ -79,6 +83,7 @@ class Agent:
         self._env_done: set[int] = set()  # pids checked, or known to be no gpupack container's
         self._env_waiting: dict[int, float] = {}  # pid -> when first seen with its container not yet listed
         self._env_relist = False
+        self._modes_at = float("-inf")
 
     @staticmethod
     def _count_write(kind: str, result: str) -> None:
@@ -112,6 +117,7 @@ class Agent:
         spec = rep.build_spec(self.config.node, sample, self.mps.available(), self._spec)
         self._spec = spec
         mps = self.mps.tick([Device(g.uuid, g.memory_mib) for g in spec.shared_gpus], now)
+        self._keep_compute_modes(now)
         refs = self._resolve(sample)
         self._refresh_pods(sample, now)
         self._check_env(now)
@@ -129,9 +135,28 @@ class Agent:
             env_device_selection=self.config.env_device_selection,
         )
         self.reporter.tick(spec, status, now)
+        self._handle_violations(verify.Verdict({}, (), verify.unhealthy(status.gpus, self._pods), ()), now)
         self._update_metrics(sample, verdict)
         self.last_step = now
         return status
+
+    def _keep_compute_modes(self, now: float) -> None:
+        """Once a heartbeat: MPS GPUs back in their compute mode where they are idle (e.g. one that was
+        busy when the daemon pod started), and the ready record updated if this boot has one."""
+        want = self.config.mps_compute_mode
+        if want is None or not self.nvml_ready or not self.mps.available():
+            return
+        if now - self._modes_at < self.config.reporter.heartbeat_s:
+            return
+        self._modes_at = now
+        modes = mpsprep.apply(self.nvml, want)
+        for gpu in modes:
+            if gpu.switched:
+                _log.info("compute mode set", extra={"gpu": gpu.uuid, "mode": gpu.mode})
+        pipe = self.mps.config.pipe_dir
+        boot = mpsprep.boot_id()
+        if any(m.switched for m in modes) and not mpsprep.not_ready(pipe, [], want, boot):
+            mpsprep.write_ready(pipe, modes, boot)
 
     def _resolve(self, sample: NodeSample) -> dict[int, PodRef | None]:
         # A pid's cgroup never changes, so each pid is read once while it lives.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -12,12 +12,12 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agent import metrics, toolkit
+from agent import metrics, mpsprep, toolkit
 from agent.cgroup import ProcResolver
 from agent.loop import Agent, AgentConfig, Resolver
 from agent.mps import MpsConfig, MpsSupervisor
 from agent.nodeserver import NodeServer
-from agent.nvml.base import Nvml
+from agent.nvml.base import ComputeMode, Nvml
 from agent.nvml.simfile import SimFileError
 from agent.pipedirs import PipeDirs
 from agent.reporter import ReporterConfig
@@ -28,11 +28,11 @@ from app.kube.calls import Request
 _log = log.get("gpupack.agent")
 
 
-def make_nvml(sim: Path | None, node: str) -> tuple[Nvml, Resolver | None]:
+def make_nvml(sim: Path | None, node: str, sim_state: Path | None = None) -> tuple[Nvml, Resolver | None]:
     if sim is not None:
         from agent.nvml.simulated import SimulatedNvml
 
-        backend = SimulatedNvml(sim, node)
+        backend = SimulatedNvml(sim, node, state_dir=sim_state)
         return backend, backend  # simulated processes carry their pod UID
     from agent.nvml.pynvml_backend import PynvmlBackend
 
@@ -41,7 +41,7 @@ def make_nvml(sim: Path | None, node: str) -> tuple[Nvml, Resolver | None]:
 
 def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: Callable[[], float]) -> Agent:
     """The agent for validated `settings`: NVML or a simulated set, the pid resolver, MPS, the reporter."""
-    nvml, sim_resolver = make_nvml(settings.sim, settings.node)
+    nvml, sim_resolver = make_nvml(settings.sim, settings.node, settings.sim_state)
     resolver: Resolver = sim_resolver or ProcResolver(settings.proc_root)
     config = AgentConfig(
         node=settings.node,
@@ -52,13 +52,13 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
         ),
         evict_on_violation=settings.evict_on_violation,
         env_device_selection=toolkit.read(None if settings.sim else settings.toolkit_config),
+        mps_compute_mode=ComputeMode.EXCLUSIVE_PROCESS if settings.mps_exclusive_process else None,
     )
     mps = MpsSupervisor(
         MpsConfig(
             enabled=settings.mps,
             binary=settings.mps_binary,
             pipe_dir=settings.mps_pipe_dir,
-            log_dir=settings.mps_log_dir,
             default_thread_percentage=settings.mps_thread_percentage,
             default_pinned_mem_limit_mib=settings.mps_pinned_mem_limit_mib,
         )
@@ -78,7 +78,14 @@ def node_server(settings: Settings, send: Callable[[Request], dict[str, Any]]) -
     """The RuntimeClass handler's answerer, where --node-socket asks for one (docs/node-side.md)."""
     if settings.node_socket is None:
         return None
-    return NodeServer(settings.node_socket, settings.node, PipeDirs(settings.mps_pipe_dir), send)
+    want = ComputeMode.EXCLUSIVE_PROCESS if settings.mps_exclusive_process else None
+    boot = mpsprep.boot_id()  # a reboot restarts the agent too
+
+    def mps_not_ready(uuids: Sequence[str]) -> str:
+        return mpsprep.not_ready(settings.mps_pipe_dir, list(uuids), want, boot)
+
+    pipe_dirs = PipeDirs(settings.mps_pipe_dir)
+    return NodeServer(settings.node_socket, settings.node, pipe_dirs, send, mps_not_ready=mps_not_ready)
 
 
 class Runner:

@@ -1,4 +1,16 @@
-"""Start and supervise the MPS control daemon (nvidia-cuda-mps-control -d) for the node's shared GPUs."""
+"""Find and adopt the node's MPS control daemon, which runs in its own pod; set its defaults; report it.
+
+The daemon (nvidia-cuda-mps-control -f, multi-user) is the chart's `mps-daemon` DaemonSet, not a child of
+the agent: an agent that starts, restarts, crashes or is upgraded never starts, stops or restarts it, so
+the MPS servers of running pods and their clients' GPU contexts outlive every agent. The agent only talks
+to it through the control pipe (`<pipe dir>/control`, by running the control binary as a client), to learn
+whether it answers and to set its defaults once per daemon instance. It never sends `quit`.
+
+One daemon serves every shared GPU of the node (see docs/upgrades.md, "The MPS daemon's scope"): a
+multi-GPU pod's process has one CUDA_MPS_PIPE_DIRECTORY, so all of its GPUs must sit behind one daemon. A
+change to one GPU (unhealthy, leaves MPS) therefore never restarts the daemon: the GPU stops being offered
+to new pods, and only the pods on it are told (agent.loop).
+"""
 
 from __future__ import annotations
 
@@ -17,9 +29,10 @@ _log = log.get("gpupack.agent.mps")
 
 
 class MpsState(StrEnum):
-    RUNNING = "running"
+    RUNNING = "running"  # the daemon answers on the control pipe and has this agent's defaults
+    # No daemon answers (its pod is starting, restarting or absent). The GPUNode CRD's older name for it:
+    # Helm never upgrades a CRD, so a new agent must write only values the installed schema accepts.
     STARTING = "starting"
-    BACKOFF = "backoff"  # died or failed to start; the next attempt waits (exponential backoff)
     UNAVAILABLE = "unavailable"  # no nvidia-cuda-mps-control binary on this node
     DISABLED = "disabled"  # turned off by config, or no shared GPUs
 
@@ -28,13 +41,10 @@ class MpsState(StrEnum):
 class MpsConfig:
     enabled: bool = True
     binary: str = "nvidia-cuda-mps-control"  # a name looked up on PATH, or a path
-    pipe_dir: Path = Path(names.MPS_PIPE_DIRECTORY)  # host dir; the webhook mounts the same into MPS pods
-    log_dir: Path = Path("/var/log/nvidia-mps")
-    # Daemon-side defaults apply to every client; a client's env can only tighten the thread share.
+    pipe_dir: Path = Path(names.MPS_PIPE_DIRECTORY)  # host dir of the daemon's control pipe
+    # Daemon-side defaults apply to every client; a client's env can only tighten them (legacy MPS).
     default_thread_percentage: int = 100
-    default_pinned_mem_limit_mib: int | None = None  # None: each device's own memory size
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 60.0
+    default_pinned_mem_limit_mib: int | None = None  # None: no daemon-wide memory cap
     command_timeout_s: float = 5.0
 
 
@@ -45,22 +55,22 @@ class Device:
 
 
 class MpsSupervisor:
-    """Drive with `tick(devices, now)` from the agent loop; it probes, (re)starts and configures the daemon.
+    """Drive with `tick(devices, now)` from the agent loop: probe the daemon, set its defaults, report it.
 
-    The daemon is probed with `get_server_list` through the control pipe. A daemon already running
-    under the pipe dir (e.g. left by a previous agent) is adopted, not started twice.
+    A daemon instance is told apart by its control socket (inode and change time): a restarted daemon
+    makes a new one, and gets the defaults again; the same daemon seen by a new agent gets them once more,
+    which changes nothing (setting a default to its value).
     """
 
     def __init__(self, config: MpsConfig) -> None:
         self.config = config
         self.state = MpsState.STARTING
         self.message = ""
-        self.restarts = 0
-        self._devices: tuple[Device, ...] = ()
-        self._next_attempt = 0.0
-        self._backoff = config.backoff_initial_s
+        self.restarts = 0  # daemon instances seen to replace an earlier one while this agent ran
+        self._instance: tuple[int, int] | None = None
+        self._configured: set[str] = set()  # devices whose pinned-memory default this instance has
         self._binary: str | None = None
-        self._said_unavailable = False
+        self._said: str = ""
 
     def available(self) -> bool:
         """Whether MPS can serve this node's GPUs (enabled and the binary exists)."""
@@ -73,145 +83,89 @@ class MpsSupervisor:
         )
 
     def tick(self, devices: Sequence[Device], now: float) -> MpsStatus:
+        del now  # probing is cheap and the daemon's lifetime is its pod's: no backoff to keep
         devs = tuple(devices)
         if not self.config.enabled or not devs:
-            if self.state is MpsState.RUNNING:
-                self._quit()
-            self.state, self.message = (
-                MpsState.DISABLED,
-                "disabled by config" if not self.config.enabled else "no shared GPUs",
-            )
-            return self.status()
-        binary = self._find_binary()
-        if binary is None:
-            self.state = MpsState.UNAVAILABLE
-            self.message = f"{self.config.binary} not found; pods get co-location without MPS isolation"
-            if not self._said_unavailable:
-                _log.warning("MPS unavailable: isolation is none", extra={"binary": self.config.binary})
-                self._said_unavailable = True
-            return self.status()
-        if self.state is MpsState.RUNNING:
-            if devs != self._devices:
-                _log.info("shared GPUs changed; restarting MPS", extra={"gpus": [d.uuid for d in devs]})
-                self._quit()
-                self.state, self._next_attempt = MpsState.STARTING, now
-            elif self._probe():
-                return self.status()
-            else:
+            message = "disabled by config" if not self.config.enabled else "no shared GPUs"
+            return self._set(MpsState.DISABLED, message)
+        if self._find_binary() is None:
+            message = f"{self.config.binary} not found; pods get co-location without MPS isolation"
+            return self._set(MpsState.UNAVAILABLE, message)
+        instance = self._instance_id()
+        if instance is None or not self._probe():
+            self._instance = None
+            where = self.config.pipe_dir / "control"
+            return self._set(MpsState.STARTING, f"no MPS control daemon answers at {where} (its pod runs it)")
+        if instance != self._instance:
+            if self._instance is not None:
                 self.restarts += 1
-                self._fail(now, "MPS control daemon died")
-        if now < self._next_attempt:
-            return self.status()
-        self._devices = devs
-        if not self._probe():
-            err = self._start(binary)
-            if err:
-                self._fail(now, f"starting MPS failed: {err}")
-                return self.status()
-        if not self._probe():
-            self._fail(now, "MPS control daemon is not answering after start")
-            return self.status()
-        err = self._apply_defaults()
+            self._instance, self._configured = instance, set()
+        err = self._apply_defaults(devs)
         if err:
-            self._fail(now, err)
-            return self.status()
-        self.state, self.message, self._backoff = MpsState.RUNNING, "", self.config.backoff_initial_s
-        _log.info(
-            "MPS control daemon running",
-            extra={"gpus": [d.uuid for d in devs], "pipe_dir": str(self.config.pipe_dir)},
-        )
+            self._instance = None  # try the whole set again next time
+            return self._set(MpsState.STARTING, err)
+        return self._set(MpsState.RUNNING, "")
+
+    def _set(self, state: MpsState, message: str) -> MpsStatus:
+        said = f"{state.value}: {message}"
+        if said != self._said:  # each change once, not every cycle
+            level = _log.info if state in (MpsState.RUNNING, MpsState.DISABLED) else _log.warning
+            level("MPS control daemon", extra={"state": state.value, "error": message})
+            self._said = said
+        self.state, self.message = state, message
         return self.status()
-
-    def stop(self) -> None:
-        if self.state is MpsState.RUNNING:
-            self._quit()
-        self.state = MpsState.DISABLED
-
-    def _fail(self, now: float, message: str) -> None:
-        self.state, self.message = MpsState.BACKOFF, message
-        self._next_attempt = now + self._backoff
-        _log.warning("MPS not running; retrying", extra={"error": message, "retry_in_s": self._backoff})
-        self._backoff = min(self._backoff * 2, self.config.backoff_max_s)
 
     def _find_binary(self) -> str | None:
         if self._binary is None:
-            found = shutil.which(self.config.binary)
-            self._binary = found
+            self._binary = shutil.which(self.config.binary)
         return self._binary
 
-    def _env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        env.update(
-            {
-                names.ENV_MPS_PIPE_DIRECTORY: str(self.config.pipe_dir),
-                "CUDA_MPS_LOG_DIRECTORY": str(self.config.log_dir),
-                # The daemon's device ordinals (used by the set_default_* commands) follow this order.
-                names.ENV_CUDA_VISIBLE_DEVICES: ",".join(d.uuid for d in self._devices),
-            }
-        )
-        return env
+    def _instance_id(self) -> tuple[int, int] | None:
+        try:
+            st = os.stat(self.config.pipe_dir / "control")
+        except OSError:
+            return None
+        return st.st_ino, st.st_ctime_ns
 
-    def _run(self, argv: list[str], stdin: str) -> subprocess.CompletedProcess[str] | None:
-        self.config.pipe_dir.mkdir(parents=True, exist_ok=True)
-        self.config.log_dir.mkdir(parents=True, exist_ok=True)
+    def _control(self, command: str) -> subprocess.CompletedProcess[str] | None:
+        binary = self._find_binary()
+        if binary is None:
+            return None
+        env = dict(os.environ, **{names.ENV_MPS_PIPE_DIRECTORY: str(self.config.pipe_dir)})
         try:
             return subprocess.run(
-                argv,
-                input=stdin,
-                env=self._env(),
+                [binary],
+                input=command + "\n",
+                env=env,
                 capture_output=True,
                 text=True,
                 timeout=self.config.command_timeout_s,
                 check=False,
             )
         except (OSError, subprocess.TimeoutExpired) as exc:
-            _log.warning("MPS control command failed", extra={"argv": argv, "error": str(exc)})
+            _log.warning("MPS control command failed", extra={"command": command, "error": str(exc)})
             return None
-
-    def _start(self, binary: str) -> str:
-        """Run `<binary> -d`; its output goes to a file, because the daemon it forks inherits our fds
-        and a pipe would stay open (and block us) for the daemon's whole life."""
-        self.config.pipe_dir.mkdir(parents=True, exist_ok=True)
-        self.config.log_dir.mkdir(parents=True, exist_ok=True)
-        out_path = self.config.log_dir / "gpupack-start.log"
-        try:
-            with open(out_path, "w+b") as out:
-                rc = subprocess.run(
-                    [binary, "-d"],
-                    stdin=subprocess.DEVNULL,
-                    stdout=out,
-                    stderr=out,
-                    env=self._env(),
-                    timeout=self.config.command_timeout_s,
-                    check=False,
-                ).returncode
-                out.seek(0)
-                text = out.read(400).decode(errors="replace").strip()
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return str(exc)
-        return "" if rc == 0 else (text or f"exit {rc}")
-
-    def _control(self, command: str) -> subprocess.CompletedProcess[str] | None:
-        binary = self._find_binary()
-        return None if binary is None else self._run([binary], command + "\n")
 
     def _probe(self) -> bool:
         out = self._control("get_server_list")
         return out is not None and out.returncode == 0
 
-    def _apply_defaults(self) -> str:
-        commands = [f"set_default_active_thread_percentage {self.config.default_thread_percentage}"]
-        for ordinal, d in enumerate(self._devices):
-            limit = self.config.default_pinned_mem_limit_mib or d.memory_mib
-            commands.append(f"set_default_device_pinned_mem_limit {ordinal} {limit}M")
+    def _apply_defaults(self, devices: tuple[Device, ...]) -> str:
+        """The configured defaults on this daemon instance: the thread share once, each device's memory
+        cap once (a GPU that joins later gets its own then; one that leaves keeps its harmless default)."""
+        commands: list[str] = []
+        if not self._configured:
+            commands.append(f"set_default_active_thread_percentage {self.config.default_thread_percentage}")
+        limit = self.config.default_pinned_mem_limit_mib
+        for d in devices:
+            if d.uuid not in self._configured and limit is not None:
+                commands.append(f"set_default_device_pinned_mem_limit {d.uuid} {limit}M")
         for cmd in commands:
             out = self._control(cmd)
             if out is None or out.returncode != 0:
                 return f"{cmd!r} failed: {_text(out)}"
+        self._configured |= {"", *(d.uuid for d in devices)}
         return ""
-
-    def _quit(self) -> None:
-        self._control("quit")
 
 
 def _text(out: subprocess.CompletedProcess[str] | None) -> str:

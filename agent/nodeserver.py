@@ -17,13 +17,13 @@ import json
 import os
 import socketserver
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from agent import nodeside, verify
 from agent.pipedirs import PipeDirs
-from app import log
+from app import log, podview
 from app.errors import KubeError
 from app.kube import paths
 from app.kube.calls import Request
@@ -50,13 +50,16 @@ class NodeServer:
         node: str,
         pipe_dirs: PipeDirs,
         send: Callable[[Request], dict[str, Any]],
+        *,
         maintenance_s: float = MAINTENANCE_S,
+        mps_not_ready: Callable[[Sequence[str]], str] = nodeside.always_ready,
     ) -> None:
         self.socket_path = socket_path
         self.node = node
         self.pipe_dirs = pipe_dirs
         self.send = send
         self.maintenance_s = maintenance_s
+        self.mps_not_ready = mps_not_ready
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -77,8 +80,8 @@ class NodeServer:
                 f"the agent cannot read {ask.where} from the apiserver ({exc.code}: {exc.message})"
             )
         items = listed.get("items") or []
-        pod: dict[str, Any] | None = items[0] if items else None
-        grant = nodeside.decide(ask, pod, self.node)
+        pod = podview.read(items[0]) if items else None
+        grant = nodeside.decide(ask, pod, self.node, self.mps_not_ready)
         if isinstance(grant, nodeside.Answer):
             return grant
         mps_dir: str | None = None

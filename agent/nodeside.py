@@ -12,20 +12,22 @@ The agent reads the pod from the apiserver and answers here:
   hook never applies a second, tenant-chosen limit or reservation on top (docs/node-side.md);
 - every other container: `NVIDIA_VISIBLE_DEVICES=void` (no GPU), nothing else;
 - a refusal with the reason wherever the answer cannot be right: the pod is gone or on another node, it
-  is no gpupack pod, its allocation cannot be read, its request is invalid. The handler then fails the
-  container's `create` with that reason (the pod shows CreateContainerError) rather than start it
-  without its share's state: the node side fails closed.
+  is no gpupack pod, its allocation cannot be read, its request is invalid, or (an MPS share) the MPS
+  daemon pod has not prepared the node since it booted (its ready record, agent.mpsprep). The handler
+  then fails the container's `create` with that reason (the pod shows CreateContainerError) rather than
+  start it without its share's state: the node side fails closed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from agent import envcheck
-from app import names, objects, request
-from app.pods import is_gpupack_pod, pod_info
+from app import names, request
+from app.pods import info_of, is_gpupack
+from app.podview import PodView
 from app.request import GpuRequest, Isolation
 
 MPS_ONLY = (names.ENV_MPS_THREAD_PERCENTAGE, names.ENV_MPS_MEMORY_LIMIT)
@@ -109,33 +111,44 @@ def parse_ask(raw: object) -> Ask | str:
     return Ask(*(str(raw[k]) for k in ASK_FIELDS))
 
 
-def decide(ask: Ask, pod: Mapping[str, Any] | None, node: str) -> Grant | Answer:
-    """The grant for `ask` given the pod as the apiserver has it (None: not found), or a refusal."""
-    meta = objects.as_object((pod or {}).get("metadata"))
-    if pod is None or meta.get("uid") != ask.pod_uid:
+def always_ready(uuids: Sequence[str]) -> str:
+    """A readiness check that never refuses (a node without the MPS daemon pod's ready record to check)."""
+    return ""
+
+
+def decide(
+    ask: Ask, pod: PodView | None, node: str, mps_not_ready: Callable[[Sequence[str]], str] = always_ready
+) -> Grant | Answer:
+    """The grant for `ask` given the pod as the apiserver has it (None: not found), or a refusal.
+
+    `mps_not_ready(uuids)`: why an MPS client on those GPUs must not start now ("" when it may), from the
+    MPS daemon pod's ready record (agent.mpsprep.not_ready): missing, or written before this boot, the
+    daemon pod has not prepared the GPUs' compute modes, and the container is refused with that reason.
+    """
+    if pod is None or pod.uid != ask.pod_uid:
         return refuse(f"{ask.where} is not in the apiserver (deleted, or recreated under the same name)")
-    bound = objects.as_object(pod.get("spec")).get("nodeName")
-    if bound != node:
-        return refuse(f"{ask.where} is bound to node {bound!r}, not to this node {node!r}")
-    if not is_gpupack_pod(pod):
+    if pod.node_name != node:
+        return refuse(f"{ask.where} is bound to node {pod.node_name!r}, not to this node {node!r}")
+    if not is_gpupack(pod):
         return refuse(
             f"{ask.where} is no gpupack pod (no {names.DOMAIN}/* request): gpupack's RuntimeClass serves "
             "only pods the gpupack webhook admitted; remove spec.runtimeClassName"
         )
-    info = pod_info(pod)
+    info = info_of(pod)
     if ask.container != info.gpu_container:
-        return Grant({names.ENV_NVIDIA_VISIBLE_DEVICES: envcheck.NO_GPU})
+        return Grant({names.ENV_NVIDIA_VISIBLE_DEVICES: names.NO_GPU})
     if info.allocation is None:
         why = info.allocation_error or "it has no allocation annotations (it was never placed by gpupack)"
         return refuse(f"the allocation of {ask.where} cannot be read: {why}")
     if info.allocation.node != node:
         return refuse(f"{ask.where} holds an allocation on node {info.allocation.node!r}, not {node!r}")
-    annotations = objects.string_map(meta.get("annotations"))
-    parsed = request.parse(annotations, request.containers_of(objects.as_object(pod.get("spec"))))
+    parsed = request.parse(pod)
     if not isinstance(parsed, GpuRequest):
         return refuse(f"the GPU request of {ask.where} is invalid: " + "; ".join(map(str, parsed)))
     alloc = info.allocation.to_annotations()
     mps = parsed.isolation is Isolation.MPS
+    if mps and (why := mps_not_ready(info.allocation.gpu_uuids)):
+        return refuse(f"container {ask.container!r} of {ask.where} would be an MPS client too early: {why}")
     env = {var: alloc[ann] for var, ann in envcheck.FROM_ANNOTATION.items() if mps or var not in MPS_ONLY}
     if mps:
         env[names.ENV_MPS_PIPE_DIRECTORY] = names.MPS_PIPE_DIRECTORY

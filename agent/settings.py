@@ -23,6 +23,9 @@ class Settings:
     node: str  # this node's name (the agent writes only its Node and GPUNode)
     kubeconfig: str | None = None  # None: in-cluster, then ~/.kube/config
     sim: Path | None = None  # a simulated GPU set file instead of NVML
+    sim_state: Path | None = (
+        None  # the simulated driver's state (compute modes), shared with the MPS daemon pod
+    )
     heartbeat_s: float = 30.0  # status heartbeat
     interval_s: float = 5.0  # NVML sampling interval
     min_write_interval_s: float = 5.0  # least time between status writes
@@ -35,7 +38,7 @@ class Settings:
     mps: bool = True  # run the MPS control daemon
     mps_binary: str = "nvidia-cuda-mps-control"
     mps_pipe_dir: Path = Path(names.MPS_PIPE_DIRECTORY)
-    mps_log_dir: Path = Path("/var/log/nvidia-mps")
+    mps_exclusive_process: bool = False  # keep MPS GPUs in EXCLUSIVE_PROCESS (switching only idle ones)
     mps_thread_percentage: int = 100  # the daemon's default active thread percentage
     mps_pinned_mem_limit_mib: int | None = None  # the daemon's default per device
     # The RuntimeClass handler's question socket (agent.nodeserver); None: this agent answers none.

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -12,7 +12,7 @@ from agent.sample import NodeSample
 from app import names
 from app.kube import calls, paths
 from app.kube.calls import Request
-from app.kube.gpunode import format_time
+from app.kube.gpunode import GpuStatus, format_time
 from app.model import mig_index
 from app.pods import PodInfo
 
@@ -27,6 +27,7 @@ class Kind(StrEnum):
     WRONG_ENV = (
         "wrong_env"  # a process of the pod runs with other GPU env than the allocation gives (envcheck)
     )
+    GPU_UNHEALTHY = "gpu_unhealthy"  # a GPU of the pod's allocation turned unhealthy (told, not evicted)
 
 
 REASONS: Mapping[Kind, str] = {
@@ -35,6 +36,7 @@ REASONS: Mapping[Kind, str] = {
     Kind.WRONG_CONTAINER: "GpupackWrongContainer",
     Kind.NO_ALLOCATION: "GpupackNoAllocation",
     Kind.WRONG_ENV: "GpupackEnvMismatch",
+    Kind.GPU_UNHEALTHY: "GpupackGPUUnhealthy",
 }
 
 
@@ -109,6 +111,31 @@ def verify(sample: NodeSample, refs: Mapping[int, PodRef | None], pods: Mapping[
     return Verdict(
         owners=owners, usage=tuple(usage), violations=tuple(violations), foreign_pids=tuple(foreign)
     )
+
+
+def unhealthy(gpus: Iterable[GpuStatus], pods: Mapping[str, PodInfo]) -> tuple[Violation, ...]:
+    """One notice per running pod and unhealthy GPU of its allocation; pods on other GPUs get none.
+
+    The pod is not evicted or restarted by us: its processes may still work (an XID can be one kernel's
+    fault), and only the user knows whether to move it. The GPU takes no new pods meanwhile (GPUNode).
+    """
+    out: list[Violation] = []
+    for g in gpus:
+        if g.healthy:
+            continue
+        for pod in pods.values():
+            alloc = pod.allocation
+            if alloc is None or pod.deleting or pod.phase in ("Succeeded", "Failed"):
+                continue
+            if g.uuid in alloc.gpu_uuids or (not alloc.gpu_uuids and g.index in alloc.gpu_indexes):
+                why = g.reason or "unknown"
+                message = (
+                    f"GPU {g.index} ({g.uuid}) of this pod's allocation is unhealthy: {why}. "
+                    "The pod keeps running and no new pod is placed on that GPU; delete the pod to have it "
+                    "placed on a healthy GPU"
+                )
+                out.append(Violation(Kind.GPU_UNHEALTHY, pod, g.uuid, g.index, (), message))
+    return tuple(out)
 
 
 def _check(

@@ -12,10 +12,11 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, Final
 
-from app import names, objects, request
+from app import names
 from app.errors import RequestError
+from app.objects import as_object
+from app.podview import PodView
 
-NO_GPU: Final = "void"  # what the webhook gives every container but the GPU container
 GPU_UUIDS_FIELD: Final = f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"
 FIX: Final = (
     f"create the pod with a {names.GPU_FRACTION} or {names.GPU_MEMORY} annotation, "
@@ -23,25 +24,25 @@ FIX: Final = (
 )
 
 
-def unmanaged_errors(pod: Mapping[str, Any]) -> tuple[RequestError, ...]:
+def unmanaged_errors(pod: PodView) -> tuple[RequestError, ...]:
     """Every mark of the webhook the pod lacks; empty for a pod the webhook mutated."""
-    meta = objects.as_object(pod.get("metadata"))
-    spec = objects.as_object(pod.get("spec"))
     errors: list[RequestError] = []
-    label = objects.as_object(meta.get("labels")).get(names.LABEL_MANAGED)
+    label = pod.labels.get(names.LABEL_MANAGED)
     if label != "true":
         errors.append(
             RequestError(
                 f"metadata.labels[{names.LABEL_MANAGED}]",
-                "" if label is None else str(label),
+                "" if label is None else label,
                 f'must be "true" (set by the gpupack webhook); {FIX}',
             )
         )
-    errors += _env_errors(spec, _gpu_container(objects.string_map(meta.get("annotations")), spec))
+    # The container the request names; None for a pod without a GPU-share annotation.
+    target = (pod.gpu_container or "") if pod.ask.wanted else None
+    errors += _env_errors(pod, target)
     return tuple(errors)
 
 
-def unmanaged_reason(pod: Mapping[str, Any]) -> str | None:
+def unmanaged_reason(pod: PodView) -> str | None:
     """The scheduler-facing text for `unmanaged_errors`, or None for a gpupack pod."""
     errors = unmanaged_errors(pod)
     if not errors:
@@ -49,58 +50,35 @@ def unmanaged_reason(pod: Mapping[str, Any]) -> str | None:
     return "not admitted by the gpupack webhook: " + "; ".join(str(e) for e in errors)
 
 
-def _gpu_container(annotations: Mapping[str, str], spec: Mapping[str, Any]) -> str | None:
-    """The container the request names (gpu-fraction-container-name, else the first regular one);
-    None for a pod without a GPU-share annotation."""
-    if not request.wants_gpu(annotations):
-        return None
-    first = [c.name for c in request.containers_of(spec) if not c.init][:1]
-    return annotations.get(names.GPU_FRACTION_CONTAINER_NAME) or (first[0] if first else "")
-
-
-def _env_errors(spec: Mapping[str, Any], target: str | None) -> Iterable[RequestError]:
-    for key in ("containers", "initContainers"):
-        for item in objects.as_list(spec.get(key)):
-            c = objects.as_object(item)
-            name = str(c.get("name", ""))
-            where = f"{key}[{name}].env[{names.ENV_NVIDIA_VISIBLE_DEVICES}]"
-            entry = _last_env(objects.as_list(c.get("env")), names.ENV_NVIDIA_VISIBLE_DEVICES)
-            gpu = bool(request.gpupack_resources(objects.as_object(c.get("resources"))))
-            if gpu and target is not None and name != target:
-                resources = ", ".join(
-                    r for r, _ in request.gpupack_resources(objects.as_object(c.get("resources")))
-                )
+def _env_errors(pod: PodView, target: str | None) -> Iterable[RequestError]:
+    for c in pod.containers:
+        key = c.kind.value
+        where = f"{key}[{c.name}].env[{names.ENV_NVIDIA_VISIBLE_DEVICES}]"
+        entry = c.env.get(names.ENV_NVIDIA_VISIBLE_DEVICES)
+        if c.ours and target is not None and c.name != target:
+            yield RequestError(
+                f"{key}[{c.name}].resources",
+                ", ".join(r for r, _ in c.ours),
+                f"only the GPU container ({target!r}) carries a gpupack share; {FIX}",
+            )
+        elif c.ours:  # the GPU container: a regular or an init container (gpu-fraction-container-name)
+            if _field_path(entry) != GPU_UUIDS_FIELD:
                 yield RequestError(
-                    f"{key}[{name}].resources",
-                    resources,
-                    f"only the GPU container ({target!r}) carries a gpupack share; {FIX}",
+                    where, describe_env(entry), f"must be the fieldRef {GPU_UUIDS_FIELD}; {FIX}"
                 )
-            elif gpu:  # the GPU container: a regular or an init container (gpu-fraction-container-name)
-                if _field_path(entry) != GPU_UUIDS_FIELD:
-                    yield RequestError(
-                        where, describe_env(entry), f"must be the fieldRef {GPU_UUIDS_FIELD}; {FIX}"
-                    )
-            elif entry is None or entry.get("value") != NO_GPU or "valueFrom" in entry:
-                yield RequestError(
-                    where,
-                    describe_env(entry),
-                    f"must be {NO_GPU!r} in a container without a GPU share, or it may see every GPU; {FIX}",
-                )
-
-
-def _last_env(env: Iterable[Any], name: str) -> Mapping[str, Any] | None:
-    """The entry the kubelet applies: the last one with that name."""
-    found = None
-    for entry in env:
-        if isinstance(entry, Mapping) and entry.get("name") == name:
-            found = entry
-    return found
+        elif entry is None or entry.get("value") != names.NO_GPU or "valueFrom" in entry:
+            yield RequestError(
+                where,
+                describe_env(entry),
+                f"must be {names.NO_GPU!r} in a container without a GPU share, or it may see every GPU; "
+                + FIX,
+            )
 
 
 def _field_path(entry: Mapping[str, Any] | None) -> str | None:
     if entry is None:
         return None
-    ref = objects.as_object(objects.as_object(entry.get("valueFrom")).get("fieldRef"))
+    ref = as_object(as_object(entry.get("valueFrom")).get("fieldRef"))
     return str(ref["fieldPath"]) if "fieldPath" in ref else None
 
 

@@ -54,6 +54,9 @@ RESOURCE_QUOTA_GPU_MEMORY_MIB: Final = f"{DOMAIN}/quota-gpu-memory-mib"
 
 # --- env vars the webhook adds to the GPU container ---
 ENV_NVIDIA_VISIBLE_DEVICES: Final = "NVIDIA_VISIBLE_DEVICES"
+# Its value in every container but the GPU container: the NVIDIA container toolkit then exposes no GPU,
+# even where the image defaults to "all".
+NO_GPU: Final = "void"
 ENV_CUDA_VISIBLE_DEVICES: Final = "CUDA_VISIBLE_DEVICES"
 ENV_MPS_THREAD_PERCENTAGE: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 ENV_MPS_MEMORY_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"

@@ -10,9 +10,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import hostres, names, objects, request
+from app import hostres, names, objects, podview, request
 from app.hostres import HostResources
 from app.model import Allocation
+from app.podview import PodView
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
 
@@ -60,36 +61,35 @@ class PodInfo:
 
 def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     """Read a pod dict; entries of the wrong type read as empty (the informer hands over what it got)."""
-    meta = objects.as_object(pod.get("metadata"))
-    spec = objects.as_object(pod.get("spec"))
-    status = objects.as_object(pod.get("status"))
-    annotations = objects.string_map(meta.get("annotations"))
+    return info_of(podview.read(pod))
+
+
+def info_of(view: PodView) -> PodInfo:
+    """The record of a pod already read."""
     allocation: Allocation | None = None
     error = ""
     try:
-        allocation = Allocation.from_annotations(annotations)
+        allocation = Allocation.from_annotations(view.annotations)
     except ValueError as exc:
         error = str(exc)
-    regular = [c.name for c in request.containers_of(spec) if not c.init]
-    host = hostres.pod_requests(spec)
     return PodInfo(
-        uid=str(meta.get("uid") or ""),
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        resource_version=str(meta.get("resourceVersion") or ""),
-        node_name=str(spec.get("nodeName") or ""),
-        phase=str(status.get("phase") or "Pending"),
+        uid=view.uid,
+        namespace=view.namespace,
+        name=view.name,
+        resource_version=view.resource_version,
+        node_name=view.node_name,
+        phase=view.phase,
         allocation=allocation,
         allocation_error=error,
-        demand=request.pod_demand(pod, host),
-        deleting=bool(meta.get("deletionTimestamp")),
-        host=host,
-        gpu_container=annotations.get(names.GPU_FRACTION_CONTAINER_NAME) or (regular[0] if regular else ""),
-        containers=_container_ids(status),
+        demand=request.pod_demand(view),
+        deleting=view.deleting,
+        host=view.host,
+        gpu_container=view.gpu_container or "",
+        containers=view.container_ids,
     )
 
 
-# What pod_info, is_gpupack_pod and hostres.pod_requests read; everything else of a pod is dropped.
+# What app.podview reads for pod_info and is_gpupack; everything else of a pod is dropped.
 _META_KEYS = ("name", "namespace", "uid", "resourceVersion", "annotations", "labels", "deletionTimestamp")
 _CONTAINER_KEYS = ("name", "resources", "restartPolicy")
 
@@ -125,30 +125,13 @@ def _keep(obj: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
     return {k: obj[k] for k in keys if k in obj}
 
 
-def _container_ids(status: Mapping[str, Any]) -> dict[str, str]:
-    """Runtime container ID (without the runtime:// prefix) -> container name, init containers included.
-
-    The GPU container may be an init container (a sidecar runs beside the others), so theirs count too.
-    """
-    ids: dict[str, str] = {}
-    for key in ("containerStatuses", "initContainerStatuses"):
-        for item in objects.as_list(status.get(key)):
-            st = objects.as_object(item)
-            cid = str(st.get("containerID") or "")
-            if cid:
-                ids[cid.split("://", 1)[-1]] = str(st.get("name") or "")
-    return ids
-
-
-def is_gpupack_pod(pod: Mapping[str, Any]) -> bool:
+def is_gpupack(pod: PodView) -> bool:
     """The pod is ours to account: managed, carrying an allocation, or asking for a gpupack resource.
 
     Not the label alone: a label anyone could remove must not make a share be forgotten.
     """
-    meta = objects.as_object(pod.get("metadata"))
-    if objects.string_map(meta.get("labels")).get(names.LABEL_MANAGED) == "true":
+    if pod.labels.get(names.LABEL_MANAGED) == "true":
         return True
-    ann = objects.string_map(meta.get("annotations"))
-    if names.ALLOC_NODE in ann or request.wants_gpu(ann):
+    if names.ALLOC_NODE in pod.annotations or pod.ask.wanted:
         return True
-    return any(c.ours for c in request.containers_of(objects.as_object(pod.get("spec"))))
+    return any(c.ours for c in pod.containers)

@@ -12,6 +12,10 @@ Every gpupack pod carries, beside the resource placement reads (`gpupack.io/gpu-
 model of the catalogue. No node advertises the two resources: kube-scheduler is told to ignore them
 (`ignoredByScheduler` in the extender entry of its configuration) and the kubelet skips extended resources
 its node does not advertise, so the over-estimate binds a namespace's quota and never a node.
+
+A quota on the placement resources themselves would count one request kind only (memory pods carry no
+`gpupack.io/gpu-milli`); the chart's `quota-resources` ValidatingAdmissionPolicy refuses one and names these
+two instead (deploy/helm/gpupack/templates/admission-policies.yaml).
 """
 
 from __future__ import annotations

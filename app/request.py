@@ -1,21 +1,23 @@
-"""The request model: pod annotations → GpuRequest, or every rule the annotations break (pure)."""
+"""The request model: a pod's view (app.podview) → GpuRequest, or every rule its annotations break (pure).
+
+Each rule is one function over `_Reading`, which holds the pod's view and each unit-valued annotation
+parsed once (its value, or the error its rule reports); `_build` takes the parsed values as they are.
+"""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
-from typing import Any, Final
+from typing import Final, TypeVar
 
-from app import catalog, hostres, names, units
+from app import catalog, names, units
 from app.errors import RequestError
-from app.hostres import HostResources
 from app.model import MILLI_PER_GPU, Demand
-from app.objects import as_list, as_object, string_map
+from app.podview import WHOLE_GPU_RESOURCE, ContainerView, PodView
 
 MAX_DEVICES: Final = 16  # more GPUs than any node we know of carries; a typo guard, not a policy
-WHOLE_GPU_RESOURCE: Final = "nvidia.com/gpu"
 
 PodDemand = Demand | tuple[RequestError, ...]  # what a pod asks for, or every rule its request breaks
 
@@ -29,17 +31,6 @@ class Isolation(StrEnum):
     MPS = "mps"  # MPS client limits (thread share, pinned memory); inert where no MPS daemon runs
     NONE = "none"  # co-location only
     MIG = "mig"  # hardware isolation: a whole MIG device (gpu-memory picks the smallest that fits), no MPS
-
-
-@dataclass(frozen=True, slots=True)
-class Container:
-    """What the rules need to know about one container of the pod."""
-
-    name: str
-    init: bool = False
-    whole_gpus: str | None = None  # nvidia.com/gpu as written in limits (or requests), if any
-    # gpupack.io/* extended resources the user wrote themselves, as (resource, raw quantity)
-    ours: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,22 +69,7 @@ class GpuRequest:
         )
 
 
-def wants_gpu(annotations: Mapping[str, str]) -> bool:
-    """True when the pod asks gpupack for a GPU share (the webhook's matchConditions say the same)."""
-    return any(key in annotations for key in (names.GPU_FRACTION, names.GPU_MEMORY, names.MIG_PROFILE))
-
-
-def gpupack_resources(resources: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
-    """The gpupack.io/* resources a container's `resources` names in requests or limits (first wins)."""
-    out: dict[str, str] = {}
-    for part in ("requests", "limits"):
-        for key, value in as_object(resources.get(part)).items():
-            if str(key).startswith(names.DOMAIN + "/"):
-                out.setdefault(str(key), str(value))
-    return tuple(out.items())
-
-
-def unannotated_errors(containers: Sequence[Container]) -> tuple[RequestError, ...]:
+def unannotated_errors(pod: PodView) -> tuple[RequestError, ...]:
     """For a pod without gpu-fraction/gpu-memory: one error per gpupack resource a container asks for.
 
     Those resources are the webhook's output, not an input: without the annotations the pod would get
@@ -108,86 +84,54 @@ def unannotated_errors(containers: Sequence[Container]) -> tuple[RequestError, .
             f"set by the gpupack webhook: remove {resource} and annotate the pod with "
             f'{names.GPU_FRACTION} (e.g. "0.5") or {names.GPU_MEMORY} (e.g. "4Gi") instead',
         )
-        for c in containers
+        for c in pod.containers
         for resource, raw in c.ours
     )
 
 
-def _kind(c: Container) -> str:
+def _kind(c: ContainerView) -> str:
     return "init container" if c.init else "container"
 
 
-def containers_of(spec: Mapping[str, Any]) -> tuple[Container, ...]:
-    """The regular containers (in order), then the init containers, of a pod spec dict.
-
-    Entries of the wrong type read as empty: the webhook and extender reject such pods at their schema,
-    and this keeps every other caller (the informer, the simulator) from crashing on them.
-    """
-    out: list[Container] = []
-    for key, init in (("containers", False), ("initContainers", True)):
-        for item in as_list(spec.get(key)):
-            c = as_object(item)
-            res = as_object(c.get("resources"))
-            limits, requests = as_object(res.get("limits")), as_object(res.get("requests"))
-            whole = limits.get(WHOLE_GPU_RESOURCE, requests.get(WHOLE_GPU_RESOURCE))
-            name = c.get("name")
-            out.append(
-                Container(
-                    name=name if isinstance(name, str) else "",
-                    init=init,
-                    whole_gpus=None if whole is None else str(whole),
-                    ours=gpupack_resources(res),
-                )
-            )
-    return tuple(out)
-
-
-def parse(
-    annotations: Mapping[str, str], containers: Sequence[Container]
-) -> GpuRequest | tuple[RequestError, ...]:
+def parse(pod: PodView) -> GpuRequest | tuple[RequestError, ...]:
     """Check every rule; return the request, or all errors in rule order."""
-    view = _View(annotations, tuple(containers))
-    errors = tuple(err for rule in RULES for err in rule(view))
+    reading = _Reading.of(pod)
+    errors = tuple(err for rule in RULES for err in rule(reading))
     if errors:
         return errors
-    return _build(view)
+    return _build(reading)
 
 
-def pod_demand(pod: Mapping[str, Any], host: HostResources | None = None) -> PodDemand:
+def pod_demand(pod: PodView) -> PodDemand:
     """What a pod asks of a node, or every rule its request breaks.
 
     The GPU share comes from the annotations (`parse`, the webhook's rules); a pod without them is read
-    from the gpupack resources its containers request. CPU and memory come from its containers, or from
-    `host` when the caller computed them already, so placement scores exactly as the simulator does.
+    from the gpupack resources its containers request. CPU and memory are the pod's host request, so
+    placement scores exactly as the simulator does.
     """
-    spec = as_object(pod.get("spec"))
-    annotations = string_map(as_object(pod.get("metadata")).get("annotations"))
-    containers = containers_of(spec)
-    if wants_gpu(annotations):
-        parsed = parse(annotations, containers)
+    if pod.ask.wanted:
+        parsed = parse(pod)
         if not isinstance(parsed, GpuRequest):
             return parsed
         demand = parsed.demand()
     else:
-        from_resources = _resource_demand(annotations, containers)
+        from_resources = _resource_demand(pod)
         if not isinstance(from_resources, Demand):
             return from_resources
         demand = from_resources
-    if host is None:
-        host = hostres.pod_requests(spec)
-    return replace(demand, cpu_milli=host.cpu_milli, host_memory_mib=host.memory_mib)
+    return replace(demand, cpu_milli=pod.host.cpu_milli, host_memory_mib=pod.host.memory_mib)
 
 
-def _resource_demand(annotations: Mapping[str, str], containers: Sequence[Container]) -> PodDemand:
+def _resource_demand(pod: PodView) -> PodDemand:
     """A pod's GPU demand from the gpupack resources of its regular containers (limits = requests)."""
-    raw_count = annotations.get(names.GPU_FRACTION_NUM_DEVICES, "1")
+    raw_count = pod.ask.num_devices if pod.ask.num_devices is not None else "1"
     try:
         count = units.positive_int(raw_count, MAX_DEVICES)
     except units.UnitError as err:
         return (RequestError(names.GPU_FRACTION_NUM_DEVICES, raw_count, err.rule),)
     totals: dict[str, int] = {}
     errors: list[RequestError] = []
-    for c in containers:
+    for c in pod.containers:
         for resource, raw in c.ours if not c.init else ():
             if resource not in (names.RESOURCE_GPU_MILLI, names.RESOURCE_GPU_MEMORY_MIB):
                 continue
@@ -211,7 +155,7 @@ def _resource_demand(annotations: Mapping[str, str], containers: Sequence[Contai
         return (RequestError(names.RESOURCE_GPU_MILLI, "", rule),)
     if total % count:
         return (RequestError(resource, str(total), f"does not split evenly over {count} devices"),)
-    models = frozenset(gpu_models(annotations.get(names.GPU_MODEL)))
+    models = frozenset(gpu_models(pod.ask.model))
     if not milli:
         return Demand(count=count, memory_mib=total // count, models=models)
     if total // count > MILLI_PER_GPU:
@@ -225,30 +169,48 @@ def render(errors: Iterable[RequestError]) -> str:
     return "; ".join(str(e) for e in errors)
 
 
+_T = TypeVar("_T")
+
+
+def _parsed(key: str, raw: str | None, parser: Callable[[str], _T]) -> _T | RequestError | None:
+    """A unit-valued annotation: its value, why it is invalid (the error its rule reports), or absent."""
+    if raw is None:
+        return None
+    try:
+        return parser(raw)
+    except units.UnitError as err:
+        return RequestError(key, raw, err.rule)
+
+
 @dataclass(frozen=True, slots=True)
-class _View:
-    annotations: Mapping[str, str]
-    containers: tuple[Container, ...]
+class _Reading:
+    """What the rules read: the pod's view and each unit-valued annotation parsed once."""
 
-    def get(self, key: str) -> str | None:
-        return self.annotations.get(key)
+    pod: PodView
+    milli: int | RequestError | None
+    memory: units.Memory | RequestError | None
+    count: int | RequestError | None
 
-    @property
-    def regular(self) -> tuple[str, ...]:
-        return tuple(c.name for c in self.containers if not c.init)
-
-    @property
-    def target(self) -> str | None:
-        """The GPU container: the one the annotation names, else the first regular container."""
-        return self.get(names.GPU_FRACTION_CONTAINER_NAME) or (self.regular[0] if self.regular else None)
+    @classmethod
+    def of(cls, pod: PodView) -> _Reading:
+        ask = pod.ask
+        return cls(
+            pod,
+            milli=_parsed(names.GPU_FRACTION, ask.fraction, units.fraction_milli),
+            memory=_parsed(names.GPU_MEMORY, ask.memory, units.memory_mib),
+            count=_parsed(
+                names.GPU_FRACTION_NUM_DEVICES,
+                ask.num_devices,
+                lambda raw: units.positive_int(raw, MAX_DEVICES),
+            ),
+        )
 
 
 # --- rules: one function per rule, each yields errors naming the annotation, raw value and rule ---
 
 
-def _one_of_fraction_or_memory(v: _View) -> Iterable[RequestError]:
-    fraction, memory = v.get(names.GPU_FRACTION), v.get(names.GPU_MEMORY)
-    profile = v.get(names.MIG_PROFILE)
+def _one_of_fraction_or_memory(r: _Reading) -> Iterable[RequestError]:
+    fraction, memory, profile = r.pod.ask.fraction, r.pod.ask.memory, r.pod.ask.mig_profile
     if profile is not None and (fraction is not None or memory is not None):
         other = names.GPU_FRACTION if fraction is not None else names.GPU_MEMORY
         yield RequestError(
@@ -270,14 +232,22 @@ def _one_of_fraction_or_memory(v: _View) -> Iterable[RequestError]:
         )
 
 
-def _no_whole_gpus(v: _View) -> Iterable[RequestError]:
-    key = next(
-        (k for k in (names.GPU_FRACTION, names.GPU_MEMORY, names.MIG_PROFILE) if k in v.annotations),
-        names.GPU_MEMORY,
+def _no_whole_gpus(r: _Reading) -> Iterable[RequestError]:
+    ask = r.pod.ask
+    key, raw = next(
+        (
+            (k, v)
+            for k, v in (
+                (names.GPU_FRACTION, ask.fraction),
+                (names.GPU_MEMORY, ask.memory),
+                (names.MIG_PROFILE, ask.mig_profile),
+            )
+            if v is not None
+        ),
+        (names.GPU_MEMORY, None),
     )
-    raw = v.get(key)
     # An explicit 0 asks for no whole GPU, so charts that template `nvidia.com/gpu: 0` still work.
-    offenders = [c.name for c in v.containers if c.whole_gpus not in (None, "0")]
+    offenders = [c.name for c in r.pod.containers if c.whole_gpus not in (None, "0")]
     if raw is not None and offenders:
         which = ", ".join(repr(n) for n in offenders)
         yield RequestError(
@@ -285,25 +255,26 @@ def _no_whole_gpus(v: _View) -> Iterable[RequestError]:
         )
 
 
-def _fraction_value(v: _View) -> Iterable[RequestError]:
-    yield from _unit_errors(v, names.GPU_FRACTION, units.fraction_milli)
+def _fraction_value(r: _Reading) -> Iterable[RequestError]:
+    if isinstance(r.milli, RequestError):
+        yield r.milli
 
 
-def _memory_value(v: _View) -> Iterable[RequestError]:
-    yield from _unit_errors(v, names.GPU_MEMORY, units.memory_mib)
+def _memory_value(r: _Reading) -> Iterable[RequestError]:
+    if isinstance(r.memory, RequestError):
+        yield r.memory
 
 
-def _num_devices(v: _View) -> Iterable[RequestError]:
-    yield from _unit_errors(
-        v, names.GPU_FRACTION_NUM_DEVICES, lambda raw: units.positive_int(raw, MAX_DEVICES)
-    )
+def _num_devices(r: _Reading) -> Iterable[RequestError]:
+    if isinstance(r.count, RequestError):
+        yield r.count
 
 
-def _container_name(v: _View) -> Iterable[RequestError]:
+def _container_name(r: _Reading) -> Iterable[RequestError]:
     """Any container may get the share, init containers (sidecars included) too, as in KAI-Scheduler."""
-    raw = v.get(names.GPU_FRACTION_CONTAINER_NAME)
-    every = tuple(c.name for c in v.containers)
-    if not v.regular:
+    raw = r.pod.ask.container
+    every = tuple(c.name for c in r.pod.containers)
+    if r.pod.gpu_container is None or not r.pod.regular:
         yield RequestError(
             names.GPU_FRACTION_CONTAINER_NAME, raw or "", "the pod has no container to give the GPU to"
         )
@@ -316,8 +287,8 @@ def _container_name(v: _View) -> Iterable[RequestError]:
         )
 
 
-def _gpu_models(v: _View) -> Iterable[RequestError]:
-    raw = v.get(names.GPU_MODEL)
+def _gpu_models(r: _Reading) -> Iterable[RequestError]:
+    raw = r.pod.ask.model
     if raw is None:
         return
     models = raw.split("|")
@@ -335,10 +306,10 @@ def _gpu_models(v: _View) -> Iterable[RequestError]:
             )
 
 
-def _gpupack_resources_only_on_the_gpu_container(v: _View) -> Iterable[RequestError]:
+def _gpupack_resources_only_on_the_gpu_container(r: _Reading) -> Iterable[RequestError]:
     """The webhook writes our resource on the GPU container; one elsewhere would be an unaccounted share."""
-    target = v.target
-    for c in v.containers:
+    target = r.pod.gpu_container
+    for c in r.pod.containers:
         if c.name != target:
             for resource, raw in c.ours:
                 yield RequestError(
@@ -350,27 +321,27 @@ def _gpupack_resources_only_on_the_gpu_container(v: _View) -> Iterable[RequestEr
                 )
 
 
-def _isolation(v: _View) -> Iterable[RequestError]:
-    raw = v.get(names.ISOLATION)
+def _isolation(r: _Reading) -> Iterable[RequestError]:
+    raw = r.pod.ask.isolation
     if raw is not None and raw not in {i.value for i in Isolation}:
         yield RequestError(names.ISOLATION, raw, "must be one of 'mps', 'none', 'mig'")
     elif raw is None:
         return
-    elif raw == Isolation.MIG and v.get(names.GPU_FRACTION) is not None:
+    elif raw == Isolation.MIG and r.pod.ask.fraction is not None:
         yield RequestError(
             names.ISOLATION,
             raw,
             f"needs {names.GPU_MEMORY} or {names.MIG_PROFILE}, not {names.GPU_FRACTION}: a MIG device is "
             "taken whole, never shared",
         )
-    elif raw != Isolation.MIG and v.get(names.MIG_PROFILE) is not None:
+    elif raw != Isolation.MIG and r.pod.ask.mig_profile is not None:
         yield RequestError(
             names.ISOLATION, raw, f"must be 'mig' or absent with {names.MIG_PROFILE}: a MIG device has no MPS"
         )
 
 
-def _mig_profile_value(v: _View) -> Iterable[RequestError]:
-    raw = v.get(names.MIG_PROFILE)
+def _mig_profile_value(r: _Reading) -> Iterable[RequestError]:
+    raw = r.pod.ask.mig_profile
     known = catalog.mig_profile_names()
     if raw is not None and raw not in known:
         yield RequestError(
@@ -378,13 +349,12 @@ def _mig_profile_value(v: _View) -> Iterable[RequestError]:
         )
 
 
-def _memory_fits_a_gpu(v: _View) -> Iterable[RequestError]:
-    raw = v.get(names.GPU_MEMORY)
-    try:
-        mib = units.memory_mib(raw).mib if raw is not None else 0
-    except units.UnitError:
-        return  # already reported by _memory_value
-    if raw is not None and v.get(names.ISOLATION) == Isolation.MIG:
+def _memory_fits_a_gpu(r: _Reading) -> Iterable[RequestError]:
+    raw = r.pod.ask.memory
+    if raw is None or not isinstance(r.memory, units.Memory):
+        return  # absent, or already reported by _memory_value
+    mib = r.memory.mib
+    if r.pod.ask.isolation == Isolation.MIG:
         profile = max(
             (p for m in catalog.models().values() for p in m.mig_profiles), key=lambda p: p.memory_mib
         )
@@ -396,8 +366,8 @@ def _memory_fits_a_gpu(v: _View) -> Iterable[RequestError]:
                 f"({profile.name} has {profile.memory_mib} MiB)",
             )
         return
-    largest, scope = _largest_gpu(v.get(names.GPU_MODEL))
-    if raw is not None and mib > largest.memory_mib:
+    largest, scope = _largest_gpu(r.pod.ask.model)
+    if mib > largest.memory_mib:
         yield RequestError(
             names.GPU_MEMORY,
             raw,
@@ -405,7 +375,7 @@ def _memory_fits_a_gpu(v: _View) -> Iterable[RequestError]:
         )
 
 
-RULES: Final[tuple[Callable[[_View], Iterable[RequestError]], ...]] = (
+RULES: Final[tuple[Callable[[_Reading], Iterable[RequestError]], ...]] = (
     _one_of_fraction_or_memory,
     _no_whole_gpus,
     _fraction_value,
@@ -421,16 +391,6 @@ RULES: Final[tuple[Callable[[_View], Iterable[RequestError]], ...]] = (
 
 
 # --- helpers ---
-
-
-def _unit_errors(v: _View, key: str, parser: Callable[[str], object]) -> Iterable[RequestError]:
-    raw = v.get(key)
-    if raw is None:
-        return
-    try:
-        parser(raw)
-    except units.UnitError as err:
-        yield RequestError(key, raw, err.rule)
 
 
 def _canonical_model(name: str) -> str | None:
@@ -462,34 +422,26 @@ def _largest_gpu(raw_models: str | None) -> tuple[catalog.GpuModel, str]:
     return max(table.values(), key=lambda g: g.memory_mib), " gpupack knows"
 
 
-def _build(v: _View) -> GpuRequest:
-    """The request, from annotations that passed every rule."""
+def _build(r: _Reading) -> GpuRequest:
+    """The request, from a pod that passed every rule (so every parsed value is a value)."""
+    ask = r.pod.ask
+    assert not isinstance(r.milli, RequestError) and not isinstance(r.memory, RequestError)
+    assert not isinstance(r.count, RequestError) and r.pod.gpu_container is not None
     warnings: list[str] = []
-    milli = memory = None
-    if (raw := v.get(names.GPU_FRACTION)) is not None:
-        milli = units.fraction_milli(raw)
-    if (raw := v.get(names.GPU_MEMORY)) is not None:
-        parsed = units.memory_mib(raw)
-        memory = parsed.mib
-        if parsed.rounded_from is not None:
-            warnings.append(
-                f"{names.GPU_MEMORY}={raw!r} is {parsed.rounded_from} MiB; rounded up to {parsed.mib} MiB"
-            )
-    raw_count = v.get(names.GPU_FRACTION_NUM_DEVICES)
-    count = units.positive_int(raw_count, MAX_DEVICES) if raw_count is not None else 1
-    profile = v.get(names.MIG_PROFILE)
-    raw_models = v.get(names.GPU_MODEL)
-    for model in (raw_models or "").split("|") if raw_models else ():
+    if r.memory is not None and r.memory.rounded_from is not None:
+        exact, mib = r.memory.rounded_from, r.memory.mib
+        warnings.append(f"{names.GPU_MEMORY}={ask.memory!r} is {exact} MiB; rounded up to {mib} MiB")
+    for model in ask.model.split("|") if ask.model else ():
         if (canonical := _canonical_model(model)) != model:
             warnings.append(f"{names.GPU_MODEL}: {model!r} is read as {canonical!r}")
     return GpuRequest(
-        container=v.get(names.GPU_FRACTION_CONTAINER_NAME) or v.regular[0],
-        count=count,
-        milli=milli,
-        memory_mib=memory,
-        mig_profile=v.get(names.MIG_PROFILE) or "",
-        models=gpu_models(raw_models),
-        isolation=Isolation.MIG if profile else Isolation(v.get(names.ISOLATION) or Isolation.MPS),
-        isolation_explicit=v.get(names.ISOLATION) is not None,
+        container=r.pod.gpu_container,
+        count=r.count if r.count is not None else 1,
+        milli=r.milli,
+        memory_mib=None if r.memory is None else r.memory.mib,
+        mig_profile=ask.mig_profile or "",
+        models=gpu_models(ask.model),
+        isolation=Isolation.MIG if ask.mig_profile else Isolation(ask.isolation or Isolation.MPS),
+        isolation_explicit=ask.isolation is not None,
         warnings=tuple(warnings),
     )

@@ -227,7 +227,7 @@ def _write_page(root: Path, name: str, n: int, items: list[dict[str, Any]], last
 def child(root: Path) -> dict[str, Any]:
     """In a fresh process: sync the three informers from the page files, then one filter."""
     t0 = time.perf_counter()
-    from app import request
+    from app import podview, request
     from app.kube.assume import AssumeCache
     from app.kube.cache import ClusterCache
     from app.kube.informers import InformerConfig
@@ -264,7 +264,7 @@ def child(root: Path) -> dict[str, Any]:
     prepare_s = time.perf_counter() - t_prep
     rss_synced = _rss_mib()
     pod = {"metadata": {"annotations": {names.GPU_FRACTION: "0.25"}}, "spec": {"containers": [{"name": "c"}]}}
-    demand = request.pod_demand(pod)
+    demand = request.pod_demand(podview.read(pod))
     assert not isinstance(demand, tuple)
     node_names = cache.node_names()
     t2 = time.perf_counter()

@@ -249,11 +249,12 @@ def _served(app: Any) -> Iterator[Callable[[str, bytes], Any]]:
 
 def _assume_bound(cache: ClusterCache, policy: Any, pod: dict[str, Any], node_name: str) -> None:
     """What the watch delivers after a bind: the pod bound, with its allocation annotations."""
+    from app import podview
     from app.placement import to_allocation
     from app.request import pod_demand
 
     node = cache.node(node_name)
-    demand = pod_demand(pod)
+    demand = pod_demand(podview.read(pod))
     assert node is not None and isinstance(demand, Demand)
     alloc = to_allocation(node, demand, policy.choose_gpus(node, demand))
     milli = int(pod["spec"]["containers"][0]["resources"]["limits"][names.RESOURCE_GPU_MILLI])

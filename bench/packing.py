@@ -2,7 +2,11 @@
 
 Replays each trace with the FGD (ATC'23) methodology through `app.sim` and compares unallocated GPU %
 at 100 % and 130 % arrived workload (mean over seeds) with the artifact's analysis_allo_discrete.csv.
+Besides the trace files, the `pinned` family is generated here: `pinned<share>-<seed>` is the default trace
+with <share> % of its GPU pods pinned to GPU models of the fleet (`app.sim.constrain`, drawn by <seed>), the
+kind of mixed-fleet workload of the paper's gpuspec traces; nothing is published for it.
 Writes bench/results/packing.json. Run: .venv/bin/python bench/packing.py [--traces default --seeds 42-43]
+(the pinned family: --traces pinned --policies fgd,fragaware --out bench/results/packing-pinned.json)
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ import hashlib
 import json
 import multiprocessing
 import platform
+import re
 import statistics
 import subprocess
 import sys
@@ -27,10 +32,17 @@ sys.path.insert(0, str(REPO))
 
 from app.placement import TargetWorkload, registry  # noqa: E402
 from app.sim.command import UsageError, parse_seeds  # noqa: E402
+from app.sim.constrain import pin_models  # noqa: E402
 from app.sim.engine import simulate  # noqa: E402
 from app.sim.loader import TracePod, load_nodes, load_pods  # noqa: E402
 
 TRACES = ("default", "gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100")
+PINNED_SHARES = (5, 10, 20, 30, 40)  # % of GPU pods pinned to models
+PINNED_SEEDS = (1, 2, 3)  # generator seeds: which pods, which models
+PINNED_BASE = "default"
+PINNED = re.compile(r"pinned(\d+)-(\d+)")
+# --traces pinned: the whole generated family
+FAMILIES = {"pinned": tuple(f"pinned{s:02d}-{g}" for s in PINNED_SHARES for g in PINNED_SEEDS)}
 NODE_FILE = "openb_node_list_gpu_node.csv"
 PUBLISHED_FILE = "fgd_expected_results/analysis_allo_discrete.csv"
 PUBLISHED_POLICIES = {"FGD": "06-FGD", "BestFit": "05-BestFit"}
@@ -41,14 +53,18 @@ Job = tuple[str, str, int]  # trace, policy, seed
 
 
 def pod_file(trace: str) -> str:
-    return f"openb_pod_list_{trace}.csv"
+    """The CSV a trace is read from (for a generated trace, the one it is generated from)."""
+    return f"openb_pod_list_{PINNED_BASE if PINNED.fullmatch(trace) else trace}.csv"
 
 
 @cache
 def _trace(traces_dir: str, trace: str) -> tuple[Any, tuple[TracePod, ...], TargetWorkload]:
     root = Path(traces_dir)
+    nodes = load_nodes(root / NODE_FILE)
     pods = load_pods(root / pod_file(trace))
-    return load_nodes(root / NODE_FILE), pods, TargetWorkload.from_demands(p.demand for p in pods)
+    if m := PINNED.fullmatch(trace):
+        pods = pin_models(pods, nodes, int(m[1]) / 100, int(m[2]))
+    return nodes, pods, TargetWorkload.from_demands(p.demand for p in pods).on_fleet(nodes)
 
 
 def run_job(args: tuple[str, Job, float]) -> dict[str, Any]:
@@ -164,7 +180,11 @@ def format_table(ours: dict[str, Any], pub: dict[str, Any], policies: list[str])
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--traces-dir", default=str(REPO.parent / "shared" / "traces"))
-    ap.add_argument("--traces", default=",".join(TRACES), help="comma list of trace names")
+    ap.add_argument(
+        "--traces",
+        default=",".join(TRACES),
+        help=f"comma list of trace names or families ({', '.join(FAMILIES)})",
+    )
     ap.add_argument("--seeds", default="42-51")
     ap.add_argument("--policies", default=",".join(registry.names()), help="comma list of policies")
     ap.add_argument("--inflate", type=float, default=1.3)
@@ -176,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"packing: {e}", file=sys.stderr)
         return 2
-    traces = [t for t in args.traces.split(",") if t]
+    traces = [name for t in args.traces.split(",") if t for name in FAMILIES.get(t, (t,))]
     policies = [p for p in args.policies.split(",") if p]
     traces_dir = Path(args.traces_dir).resolve()
     for p in policies:
@@ -213,7 +233,9 @@ def main(argv: list[str] | None = None) -> int:
             "traces_dir": str(traces_dir),
             "node_list": {"file": NODE_FILE, "sha256": _sha256(traces_dir / NODE_FILE)},
             "pod_lists": {
-                t: {"file": pod_file(t), "sha256": _sha256(traces_dir / pod_file(t))} for t in traces
+                t: {"file": pod_file(t), "sha256": _sha256(traces_dir / pod_file(t))}
+                | ({"generated": "app.sim.constrain.pin_models(share, seed)"} if PINNED.fullmatch(t) else {})
+                for t in traces
             },
             "published": PUBLISHED_FILE,
             "seeds": list(seeds),

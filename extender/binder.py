@@ -12,11 +12,11 @@ lease mid-bind stops writing and rolls its own change back.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import log, request
+from app import log, podview, request
 from app.errors import KubeError
 from app.explain import NO_GPUNODE, reason_text
 from app.kube import calls
@@ -132,18 +132,15 @@ class Binder:
             pod = self.kube.send(calls.get_pod(namespace, name))
         except KubeError as exc:
             return self._fail(BindOutcome.ERROR, f"reading pod: {exc}", where)
-        meta = pod.get("metadata") or {}
-        if uid and meta.get("uid") != uid:
-            return self._fail(
-                BindOutcome.CONFLICT, f"pod was re-created (uid {meta.get('uid')}, want {uid})", where
-            )
-        uid = str(meta.get("uid") or uid)
-        bound_to = (pod.get("spec") or {}).get("nodeName")
-        if bound_to:
-            return self._already_bound(meta, str(bound_to), where)
-        rv = str(meta.get("resourceVersion", ""))
+        view = podview.read(pod)
+        if uid and view.uid != uid:
+            return self._fail(BindOutcome.CONFLICT, f"pod was re-created (uid {view.uid}, want {uid})", where)
+        uid = view.uid or uid
+        if view.node_name:
+            return self._already_bound(view.annotations, view.node_name, where)
+        rv = view.resource_version
         result = self._write(
-            namespace, name, uid, rv=rv, demand=request.pod_demand(pod), where=where, stale=False
+            namespace, name, uid, rv=rv, demand=request.pod_demand(view), where=where, stale=False
         )
         assert result is not None  # only a write from the informer's copy asks to be read again
         return result
@@ -223,7 +220,9 @@ class Binder:
         )
         return BindResult(BindOutcome.BOUND, allocation=alloc)
 
-    def _already_bound(self, meta: dict[str, Any], bound_to: str, where: dict[str, str]) -> BindResult:
+    def _already_bound(
+        self, annotations: Mapping[str, str], bound_to: str, where: dict[str, str]
+    ) -> BindResult:
         """A retried bind that finds its own earlier bind done succeeds; anything else is a conflict."""
         node = where["node"]
         if bound_to != node:
@@ -231,7 +230,7 @@ class Binder:
                 BindOutcome.CONFLICT, f"pod is already bound to {bound_to}; this bind asked for {node}", where
             )
         try:
-            alloc = Allocation.from_annotations(meta.get("annotations") or {})
+            alloc = Allocation.from_annotations(annotations)
         except ValueError:
             alloc = None
         if alloc is None or alloc.node != node:

@@ -19,6 +19,7 @@ from app.kube.client import Kube
 from app.tls import ReloadingContext
 from extender import metrics
 from extender.config import Settings
+from extender.readings import Readings
 from extender.routes import ops, scheduling, state
 from extender.runtime import KubeRuntime, Runtime, gauges_of
 
@@ -48,6 +49,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
         title="gpupack extender", lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None
     )
     app.state.runtime = rt
+    app.state.pod_readings = Readings()
     app.state.metrics_registry = metrics.registry(lambda: gauges_of(rt))
     for router in (scheduling.router, ops.router, state.router):
         app.include_router(router)

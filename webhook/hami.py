@@ -12,17 +12,17 @@ for a pod that carried the annotations itself.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from app import names, objects, units
+from app import names, units
 from app.errors import RequestError
 from app.jsonpointer import pointer
+from app.podview import WHOLE_GPU_RESOURCE, ContainerView, PodView
 
-GPU: Final = "nvidia.com/gpu"
+GPU: Final = WHOLE_GPU_RESOURCE
 MEMORY: Final = "nvidia.com/gpumem"
 MEMORY_PERCENTAGE: Final = "nvidia.com/gpumem-percentage"
 CORES: Final = "nvidia.com/gpucores"
@@ -47,45 +47,47 @@ Op = dict[str, Any]
 class Takeover:
     """The pod as our mutation should see it, the ops that make it so, and what to tell the user."""
 
-    pod: dict[str, Any]
+    pod: PodView
     ops: list[Op]
     warnings: tuple[str, ...]
 
 
-def asks(pod: Mapping[str, Any]) -> bool:
+def asks(pod: PodView) -> bool:
     """True when a container (init containers included) requests or limits a HAMi share resource."""
-    return any(_shares(c) for _, _, c in _containers(objects.as_object(pod.get("spec"))))
+    return any(_shares(c) for c in pod.containers)
 
 
-def take_over(pod: Mapping[str, Any]) -> Takeover | tuple[RequestError, ...]:
+def take_over(pod: PodView) -> Takeover | tuple[RequestError, ...]:
     """Our annotations for a HAMi pod, or why it cannot be taken over (each error names the resource)."""
-    spec = objects.as_object(pod.get("spec"))
-    asking = [(ptr, where, c) for ptr, where, c in _containers(spec) if _shares(c)]
+    asking = [c for c in pod.containers if _shares(c)]
     if len(asking) > 1:
-        which = ", ".join(where for _, where, _ in asking)
+        which = ", ".join(c.where for c in asking)
         return (
             RequestError(
-                f"{asking[1][1]}.resources",
-                ", ".join(_shares(asking[1][2])),
+                f"{asking[1].where}.resources",
+                ", ".join(_shares(asking[1])),
                 f"gpupack gives one container per pod a GPU share; HAMi resources are requested by {which}",
             ),
         )
-    ptr, where, container = asking[0]
+    container = asking[0]
+    where = container.where
     values = _shares(container)
-    errors = [err for key, raw in values.items() if (err := _check(where, key, raw)) is not None]
-    raw_count = _resource(container, GPU)
-    if raw_count is not None and _integer(raw_count, 1, 16) is None:
-        errors.append(RequestError(f"{where}.resources[{GPU}]", raw_count, "must be an integer from 1 to 16"))
-    if errors:
+    amounts = {key: _share(where, key, raw) for key, raw in values.items()}
+    errors = [err for err in amounts.values() if isinstance(err, RequestError)]
+    raw_count = container.resource(GPU)
+    count = 1 if raw_count is None else _integer(raw_count, 1, 16)
+    if count is None:
+        errors.append(
+            RequestError(f"{where}.resources[{GPU}]", str(raw_count), "must be an integer from 1 to 16")
+        )
+    if errors or count is None:
         return tuple(errors)
     used = next(key for key in SHARES if key in values)
-    amount = _integer(values[used], 1, MAX_MEMORY_MIB)
-    if used == MEMORY:
-        ours = {names.GPU_MEMORY: str(amount)}
-    else:
-        ours = {names.GPU_FRACTION: _fraction(int(amount or 0))}
-    ours[names.GPU_FRACTION_NUM_DEVICES] = str(_integer(raw_count, 1, 16)) if raw_count else "1"
-    ours[names.GPU_FRACTION_CONTAINER_NAME] = str(container.get("name"))
+    amount = amounts[used]
+    assert not isinstance(amount, RequestError)
+    ours = {names.GPU_MEMORY: str(amount)} if used == MEMORY else {names.GPU_FRACTION: _fraction(amount)}
+    ours[names.GPU_FRACTION_NUM_DEVICES] = str(count)
+    ours[names.GPU_FRACTION_CONTAINER_NAME] = container.name
     written = ", ".join(
         f"{k}={v}" for k, v in ([(GPU, raw_count)] if raw_count else []) + list(values.items())
     )
@@ -98,30 +100,12 @@ def take_over(pod: Mapping[str, Any]) -> Takeover | tuple[RequestError, ...]:
             warnings.append(
                 f"{key}={raw} is not carried over: gpupack reserves one share per GPU, from {used}"
             )
-    ops = _annotation_ops(objects.as_object(pod.get("metadata")), ours) + _removal_ops(ptr, container)
-    return Takeover(_apply(pod, ptr, ours), ops, tuple(warnings))
+    ops = _annotation_ops(pod.annotations, ours) + _removal_ops(container)
+    return Takeover(pod.with_takeover(ours, container.without((GPU, *SHARES))), ops, tuple(warnings))
 
 
-def _containers(spec: Mapping[str, Any]) -> list[tuple[str, str, Mapping[str, Any]]]:
-    out = []
-    for key in ("containers", "initContainers"):
-        for i, item in enumerate(objects.as_list(spec.get(key))):
-            c = objects.as_object(item)
-            out.append((f"/spec/{key}/{i}", f"spec.{key}[{c.get('name')}]", c))
-    return out
-
-
-def _resource(container: Mapping[str, Any], key: str) -> str | None:
-    res = objects.as_object(container.get("resources"))
-    for part in ("limits", "requests"):
-        value = objects.as_object(res.get(part)).get(key)
-        if value is not None:
-            return str(value)
-    return None
-
-
-def _shares(container: Mapping[str, Any]) -> dict[str, str]:
-    return {key: raw for key in SHARES if (raw := _resource(container, key)) is not None}
+def _shares(container: ContainerView) -> dict[str, str]:
+    return {key: raw for key in SHARES if (raw := container.resource(key)) is not None}
 
 
 def _integer(raw: str, low: int, high: int) -> int | None:
@@ -132,14 +116,19 @@ def _integer(raw: str, low: int, high: int) -> int | None:
     return int(value)
 
 
-def _check(where: str, key: str, raw: str) -> RequestError | None:
-    if key == MEMORY and _integer(raw, 1, MAX_MEMORY_MIB) is None:
-        return RequestError(
-            f"{where}.resources[{key}]", raw, "must be a whole number of MiB per GPU, e.g. 4096"
+def _share(where: str, key: str, raw: str) -> int | RequestError:
+    """A HAMi share's amount (MiB for gpumem, else a percentage), or why it is not one."""
+    if key == MEMORY:
+        mib = _integer(raw, 1, MAX_MEMORY_MIB)
+        return (
+            RequestError(f"{where}.resources[{key}]", raw, "must be a whole number of MiB per GPU, e.g. 4096")
+            if mib is None
+            else mib
         )
-    if key != MEMORY and _integer(raw, 1, 100) is None:
+    percent = _integer(raw, 1, 100)
+    if percent is None:
         return RequestError(f"{where}.resources[{key}]", raw, "must be an integer percentage from 1 to 100")
-    return None
+    return percent
 
 
 def _fraction(percent: int) -> str:
@@ -148,30 +137,16 @@ def _fraction(percent: int) -> str:
     return format(value, "f")
 
 
-def _annotation_ops(meta: Mapping[str, Any], ours: Mapping[str, str]) -> list[Op]:
-    if not meta.get("annotations"):
+def _annotation_ops(annotations: Mapping[str, str], ours: Mapping[str, str]) -> list[Op]:
+    if not annotations:
         return [{"op": "add", "path": "/metadata/annotations", "value": dict(ours)}]
     return [{"op": "add", "path": "/metadata/annotations" + pointer(k), "value": v} for k, v in ours.items()]
 
 
-def _removal_ops(ptr: str, container: Mapping[str, Any]) -> list[Op]:
-    res = objects.as_object(container.get("resources"))
+def _removal_ops(container: ContainerView) -> list[Op]:
     return [
-        {"op": "remove", "path": f"{ptr}/resources/{part}" + pointer(key)}
-        for part in ("requests", "limits")
+        {"op": "remove", "path": f"{container.pointer}/resources/{part}" + pointer(key)}
+        for part, have in (("requests", container.requests), ("limits", container.limits))
         for key in (GPU, *SHARES)
-        if key in objects.as_object(res.get(part))
+        if key in have
     ]
-
-
-def _apply(pod: Mapping[str, Any], ptr: str, ours: Mapping[str, str]) -> dict[str, Any]:
-    """The pod after the takeover ops (a copy)."""
-    out = copy.deepcopy(dict(pod))
-    meta = out.setdefault("metadata", {})
-    meta["annotations"] = {**(meta.get("annotations") or {}), **ours}
-    _, _, key, index = ptr.split("/")
-    resources = out["spec"][key][int(index)].get("resources") or {}
-    for part in ("requests", "limits"):
-        for name in (GPU, *SHARES):
-            (resources.get(part) or {}).pop(name, None)
-    return out

@@ -92,7 +92,7 @@ class MutateEndpoint:
             return 422, _dumps(_malformed(exc, path))
         start = time.perf_counter()
         try:
-            decision = mutate.decide(review.model_dump(by_alias=True), self._settings, pod_security)
+            decision = mutate.decide(review, self._settings, pod_security)
         except Exception:  # a bug in our code: deny with a pointer to the log (failurePolicy is Fail anyway)
             _log.exception("review failed", extra={"uid": review.request.uid})
             decision = _internal_error(review.request.uid)

@@ -13,19 +13,23 @@ from typing import Any, Final
 
 import pydantic_core
 
-from app import managed, names, quota, request, units
+from app import managed, names, podview, quota, request, units
 from app.errors import RequestError
 from app.jsonpointer import pointer
+from app.podview import ContainerView, PodView
 from app.request import GpuRequest, Isolation
 from webhook import hami, pipe, podsecurity
 from webhook.metrics import WebhookOutcome
+from webhook.schemas import AdmissionReview
 from webhook.settings import Settings
 
 Json = Any  # a decoded JSON value
 Op = dict[str, Json]
+# What the patch writes for the pipe dir of each GPU container (by JSON pointer), or why it cannot; none
+# at all without MPS.
+Plans = Mapping[str, pipe.Writes | RequestError]
 
 MPS_VOLUME: Final = pipe.VOLUME
-NO_GPU: Final = "void"  # NVIDIA container toolkit: expose no GPU, even where the image defaults to "all"
 _REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
@@ -40,48 +44,45 @@ class Decision:
 
 
 def review(body: Mapping[str, Json], settings: Settings, pod_security: str | None = None) -> dict[str, Json]:
-    """An AdmissionReview request (dict) → the AdmissionReview response (dict)."""
-    return decide(body, settings, pod_security).response
+    """An AdmissionReview request (dict, validated here) → the AdmissionReview response (dict)."""
+    return decide(AdmissionReview.model_validate(body), settings, pod_security).response
 
 
-def decide(body: Mapping[str, Json], settings: Settings, pod_security: str | None = None) -> Decision:
+def decide(review: AdmissionReview, settings: Settings, pod_security: str | None = None) -> Decision:
     """`pod_security`: the Pod Security level the pod's namespace enforces, where the configuration says
     (see webhook.podsecurity); an MPS share is refused where that level forbids its pipe mount."""
-    req = body.get("request") or {}
-    uid = req.get("uid", "")
-    pod = req.get("object")
-    kind = req.get("kind") or {}
-    is_pod = kind.get("group", "") == "" and kind.get("kind") == "Pod"
-    if req.get("operation") != "CREATE" or not is_pod or not isinstance(pod, Mapping):
+    req = review.request
+    uid = req.uid
+    is_pod = req.kind.group == "" and req.kind.kind == "Pod"
+    if req.operation != "CREATE" or not is_pod or req.object is None:
         return Decision(WebhookOutcome.SKIPPED, _answer(uid, {"allowed": True}))
-    annotations = (pod.get("metadata") or {}).get("annotations") or {}
+    pod = podview.read(req.object)  # the object's shape was validated with the review (schemas.Pod)
     taken: list[Op] = []
     told: tuple[str, ...] = ()
-    if settings.hami_takeover and not request.wants_gpu(annotations) and hami.asks(pod):
+    if settings.hami_takeover and not pod.ask.wanted and hami.asks(pod):
         takeover = hami.take_over(pod)
         if isinstance(takeover, tuple):
             return _deny(uid, takeover)
         pod, taken, told = takeover.pod, takeover.ops, takeover.warnings
-        annotations = pod["metadata"]["annotations"]
-    containers = request.containers_of(pod.get("spec") or {})
-    if not request.wants_gpu(annotations):
+    if not pod.ask.wanted:
         # Our resources without our annotations: refused, never guessed (see README, "Requesting GPUs").
-        if errors := request.unannotated_errors(containers):
+        if errors := request.unannotated_errors(pod):
             return _deny(uid, errors)
         return Decision(WebhookOutcome.SKIPPED, _answer(uid, {"allowed": True}))
 
-    parsed = request.parse(annotations, containers)
+    parsed = request.parse(pod)
     if isinstance(parsed, tuple):
         return _deny(uid, parsed)
+    plans = pipe_plans(pod, parsed, settings)
     if pod_security and (
         refused := podsecurity.refusal(
-            parsed, annotations, pod_security, req.get("namespace", ""), pipe_writes(pod, parsed, settings)
+            parsed, pod.annotations, pod_security, req.namespace, next(iter(plans.values()), None)
         )
     ):
         return _deny(uid, (refused,))
-    if errors := clashes(pod, parsed, settings):
+    if errors := clashes(pod, parsed, plans):
         return _deny(uid, errors)
-    ops = taken + pod_patch(pod, parsed, settings)
+    ops = taken + pod_patch(pod, parsed, plans, settings)
     warnings = told + parsed.warnings
     response: dict[str, Json] = {"allowed": True}
     if ops:
@@ -107,68 +108,50 @@ def _answer(uid: str, response: dict[str, Json]) -> dict[str, Json]:
     }
 
 
-def pod_patch(pod: Mapping[str, Json], req: GpuRequest, settings: Settings) -> list[Op]:
+def pipe_plans(pod: PodView, req: GpuRequest, settings: Settings) -> Plans:
+    """The pipe plan of the GPU container (of each container of that name), made once per review."""
+    if req.isolation is not Isolation.MPS:
+        return {}
+    host_dir, runtime_class = settings.mps_pipe_host_dir, settings.runtime_class
+    out: dict[str, pipe.Writes | RequestError] = {}
+    for c in pod.containers:
+        if c.name == req.container:
+            planned = pipe.plan(pod, c, host_dir)
+            out[c.pointer] = (
+                planned
+                if isinstance(planned, RequestError)
+                else pipe.writes(planned, host_dir, runtime_class)
+            )
+    return out
+
+
+def pod_patch(pod: PodView, req: GpuRequest, plans: Plans, settings: Settings) -> list[Op]:
     """The JSONPatch ops that bring `pod` in line with `req`; empty when it already is.
 
     The pod must have passed `clashes` (no env of ours set otherwise, a pipe mount we can add or reuse).
     """
-    spec = pod["spec"]
-    ops = _label_ops(pod.get("metadata") or {})
-    wrote = pipe_writes(pod, req, settings)
-    if isinstance(wrote, RequestError):
-        raise ValueError(str(wrote))
-    for path, _, container in containers(spec):
-        if container.get("name") == req.container:
-            pipe_dir = wrote.pipe_dir if wrote else names.MPS_PIPE_DIRECTORY
-            ops += _missing_ops(path, container, "env", gpu_env(req, pipe_dir))
-            ops += _resource_ops(path, container, req)
-            if wrote and wrote.mount:
-                # Mounts are not keyed by name (one volume may be mounted twice), so append as planned.
-                mounts = container.get("volumeMounts")
-                ops.append(
-                    {"op": "add", "path": f"{path}/volumeMounts/-", "value": wrote.mount}
-                    if mounts
-                    else {"op": "add", "path": f"{path}/volumeMounts", "value": [wrote.mount]}
-                )
-        else:
-            ops += _missing_ops(path, container, "env", [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, NO_GPU)])
-    if wrote and wrote.volume:
-        ops += _missing_ops("/spec", spec, "volumes", [wrote.volume])
-    if wrote and wrote.runtime_class and spec.get("runtimeClassName") != wrote.runtime_class:
-        ops.append({"op": "add", "path": "/spec/runtimeClassName", "value": wrote.runtime_class})
-    ops += _affinity_ops(spec, node_requirements(req))
-    if settings.scheduler_name and spec.get("schedulerName") != settings.scheduler_name:
+    ops = _label_ops(pod.labels)
+    pod_ops: list[Op] = []
+    for c in pod.containers:
+        if c.name != req.container:
+            ops += _missing_env_ops(c, [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, names.NO_GPU)])
+            continue
+        wrote = plans.get(c.pointer)
+        if isinstance(wrote, RequestError):
+            raise ValueError(str(wrote))
+        ops += _missing_env_ops(c, gpu_env(req, wrote.pipe_dir if wrote else names.MPS_PIPE_DIRECTORY))
+        ops += _resource_ops(c, req)
+        if wrote is not None:
+            mount_ops, pod_ops = pipe.ops(wrote, pod, c)
+            ops += mount_ops
+    ops += pod_ops
+    ops += _affinity_ops(pod.affinity, node_requirements(req))
+    if settings.scheduler_name and pod.scheduler_name != settings.scheduler_name:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name})
     return ops
 
 
-def pipe_writes(
-    pod: Mapping[str, Json], req: GpuRequest, settings: Settings
-) -> pipe.Writes | RequestError | None:
-    """What the patch writes for the MPS pipe directory of the GPU container (webhook.pipe); None when the
-    share has no MPS or the pod has no such container; a RequestError when a pod's mount is in the way."""
-    if req.isolation is not Isolation.MPS:
-        return None
-    spec = pod.get("spec") or {}
-    for _, where, container in containers(spec):
-        if container.get("name") == req.container:
-            planned = pipe.plan(spec, container, where, settings.mps_pipe_host_dir)
-            if isinstance(planned, RequestError):
-                return planned
-            return pipe.writes(planned, settings.mps_pipe_host_dir, settings.runtime_class)
-    return None
-
-
-def containers(spec: Mapping[str, Json]) -> list[tuple[str, str, Mapping[str, Json]]]:
-    """(JSON pointer, field path for messages, container) of every regular, then every init container."""
-    out = []
-    for key in ("containers", "initContainers"):
-        for i, c in enumerate(spec.get(key) or ()):
-            out.append((f"/spec/{key}/{i}", f"spec.{key}[{c.get('name')}]", c))
-    return out
-
-
-def clashes(pod: Mapping[str, Json], req: GpuRequest, settings: Settings) -> tuple[RequestError, ...]:
+def clashes(pod: PodView, req: GpuRequest, plans: Plans) -> tuple[RequestError, ...]:
     """What in the pod the mutation would have to overwrite or duplicate: we refuse rather than do either.
 
     - An env var we set, written by the user with another value (the last entry of a name is the one
@@ -176,36 +159,33 @@ def clashes(pod: Mapping[str, Json], req: GpuRequest, settings: Settings) -> tup
     - A mount of some other volume where the GPU container's MPS pipe mount goes (see webhook.pipe).
     - A runtimeClassName of the pod's own where an MPS share needs gpupack's RuntimeClass.
     """
-    spec = pod["spec"]
     errors: list[RequestError] = []
-    wrote = pipe_writes(pod, req, settings)
-    if isinstance(wrote, RequestError):
-        errors.append(wrote)
-        wrote = None
-    elif wrote and (clash := pipe.runtime_class_clash(spec, wrote)):
-        errors.append(clash)
-    for _, where, container in containers(spec):
-        if container.get("name") != req.container:
-            errors += _env_clashes(where, container, [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, NO_GPU)], req)
+    for c in pod.containers:
+        if c.name != req.container:
+            errors += _env_clashes(c, [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, names.NO_GPU)], req)
             continue
-        pipe_dir = wrote.pipe_dir if wrote else names.MPS_PIPE_DIRECTORY
-        errors += _env_clashes(where, container, gpu_env(req, pipe_dir), req)
+        pipe_dir = names.MPS_PIPE_DIRECTORY
+        wrote = plans.get(c.pointer)
+        if isinstance(wrote, RequestError):
+            errors.append(wrote)
+        elif wrote is not None:
+            pipe_dir = wrote.pipe_dir
+            if clash := pipe.runtime_class_clash(pod, wrote):
+                errors.append(clash)
+        errors += _env_clashes(c, gpu_env(req, pipe_dir), req)
     return tuple(errors)
 
 
-def _env_clashes(
-    where: str, container: Mapping[str, Json], wanted: Sequence[dict[str, Json]], req: GpuRequest
-) -> list[RequestError]:
-    have = {e.get("name"): e for e in container.get("env") or () if isinstance(e, Mapping)}
-    gpu = container.get("name") == req.container
+def _env_clashes(c: ContainerView, wanted: Sequence[dict[str, Json]], req: GpuRequest) -> list[RequestError]:
+    gpu = c.name == req.container
     errors = []
     for item in wanted:
-        entry = have.get(item["name"])
+        entry = c.env.get(item["name"])
         if entry is None or _covers(entry, item):
             continue
         if not gpu:
             rule = (
-                f"must be {NO_GPU!r} or unset: only the GPU container ({req.container!r}) gets a GPU, "
+                f"must be {names.NO_GPU!r} or unset: only the GPU container ({req.container!r}) gets a GPU, "
                 "and gpupack sets it so this one sees none; remove it"
             )
         elif item["name"] == names.ENV_MPS_PIPE_DIRECTORY:
@@ -218,7 +198,7 @@ def _env_clashes(
                 "is set by gpupack on the GPU container from the pod's allocation (the gpupack.io/* "
                 "annotations written when it is scheduled); remove it"
             )
-        errors.append(RequestError(f"{where}.env[{item['name']}]", managed.describe_env(entry), rule))
+        errors.append(RequestError(f"{c.where}.env[{item['name']}]", managed.describe_env(entry), rule))
     return errors
 
 
@@ -277,8 +257,7 @@ def _covers(have: Json, want: Json) -> bool:
     return bool(have == want)
 
 
-def _label_ops(meta: Mapping[str, Json]) -> list[Op]:
-    labels = meta.get("labels")
+def _label_ops(labels: Mapping[str, str]) -> list[Op]:
     if not labels:
         return [{"op": "add", "path": "/metadata/labels", "value": {names.LABEL_MANAGED: "true"}}]
     if labels.get(names.LABEL_MANAGED) != "true":
@@ -286,23 +265,21 @@ def _label_ops(meta: Mapping[str, Json]) -> list[Op]:
     return []
 
 
-def _missing_ops(
-    path: str, parent: Mapping[str, Json], key: str, wanted: Sequence[dict[str, Json]]
-) -> list[Op]:
-    """Append each wanted item (keyed by "name") that parent[key] lacks; never touch the user's items.
+def _missing_env_ops(c: ContainerView, wanted: Sequence[dict[str, Json]]) -> list[Op]:
+    """Append each wanted env var that the container lacks; never touch the user's entries.
 
-    An item of that name with other content is a clash, refused before the patch is made (`clashes`).
+    An entry of that name with other content is a clash, refused before the patch is made (`clashes`).
     """
-    items = parent.get(key)
-    if not items:
-        return [{"op": "add", "path": f"{path}/{key}", "value": list(wanted)}]
-    have = {item.get("name") for item in items if isinstance(item, Mapping)}
+    if not c.env:
+        return [{"op": "add", "path": f"{c.pointer}/env", "value": list(wanted)}]
     return [
-        {"op": "add", "path": f"{path}/{key}/-", "value": item} for item in wanted if item["name"] not in have
+        {"op": "add", "path": f"{c.pointer}/env/-", "value": item}
+        for item in wanted
+        if item["name"] not in c.env
     ]
 
 
-def _same_quantity(have: Json, want: int) -> bool:
+def _same_quantity(have: str | None, want: int) -> bool:
     return units.quantity_value(str(have)) == want
 
 
@@ -312,7 +289,7 @@ def gpu_resources(req: GpuRequest) -> dict[str, int]:
     return {name: amount, **quota.charge(req).resources()}
 
 
-def _resource_ops(path: str, container: Mapping[str, Json], req: GpuRequest) -> list[Op]:
+def _resource_ops(c: ContainerView, req: GpuRequest) -> list[Op]:
     """Request and limit our extended resources (they must be equal), with the values the request implies.
 
     gpupack.io/* resources are the webhook's to set: any other one on the GPU container (the other kind a
@@ -320,13 +297,12 @@ def _resource_ops(path: str, container: Mapping[str, Json], req: GpuRequest) -> 
     """
     wanted = gpu_resources(req)
     quantities = {k: str(v) for k, v in wanted.items()}
-    resources = container.get("resources")
-    if not resources:
+    path = c.pointer
+    if not c.has_resources:
         value = {"requests": quantities, "limits": dict(quantities)}
         return [{"op": "add", "path": f"{path}/resources", "value": value}]
     ops: list[Op] = []
-    for part in ("requests", "limits"):
-        current = resources.get(part)
+    for part, current in (("requests", c.requests), ("limits", c.limits)):
         if not current:
             ops.append({"op": "add", "path": f"{path}/resources/{part}", "value": dict(quantities)})
             continue
@@ -341,10 +317,9 @@ def _resource_ops(path: str, container: Mapping[str, Json], req: GpuRequest) -> 
     return ops
 
 
-def _affinity_ops(spec: Mapping[str, Json], wanted: list[dict[str, Json]]) -> list[Op]:
+def _affinity_ops(affinity: Json, wanted: list[dict[str, Json]]) -> list[Op]:
     """AND our expressions into every required nodeSelectorTerm; never replace or drop a user's term."""
     term: Json = {"matchExpressions": wanted}
-    affinity = spec.get("affinity")
     if not affinity:
         return [
             {

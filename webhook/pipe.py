@@ -11,19 +11,23 @@ Where the container has no mount of its own, what the webhook writes (`writes`) 
   is created (docs/node-side.md). No hostPath in the pod, so the share passes Pod Security `baseline`;
 - without it (legacy): a hostPath volume of the whole pipe directory (under a name no volume of the pod
   has yet) and a mount at names.MPS_PIPE_DIRECTORY; the pod then needs a `privileged` namespace.
+
+`plan` reads the pod's view; `writes` says what the plan needs written, and `ops` is all of it as patch ops.
 """
 
 from __future__ import annotations
 
 import posixpath
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from app import names, objects
+from app import names
 from app.errors import RequestError
+from app.podview import ContainerView, PodView
 
 VOLUME: Final = "gpupack-mps-pipe"  # the name of the volume we add, or the stem of a free one
+
+Op = dict[str, Any]
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,9 +67,9 @@ def writes(planned: PipeMount, host_dir: str, runtime_class: str | None) -> Writ
     return Writes(planned.path, volume=volume if planned.add_volume else None, mount=mount)
 
 
-def runtime_class_clash(spec: Mapping[str, Any], wrote: Writes) -> RequestError | None:
+def runtime_class_clash(pod: PodView, wrote: Writes) -> RequestError | None:
     """A runtimeClassName of the pod's own where the share needs gpupack's: refused, never overwritten."""
-    have = spec.get("runtimeClassName")
+    have = pod.runtime_class_name
     if wrote.runtime_class is None or have in (None, "", wrote.runtime_class):
         return None
     return RequestError(
@@ -78,24 +82,18 @@ def runtime_class_clash(spec: Mapping[str, Any], wrote: Writes) -> RequestError 
     )
 
 
-def _norm(path: object) -> str:
-    return posixpath.normpath(path) if isinstance(path, str) and path else ""
+def _norm(path: str | None) -> str:
+    return posixpath.normpath(path) if path else ""
 
 
-def host_dir_volumes(spec: Mapping[str, Any], host_dir: str) -> tuple[str, ...]:
+def host_dir_volumes(pod: PodView, host_dir: str) -> tuple[str, ...]:
     """The names of the pod's hostPath volumes of `host_dir` (trailing slashes and `.` do not matter)."""
-    out = []
-    for item in objects.as_list(spec.get("volumes")):
-        volume = objects.as_object(item)
-        host_path = objects.as_object(volume.get("hostPath")).get("path")
-        if _norm(host_path) == _norm(host_dir) and isinstance(volume.get("name"), str):
-            out.append(volume["name"])
-    return tuple(out)
+    return tuple(v.name for v in pod.volumes if v.name is not None and _norm(v.host_path) == _norm(host_dir))
 
 
-def free_volume_name(spec: Mapping[str, Any]) -> str:
+def free_volume_name(pod: PodView) -> str:
     """VOLUME, or VOLUME-2, -3, ...: the first that no volume of the pod is called."""
-    taken = {objects.as_object(v).get("name") for v in objects.as_list(spec.get("volumes"))}
+    taken = {v.name for v in pod.volumes}
     name, n = VOLUME, 1
     while name in taken:
         n += 1
@@ -103,25 +101,45 @@ def free_volume_name(spec: Mapping[str, Any]) -> str:
     return name
 
 
-def plan(
-    spec: Mapping[str, Any], container: Mapping[str, Any], where: str, host_dir: str
-) -> PipeMount | RequestError:
-    """How `container` (at field path `where`) gets the pipe dir, or why it cannot without a clash."""
-    volumes = host_dir_volumes(spec, host_dir)
-    mounts = [objects.as_object(m) for m in objects.as_list(container.get("volumeMounts"))]
-    for mount in mounts:
-        whole_dir = not mount.get("subPath") and not mount.get("subPathExpr")
-        if mount.get("name") in volumes and whole_dir and isinstance(mount.get("mountPath"), str):
-            return PipeMount(str(mount["name"]), mount["mountPath"], add_volume=False, add_mount=False)
-    for mount in mounts:
-        if _norm(mount.get("mountPath")) == _norm(names.MPS_PIPE_DIRECTORY):
+def plan(pod: PodView, container: ContainerView, host_dir: str) -> PipeMount | RequestError:
+    """How `container` gets the pipe dir, or why it cannot without a clash."""
+    volumes = host_dir_volumes(pod, host_dir)
+    for mount in container.mounts:
+        if mount.volume in volumes and mount.whole_dir:
+            return PipeMount(mount.volume, mount.path, add_volume=False, add_mount=False)
+    for mount in container.mounts:
+        if _norm(mount.path) == _norm(names.MPS_PIPE_DIRECTORY):
             return RequestError(
-                f"{where}.volumeMounts[{mount.get('name')}]",
-                str(mount.get("mountPath")),
+                f"{container.where}.volumeMounts[{mount.volume}]",
+                mount.path,
                 f"is where gpupack mounts the node's MPS pipe directory (hostPath {host_dir}) for the GPU "
                 f"share; make that volume a hostPath of {host_dir} (any name and path work: gpupack then "
                 "uses your mount), mount it elsewhere, or annotate the pod gpupack.io/isolation: none",
             )
     if volumes:
         return PipeMount(volumes[0], names.MPS_PIPE_DIRECTORY, add_volume=False, add_mount=True)
-    return PipeMount(free_volume_name(spec), names.MPS_PIPE_DIRECTORY, add_volume=True, add_mount=True)
+    return PipeMount(free_volume_name(pod), names.MPS_PIPE_DIRECTORY, add_volume=True, add_mount=True)
+
+
+def ops(wrote: Writes, pod: PodView, container: ContainerView) -> tuple[list[Op], list[Op]]:
+    """What `wrote` puts in the patch: (the container's mount op, the pod's volume and runtimeClassName
+    ops), each empty when not needed."""
+    mount_ops: list[Op] = []
+    if wrote.mount is not None:
+        # Mounts are not keyed by name (one volume may be mounted twice), so append as planned.
+        path = f"{container.pointer}/volumeMounts"
+        mount_ops.append(
+            {"op": "add", "path": f"{path}/-", "value": wrote.mount}
+            if container.mounts
+            else {"op": "add", "path": path, "value": [wrote.mount]}
+        )
+    pod_ops: list[Op] = []
+    if wrote.volume is not None:
+        pod_ops.append(
+            {"op": "add", "path": "/spec/volumes/-", "value": wrote.volume}
+            if pod.volumes
+            else {"op": "add", "path": "/spec/volumes", "value": [wrote.volume]}
+        )
+    if wrote.runtime_class and pod.runtime_class_name != wrote.runtime_class:
+        pod_ops.append({"op": "add", "path": "/spec/runtimeClassName", "value": wrote.runtime_class})
+    return mount_ops, pod_ops

@@ -28,6 +28,16 @@ class NvmlCode(StrEnum):
     OTHER = "NVML_ERROR_OTHER"  # any code not listed above (the message keeps NVML's own text)
 
 
+class ComputeMode(StrEnum):
+    """A GPU's compute mode, spelled as nvml.h's nvmlComputeMode_t (EXCLUSIVE_THREAD is gone from NVML)."""
+
+    DEFAULT = "NVML_COMPUTEMODE_DEFAULT"  # any number of processes, each with its own context
+    PROHIBITED = "NVML_COMPUTEMODE_PROHIBITED"  # no compute context at all
+    # One process at a time; with an MPS server running, that process is the server and only MPS clients
+    # reach the GPU (a process without the pipe directory is refused instead of bypassing MPS).
+    EXCLUSIVE_PROCESS = "NVML_COMPUTEMODE_EXCLUSIVE_PROCESS"
+
+
 # Codes meaning "this GPU is broken", as opposed to "this query does not apply to it".
 FATAL_CODES = frozenset(
     {NvmlCode.GPU_IS_LOST, NvmlCode.RESET_REQUIRED, NvmlCode.CORRUPTED_INFOROM, NvmlCode.UNKNOWN}
@@ -119,4 +129,13 @@ class Nvml(Protocol):
 
     def processes(self, index: int, mig_index: int | None = None) -> tuple[ProcessInfo, ...]:
         """Compute processes on a GPU (or one of its MIG devices); NO_PERMISSION on a MIG-enabled parent."""
+        ...
+
+    def compute_mode(self, index: int) -> ComputeMode:
+        """nvmlDeviceGetComputeMode: needs no privilege."""
+        ...
+
+    def set_compute_mode(self, index: int, mode: ComputeMode) -> None:
+        """nvmlDeviceSetComputeMode: root only (NO_PERMISSION otherwise); NOT_SUPPORTED where the GPU has
+        no compute modes. Not persistent: a reboot or driver reload puts every GPU back to DEFAULT."""
         ...

@@ -12,7 +12,15 @@ from typing import Any, TypeVar
 
 import pynvml
 
-from agent.nvml.base import MemoryInfo, MigDeviceInfo, NvmlCode, NvmlError, ProcessInfo, Utilization
+from agent.nvml.base import (
+    ComputeMode,
+    MemoryInfo,
+    MigDeviceInfo,
+    NvmlCode,
+    NvmlError,
+    ProcessInfo,
+    Utilization,
+)
 
 T = TypeVar("T")
 MIB = 1 << 20
@@ -41,6 +49,9 @@ def _call(fn: Callable[..., T], *args: Any) -> T:
         return fn(*args)
     except (pynvml.NVMLError, pynvml.NVMLLibraryMismatchError) as exc:
         raise translate(exc) from None
+
+
+_MODES: dict[int, ComputeMode] = {int(getattr(pynvml, m.value)): m for m in ComputeMode}
 
 
 # Codes meaning "this GPU or driver has no MPS process query", which leaves the plain compute list.
@@ -161,6 +172,17 @@ class PynvmlBackend:
             if seen is None or (seen.used_mib is None and info.used_mib is not None):
                 out[info.pid] = info
         return tuple(out.values())
+
+    def compute_mode(self, index: int) -> ComputeMode:
+        raw = int(_call(pynvml.nvmlDeviceGetComputeMode, self._handle(index)))
+        if raw not in _MODES:
+            raise NvmlError(
+                NvmlCode.OTHER, f"compute mode {raw} (EXCLUSIVE_THREAD?) is not one NVML still has"
+            )
+        return _MODES[raw]
+
+    def set_compute_mode(self, index: int, mode: ComputeMode) -> None:
+        _call(pynvml.nvmlDeviceSetComputeMode, self._handle(index), int(getattr(pynvml, mode.value)))
 
     def _register_xid_events(self) -> None:
         # XIDs only arrive as events; a GPU that cannot register (NOT_SUPPORTED) simply reports none.

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from agent.nvml.base import NvmlCode
+from agent.nvml.base import ComputeMode, NvmlCode
 from app import catalog
 from app.errors import RequestError
 
@@ -35,6 +35,7 @@ class SimProcess:
     used_mib: int
     pod_uid: str  # "" for a process outside any pod (a "foreign" process)
     container: str
+    mps: bool = False  # an MPS client (reaches the GPU through the MPS server), not a context of its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +66,7 @@ class SimGpu:
     mig_enabled: bool
     mig_devices: tuple[SimMig, ...]
     processes: tuple[SimProcess, ...]
+    compute_mode: ComputeMode = ComputeMode.DEFAULT  # at driver load; nvmlDeviceSetComputeMode changes it
 
     @property
     def used_mib(self) -> int:
@@ -172,6 +174,7 @@ _GPU_FIELDS = {
     "not_supported",
     "mig",
     "processes",
+    "compute_mode",
 }
 
 
@@ -229,6 +232,13 @@ def _gpu(g: Any, path: str, node: str, index: int, errors: list[RequestError]) -
         g.get("mig"), f"{path}.mig", model=model.name, gpu_uuid=uuid, slots=mig_slots, errors=errors
     )
     processes = _processes(g.get("processes", []), f"{path}.processes", errors)
+    mode_raw = g.get("compute_mode", ComputeMode.DEFAULT.value)
+    try:
+        mode = ComputeMode(mode_raw)
+    except ValueError:
+        known = ", ".join(m.value for m in ComputeMode)
+        errors.append(RequestError(f"{path}.compute_mode", str(mode_raw), f"must be one of {known}"))
+        mode = ComputeMode.DEFAULT
     if mig_enabled and processes:
         errors.append(
             RequestError(
@@ -256,6 +266,7 @@ def _gpu(g: Any, path: str, node: str, index: int, errors: list[RequestError]) -
         mig_enabled=mig_enabled,
         mig_devices=migs,
         processes=processes,
+        compute_mode=mode,
     )
     if gpu.used_mib > gpu.memory_mib:
         errors.append(RequestError(path, f"{gpu.used_mib} MiB used", f"must not exceed memory_mib={memory}"))
@@ -342,14 +353,19 @@ def _processes(raw: Any, path: str, errors: list[RequestError]) -> tuple[SimProc
         return ()
     out: list[SimProcess] = []
     for _, ppath, p in _mappings(raw, path, "must be a mapping with pid and used_mib", errors):
-        for key in sorted(set(p) - {"pid", "used_mib", "pod_uid", "container"}):
+        for key in sorted(set(p) - {"pid", "used_mib", "pod_uid", "container", "mps"}):
             errors.append(RequestError(f"{ppath}.{key}", "", "is not a known field"))
+        mps = p.get("mps", False)
+        if not isinstance(mps, bool):
+            errors.append(RequestError(f"{ppath}.mps", repr(mps), "must be true or false"))
+            mps = False
         out.append(
             SimProcess(
                 pid=_int(p, "pid", ppath, 0, (1, 1 << 22), errors=errors),
                 used_mib=_int(p, "used_mib", ppath, 0, (0, 1 << 22), errors=errors),
                 pod_uid=str(p.get("pod_uid", "")),
                 container=str(p.get("container", "")),
+                mps=mps,
             )
         )
     return tuple(out)

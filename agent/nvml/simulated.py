@@ -7,7 +7,15 @@ from pathlib import Path
 
 from agent.cgroup import PodRef
 from agent.nvml import simfile
-from agent.nvml.base import MemoryInfo, MigDeviceInfo, NvmlCode, NvmlError, ProcessInfo, Utilization
+from agent.nvml.base import (
+    ComputeMode,
+    MemoryInfo,
+    MigDeviceInfo,
+    NvmlCode,
+    NvmlError,
+    ProcessInfo,
+    Utilization,
+)
 from agent.nvml.simfile import SimFileError, SimGpu, SimProcess, SimSet
 from app import log
 
@@ -19,11 +27,23 @@ class SimulatedNvml:
 
     The file is re-read (if its mtime or size changed) on every `device_count()` call, which is how
     each agent sample starts; an invalid edit is logged and the previous set is kept.
+
+    Compute modes are the simulated driver's state: set with `set_compute_mode` (root only, as NVML), kept
+    in `state_dir` (one file per GPU) where given, so that every process using the same directory sees
+    the same driver, else in this object. An empty state directory is a freshly loaded driver: every GPU
+    at its file's `compute_mode` (DEFAULT unless the file says otherwise). A process the file lists
+    without `mps: true` on a GPU in EXCLUSIVE_PROCESS is refused its context, as NVML's driver refuses it,
+    when an MPS client or another process holds the GPU: it is not among the GPU's processes.
     """
 
-    def __init__(self, path: Path, node: str = "") -> None:
+    def __init__(
+        self, path: Path, node: str = "", state_dir: Path | None = None, privileged: bool | None = None
+    ) -> None:
         self.path = path
         self.node = node
+        self.state_dir = state_dir
+        self.privileged = os.geteuid() == 0 if privileged is None else privileged
+        self._modes: dict[str, ComputeMode] = {}
         self._set: SimSet | None = None
         self._stamp: tuple[int, int] | None = None
         self._initialized = False
@@ -176,7 +196,49 @@ class SimulatedNvml:
         # Per-instance data needs MIG device handles; the parent refuses unprivileged callers.
         if g.mig_enabled:
             raise NvmlError(NvmlCode.NO_PERMISSION, "process query on a MIG-enabled GPU")
-        return tuple(ProcessInfo(p.pid, p.used_mib) for p in g.processes)
+        return tuple(ProcessInfo(p.pid, p.used_mib) for p in self._admitted(g))
+
+    def _admitted(self, g: SimGpu) -> tuple[SimProcess, ...]:
+        """The file's processes that got a context: in EXCLUSIVE_PROCESS, MPS clients (behind one server)
+        or else the first plain process; any other plain process was refused."""
+        if self._mode(g) is not ComputeMode.EXCLUSIVE_PROCESS:
+            return g.processes
+        clients = tuple(p for p in g.processes if p.mps)
+        if clients:
+            return clients
+        return g.processes[:1]
+
+    # --- compute mode (the simulated driver's state) ---
+
+    def _mode_file(self, g: SimGpu) -> Path | None:
+        return None if self.state_dir is None else self.state_dir / f"{g.uuid}.compute-mode"
+
+    def _mode(self, g: SimGpu) -> ComputeMode:
+        path = self._mode_file(g)
+        if path is None:
+            return self._modes.get(g.uuid, g.compute_mode)
+        try:
+            return ComputeMode(path.read_text().strip())
+        except (OSError, ValueError):
+            return g.compute_mode
+
+    def compute_mode(self, index: int) -> ComputeMode:
+        return self._mode(self._gpu(index))
+
+    def set_compute_mode(self, index: int, mode: ComputeMode) -> None:
+        g = self._gpu(index)
+        if not isinstance(mode, ComputeMode):
+            raise NvmlError(NvmlCode.INVALID_ARGUMENT, f"{mode!r} is not a compute mode")
+        if not self.privileged:
+            raise NvmlError(NvmlCode.NO_PERMISSION, "setting the compute mode needs root")
+        path = self._mode_file(g)
+        if path is None:
+            self._modes[g.uuid] = mode
+            return
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(mode.value + "\n")
+        tmp.replace(path)
 
     def pod_of(self, pid: int) -> PodRef | None:
         """The pod of a simulated process, as its /proc/<pid>/cgroup would name it."""

@@ -317,7 +317,6 @@ def agent_spec(
         # every agent (and by a real one on this host), so point them into the cluster dir anyway.
         "--no-mps",
         "--mps-pipe-dir", str(state_dir / "mps" / node),
-        "--mps-log-dir", str(state_dir / "mps-log" / node),
     )  # fmt: skip
     return ComponentSpec(
         name=f"{AGENT_PREFIX}{node}",

@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app import hostres, log, objects
+from app import hostres, log, podview
 from app.hostres import HostResources
 from app.kube import gpunode
 from app.kube.assume import AssumeCache
 from app.kube.calls import JsonDict
 from app.model import Allocation, ClusterState, Node
-from app.pods import TERMINAL_PHASES, PodInfo, is_gpupack_pod, pod_info
+from app.pods import TERMINAL_PHASES, PodInfo, info_of, is_gpupack
 
 LOG = log.get("gpupack.cache")
 
@@ -38,33 +38,16 @@ def node_order_key(name: str) -> tuple[Any, ...]:
     return tuple(int(p) if p.isdigit() else p for p in re.split(r"(\d+)", name))
 
 
-def _read(pod: Mapping[str, Any]) -> PodInfo:
-    info = pod_info(pod)
-    if info.allocation_error:
+def _read_pod(obj: JsonDict) -> tuple[str, PodInfo | None, tuple[str, HostResources] | None]:
+    """(uid, how gpupack reads it if it is a gpupack pod, (node, requests) if it holds host resources)."""
+    view = podview.read(obj)
+    info = info_of(view) if is_gpupack(view) else None
+    if info is not None and info.allocation_error:
         LOG.warning(
             "corrupt allocation annotations ignored", extra={"pod": info.key, "error": info.allocation_error}
         )
-    return info
-
-
-def _bound_host(pod: Mapping[str, Any], host: HostResources | None) -> tuple[str, HostResources] | None:
-    """(node, requests) for a pod that holds host resources on a node now, else None.
-
-    `host` is the pod's request when the caller computed it already.
-    """
-    spec = objects.as_object(pod.get("spec"))
-    node = spec.get("nodeName")
-    phase = objects.as_object(pod.get("status")).get("phase")
-    if not node or not isinstance(node, str) or phase in TERMINAL_PHASES:
-        return None
-    return node, host if host is not None else hostres.pod_requests(spec)
-
-
-def _read_pod(obj: JsonDict) -> tuple[str, PodInfo | None, tuple[str, HostResources] | None]:
-    """(uid, how gpupack reads it if it is a gpupack pod, (node, requests) if it holds host resources)."""
-    info = _read(obj) if is_gpupack_pod(obj) else None
-    uid = str((obj.get("metadata") or {}).get("uid", ""))
-    return uid, info, _bound_host(obj, info.host if info is not None else None)
+    holds = bool(view.node_name) and view.phase not in TERMINAL_PHASES
+    return view.uid, info, (view.node_name, view.host) if holds else None
 
 
 def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int) -> Node:

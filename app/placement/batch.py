@@ -224,9 +224,12 @@ class _Pass:
             else:
                 delta = delta + 0.0
             if options.settle_weight:
-                settled = np.asarray(workload.settled_waste(), dtype=np.float64)
+                settled = np.asarray(workload.settled_for(self.model), dtype=np.float64)
                 rest = np.clip(free - self.milli, 0, MILLI_PER_GPU)  # GPUs that do not fit are masked
                 delta = delta + options.settle_weight * (settled[free] - settled[rest])
+            scarce = self.policy.scarce(self.model, demand)
+            if scarce:
+                delta = delta - scarce * self.milli
             scores = self._sigmoid(delta)
             best: Floats = np.where(fit, scores, -1.0).max(axis=1)
             return best
@@ -242,6 +245,9 @@ class _Pass:
             delta = delta + strand * (stranded_before - stranded_after)
         else:
             delta = delta + 0.0
+        scarce = self.policy.scarce(self.model, demand)
+        if scarce:
+            delta = delta - scarce * (self.milli * demand.count)
         return self._sigmoid(delta)
 
     def _below(self, lefts: Ints) -> tuple[Floats, Floats, Bools]:
@@ -274,11 +280,11 @@ class _Pass:
 
     def _stranded(self, lefts: Ints, healthy: Bools, cpu: Ints, known: Bools) -> Floats:
         """`TargetWorkload.cpu_stranded` per row: free shares summed in ascending order, as the scalar sum."""
-        ratio = self.workload.cpu_per_milli
+        ratio = self.workload.cpu_per_milli_for(self.model)
         if ratio is None:
             return np.zeros(len(lefts), dtype=np.float64)
         # x - V[x] per free share x, and 0.0 at index -1 for GPUs left out (adding 0.0 changes no sum).
-        settled = np.asarray(self.workload.settled_waste(), dtype=np.float64)
+        settled = np.asarray(self.workload.settled_for(self.model), dtype=np.float64)
         usable_of = np.append(np.arange(len(settled)) - settled, 0.0)
         keyed = np.sort(np.where(healthy, np.clip(lefts, 0, MILLI_PER_GPU), -1), axis=1)
         terms = usable_of[keyed].T.copy()  # one contiguous row per position in the ascending order

@@ -29,6 +29,10 @@ class FragOptions:
     # its CPU is below a typical pod's request; the term charges each pod for the GPU milli the node
     # will not be able to sell at saturation because the pod's CPU was taken from it.
     strand_weight: float = 0.0
+    # Weight of the scarcity term for GPU pods: on a mixed fleet, each milli a pod takes on a model that
+    # pods with fewer places to go will fill (TargetWorkload.scarcity) is charged as a milli the workload
+    # loses, so pods that may run anywhere leave the scarce models to the pods pinned to them.
+    scarcity_weight: float = 0.0
 
 
 class FragAware(FitFilter):
@@ -45,7 +49,11 @@ class FragAware(FitFilter):
         self.name = name
         self.options = options or FragOptions()
         if self.options.settle_weight:
-            workload.settled_waste()  # built once (~0.1 s) here, not inside the first scheduling call
+            # Built once (~0.1 s each) here, not inside the first scheduling call: the whole workload's
+            # table, and one per distinct part that lands on a model of the fleet (where it is known).
+            workload.settled_waste()
+            for model, _ in workload.fleet:
+                workload.settled_for(model)
         # score() evaluates a node; choose_gpus() on the node that won asks the same question again.
         # Each thread (the extender shares a policy between threads) keeps its recent evaluations.
         self._recent = threading.local()
@@ -78,16 +86,17 @@ class FragAware(FitFilter):
         before = frag(cpu, lefts, model)
         strand = self.options.strand_weight
         stranded = self.workload.cpu_stranded
-        stranded_before = stranded(cpu, lefts) if strand else 0.0
+        stranded_before = stranded(cpu, lefts, model) if strand else 0.0
 
         def stranding(after: tuple[int, ...]) -> float:
             """Weighted growth of CPU-stranded milli (positive = fewer stranded, like delta)."""
             if not strand:
                 return 0.0
-            return strand * (stranded_before - stranded(cpu_after, after))
+            return strand * (stranded_before - stranded(cpu_after, after, model))
 
         if demand.count == 0:
             return score_of(before - frag(cpu_after, lefts, model) + stranding(lefts)), ()
+        scarce = self.scarce(model, demand)
         margin = self.margin_mib
         # In node order: best_fit and the share choice below settle ties by tie_order themselves.
         fits = [g for g in node.gpus if gpu_fits(g, demand, margin)]
@@ -96,7 +105,7 @@ class FragAware(FitFilter):
                 # A memory share takes more milli on a smaller GPU: the first in tie order decides.
                 fits.sort(key=tie_order)
             weight = self.options.settle_weight
-            settled = self.workload.settled_waste() if weight else ()
+            settled = self.workload.settled_for(model) if weight else ()
             scores: dict[int, float] = {}  # free share -> score; GPUs with the same free share score alike
             for g in fits:
                 free = g.milli_free
@@ -107,6 +116,8 @@ class FragAware(FitFilter):
                 delta = before - frag(cpu_after, after, model) + stranding(after)
                 if weight:
                     delta += weight * (settled[free] - settled[free - milli])
+                if scarce:
+                    delta -= scarce * milli
                 scores[free] = score_of(delta)
             if not scores:
                 return -1.0, ()
@@ -116,10 +127,21 @@ class FragAware(FitFilter):
             return top, ((best[0] if len(best) == 1 else min(best, key=tie_order)).index,)
         chosen = best_fit(fits, demand.count)
         after = lefts
+        taken = 0
         for i in chosen:
             g = node.gpu(i)
-            after = _take(after, g.milli_free, demand.on(g.memory_mib)[0])
-        return score_of(before - frag(cpu_after, after, model) + stranding(after)), chosen
+            milli = demand.on(g.memory_mib)[0]
+            after = _take(after, g.milli_free, milli)
+            taken += milli
+        delta = before - frag(cpu_after, after, model) + stranding(after)
+        if scarce:
+            delta -= scarce * taken
+        return score_of(delta), chosen
+
+    def scarce(self, model: str, demand: Demand) -> float:
+        """The scarcity term's charge per milli `demand` takes on a GPU of `model` (0.0 when off)."""
+        weight = self.options.scarcity_weight
+        return weight * self.workload.scarcity(model, demand.models) if weight else 0.0
 
 
 def score_of(delta: float) -> float:
@@ -145,7 +167,7 @@ def _take(lefts: tuple[int, ...], free: int, milli: int) -> tuple[int, ...]:
 # choice by exact delta, best-fit or worst-fit tie-breaks, a one-step recursive hole lookahead,
 # full-coverage or GPU-weighted target workloads, steering CPU-only pods to busy nodes, applying the
 # settle term to GPU choice only, interpolating V for hole sizes the settle pool never visits.
-GPUPACK_OPTIONS = FragOptions(settle_weight=0.5, strand_weight=0.5)
+GPUPACK_OPTIONS = FragOptions(settle_weight=0.5, strand_weight=0.5, scarcity_weight=1.0)
 
 
 @registry.register("fgd")

@@ -14,12 +14,13 @@ from importlib import resources
 from itertools import accumulate
 from typing import Any
 
-from app.model import MILLI_PER_GPU, Demand
+from app.model import MILLI_PER_GPU, Demand, Node
 
 DEFAULT_FILE = "typical_pods.json"
 # Frag memo entries kept per workload; a live cluster sees few distinct node states, so this rarely clears.
 _MEMO_LIMIT = 500_000
 SETTLE_POOL_GPUS = 8000  # large enough that V barely moves between pool seeds; ~0.1 s to build
+_NOTHING_SETTLES = tuple(float(x) for x in range(MILLI_PER_GPU + 1))  # no pod comes: every hole stays
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,10 +42,15 @@ class TargetWorkload:
     """A probability distribution over pod shapes (weights sum to 1)."""
 
     shapes: tuple[PodShape, ...]
+    # GPUs per model of the cluster the workload runs on, sorted by model; () when not known (then no
+    # shape counts as scarce: see `scarcity`).
+    fleet: tuple[tuple[str, int], ...] = ()
+    _scarcity: dict[tuple[str, frozenset[str]], float] = field(default_factory=dict, repr=False)
     _memo: dict[tuple[int, tuple[int, ...], str], float] = field(default_factory=dict, repr=False)
     _settled: dict[int, tuple[float, ...]] = field(default_factory=dict, repr=False)
     _plans: dict[str, tuple[tuple[float, int, int, int], ...]] = field(default_factory=dict, repr=False)
     _usable: dict[tuple[int, ...], float] = field(default_factory=dict, repr=False)
+    _landing: dict[str, TargetWorkload | None] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
         errors = [f"shapes[{i}]: {e}" for i, s in enumerate(self.shapes) for e in _shape_errors(s)]
@@ -52,6 +58,7 @@ class TargetWorkload:
             errors.append("shapes: must not be empty")
         elif abs(sum(s.weight for s in self.shapes) - 1.0) > 1e-6:
             errors.append("shapes: weights must sum to 1")
+        errors += [f"fleet[{m!r}]={n!r}: must be a positive number of GPUs" for m, n in self.fleet if n <= 0]
         if errors:
             raise ValueError("; ".join(errors))
 
@@ -112,6 +119,68 @@ class TargetWorkload:
             return cls(tuple(PodShape(k[0], k[1], k[2], k[3], w / total) for k, w in counts))
         except (ValueError, ZeroDivisionError) as e:
             raise ValueError(f"{source}: {e}") from None
+
+    def on_fleet(self, nodes: Iterable[Node]) -> TargetWorkload:
+        """This workload on the cluster of `nodes`: the same shapes, with the GPUs per model it has."""
+        gpus = Counter(g.model for node in nodes for g in node.gpus if not g.mig_profile)
+        return TargetWorkload(self.shapes, tuple(sorted(gpus.items())))
+
+    def scarcity(self, model: str, allowed: frozenset[str]) -> float:
+        """The share of `model`'s GPUs that pods with fewer places to go than `allowed` will fill.
+
+        A pod that may run on the models `allowed` (empty: any) takes GPU room on `model` that a pod
+        pinned to a narrower set holding `model` may need: on a fleet with few T4s and many pods that
+        run only on a T4, every milli an unpinned pod takes on a T4 is a milli some T4 pod will miss.
+        Pods arrive until the fleet's capacity has arrived; a narrower shape's GPU demand spreads over its
+        models by their GPUs. The answer is that demand on `model` over its GPUs, at most 1; 0.0 without
+        a fleet or where no narrower shape holds `model`.
+        """
+        key = (model, allowed)
+        hit = self._scarcity.get(key)
+        if hit is not None:
+            return hit
+        gpus = dict(self.fleet)
+        wider = frozenset(gpus) if not allowed else allowed & gpus.keys()
+        mean = sum(s.weight * s.milli * s.count for s in self.shapes)  # GPU milli per arriving pod
+        pressure = 0.0
+        if model in wider and mean:
+            for s in self.shapes:
+                narrow = s.models & gpus.keys()
+                if s.count and s.models and model in narrow and narrow < wider:
+                    pressure += s.weight * s.milli * s.count / sum(gpus[m] for m in narrow)
+            pressure *= sum(gpus.values()) / mean
+        out = self._scarcity[key] = min(1.0, pressure)
+        return out
+
+    def landing(self, model: str) -> TargetWorkload | None:
+        """The part of this workload that can land on GPUs of `model`, renormalised: the CPU-only shapes
+        and the GPU shapes whose models allow it. Itself when every shape may (no shape names models);
+        None when nothing can.
+
+        On a mixed fleet a hole on a T4 is filled only by pods that may run on a T4: whether the workload
+        will fill it, and how much host CPU comes with each milli sold there, are questions about this
+        part, not about pods pinned to other models. Workloads with the same part share one object (and
+        its settled-waste table).
+        """
+        if model in self._landing:
+            return self._landing[model]
+        kept = tuple(s for s in self.shapes if not s.count or not s.models or model in s.models)
+        if len(kept) == len(self.shapes):
+            out: TargetWorkload | None = self
+        elif not kept:
+            out = None
+        else:
+            total = sum(s.weight for s in kept)
+            shapes = tuple(PodShape(s.cpu_milli, s.milli, s.count, s.models, s.weight / total) for s in kept)
+            same = next((w for w in self._landing.values() if w is not None and w.shapes == shapes), None)
+            out = same if same is not None else TargetWorkload(shapes)
+        self._landing[model] = out
+        return out
+
+    def settled_for(self, model: str) -> tuple[float, ...]:
+        """`settled_waste` of the part of the workload that can land on `model` (V[x] = x when none can)."""
+        part = self.landing(model)
+        return part.settled_waste() if part is not None else _NOTHING_SETTLES
 
     def settled_waste(self, pool_gpus: int = SETTLE_POOL_GPUS) -> tuple[float, ...]:
         """V[x]: expected milli still free at saturation on a GPU that once had x free (x = 0..1000).
@@ -179,24 +248,32 @@ class TargetWorkload:
         cpu = sum(s.weight * s.cpu_milli for s in gpu_shapes)
         return cpu / milli if milli and cpu else None
 
-    def cpu_stranded(self, cpu_left: int | None, lefts: tuple[int, ...]) -> float:
-        """Expected GPU milli on a node that the workload would fill but cannot, for lack of host CPU.
+    def cpu_per_milli_for(self, model: str) -> float | None:
+        """`cpu_per_milli` of the part of the workload that can land on `model`."""
+        part = self.landing(model)
+        return part.cpu_per_milli if part is not None else None
 
-        Before they settle, the node's free GPUs take sum(x - V[x]) more milli (V = settled_waste),
-        and the workload's pods bring `cpu_per_milli` CPU with every GPU milli. The part the free CPU
-        cannot cover is stranded: a 96-core 8-GPU node filled with 12-core 470-milli pods runs out of
-        CPU with GPUs still empty. FGD sees this only once CPU is below a typical pod's request.
+    def cpu_stranded(self, cpu_left: int | None, lefts: tuple[int, ...], model: str) -> float:
+        """Expected GPU milli on a node of `model` that the workload would fill but cannot, for lack of
+        host CPU.
+
+        Before they settle, the node's free GPUs take sum(x - V[x]) more milli (V = settled_for(model)),
+        and the pods that can land there bring `cpu_per_milli_for(model)` CPU with every GPU milli. The
+        part the free CPU cannot cover is stranded: a 96-core 8-GPU node filled with 12-core 470-milli
+        pods runs out of CPU with GPUs still empty. FGD sees this only once CPU is below a typical pod's
+        request.
         """
-        ratio = self.cpu_per_milli
-        if cpu_left is None or ratio is None:
+        part = self.landing(model)
+        ratio = None if part is None else part.cpu_per_milli
+        if cpu_left is None or part is None or ratio is None:
             return 0.0
-        usable = self._usable.get(lefts)
+        usable = part._usable.get(lefts)
         if usable is None:
-            settled = self.settled_waste()
+            settled = part.settled_waste()
             usable = sum(x - settled[x] for x in lefts)
-            if len(self._usable) >= _MEMO_LIMIT:
-                self._usable.clear()
-            self._usable[lefts] = usable
+            if len(part._usable) >= _MEMO_LIMIT:
+                part._usable.clear()
+            part._usable[lefts] = usable
         return max(0.0, usable - cpu_left / ratio)
 
     def node_frag(self, cpu_left: int | None, lefts: tuple[int, ...], model: str) -> float:

@@ -217,7 +217,7 @@ def run(args: argparse.Namespace) -> int:
     except TraceError as e:
         print(f"gpupack simulate: {e}", file=sys.stderr)
         return 2
-    workload = TargetWorkload.from_demands(p.demand for p in pods)
+    workload = TargetWorkload.from_demands(p.demand for p in pods).on_fleet(nodes)
     runs = [Run(name, seed, inflate) for name in policies for seed in seeds]
     progress = ProgressLine(sys.stderr, len(runs))
     if jobs > 1 and len(runs) > 1:

@@ -11,16 +11,21 @@
 # overlayfs, no user namespaces, no daemon). mmdebstrap and buildah come from Debian packages and are
 # installed on first use (root: apt-get; otherwise it says what to install).
 #
-# Usage: deploy/image/build.sh [--archive PATH]
+# Usage: deploy/image/build.sh [--archive PATH] [--standins]
 #   --archive PATH  also write the image as a docker-archive tarball (what `ctr images import` reads).
+#   --standins      TESTS ONLY: add a layer with the stand-ins for NVIDIA binaries that machines without a
+#                   GPU lack (tests/standin/mps_control.py as /opt/gpupack-standin/nvidia-cuda-mps-control).
+#                   The real-node test tier uses it; never ship such an image.
 # Prints the image reference (localhost/gpupack:<version>) as the last line of stdout; progress on stderr.
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/../.." && pwd)
 archive=""
+standins=0
 while [ $# -gt 0 ]; do
   case $1 in
     --archive) archive=${2:?--archive needs a path}; shift 2 ;;
-    *) echo "unknown argument: $1 (usage: $0 [--archive PATH])" >&2; exit 2 ;;
+    --standins) standins=1; shift ;;
+    *) echo "unknown argument: $1 (usage: $0 [--archive PATH] [--standins])" >&2; exit 2 ;;
   esac
 done
 
@@ -120,6 +125,15 @@ t0=$(date +%s)
 ctr=$("${B[@]}" from --pull=never "$image")
 trap '"${B[@]}" rm "$ctr" >/dev/null 2>&1 || true' EXIT
 "${B[@]}" run --isolation chroot "$ctr" -- gpupack --help >/dev/null
+if [ "$standins" = 1 ]; then
+  # Test builds only: the stand-in MPS control daemon, on top of the product image, under the same tag.
+  "${B[@]}" copy --chown 0:0 --chmod 0755 "$ctr" "$repo/tests/standin/mps_control.py" \
+    /opt/gpupack-standin/nvidia-cuda-mps-control >/dev/null
+  "${B[@]}" config --label io.gpupack.standins=mps-control "$ctr"
+  "${B[@]}" commit --quiet "$ctr" "$image" >&2
+  "${B[@]}" rmi --prune >/dev/null 2>&1 || true
+  echo "    stand-ins added: /opt/gpupack-standin/nvidia-cuda-mps-control (tests only)" >&2
+fi
 user=$("${B[@]}" inspect --type image --format '{{.OCIv1.Config.User}}' "$image")
 size=$("${B[@]}" images --format '{{.Size}}' "$image" | head -1)
 echo "    image built in $(since "$t0"): user $user, $size" >&2

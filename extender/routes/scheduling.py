@@ -22,12 +22,12 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from app import managed, request
 from app.model import Demand
 from app.request import PodDemand
 from extender import schemas, verbs
 from extender.deps import BinderDep, ReadyDep
 from extender.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
+from extender.readings import Reading, Readings
 from extender.runtime import Runtime
 
 router = APIRouter(tags=["scheduling"])
@@ -55,20 +55,26 @@ def _cold(rt: Runtime, demand: PodDemand) -> bool:
     return isinstance(demand, Demand) and not rt.rankings.quick(demand)
 
 
+def _reading(req: Request, args: schemas.ExtenderArgs) -> Reading:
+    """The pod of the call, read once per pod version (see extender.readings)."""
+    readings: Readings = req.app.state.pod_readings
+    return readings.of(args.pod())
+
+
 def filter_answer(
-    rt: Runtime, args: schemas.ExtenderArgs, demand: PodDemand
+    rt: Runtime, args: schemas.ExtenderArgs, pod: Reading
 ) -> tuple[schemas.ExtenderFilterResult, bool]:
     """The filter result, and whether the connection should close (a replica that is not Ready)."""
     ready, why = rt.ready()
     if not ready:
         return schemas.ExtenderFilterResult(Error=f"gpupack extender not ready: {why}"), True
     names = args.node_names()
-    pod = args.pod()
-    if (unmanaged := managed.unmanaged_reason(pod)) is not None:
+    if pod.unmanaged is not None:
         # No node can fix this: the pod must be re-created through the webhook.
-        unresolvable = dict.fromkeys(names, unmanaged)
+        unresolvable = dict.fromkeys(names, pod.unmanaged)
         return schemas.ExtenderFilterResult(NodeNames=[], FailedAndUnresolvableNodes=unresolvable), False
     uid = _uid(args)
+    demand = pod.demand
     if isinstance(demand, Demand):
         with rt.rankings.standings(demand, exclude_uid=uid) as standings:
             out = verbs.filter_nodes(names, standings, rt.decide_in_filter)
@@ -111,11 +117,11 @@ async def filter_(args: schemas.ExtenderArgs, req: Request) -> Response:
     t0 = time.perf_counter()
     try:
         rt: Runtime = req.app.state.runtime
-        demand = request.pod_demand(args.pod())
-        if _cold(rt, demand):
-            result, close = await run_in_threadpool(filter_answer, rt, args, demand)
+        pod = _reading(req, args)
+        if _cold(rt, pod.demand):
+            result, close = await run_in_threadpool(filter_answer, rt, args, pod)
         else:
-            result, close = filter_answer(rt, args, demand)
+            result, close = filter_answer(rt, args, pod)
         return _json(result, CLOSE if close else None)
     finally:
         EXTENDER_REQUEST_SECONDS.labels(ExtenderVerb.FILTER.value).observe(time.perf_counter() - t0)
@@ -126,7 +132,8 @@ async def prioritize(args: schemas.ExtenderArgs, req: Request) -> Response:
     t0 = time.perf_counter()
     try:
         rt: Runtime = req.app.state.runtime
-        demand = request.pod_demand(args.pod())
+        readings: Readings = req.app.state.pod_readings
+        demand = readings.demand(args.pod())
         if _cold(rt, demand):
             return _priorities(await run_in_threadpool(prioritize_answer, rt, args, demand))
         return _priorities(prioritize_answer(rt, args, demand))

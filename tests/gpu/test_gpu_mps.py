@@ -1,7 +1,9 @@
 """MPS on a real GPU, through agent/mps.py: the limits a pod's env asks for, and whether they hold.
 
-Each test starts its own control daemon the way the agent does (MpsSupervisor.tick) under a private pipe
-dir, because daemon defaults only reach MPS servers spawned after they are set, and stops it after.
+Each test starts its own control daemon the way the MPS daemon pod does (`nvidia-cuda-mps-control -d`, with
+the pod's env) under a private pipe dir, has the agent's supervisor adopt it and set its defaults
+(MpsSupervisor.tick), because daemon defaults only reach MPS servers spawned after they are set, and stops it
+after with `quit`, as deleting that pod does.
 Clients are workload.py processes with the env the webhook gives a pod (resolved from the allocation
 annotations as the kubelet would), CUDA_MPS_PIPE_DIRECTORY pointing at the host side of the pipe mount.
 """
@@ -52,7 +54,7 @@ def mps_processes(pipe_dir: Path) -> list[tuple[int, str]]:
 
 
 class Daemon:
-    """One MPS control daemon run by the agent's supervisor, for one GPU."""
+    """One MPS control daemon, started as its pod starts it and adopted by the agent's supervisor."""
 
     def __init__(self, nvml: Nvml, binary: str, pinned_default_mib: int | None = None) -> None:
         self.index = 0
@@ -62,13 +64,23 @@ class Daemon:
         self.config = MpsConfig(
             binary=binary,
             pipe_dir=self.pipe_dir,
-            log_dir=self.pipe_dir / "log",
             default_pinned_mem_limit_mib=pinned_default_mib,
             command_timeout_s=20,
         )
         self.sup = MpsSupervisor(self.config)
 
     def start(self) -> None:
+        (self.pipe_dir / "log").mkdir(exist_ok=True)
+        env = os.environ | {
+            names.ENV_MPS_PIPE_DIRECTORY: str(self.pipe_dir),
+            "CUDA_MPS_LOG_DIRECTORY": str(self.pipe_dir / "log"),
+            names.ENV_CUDA_VISIBLE_DEVICES: self.uuid,
+        }
+        started = subprocess.run(
+            [self.config.binary, "-d"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL, timeout=20, check=False,
+        )  # fmt: skip
+        assert started.returncode == 0, f"{self.config.binary} -d: exit {started.returncode}\n{self.logs()}"
         status = self.sup.tick([Device(self.uuid, self.memory_mib)], now=time.monotonic())
         if self.sup.state is not MpsState.RUNNING:
             logs = self.logs()
@@ -76,11 +88,9 @@ class Daemon:
             pytest.fail(f"MPS did not start: {status.state}: {status.message}\n{logs}")
 
     def stop(self) -> float:
-        """Stop through the supervisor; seconds until no daemon or server of ours is left."""
+        """`quit`, as the daemon pod's deletion does; seconds until no daemon or server of ours is left."""
         t0 = time.monotonic()
-        self.sup.stop()
-        if mps_processes(self.pipe_dir) and not wait_for(lambda: not mps_processes(self.pipe_dir), 10):
-            self.control("quit")  # the supervisor did not think it was running; make sure it ends
+        self.control("quit")
         gone = wait_for(lambda: not mps_processes(self.pipe_dir), timeout_s=30)
         elapsed = time.monotonic() - t0
         self._keep_logs()
@@ -282,7 +292,7 @@ def test_daemon_serves_clients_that_nvml_attributes_and_stops_cleanly(
             proc.wait(timeout=60)
         stop_s = d.stop()
     report.fact("mps_stop_seconds_clean", round(stop_s, 2))
-    assert d.sup.state is MpsState.DISABLED
+    assert d.sup.tick([Device(d.uuid, d.memory_mib)], now=time.monotonic()).state == MpsState.STARTING
     # The supervisor's liveness probe reads a failed exit as "no daemon": check that it really is one.
     after = d.control("get_server_list")
     report.fact(

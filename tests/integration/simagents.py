@@ -47,7 +47,7 @@ class SimAgents:
             "--sim", str(self.sim(node)),
             "--heartbeat", f"{self.heartbeat_s}s", "--interval", "0.5s", "--min-write-interval", "1s",
             "--host", "127.0.0.1", "--port", str(port),
-            "--mps-pipe-dir", str(self.tmp / "mps" / node), "--mps-log-dir", str(self.tmp / "mps-log" / node),
+            "--mps-pipe-dir", str(self.tmp / "mps" / node),
             *self.extra_args,
         )  # fmt: skip
         health = HealthCheck(f"http://127.0.0.1:{port}/healthz")

@@ -22,7 +22,7 @@ import yaml
 from kubernetes import client
 from podshapes import webhook_pod
 
-from app import catalog, names, units
+from app import catalog, names, podview, units
 from app.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
 from app.devcluster.addons import install_rbac
 from app.devcluster.nodes import NODE_CPU, NODE_MEMORY
@@ -232,7 +232,11 @@ def predict(
     out: list[Allocation | None] = []
     for s in shapes:
         d = pod_demand(
-            gpu_pod("p", "ns", "pool", milli=s.get("milli", 0), mem=s.get("mem", 0), count=s.get("count", 1))
+            podview.read(
+                gpu_pod(
+                    "p", "ns", "pool", milli=s.get("milli", 0), mem=s.get("mem", 0), count=s.get("count", 1)
+                )
+            )
         )
         assert isinstance(d, Demand)
         got = place(list(state.nodes.values()), d, pol)

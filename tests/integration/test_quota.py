@@ -4,6 +4,8 @@ Pods are created as a user writes them (annotations only) through the real apise
 TLS), kube-scheduler and our extender; kube-controller-manager computes the quotas' status. A namespace
 ResourceQuota on `requests.gpupack.io/quota-gpu-milli` (GPU share) or `...quota-gpu-memory-mib` (GPU memory)
 caps every request kind: the apiserver refuses the pod that would pass it, at creation, with its own message.
+A quota on the placement resources (`gpupack.io/gpu-milli`, `gpupack.io/gpu-memory-mib`) would count one
+request kind only; the chart's quota-resources admission policy refuses it, naming the quota resources.
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ import json
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
@@ -23,6 +27,7 @@ from test_webhook import Webhook, webhook  # noqa: F401 (webhook: fixture)
 
 from app import names
 from app.devcluster import Cluster, wait_for
+from app.devcluster.addons import MANIFEST_RELPATH, install_policies, policy_objects, scoped_binding
 from app.kube.client import Kube
 
 MILLI = f"requests.{names.RESOURCE_QUOTA_GPU_MILLI}"
@@ -213,3 +218,63 @@ def test_a_tenant_cannot_write_a_smaller_charge_or_skip_the_annotations(
         f"{names.RESOURCE_QUOTA_GPU_MILLI}='1': requested by container 'main' without a GPU-share annotation"
         in body
     )
+
+
+PLACEMENT_KEYS = [f"requests.{names.RESOURCE_GPU_MILLI}", f"requests.{names.RESOURCE_GPU_MEMORY_MIB}"]
+
+
+@pytest.fixture
+def quota_policy(kube: Any, namespace: str) -> Iterator[Callable[[], None]]:
+    """Binds the chart's quota-resources policy to `namespace` when called (from the rendered manifest)."""
+    docs = yaml.safe_load_all((Path(__file__).resolve().parents[2] / MANIFEST_RELPATH).read_text())
+    objects = [
+        o
+        for o in policy_objects([d for d in docs if d])
+        if o["metadata"]["name"].endswith("-quota-resources")
+    ]
+    policy, binding = objects
+    scoped = scoped_binding(binding, namespace=namespace)
+    yield lambda: install_policies(kube, [policy, scoped])
+    client.AdmissionregistrationV1Api(kube).delete_validating_admission_policy_binding(
+        scoped["metadata"]["name"]
+    )
+
+
+@pytest.mark.parametrize("key", PLACEMENT_KEYS)
+def test_a_quota_on_a_placement_resource_is_refused_naming_the_quota_resources(
+    core: Any, namespace: str, quota_policy: Callable[[], None], key: str
+) -> None:
+    def quota(name: str, hard: dict[str, str]) -> dict[str, Any]:
+        return {"metadata": {"name": name}, "spec": {"hard": hard}}
+
+    # A quota written before the policy was installed (as by an older gpupack) stays editable.
+    core.create_namespaced_resource_quota(namespace, quota("older", {key: "1000"}))
+    quota_policy()
+
+    def in_effect() -> bool:  # the apiserver loads policies asynchronously
+        try:
+            core.create_namespaced_resource_quota(namespace, quota("probe", {key: "1"}), dry_run="All")
+        except ApiException as e:
+            return e.status == 422
+        return False
+
+    wait_for(in_effect, 30, "the quota-resources admission policy in effect")
+    with pytest.raises(ApiException) as err:
+        core.create_namespaced_resource_quota(namespace, quota("gpu", {key: "1000", "pods": "10"}))
+    assert err.value.status == 422, err.value.body
+    message = json.loads(err.value.body)["message"]
+    assert f"spec.hard: {key} counts only the pods that ask in that one kind" in message
+    assert f"limit {MILLI} (GPU share, 1000 = one GPU) and/or {MEMORY} (GPU memory in MiB) instead" in message
+
+    # Adding the key to a quota is refused the same way; editing a quota that had it already is not.
+    with pytest.raises(ApiException) as err:
+        core.patch_namespaced_resource_quota("older", namespace, {"spec": {"hard": {other(key): "1"}}})
+    assert err.value.status == 422 and other(key) in json.loads(err.value.body)["message"]
+    core.patch_namespaced_resource_quota("older", namespace, {"spec": {"hard": {key: "2000"}}})
+    # The quota resources themselves are admitted.
+    core.create_namespaced_resource_quota(namespace, quota("gpu", {MILLI: "1000", MEMORY: "40960"}))
+
+
+def other(key: str) -> str:
+    """The other placement resource's quota key."""
+    return next(k for k in PLACEMENT_KEYS if k != key)

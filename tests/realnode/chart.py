@@ -6,8 +6,11 @@ and imported into the node's containerd, `image.pullPolicy=Never`); no kube-prox
 127.0.0.1 only (the node's relay at the node IP, chart value `kubernetesAPI`); kube-scheduler runs on the
 host (`scheduler.mode=default`, the harness's kube-scheduler already calls the extender at
 127.0.0.1:<extender port>, where a relay forwards to the extender Service's ready endpoint, with the
-harness's extender certificates in `extender.certs.mode=secret`); no GPUs (`agent.simulated`). Every host
-path the chart mounts points into the cluster directory.
+harness's extender certificates in `extender.certs.mode=secret`); no GPUs (`agent.simulated`, with the
+simulated driver's state in the cluster directory) and no NVIDIA MPS binary (the MPS daemon pod runs the
+STAND-IN tests/standin/mps_control.py, which the test image carries as
+/opt/gpupack-standin/nvidia-cuda-mps-control). Every host path the chart mounts points into the cluster
+directory.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ CHART = REPO / "deploy/helm/gpupack"
 RELEASE = "gpupack"  # fullname = release name: Services gpupack-webhook, gpupack-extender
 GPU_NODE_LABEL = "nvidia.com/gpu.present"  # the chart's default agent nodeSelector
 EXTENDER_RELAY = "relay-extender"
+STANDIN_MPS = "/opt/gpupack-standin/nvidia-cuda-mps-control"  # in the test image (build.sh --standins)
+STANDIN_SOURCE = REPO / "tests/standin/mps_control.py"
 
 
 def _run(argv: list[str], what: str, timeout_s: float = 600) -> str:
@@ -46,17 +51,16 @@ def helm_binary() -> str:
 
 
 def build_image(archive: Path) -> str:
-    """deploy/image/build.sh with a docker-archive for containerd; returns the image reference."""
-    out = _run(
-        ["bash", str(REPO / "deploy/image/build.sh"), "--archive", str(archive)], "deploy/image/build.sh"
-    )
+    """deploy/image/build.sh with a docker-archive for containerd and the stand-in MPS control daemon
+    (a test build: /opt/gpupack-standin); returns the image reference."""
+    argv = ["bash", str(REPO / "deploy/image/build.sh"), "--archive", str(archive), "--standins"]
+    out = _run(argv, "deploy/image/build.sh")
     return out.strip().splitlines()[-1]
 
 
 def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str, gpus: int) -> dict[str, Any]:
     repository, tag = image.rsplit(":", 1)
     sim = sim_file_for(model, gpus, sorted((REPO / SIM_SAMPLES_RELPATH).glob("*.yaml")), cluster.dir / "sim")
-    pipe = str(mps_pipe_dir(cluster))
     tolerate = [{"key": kubeletnode.TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
@@ -64,7 +68,7 @@ def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str,
         "scheduler": {"mode": "default"},
         "webhook": {
             "certs": {"mode": "helm"},
-            "mpsPipeHostDir": pipe,
+            "mpsPipeHostDir": str(mps_pipe_dir(cluster)),
             "tolerations": tolerate,
         },
         "extender": {"certs": {"mode": "secret"}, "tolerations": tolerate},
@@ -75,8 +79,13 @@ def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str,
         },
         "agent": {
             "simulated": sim.read_text(),
-            # Simulated GPUs: no MPS daemon to run; a stand-in listens on the pipe dir (conftest.mps_standin).
-            "mps": {"enabled": False, "pipeDir": pipe},
+            "simulatedStateDir": str(cluster.dir / "sim-driver"),
+            "mps": {
+                "binary": STANDIN_MPS,  # the stand-in daemon (no GPU, no NVIDIA binary here)
+                "pipeDir": str(mps_pipe_dir(cluster)),
+                "logDir": str(cluster.dir / "mps-log"),
+                "exclusiveProcess": True,
+            },
             "toolkitConfigDir": str(cluster.dir / "toolkit"),
             "tolerations": [*tolerate, {"key": "node.kubernetes.io/not-ready", "operator": "Exists"}],
         },
@@ -91,6 +100,18 @@ def mps_pipe_dir(cluster: Cluster) -> Path:
 def node_side_state_dir(cluster: Cluster) -> Path:
     """nodeSide.stateDir: the agent's socket and the containers' records."""
     return cluster.dir / "node-side"
+
+
+def mps_control(cluster: Cluster, command: str) -> str:
+    """One control command to the node's (stand-in) MPS daemon, sent from the host as an operator would."""
+    env = {"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": str(mps_pipe_dir(cluster))}
+    argv = [sys.executable, str(STANDIN_SOURCE)]
+    done = subprocess.run(
+        argv, input=command + "\n", env=env, capture_output=True, text=True, timeout=30, check=False
+    )
+    if done.returncode != 0:
+        pytest.fail(f"MPS control {command!r}: exit {done.returncode}: {done.stderr}", pytrace=False)
+    return done.stdout
 
 
 def extender_secret(cluster: Cluster) -> dict[str, Any]:
@@ -154,8 +175,10 @@ def ready(pod: dict[str, Any]) -> bool:
 
 
 def installed(kube: Kube) -> bool:
-    """Webhook 2/2 Ready, extender 2 running with exactly one Ready (the leader), the agent Ready."""
+    """Webhook 2/2 Ready, extender 2 running with exactly one Ready (the leader), the agent and the MPS
+    daemon Ready."""
     webhook, extender, agent = pods(kube, "webhook"), pods(kube, "extender"), pods(kube, "agent")
+    daemon = pods(kube, "mps-daemon")
     return (
         len(webhook) == 2
         and all(ready(p) for p in webhook)
@@ -164,6 +187,8 @@ def installed(kube: Kube) -> bool:
         and sum(ready(p) for p in extender) == 1
         and len(agent) == 1
         and ready(agent[0])
+        and len(daemon) == 1
+        and ready(daemon[0])
     )
 
 

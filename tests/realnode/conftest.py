@@ -14,9 +14,6 @@ helm: tests/helm/build.sh) FAILS the tier.
                            uninstalls (if a test has not), stops the node and FAILS if anything of it is left
                            on the machine (mounts, shims, bridge, cgroups, files, its directory).
   helm_bin      (package)  the helm binary.
-  mps_standin   (package, autouse)  the stand-in MPS control daemon (tests/standin/mps_control.py, -M) in
-                           the node's pipe dir (mps_standin.py): MPS pods start only where the node side
-                           finds a daemon answering.
 """
 
 from __future__ import annotations
@@ -34,7 +31,6 @@ from app.devcluster.addons import wait_for_gpunodes
 from app.kube.client import Kube
 
 from . import chart
-from .mps_standin import MpsStandIn
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]
@@ -115,11 +111,3 @@ def real_cluster(
                 kubeletnode.stop(cluster, node)  # raises RealNodeError naming anything left behind
             finally:
                 cluster.stop()
-
-
-@pytest.fixture(scope="package", autouse=True)
-def mps_standin(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[MpsStandIn]:
-    standin = MpsStandIn(chart.mps_pipe_dir(real_cluster[0]), real_cluster[0].dir / "mps-log")
-    standin.start()
-    yield standin
-    standin.stop()

@@ -3,7 +3,7 @@ container its own MPS directory and its share's env before its first process, wi
 for any uid, in `baseline` namespaces; it fails the container closed, with the reason, when the backend is
 down; a restarted container gets its state again.
 
-The MPS daemon is the stand-in (tests/standin/mps_control.py, multi-user, run on the host by mps_standin.py):
+The MPS daemon is the stand-in (tests/standin/mps_control.py, multi-user) run by the chart's mps-daemon pod:
 no GPU here. Its clients are the stand-in's own CUDA-client mode, run in the gpupack image from a ConfigMap.
 """
 
@@ -18,11 +18,11 @@ import pytest
 
 from app import names
 from app.devcluster import Cluster, kubeletnode, wait_for
-from app.kube.calls import Request
+from app.devcluster.identities import GPUPACK_NAMESPACE
+from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube
 
 from . import chart
-from .mps_standin import SCRIPT, MpsStandIn
 from .pods import RUN_TIMEOUT_S, busybox_pod, new_namespace, run_to_completion
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
@@ -162,14 +162,38 @@ def test_first_command_observes_the_state_injected_for_its_own_container(
     assert record["boottime_ns"] < float(seen["UPTIME"]) * 1e9
 
 
+DAEMON_DS = f"/apis/apps/v1/namespaces/{GPUPACK_NAMESPACE}/daemonsets/{chart.RELEASE}-mps-daemon"
+# A node label no node has: the mps-daemon DaemonSet selecting it takes its pod off the node.
+NO_NODE = "gpupack.io/test-no-mps-daemon"
+
+
+def _daemon_on_node(kube: Kube, on: bool) -> None:
+    """Take the MPS daemon pod off the node (its DaemonSet selects no node) or put it back."""
+    selector = {"spec": {"template": {"spec": {"nodeSelector": {NO_NODE: None if on else "true"}}}}}
+    kube.send(Request("PATCH", DAEMON_DS, selector, content_type=MERGE_PATCH))
+
+
 def test_pod_whose_mps_backend_is_down_fails_with_the_reason_and_starts_once_it_is_back(
-    real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube, mps_standin: MpsStandIn
+    real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube
 ) -> None:
-    node = real_cluster[1].name
+    cluster, node = real_cluster[0], real_cluster[1].name
     ns = new_namespace(kube, {ENFORCE: "baseline"})
     path = f"/api/v1/namespaces/{ns}/pods/down"
-    mps_standin.stop()
+    control = chart.mps_pipe_dir(cluster) / "control"
+    daemon_pods = f"/api/v1/namespaces/{GPUPACK_NAMESPACE}/pods"
+    selector = {
+        "labelSelector": f"app.kubernetes.io/instance={chart.RELEASE},app.kubernetes.io/component=mps-daemon"
+    }
+    _daemon_on_node(kube, False)
     try:
+        wait_for(
+            lambda: (
+                not kube.send(Request("GET", daemon_pods, query=selector))["items"] and not control.exists()
+            ),
+            90,
+            "the MPS daemon pod gone from the node, its control socket with it",
+            interval=0.5,
+        )
         pod = busybox_pod("down", {names.GPU_FRACTION: "0.5"}, {"main": ("sh", "-c", FIRST)}, node)
         pod["spec"]["restartPolicy"] = "OnFailure"  # a start that failed is retried (with Never: pod Failed)
         kube.send(Request("POST", f"/api/v1/namespaces/{ns}/pods", pod))
@@ -191,7 +215,8 @@ def test_pod_whose_mps_backend_is_down_fails_with_the_reason_and_starts_once_it_
             ended = [p["terminated"] for p in (s["state"], s.get("lastState") or {}) if "terminated" in p]
             assert all(t["reason"] == "StartError" for t in ended), s
     finally:
-        mps_standin.start()
+        _daemon_on_node(kube, True)
+    wait_for(lambda: chart.installed(kube) and control.exists(), 120, "the MPS daemon pod back on the node")
     wait_for(
         lambda: kube.send(Request("GET", path))["status"].get("phase") == "Succeeded",
         2 * RUN_TIMEOUT_S,
@@ -245,7 +270,10 @@ def test_two_uids_both_get_a_server_at_once(
     made = {}
     for name, uid in (("client-1000", 1000), ("client-root", 0)):
         ns = new_namespace(kube, {ENFORCE: "baseline"})
-        standin = {"metadata": {"name": "standin"}, "data": {"mps_control.py": SCRIPT.read_text()}}
+        standin = {
+            "metadata": {"name": "standin"},
+            "data": {"mps_control.py": chart.STANDIN_SOURCE.read_text()},
+        }
         kube.send(Request("POST", f"/api/v1/namespaces/{ns}/configmaps", standin))
         pod = busybox_pod(name, {names.GPU_FRACTION: "0.5"}, {"main": ("sh", "-c", CLIENT)}, node)
         spec = pod["spec"]

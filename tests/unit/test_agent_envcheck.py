@@ -137,9 +137,7 @@ class Kube:
 def agent(tmp_path: Path, procs: Procs, kube: Kube) -> Agent:
     (tmp_path / "sim.yaml").write_text(yaml.safe_dump({"gpus": [{"model": "T4"}]}))
     sim = SimulatedNvml(tmp_path / "sim.yaml", "n1")
-    mps = MpsSupervisor(
-        MpsConfig(binary=str(tmp_path / "none"), pipe_dir=tmp_path / "p", log_dir=tmp_path / "l")
-    )
+    mps = MpsSupervisor(MpsConfig(binary=str(tmp_path / "none"), pipe_dir=tmp_path / "p"))
     config = AgentConfig("n1", ReporterConfig(heartbeat_s=30, min_interval_s=5))
     return Agent(config, nvml=sim, resolver=sim, mps=mps, send=kube.send, clock=lambda: 1.0e9, procs=procs)
 

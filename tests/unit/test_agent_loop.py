@@ -90,9 +90,7 @@ def setup(tmp_path: Path) -> tuple[Agent, FakeKube, Clock, Path]:
     probe.init()
     kube = FakeKube([managed_pod(probe, gpu=1)])  # allocated GPU 1, but runs on GPU 0
     clock = Clock()
-    mps = MpsSupervisor(
-        MpsConfig(binary=str(tmp_path / "none"), pipe_dir=tmp_path / "p", log_dir=tmp_path / "l")
-    )
+    mps = MpsSupervisor(MpsConfig(binary=str(tmp_path / "none"), pipe_dir=tmp_path / "p"))
     agent = Agent(
         AgentConfig("n1", ReporterConfig(heartbeat_s=30, min_interval_s=5)),
         nvml=sim,
@@ -200,3 +198,19 @@ def test_duration(raw: str, seconds: float) -> None:
 def test_bad_duration(raw: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         duration(raw)
+
+
+def test_a_gpu_that_turns_unhealthy_tells_the_pod_allocated_on_it_once(
+    setup: tuple[Agent, FakeKube, Clock, Path],
+) -> None:
+    agent, kube, clock, path = setup
+    agent.step()
+    write(path, {"gpus": [{"model": "T4"}, {"model": "T4", "lost": True}]})
+    for _ in range(2):
+        clock.now += 5
+        status = agent.step()
+    assert not status.gpus[1].healthy
+    told = [r.body for r in kube.requests if r.path.endswith("/events")]
+    unhealthy = [e for e in told if e["reason"] == "GpupackGPUUnhealthy"]
+    assert len(unhealthy) == 1 and unhealthy[0]["involvedObject"]["name"] == "train"
+    assert f"GPU 1 ({status.gpus[1].uuid})" in unhealthy[0]["message"]

@@ -1,182 +1,149 @@
-"""MPS supervisor against a fake nvidia-cuda-mps-control: start, defaults, restart with backoff, no binary."""
+"""The agent adopts the MPS daemon of its own pod and never stops or restarts it (the stand-in daemon here).
+
+The daemon is tests/standin/mps_control.py, a stand-in for nvidia-cuda-mps-control: a real process with a
+control socket, servers and long-lived clients, run as its own pod would run it (not by the agent).
+"""
 
 from __future__ import annotations
 
 import os
-import signal
+import shutil
+import subprocess
 import sys
+import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from agent.mps import Device, MpsConfig, MpsState, MpsSupervisor
 
-# Behaves like the real control binary where the supervisor can tell: `-d` starts a background daemon
-# (refusing a second one), a command on stdin fails when no daemon answers, `quit` stops it.
-FAKE = f"""#!{sys.executable}
-import os, subprocess, sys
-pipe = os.environ["CUDA_MPS_PIPE_DIRECTORY"]
-pidfile = os.path.join(pipe, "control.pid")
-def alive():
-    try:
-        pid = int(open(pidfile).read())
-        return open(f"/proc/{{pid}}/stat").read().split(")")[-1].split()[0] != "Z", pid
-    except (OSError, ValueError):
-        return False, 0
-up, pid = alive()
-if sys.argv[1:] == ["-d"]:
-    open(os.path.join(pipe, "starts.log"), "a").write("start\\n")
-    if os.path.exists(os.path.join(pipe, "refuse-start")):
-        print("cannot start", file=sys.stderr); sys.exit(1)
-    if up:
-        print("An instance of this daemon is already running", file=sys.stderr); sys.exit(1)
-    p = subprocess.Popen(["sleep", "300"], start_new_session=True)
-    open(pidfile, "w").write(str(p.pid))
-    open(os.path.join(pipe, "env.log"), "a").write(os.environ.get("CUDA_VISIBLE_DEVICES", "") + "\\n")
-    sys.exit(0)
-cmd = sys.stdin.read().strip()
-if not up:
-    sys.exit(1)
-open(os.path.join(pipe, "commands.log"), "a").write(cmd + "\\n")
-if cmd == "quit":
-    os.kill(pid, 9)
-"""
-
+STANDIN = Path(__file__).resolve().parents[1] / "standin" / "mps_control.py"
 DEVS = [Device("GPU-a", 15109), Device("GPU-b", 22491)]
 
 
 @pytest.fixture
-def fake(tmp_path: Path) -> MpsConfig:
-    binary = tmp_path / "bin" / "nvidia-cuda-mps-control"
-    binary.parent.mkdir()
-    binary.write_text(FAKE)
-    binary.chmod(0o755)
-    return MpsConfig(
-        binary=str(binary), pipe_dir=tmp_path / "pipe", log_dir=tmp_path / "log", command_timeout_s=20
-    )
-
-
-def commands(cfg: MpsConfig) -> list[str]:
-    path = cfg.pipe_dir / "commands.log"
-    return path.read_text().splitlines() if path.exists() else []
-
-
-def kill_daemon(cfg: MpsConfig) -> None:
-    pid = int((cfg.pipe_dir / "control.pid").read_text())
-    os.kill(pid, signal.SIGKILL)
+def cfg() -> Iterator[MpsConfig]:
+    root = Path(tempfile.mkdtemp(prefix="agent-mps-", dir="/tmp"))
+    config = MpsConfig(binary=str(STANDIN), pipe_dir=root / "pipe", command_timeout_s=20)
+    yield config
+    run(config, "quit")
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # wait until the kernel shows it dead (reaped or zombie)
-        try:
-            if Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0] == "Z":
-                return
-        except OSError:
-            return
-        time.sleep(0.02)
+    while (config.pipe_dir / "control").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shutil.rmtree(root, ignore_errors=True)
 
 
-def test_starts_daemon_with_defaults_and_reports_running(fake: MpsConfig) -> None:
-    sup = MpsSupervisor(fake)
-    try:
-        st = sup.tick(DEVS, 0.0)
-        assert (st.state, st.isolation) == ("running", "mps")
-        assert commands(fake) == [
-            "get_server_list",
-            "set_default_active_thread_percentage 100",
-            "set_default_device_pinned_mem_limit 0 15109M",
-            "set_default_device_pinned_mem_limit 1 22491M",
-        ]
-        assert (fake.pipe_dir / "env.log").read_text() == "GPU-a,GPU-b\n"
-        sup.tick(DEVS, 5.0)
-        assert commands(fake)[-1] == "get_server_list"  # a probe, no restart
-    finally:
-        sup.stop()
-    assert commands(fake)[-1] == "quit"
-
-
-def test_configured_caps_are_applied(fake: MpsConfig) -> None:
-    from dataclasses import replace
-
-    sup = MpsSupervisor(replace(fake, default_thread_percentage=50, default_pinned_mem_limit_mib=4096))
-    try:
-        sup.tick(DEVS[:1], 0.0)
-        assert commands(fake)[1:] == [
-            "set_default_active_thread_percentage 50",
-            "set_default_device_pinned_mem_limit 0 4096M",
-        ]
-    finally:
-        sup.stop()
-
-
-def test_dead_daemon_is_restarted_after_backoff(fake: MpsConfig) -> None:
-    sup = MpsSupervisor(fake)
-    try:
-        sup.tick(DEVS, 0.0)
-        kill_daemon(fake)
-        st = sup.tick(DEVS, 10.0)
-        assert (st.state, st.isolation, st.restarts) == ("backoff", "none", 1)
-        assert sup.tick(DEVS, 10.5).state == "backoff"  # backoff 1 s not over yet
-        assert sup.tick(DEVS, 11.0).state == "running"
-    finally:
-        sup.stop()
-
-
-def test_failed_starts_back_off_exponentially(fake: MpsConfig) -> None:
-    fake.pipe_dir.mkdir(parents=True)
-    (fake.pipe_dir / "refuse-start").touch()
-    sup = MpsSupervisor(fake)
-    st = sup.tick(DEVS, 0.0)
-    assert st.state == "backoff" and "cannot start" in st.message
-    tried = []
-    starts = fake.pipe_dir / "starts.log"
-    for t in range(1, 40):
-        before = starts.read_text().count("start")
-        sup.tick(DEVS, float(t))
-        if starts.read_text().count("start") > before:
-            tried.append(t)
-    assert tried == [1, 3, 7, 15, 31]  # waits of 1, 2, 4, 8, 16 s: the backoff doubles
-    (fake.pipe_dir / "refuse-start").unlink()
-    assert sup.tick(DEVS, 100.0).state == "running"
-    sup.stop()
-
-
-def test_adopts_a_running_daemon(fake: MpsConfig) -> None:
-    first = MpsSupervisor(fake)
-    first.tick(DEVS, 0.0)
-    second = MpsSupervisor(fake)  # e.g. the agent restarted, the daemon kept running
-    try:
-        assert second.tick(DEVS, 0.0).state == "running"
-        assert (fake.pipe_dir / "env.log").read_text().count("\n") == 1  # started once
-    finally:
-        second.stop()
-
-
-def test_gpu_set_change_restarts_the_daemon(fake: MpsConfig) -> None:
-    sup = MpsSupervisor(fake)
-    try:
-        sup.tick(DEVS, 0.0)
-        assert sup.tick(DEVS[:1], 1.0).state == "running"
-        assert (fake.pipe_dir / "env.log").read_text().splitlines() == ["GPU-a,GPU-b", "GPU-a"]
-    finally:
-        sup.stop()
-
-
-def test_no_binary_means_isolation_none_and_one_log_line(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
-) -> None:
-    sup = MpsSupervisor(
-        MpsConfig(binary=str(tmp_path / "missing"), pipe_dir=tmp_path / "p", log_dir=tmp_path / "l")
+def env(cfg: MpsConfig) -> dict[str, str]:
+    return dict(
+        os.environ, CUDA_MPS_PIPE_DIRECTORY=str(cfg.pipe_dir), CUDA_MPS_LOG_DIRECTORY=str(cfg.pipe_dir)
     )
-    for t in range(3):
-        st = sup.tick(DEVS, float(t))
+
+
+def daemon(cfg: MpsConfig) -> None:
+    """Start the stand-in daemon as the MPS daemon pod does (not through the agent)."""
+    done = subprocess.run(
+        [sys.executable, str(STANDIN), "-d", "-M"], env=env(cfg), capture_output=True, timeout=20, check=False
+    )
+    assert done.returncode == 0, done.stderr
+
+
+def run(cfg: MpsConfig, command: str) -> str:
+    done = subprocess.run(
+        [sys.executable, str(STANDIN)], input=command + "\n", env=env(cfg), capture_output=True, text=True,
+        timeout=20, check=False,
+    )  # fmt: skip
+    return done.stdout.strip()
+
+
+def client(cfg: MpsConfig) -> tuple[subprocess.Popen[str], int]:
+    """A stand-in CUDA client holding its connection; returns it and its server's pid."""
+    proc = subprocess.Popen(
+        [sys.executable, str(STANDIN), "client", "--hold"], env=env(cfg), stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline().split()
+    assert line[0] == "server", line
+    return proc, int(line[1])
+
+
+def test_no_daemon_reads_starting_with_isolation_none_and_nothing_started(cfg: MpsConfig) -> None:
+    sup = MpsSupervisor(cfg)
+    st = sup.tick(DEVS, 0.0)
+    assert (st.state, st.isolation) == ("starting", "none")
+    assert "no MPS control daemon answers at" in st.message
+    assert not (cfg.pipe_dir / "control").exists()  # the agent never starts a daemon
+
+
+def test_adopts_the_daemon_and_sets_its_defaults(cfg: MpsConfig) -> None:
+    daemon(cfg)
+    sup = MpsSupervisor(
+        MpsConfig(binary=cfg.binary, pipe_dir=cfg.pipe_dir, default_thread_percentage=40,
+                  default_pinned_mem_limit_mib=8192)
+    )  # fmt: skip
+    st = sup.tick(DEVS, 0.0)
+    assert (st.state, st.isolation, st.message) == ("running", "mps", "")
+    assert run(cfg, "get_default_active_thread_percentage") == "40.0"
+    assert run(cfg, "get_default_device_pinned_mem_limit GPU-b") == "8192M"
+
+
+def test_a_new_agent_and_a_changed_gpu_set_leave_servers_and_clients_alone(cfg: MpsConfig) -> None:
+    daemon(cfg)
+    proc, server = client(cfg)
+    try:
+        first = MpsSupervisor(cfg)
+        assert first.tick(DEVS, 0.0).state == "running"
+        del first  # the agent process ends (upgrade, SIGKILL): nothing is sent to the daemon
+        second = MpsSupervisor(cfg)
+        assert second.tick(DEVS, 10.0).state == "running"
+        assert second.tick(DEVS[:1], 20.0).state == "running"  # GPU-b left MPS (unhealthy): no restart
+        assert second.restarts == 0
+        assert run(cfg, "get_server_list") == str(server)
+        assert run(cfg, f"get_client_list {server}") == str(proc.pid)
+        assert proc.poll() is None  # the client still holds its connection
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_a_restarted_daemon_gets_the_defaults_again_and_counts_as_a_restart(cfg: MpsConfig) -> None:
+    daemon(cfg)
+    sup = MpsSupervisor(MpsConfig(binary=cfg.binary, pipe_dir=cfg.pipe_dir, default_thread_percentage=30))
+    assert sup.tick(DEVS, 0.0).state == "running"
+    run(cfg, "quit")
+    deadline = time.monotonic() + 5
+    while (cfg.pipe_dir / "control").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sup.tick(DEVS, 5.0).state == "starting"
+    daemon(cfg)  # its pod restarted it
+    assert sup.tick(DEVS, 10.0).state == "running"
+    assert run(cfg, "get_default_active_thread_percentage") == "30.0"
+    assert sup.restarts == 0  # not seen to replace a running one: it was gone in between
+    run(cfg, "quit")
+    while (cfg.pipe_dir / "control").exists() and time.monotonic() < deadline + 5:
+        time.sleep(0.05)
+    daemon(cfg)  # replaced between two cycles
+    assert sup.tick(DEVS, 15.0).state == "running"
+    assert sup.restarts == 1
+    assert run(cfg, "get_default_active_thread_percentage") == "30.0"
+
+
+def test_no_binary_means_unavailable(cfg: MpsConfig, caplog: pytest.LogCaptureFixture) -> None:
+    sup = MpsSupervisor(MpsConfig(binary="/nonexistent/nvidia-cuda-mps-control", pipe_dir=cfg.pipe_dir))
+    for t in (0.0, 5.0, 10.0):
+        st = sup.tick(DEVS, t)
     assert (st.state, st.isolation) == ("unavailable", "none")
     assert not sup.available()
-    assert sum("MPS unavailable" in r.message for r in caplog.records) == 1
+    assert sum("MPS control daemon" in r.getMessage() for r in caplog.records) == 1  # once, not per cycle
 
 
-def test_disabled_or_no_shared_gpus(fake: MpsConfig) -> None:
-    from dataclasses import replace
-
-    assert MpsSupervisor(replace(fake, enabled=False)).tick(DEVS, 0).state == MpsState.DISABLED
-    assert MpsSupervisor(fake).tick([], 0).state == MpsState.DISABLED
-    assert not (fake.pipe_dir / "env.log").exists()
+def test_disabled_or_no_shared_gpus(cfg: MpsConfig) -> None:
+    daemon(cfg)
+    off = MpsSupervisor(MpsConfig(enabled=False, binary=cfg.binary, pipe_dir=cfg.pipe_dir))
+    assert off.tick(DEVS, 0.0).message == "disabled by config"
+    sup = MpsSupervisor(cfg)
+    assert sup.tick(DEVS, 0.0).state == MpsState.RUNNING
+    assert sup.tick([], 5.0).message == "no shared GPUs"
+    assert run(cfg, "get_server_list") == ""  # still answering: the daemon was left running
+    assert (cfg.pipe_dir / "control").exists()

@@ -220,3 +220,18 @@ def test_a_pod_on_its_mig_device_is_checked_against_that_devices_uuid() -> None:
     assert bad.message.startswith("processes 31 run on MIG device 101 (MIG-1) but the allocation is MIG-0")
     over = verify.verify(mig_node((1, 30, 9729)), refs, pods(pod("a", mine)))
     assert [b.kind for b in over.violations] == [Kind.OVER_MEMORY]
+
+
+def test_an_unhealthy_gpu_tells_only_the_pods_allocated_on_it() -> None:
+    from app.kube.gpunode import GpuStatus
+
+    gpus = [GpuStatus(GPU0, 0, healthy=True), GpuStatus(GPU1, 1, healthy=False, reason="XID 79")]
+    running = pods(
+        pod("a", alloc(0)), pod("b", alloc(1)), pod("c", alloc(0, 1)), pod("d", alloc(1, uuids=False))
+    )
+    told = verify.unhealthy(gpus, running)
+    assert sorted(v.pod.uid for v in told) == ["b", "c", "d"]
+    assert {(v.kind, v.gpu_uuid, v.gpu_index) for v in told} == {(Kind.GPU_UNHEALTHY, GPU1, 1)}
+    assert "GPU 1 (GPU-1111) of this pod's allocation is unhealthy: XID 79." in told[0].message
+    assert verify.REASONS[Kind.GPU_UNHEALTHY] == "GpupackGPUUnhealthy"
+    assert verify.unhealthy([GpuStatus(GPU0, 0), GpuStatus(GPU1, 1)], running) == ()

@@ -55,11 +55,11 @@ def find(objects: list[dict[str, Any]], kind: str, name: str) -> dict[str, Any]:
 
 
 def containers(objects: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any], dict[str, Any]]]:
-    """(workload name, pod spec, container) for every container of every workload."""
+    """(workload name, pod spec, container) for every container (init containers too) of every workload."""
     for o in objects:
         if o["kind"] in ("Deployment", "DaemonSet"):
             spec = o["spec"]["template"]["spec"]
-            for c in spec["containers"]:
+            for c in [*spec.get("initContainers", []), *spec["containers"]]:
                 yield o["metadata"]["name"], spec, c
 
 
@@ -138,7 +138,7 @@ def test_agent_daemonset_matches_the_agents_own(objects: list[dict[str, Any]]) -
     ref = load(REPO / "deploy/agent/daemonset.yaml")["spec"]["template"]["spec"]
     got = find(objects, "DaemonSet", "gpupack-agent")["spec"]["template"]["spec"]
     for key in ("hostIPC", "nodeSelector", "tolerations", "priorityClassName"):
-        assert got[key] == ref[key], key
+        assert got.get(key) == ref.get(key), key
     rc, gc = ref["containers"][0], got["containers"][0]
     assert set(rc["args"]) <= set(gc["args"]), sorted(set(rc["args"]) - set(gc["args"]))
     assert gc["env"] == rc["env"]
@@ -149,6 +149,30 @@ def test_agent_daemonset_matches_the_agents_own(objects: list[dict[str, Any]]) -
     for key in ("runAsUser", "capabilities"):
         assert gc["securityContext"][key] == rc["securityContext"][key], key
     assert gc["resources"] == rc["resources"]
+
+
+def test_mps_daemon_matches_its_plain_manifest_and_never_rolls(objects: list[dict[str, Any]]) -> None:
+    ref = next(
+        d
+        for d in yaml.safe_load_all((REPO / "deploy/agent/mps-daemon.yaml").read_text())
+        if d["kind"] == "DaemonSet"
+    )["spec"]
+    got = find(objects, "DaemonSet", "gpupack-mps-daemon")["spec"]
+    assert got["updateStrategy"] == ref["updateStrategy"] == {"type": "OnDelete"}
+    rt, gt = ref["template"]["spec"], got["template"]["spec"]
+    assert gt["hostPID"] is rt["hostPID"] is True  # clients are known by their host pid
+    for key in ("hostIPC", "nodeSelector", "tolerations", "priorityClassName", "volumes"):
+        assert gt[key] == rt[key], key
+    for kind in ("initContainers", "containers"):
+        for rc, gc in zip(rt[kind], gt[kind], strict=True):
+            for key in ("args", "command", "env", "volumeMounts", "securityContext", "resources"):
+                assert gc.get(key) == rc.get(key), (kind, key)
+    (daemon,) = gt["containers"]
+    assert daemon["command"] == ["nvidia-cuda-mps-control", "-f", "-M"]  # foreground, multi-user
+    agent = find(objects, "DaemonSet", "gpupack-agent")["spec"]["template"]["spec"]
+    assert "hostIPC" not in agent  # the agent holds no part of MPS any more
+    pipe = next(v for v in gt["volumes"] if v["name"] == "mps-pipe")
+    assert pipe in agent["volumes"]  # the agent reaches the same control pipe
 
 
 def test_agent_rbac_matches_the_agents_own(objects: list[dict[str, Any]]) -> None:
@@ -165,12 +189,18 @@ def test_component_command_lines_parse_with_the_real_cli(objects: list[dict[str,
     parser = build_parser()
     seen = set()
     for _, _, c in containers(objects):
-        if not c["image"].startswith(GPUPACK_IMAGE):
-            continue
+        if not c["image"].startswith(GPUPACK_IMAGE) or "args" not in c:
+            continue  # (the MPS daemon runs NVIDIA's binary, mounted by the NVIDIA runtime)
         args = parser.parse_args(c["args"])
         seen.add((args.command, c["args"][1]))
         assert args.func, shlex.join(c["args"])
-    assert seen == {("webhook", "serve"), ("extender", "serve"), ("agent", "run"), ("agent", "handler")}
+    assert seen == {
+        ("webhook", "serve"),
+        ("extender", "serve"),
+        ("agent", "run"),
+        ("agent", "prepare-mps"),
+        ("agent", "handler"),
+    }
 
 
 def test_extender_lease_matches_its_rbac(objects: list[dict[str, Any]]) -> None:
@@ -204,6 +234,10 @@ def test_every_container_is_locked_down_and_sized(objects: list[dict[str, Any]])
             # root to write the root-owned host dirs of the runtime handler, and nothing else
             assert sc["runAsUser"] == 0 and "add" not in sc["capabilities"], name
             assert sc["allowPrivilegeEscalation"] is False, name
+            continue
+        if name == "gpupack-mps-daemon":
+            # root: the multi-user daemon and compute modes; per-uid servers without -M: see values.yaml
+            assert sc["runAsUser"] == 0 and sc["capabilities"].get("add") == ["SETUID", "SETGID", "KILL"]
             continue
         assert pod["securityContext"]["runAsNonRoot"] is True, name
         assert sc["allowPrivilegeEscalation"] is False, name
@@ -286,10 +320,31 @@ def test_agent_policy_matches_the_agents_identity_and_node_name_extra(objects: l
     assert "authentication.kubernetes.io/node-name" in json.dumps(policy["spec"]["variables"])
 
 
+def test_quota_policy_refuses_new_limits_on_the_placement_resources_naming_the_quota_ones(
+    objects: list[dict[str, Any]],
+) -> None:
+    policy = find(objects, "ValidatingAdmissionPolicy", "gpupack-quota-resources")
+    assert policy["spec"]["matchConstraints"]["resourceRules"] == [
+        {
+            "apiGroups": [""],
+            "apiVersions": ["v1"],
+            "operations": ["CREATE", "UPDATE"],
+            "resources": ["resourcequotas"],
+        }
+    ]
+    (keys,) = [v["expression"] for v in policy["spec"]["variables"] if v["name"] == "placementKeys"]
+    for resource in (names.RESOURCE_GPU_MILLI, names.RESOURCE_GPU_MEMORY_MIB):
+        assert f"k.endsWith('{resource}')" in keys
+    (validation,) = policy["spec"]["validations"]
+    for resource in (names.RESOURCE_QUOTA_GPU_MILLI, names.RESOURCE_QUOTA_GPU_MEMORY_MIB):
+        assert f"requests.{resource}" in validation["messageExpression"]
+    assert validation["reason"] == "Invalid"
+
+
 def test_every_policy_has_a_denying_binding(objects: list[dict[str, Any]]) -> None:
     policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
     bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert policies == {"gpupack-pod-allocation", "gpupack-agent-own-node"}
+    assert policies == {"gpupack-pod-allocation", "gpupack-agent-own-node", "gpupack-quota-resources"}
     assert {b["spec"]["policyName"] for b in bindings} == policies
     assert all(
         b["spec"]["validationActions"] == ["Deny"] and "matchResources" not in b["spec"] for b in bindings

@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from agent.nvml import simfile
-from app import admission, catalog, cli, names, request
+from app import admission, catalog, cli, names, podview, request
 from app.devcluster import addons, command
 from app.devcluster.cluster import Cluster
 from app.devcluster.identities import IDENTITIES
@@ -36,12 +36,14 @@ def test_policies_come_from_the_chart_policies_before_bindings() -> None:
     assert sorted(got) == [
         ("ValidatingAdmissionPolicy", "gpupack-agent-own-node"),
         ("ValidatingAdmissionPolicy", "gpupack-pod-allocation"),
+        ("ValidatingAdmissionPolicy", "gpupack-quota-resources"),
         ("ValidatingAdmissionPolicyBinding", "gpupack-agent-own-node"),
         ("ValidatingAdmissionPolicyBinding", "gpupack-pod-allocation"),
+        ("ValidatingAdmissionPolicyBinding", "gpupack-quota-resources"),
     ]
     kinds = [k for k, _ in got]
     assert kinds == sorted(kinds, key=lambda k: k.endswith("Binding"))
-    assert addons.policy_objects(manifest_docs(), ("webhook",)) == []
+    assert addons.policy_objects(manifest_docs(), ("scheduler",)) == []
 
 
 def test_scoped_binding_limits_a_copy_to_one_namespace_or_named_objects() -> None:
@@ -159,7 +161,7 @@ def test_webhook_configuration_points_at_the_url_with_the_ca() -> None:
 
 def test_probe_pod_is_one_the_webhook_is_sent() -> None:
     pod = addons.probe_pod()
-    assert request.wants_gpu(pod["metadata"]["annotations"])
+    assert podview.ask_of(pod["metadata"]["annotations"]).wanted
     assert addons.PROBE_NAMESPACE not in ("kube-system", "gpupack-system")  # excluded by namespaceSelector
 
 
@@ -367,7 +369,7 @@ def test_examples_are_valid_requests_with_nothing_but_the_annotation(
 ) -> None:
     pod = yaml.safe_load((REPO / "deploy/examples" / name).read_text())
     assert pod["kind"] == "Pod" and "generateName" in pod["metadata"]  # `kubectl create` twice works
-    parsed = request.parse(pod["metadata"]["annotations"], request.containers_of(pod["spec"]))
+    parsed = request.parse(podview.read(pod))
     assert isinstance(parsed, request.GpuRequest), parsed
     assert parsed.resource == (resource, amount)
     for container in pod["spec"]["containers"]:

@@ -6,7 +6,8 @@ from typing import Any
 
 import pytest
 
-from app.hostres import HostResources, node_allocatable, pod_requests
+from app import podview
+from app.hostres import HostResources, node_allocatable
 
 
 def c(
@@ -49,7 +50,7 @@ def c(
     ],
 )
 def test_pod_requests(spec: Any, want: HostResources) -> None:
-    assert pod_requests(spec) == want
+    assert podview.read({"spec": spec}).host == want
 
 
 def test_node_allocatable_rounds_down_and_none_without_status() -> None:

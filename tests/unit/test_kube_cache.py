@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from app import names
+from app import names, podview
 from app.errors import RequestError
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache, node_order_key
@@ -166,14 +166,14 @@ def test_natural_node_order() -> None:
 
 
 def test_demand_from_annotations_and_from_resources() -> None:
-    assert pod_demand(pod("p", "u", milli=250, count=2)) == Demand(count=2, milli=250)
+    assert pod_demand(podview.read(pod("p", "u", milli=250, count=2))) == Demand(count=2, milli=250)
     bare = pod("p", "u", milli=100, count=3)
     bare["metadata"]["annotations"] = {names.GPU_FRACTION_NUM_DEVICES: "3"}
-    assert pod_demand(bare) == Demand(count=3, milli=100)
+    assert pod_demand(podview.read(bare)) == Demand(count=3, milli=100)
     mem = pod("p", "u")
     mem["metadata"]["annotations"] = {}
     mem["spec"]["containers"][0]["resources"] = {"limits": {names.RESOURCE_GPU_MEMORY_MIB: "4096"}}
-    assert pod_demand(mem) == Demand(count=1, memory_mib=4096)
+    assert pod_demand(podview.read(mem)) == Demand(count=1, memory_mib=4096)
 
 
 @pytest.mark.parametrize(
@@ -190,7 +190,7 @@ def test_demand_reads_canonical_quantities(resource: str, raw: str, count: int, 
     p = pod("p", "u")
     p["metadata"]["annotations"] = {names.GPU_FRACTION_NUM_DEVICES: str(count)}
     p["spec"]["containers"][0]["resources"] = {"limits": {resource: raw}}
-    assert pod_demand(p) == expected
+    assert pod_demand(podview.read(p)) == expected
 
 
 @pytest.mark.parametrize(
@@ -254,13 +254,13 @@ def test_demand_errors(
     p = pod("p", "u")
     p["metadata"]["annotations"] = annotations
     p["spec"]["containers"][0]["resources"] = {"limits": resources}
-    assert pod_demand(p) == (expected,)
+    assert pod_demand(podview.read(p)) == (expected,)
 
 
 def test_demand_of_an_annotated_pod_uses_the_webhook_rules() -> None:
     p = pod("p", "u")
     p["metadata"]["annotations"] = {names.GPU_FRACTION: "2"}
-    got = pod_demand(p)
+    got = pod_demand(podview.read(p))
     assert isinstance(got, tuple) and [e.field for e in got] == [names.GPU_FRACTION]
     assert got[0].value == "2"
 
@@ -269,7 +269,7 @@ def test_demand_from_resources_canonicalises_gpu_models() -> None:
     """Without annotations the models are read as the webhook reads them (NVML aliases -> catalogue)."""
     p = pod("p", "u", milli=500)
     p["metadata"]["annotations"] = {names.GPU_MODEL: "Tesla T4|T4|A100"}
-    got = pod_demand(p)
+    got = pod_demand(podview.read(p))
     assert isinstance(got, Demand) and got.models == frozenset({"T4", "A100"})
 
 
@@ -363,11 +363,11 @@ def test_removing_the_managed_label_does_not_forget_the_share() -> None:
 
 def test_an_explicit_mps_isolation_makes_mps_required() -> None:
     p = pod("p", "u1")
-    assert isinstance(d := pod_demand(p), Demand) and not d.needs_mps
+    assert isinstance(d := pod_demand(podview.read(p)), Demand) and not d.needs_mps
     p["metadata"]["annotations"][names.ISOLATION] = "mps"
-    assert isinstance(d := pod_demand(p), Demand) and d.needs_mps
+    assert isinstance(d := pod_demand(podview.read(p)), Demand) and d.needs_mps
     p["metadata"]["annotations"][names.ISOLATION] = "none"
-    assert isinstance(d := pod_demand(p), Demand) and not d.needs_mps
+    assert isinstance(d := pod_demand(podview.read(p)), Demand) and not d.needs_mps
 
 
 def test_the_demand_the_verbs_parse_carries_the_pods_cpu_and_memory() -> None:
@@ -376,7 +376,7 @@ def test_the_demand_the_verbs_parse_carries_the_pods_cpu_and_memory() -> None:
     p = pod("p", "u1", milli=160)
     p["spec"]["containers"][0]["resources"]["requests"].update({"cpu": "6", "memory": "22888Mi"})
     p["spec"]["initContainers"] = [{"name": "i", "resources": {"requests": {"cpu": "8"}}}]
-    assert pod_demand(p) == Demand(count=1, milli=160, cpu_milli=8000, host_memory_mib=22888)
+    assert pod_demand(podview.read(p)) == Demand(count=1, milli=160, cpu_milli=8000, host_memory_mib=22888)
 
 
 def test_a_node_update_that_keeps_allocatable_keeps_the_cached_view() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app import managed, names
+from app import managed, names, podview
 from app.errors import RequestError
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "webhook"
@@ -46,8 +46,8 @@ def test_golden_cases_include_mutated_pods() -> None:
 
 @pytest.mark.parametrize("case", sorted(MUTATED))
 def test_every_pod_the_webhook_mutates_is_managed(case: str) -> None:
-    assert managed.unmanaged_errors(MUTATED[case]) == ()
-    assert managed.unmanaged_reason(MUTATED[case]) is None
+    assert managed.unmanaged_errors(podview.read(MUTATED[case])) == ()
+    assert managed.unmanaged_reason(podview.read(MUTATED[case])) is None
 
 
 def test_a_pod_that_skipped_the_webhook_is_refused_with_every_reason() -> None:
@@ -56,7 +56,7 @@ def test_a_pod_that_skipped_the_webhook_is_refused_with_every_reason() -> None:
         "metadata": {"name": "p"},
         "spec": {"containers": [{"name": "main", "resources": {"limits": res}}]},
     }
-    assert managed.unmanaged_errors(bare) == (
+    assert managed.unmanaged_errors(podview.read(bare)) == (
         RequestError(
             "metadata.labels[gpupack.io/managed]",
             "",
@@ -68,7 +68,7 @@ def test_a_pod_that_skipped_the_webhook_is_refused_with_every_reason() -> None:
             f"must be the fieldRef {managed.GPU_UUIDS_FIELD}; {managed.FIX}",
         ),
     )
-    reason = managed.unmanaged_reason(bare)
+    reason = managed.unmanaged_reason(podview.read(bare))
     assert reason is not None
     assert reason.startswith("not admitted by the gpupack webhook: metadata.labels[gpupack.io/managed]='': ")
 
@@ -122,16 +122,16 @@ def test_a_pod_that_skipped_the_webhook_is_refused_with_every_reason() -> None:
 )
 def test_each_missing_mark_is_named(edit: Any, field: str, value: str) -> None:
     pod = copy.deepcopy(gpu_pod())
-    assert managed.unmanaged_errors(pod) == ()
+    assert managed.unmanaged_errors(podview.read(pod)) == ()
     edit(pod)
-    errors = managed.unmanaged_errors(pod)
+    errors = managed.unmanaged_errors(podview.read(pod))
     assert [(e.field, e.value) for e in errors] == [(field, value)]
 
 
 def test_other_containers_with_void_pass() -> None:
     pod = gpu_pod(initContainers=[{"name": "init", "env": [VOID]}])
     pod["spec"]["containers"].append({"name": "side", "env": [{"name": "X", "value": "1"}, VOID]})
-    assert managed.unmanaged_errors(pod) == ()
+    assert managed.unmanaged_errors(podview.read(pod)) == ()
 
 
 def test_init_container_with_the_gpu_share_passes() -> None:
@@ -141,7 +141,7 @@ def test_init_container_with_the_gpu_share_passes() -> None:
     init = {"name": "gpu-init", "env": main["env"], "resources": main["resources"]}
     pod["spec"]["containers"][0] = {"name": "main-app", "env": [VOID]}
     pod["spec"]["initContainers"] = [init, {"name": "sidecar", "restartPolicy": "Always", "env": [VOID]}]
-    assert managed.unmanaged_errors(pod) == ()
+    assert managed.unmanaged_errors(podview.read(pod)) == ()
 
 
 def test_share_on_a_container_the_request_does_not_name_is_refused() -> None:
@@ -153,8 +153,8 @@ def test_share_on_a_container_the_request_does_not_name_is_refused() -> None:
         names.GPU_FRACTION_CONTAINER_NAME: "gpu-init",
     }
     pod["spec"]["initContainers"] = [{"name": "gpu-init", "env": main["env"], "resources": main["resources"]}]
-    errors = managed.unmanaged_errors(pod)
+    errors = managed.unmanaged_errors(podview.read(pod))
     assert [(e.field, e.value) for e in errors] == [("containers[main].resources", names.RESOURCE_GPU_MILLI)]
     assert "only the GPU container ('gpu-init') carries a gpupack share" in errors[0].rule
     pod["spec"]["containers"][0] = {"name": "main", "env": [VOID]}
-    assert managed.unmanaged_errors(pod) == ()
+    assert managed.unmanaged_errors(podview.read(pod)) == ()

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agent import nodeside
-from app import names
+from agent import mpsprep, nodeside
+from agent.nvml.base import ComputeMode
+from app import names, podview
 from app.model import Allocation
 
 NODE = "gpu-1"
@@ -28,12 +31,22 @@ def a_pod(annotations: dict[str, str] | None = None, node: str = NODE, **spec: A
     }  # fmt: skip
 
 
+def decide(
+    a: nodeside.Ask,
+    pod: dict[str, Any] | None,
+    node: str,
+    mps_not_ready: Callable[[Sequence[str]], str] = nodeside.always_ready,
+) -> nodeside.Grant | nodeside.Answer:
+    """nodeside.decide on the pod as the agent reads it from the apiserver's answer."""
+    return nodeside.decide(a, podview.read(pod) if pod is not None else None, node, mps_not_ready)
+
+
 def ask(container: str = "main", uid: str = UID) -> nodeside.Ask:
     return nodeside.Ask(uid, "team-a", "half", container, "c0ffee")
 
 
 def test_gpu_container_of_an_mps_share_gets_its_allocation_env_and_its_mps_directory() -> None:
-    grant = nodeside.decide(ask(), a_pod(), NODE)
+    grant = decide(ask(), a_pod(), NODE)
     assert isinstance(grant, nodeside.Grant) and grant.mps
     answer = nodeside.answer(grant, "/tmp/nvidia-mps/pods/" + UID)
     assert answer.allowed
@@ -49,8 +62,58 @@ def test_gpu_container_of_an_mps_share_gets_its_allocation_env_and_its_mps_direc
     assert "NVIDIA_GPU_MEMORY_LIMIT" in answer.unset and "NVIDIA_GPU_MEMORY_REQUESTS" in answer.unset
 
 
+BOOT = "5d1c2e0a-boot"
+
+
+def ready_record(pipe: Path, boot: str, modes: dict[str, ComputeMode]) -> None:
+    """The ready record as the MPS daemon pod's init step writes it (agent.mpsprep.write_ready)."""
+    gpus = [mpsprep.GpuMode(i, uuid, mode) for i, (uuid, mode) in enumerate(modes.items())]
+    mpsprep.write_ready(pipe, gpus, boot)
+
+
+def readiness(pipe: Path, want: ComputeMode | None = None) -> Callable[[Sequence[str]], str]:
+    """The agent's check (agent.main.node_server) against the record in `pipe`, on boot BOOT."""
+    return lambda uuids: mpsprep.not_ready(pipe, list(uuids), want, BOOT)
+
+
+@pytest.mark.parametrize(
+    ("record", "want", "said"),
+    [
+        (None, None, "has not prepared this node ("),
+        ({"boot": "an-earlier-boot"}, None, "has not prepared this node since it booted"),
+        ({"boot": BOOT, "mode": ComputeMode.DEFAULT}, ComputeMode.EXCLUSIVE_PROCESS, "GPU GPU-b not in"),
+    ],
+    ids=["no-record", "record-of-an-earlier-boot", "gpu-not-in-its-mode"],
+)
+def test_an_mps_client_is_refused_until_the_daemon_pod_prepared_the_node_on_this_boot(
+    tmp_path: Path, record: dict[str, Any] | None, want: ComputeMode | None, said: str
+) -> None:
+    if record is not None:
+        ready_record(tmp_path, record["boot"], {"GPU-b": record.get("mode", ComputeMode.EXCLUSIVE_PROCESS)})
+    answer = decide(ask(), a_pod(), NODE, readiness(tmp_path, want))
+    assert isinstance(answer, nodeside.Answer) and not answer.allowed
+    assert f"container 'main' of pod team-a/half (uid {UID})" in answer.reason
+    assert "would be an MPS client too early" in answer.reason and said in answer.reason
+    assert str(tmp_path / mpsprep.READY_FILE) in answer.reason or "GPU GPU-b" in answer.reason
+
+
+def test_a_record_of_this_boot_lets_the_mps_client_start_and_shares_without_mps_never_wait(
+    tmp_path: Path,
+) -> None:
+    modes = {"GPU-a": ComputeMode.DEFAULT, "GPU-b": ComputeMode.EXCLUSIVE_PROCESS}
+    ready_record(tmp_path, BOOT, modes)
+    want = ComputeMode.EXCLUSIVE_PROCESS
+    grant = decide(ask(), a_pod(), NODE, readiness(tmp_path, want))  # its GPU, GPU-b, is in its mode
+    assert isinstance(grant, nodeside.Grant) and grant.mps
+    # No record at all: a share without MPS and a container without the GPU start regardless.
+    empty = tmp_path / "empty"
+    plain = decide(ask(), a_pod({names.ISOLATION: "none"}), NODE, readiness(empty, want))
+    assert isinstance(plain, nodeside.Grant) and not plain.mps
+    assert isinstance(decide(ask("side"), a_pod(), NODE, readiness(empty, want)), nodeside.Grant)
+
+
 def test_share_without_mps_gets_no_mps_env_and_no_mount() -> None:
-    grant = nodeside.decide(ask(), a_pod({names.ISOLATION: "none"}), NODE)
+    grant = decide(ask(), a_pod({names.ISOLATION: "none"}), NODE)
     assert isinstance(grant, nodeside.Grant) and not grant.mps
     answer = nodeside.answer(grant, None)
     assert not any(k.startswith("CUDA_MPS_") for k in answer.env)
@@ -58,7 +121,7 @@ def test_share_without_mps_gets_no_mps_env_and_no_mount() -> None:
 
 
 def test_other_containers_get_no_gpu() -> None:
-    grant = nodeside.decide(ask("side"), a_pod(), NODE)
+    grant = decide(ask("side"), a_pod(), NODE)
     assert grant == nodeside.Grant({names.ENV_NVIDIA_VISIBLE_DEVICES: "void"})
 
 
@@ -74,28 +137,28 @@ def test_other_containers_get_no_gpu() -> None:
     ids=["gone", "other-node", "allocation-unreadable", "allocation-elsewhere", "invalid-request"],
 )
 def test_refusals_name_the_pod_and_the_reason(pod: dict[str, Any] | None, node: str, said: str) -> None:
-    answer = nodeside.decide(ask(), pod, node)
+    answer = decide(ask(), pod, node)
     assert isinstance(answer, nodeside.Answer) and not answer.allowed
     assert f"pod team-a/half (uid {UID})" in answer.reason
     assert said in answer.reason
 
 
 def test_a_pod_recreated_under_the_same_name_is_not_the_one_asked_about() -> None:
-    answer = nodeside.decide(ask(uid="another-uid"), a_pod(), NODE)
+    answer = decide(ask(uid="another-uid"), a_pod(), NODE)
     assert isinstance(answer, nodeside.Answer) and not answer.allowed
 
 
 def test_a_pod_without_allocation_is_refused() -> None:
     pod = a_pod()
     pod["metadata"]["annotations"] = {names.GPU_FRACTION: "0.5"}
-    answer = nodeside.decide(ask(), pod, NODE)
+    answer = decide(ask(), pod, NODE)
     assert isinstance(answer, nodeside.Answer)
     assert "has no allocation annotations" in answer.reason
 
 
 def test_a_pod_that_is_no_gpupack_pod_is_refused() -> None:
     plain = {"metadata": {"uid": UID, "namespace": "team-a", "name": "half"}, "spec": {"nodeName": NODE}}
-    answer = nodeside.decide(ask(), plain, NODE)
+    answer = decide(ask(), plain, NODE)
     assert isinstance(answer, nodeside.Answer)
     assert "is no gpupack pod" in answer.reason and "remove spec.runtimeClassName" in answer.reason
 

@@ -368,7 +368,7 @@ def test_node_frag_memo_shared_between_cpu_values_answers_each_by_definition(
         )
         settled = wl.settled_waste()
         usable = sum(x - settled[x] for x in sorted(lefts))
-        assert wl.cpu_stranded(value, tuple(sorted(lefts))) == max(0.0, usable - value / ratio)
+        assert wl.cpu_stranded(value, tuple(sorted(lefts)), model) == max(0.0, usable - value / ratio)
 
 
 # --- invariants -----------------------------------------------------------------------------------------
@@ -496,9 +496,9 @@ WHOLE_8_CORES = TargetWorkload(
 def test_stranded_milli_is_what_the_free_cpu_cannot_feed() -> None:
     # Whole-GPU pods bring 8 CPU milli per GPU milli; every empty GPU gets used (V[1000] = 0).
     assert WHOLE_8_CORES.cpu_per_milli == 8.0
-    assert WHOLE_8_CORES.cpu_stranded(18000, (1000, 1000)) == 0.0  # 2 GPUs need 16000
-    assert WHOLE_8_CORES.cpu_stranded(14000, (1000, 1000)) == 250.0
-    assert WHOLE_8_CORES.cpu_stranded(None, (1000, 1000)) == 0.0  # CPU not tracked: nothing to say
+    assert WHOLE_8_CORES.cpu_stranded(18000, (1000, 1000), "T4") == 0.0  # 2 GPUs need 16000
+    assert WHOLE_8_CORES.cpu_stranded(14000, (1000, 1000), "T4") == 250.0
+    assert WHOLE_8_CORES.cpu_stranded(None, (1000, 1000), "T4") == 0.0  # CPU not tracked: nothing to say
 
 
 def test_fragaware_keeps_cpu_for_the_gpus_of_a_cpu_tight_node() -> None:
@@ -564,7 +564,8 @@ def _share_choice_by_definition(policy: Policy, node: Node, demand: Demand) -> t
         after[after.index(g.milli_free)] -= milli
         after_t = tuple(sorted(after))
         delta = wl.node_frag(cpu, lefts, node.model) - wl.node_frag(cpu_after, after_t, node.model)
-        delta += 0.5 * (wl.cpu_stranded(cpu, lefts) - wl.cpu_stranded(cpu_after, after_t))
+        model = node.model
+        delta += 0.5 * (wl.cpu_stranded(cpu, lefts, model) - wl.cpu_stranded(cpu_after, after_t, model))
         settled = wl.settled_waste()
         delta += 0.5 * (settled[g.milli_free] - settled[g.milli_free - milli])
         if score_of(delta) > best[0]:

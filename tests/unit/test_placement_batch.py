@@ -51,7 +51,7 @@ def random_gpu(rng: random.Random, index: int, model: str, memory: int) -> Gpu:
 
 
 def random_node(rng: random.Random, i: int) -> Node:
-    model, memory = rng.choice((("A100-40GB", 40960), ("H100-80GB", 81920)))
+    model, memory = rng.choice((("A100-40GB", 40960), ("H100-80GB", 81920), ("T4", 15360)))
     n = rng.choice((1, 2, 4, 8, 8))
     gpus = [random_gpu(rng, g, model, memory) for g in range(n)]
     odd = rng.random()
@@ -83,8 +83,22 @@ BY_MODEL = TargetWorkload(
     )
 )
 
+# GPU shapes pinned to A100 alone or to a `|` set: on an H100 only the CPU-only shape and the set land
+# (a part of its own), and nothing but the CPU-only shape lands on a T4 (no settle table, no CPU ratio).
+# On a fleet with few A100s, the A100 is scarce for the set's pods and for unpinned demands.
+PINNED = TargetWorkload(
+    (
+        PodShape(4000, 470, 1, frozenset({"A100-40GB"}), 0.35),
+        PodShape(12000, 1000, 1, frozenset({"A100-40GB"}), 0.25),
+        PodShape(6000, 250, 1, frozenset({"A100-40GB", "H100-80GB"}), 0.25),
+        PodShape(16000, 0, 0, frozenset(), 0.15),
+    ),
+    fleet=(("A100-40GB", 300), ("H100-80GB", 200), ("T4", 100)),
+)
+
 POLICIES = {
     "by-model": lambda: FragAware(BY_MODEL, options=GPUPACK_OPTIONS),
+    "pinned": lambda: FragAware(PINNED, options=GPUPACK_OPTIONS),
     "fragaware": lambda: registry.create("fragaware"),
     "fgd": lambda: registry.create("fgd"),
     "settle-only": lambda: FragAware(default_workload(), options=FragOptions(settle_weight=0.5)),

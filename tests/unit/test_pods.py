@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from app import hostres, names
+from app import names, podview
 from app.hostres import HostResources
 from app.model import Allocation, Demand
-from app.pods import is_gpupack_pod, pod_info, slim_pod
+from app.pods import is_gpupack, pod_info, slim_pod
 
 ALLOC = Allocation("n1", (0,), ("GPU-a",), 500, 7554)
 
@@ -94,10 +94,8 @@ def test_a_slim_pod_reads_exactly_like_the_listed_one(gpu: bool) -> None:
     full = _full_pod(gpu)
     slim = slim_pod(full)
     assert pod_info(slim) == pod_info(full)
-    assert is_gpupack_pod(slim) == is_gpupack_pod(full) == gpu
-    assert (
-        hostres.pod_requests(slim["spec"]) == hostres.pod_requests(full["spec"]) == HostResources(1850, 2048)
-    )
+    assert is_gpupack(podview.read(slim)) == is_gpupack(podview.read(full)) == gpu
+    assert podview.read(slim).host == podview.read(full).host == HostResources(1850, 2048)
     assert "managedFields" not in slim["metadata"] and "env" not in slim["spec"]["containers"][0]
     assert len(json.dumps(slim)) < len(json.dumps(full))
 

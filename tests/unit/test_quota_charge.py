@@ -10,15 +10,19 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app import catalog, names, quota, request
+from app import catalog, names, podview, quota, request
 from app.quota import Charge, QuotaUse
-from app.request import Container, GpuRequest
+from app.request import GpuRequest
 
-MAIN = (Container("main"),)
+
+def parse(annotations: dict[str, str]) -> GpuRequest | tuple[object, ...]:
+    return request.parse(
+        podview.read({"metadata": {"annotations": annotations}, "spec": {"containers": [{"name": "main"}]}})
+    )
 
 
 def req(annotations: dict[str, str]) -> GpuRequest:
-    parsed = request.parse(annotations, MAIN)
+    parsed = parse(annotations)
     assert isinstance(parsed, GpuRequest), parsed
     return parsed
 
@@ -129,7 +133,7 @@ def test_charge_covers_what_placement_reserves_on_any_gpu_the_pod_may_land_on(
         annotations["gpu-memory"] = str(amount * 800)
     if allowed:
         annotations[names.GPU_MODEL] = "|".join(allowed)
-    parsed = request.parse(annotations, MAIN)
+    parsed = parse(annotations)
     if not isinstance(parsed, GpuRequest):  # e.g. more memory than any allowed GPU has
         return
     charged = quota.charge(parsed)

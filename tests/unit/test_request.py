@@ -9,24 +9,40 @@ import pytest
 from app import names, request
 from app.errors import RequestError
 from app.model import Demand
-from app.request import Container, GpuRequest, Isolation
+from app.podview import ContainerView, Kind, PodView, ask_of
+from app.request import GpuRequest, Isolation
 
 FRACTION_RULE = "must be a decimal in (0, 1] with at most 2 decimals"
 MEMORY_RULE = (
     "must be a whole number of MiB (e.g. 4096) or a Kubernetes quantity with a byte suffix "
     "Ki, Mi, Gi, Ti, Pi, Ei, k, M, G, T, P or E (e.g. 4Gi)"
 )
+
+
+def Container(  # noqa: N802 - reads as the record it builds
+    name: str, init: bool = False, whole_gpus: str | None = None, ours: tuple[tuple[str, str], ...] = ()
+) -> ContainerView:
+    """A container as the rules read it (only what they read)."""
+    return ContainerView(Kind.INIT if init else Kind.REGULAR, 0, name, whole_gpus=whole_gpus, ours=ours)
+
+
 MAIN = (Container("main"),)
 
 
-def messages(annotations: dict[str, str], containers: Sequence[Container] = MAIN) -> list[str]:
-    result = request.parse(annotations, containers)
+def parse(
+    annotations: dict[str, str], containers: Sequence[ContainerView] = MAIN
+) -> GpuRequest | tuple[RequestError, ...]:
+    return request.parse(PodView(annotations=annotations, containers=tuple(containers)))
+
+
+def messages(annotations: dict[str, str], containers: Sequence[ContainerView] = MAIN) -> list[str]:
+    result = parse(annotations, containers)
     assert isinstance(result, tuple), f"expected errors, got {result}"
     return [str(e) for e in result]
 
 
-def parsed(annotations: dict[str, str], containers: Sequence[Container] = MAIN) -> GpuRequest:
-    result = request.parse(annotations, containers)
+def parsed(annotations: dict[str, str], containers: Sequence[ContainerView] = MAIN) -> GpuRequest:
+    result = parse(annotations, containers)
     assert isinstance(result, GpuRequest), f"expected a request, got {result}"
     return result
 
@@ -203,13 +219,13 @@ def test_memory_checked_against_the_listed_models() -> None:
         ),
     ],
 )
-def test_rules(annotations: dict[str, str], containers: Sequence[Container], expected: list[str]) -> None:
+def test_rules(annotations: dict[str, str], containers: Sequence[ContainerView], expected: list[str]) -> None:
     assert messages(annotations, containers) == expected
 
 
 def test_every_error_in_rule_order() -> None:
     """Two (and more) mistakes are all reported at once, in the order the rules run."""
-    result = request.parse(
+    result = parse(
         {
             names.GPU_FRACTION: "1.5",
             names.GPU_FRACTION_NUM_DEVICES: "0",
@@ -278,29 +294,6 @@ def test_explicit_zero_whole_gpus_is_not_a_conflict() -> None:
     assert parsed({names.GPU_FRACTION: "0.5"}, (Container("main", whole_gpus="0"),)).milli == 500
 
 
-def test_containers_of_reads_limits_and_requests() -> None:
-    spec = {
-        "containers": [
-            {"name": "a", "resources": {"limits": {"nvidia.com/gpu": "1"}}},
-            {"name": "b", "resources": {"requests": {"nvidia.com/gpu": 2}}},
-            {"name": "c"},
-        ],
-        "initContainers": [{"name": "i", "resources": {"limits": {"cpu": "1"}}}],
-    }
-    assert request.containers_of(spec) == (
-        Container("a", whole_gpus="1"),
-        Container("b", whole_gpus="2"),
-        Container("c"),
-        Container("i", init=True),
-    )
-
-
-def test_wants_gpu() -> None:
-    assert request.wants_gpu({names.GPU_FRACTION: "x"})
-    assert request.wants_gpu({names.GPU_MEMORY: ""})
-    assert not request.wants_gpu({names.GPU_FRACTION_NUM_DEVICES: "2", names.GPU_MODEL: "T4"})
-
-
 # --- MIG ---
 
 PROFILES = "1g.5gb, 1g.10gb, 2g.10gb, 1g.20gb, 2g.20gb, 3g.20gb, 4g.20gb, 3g.40gb, 4g.40gb, 7g.40gb, 7g.80gb"
@@ -317,7 +310,7 @@ def test_a_mig_profile_request_takes_one_device_of_that_profile_without_mps() ->
     # charged as the least memory a 1g.10gb has on any model (A100-80GB: 9728 MiB)
     assert req.resource == (names.RESOURCE_GPU_MEMORY_MIB, 9728)
     assert req.demand() == Demand(count=1, mig=True, mig_profile="1g.10gb")
-    assert request.wants_gpu({names.MIG_PROFILE: "1g.10gb"})
+    assert ask_of({names.MIG_PROFILE: "1g.10gb"}).wanted
 
 
 def test_memory_with_mig_isolation_is_a_mig_demand() -> None:
@@ -375,5 +368,5 @@ def test_memory_with_mig_isolation_is_a_mig_demand() -> None:
     ],
 )
 def test_mig_rules(annotations: dict[str, str], expected: list[str]) -> None:
-    result = request.parse(annotations, MAIN)
+    result = parse(annotations, MAIN)
     assert ([str(e) for e in result] if isinstance(result, tuple) else []) == expected

@@ -5,10 +5,10 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_webhook_mutate import apply_patch, decoded, review_of
+from test_webhook_mutate import apply_patch, decide, decoded, review_of
 from test_webhook_pod_validity import apiserver_errors
 
-from app import managed, names
+from app import managed, names, podview
 from webhook import mutate
 from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings
@@ -65,10 +65,10 @@ def test_takeover_rewrites_hami_resources(
     limits: dict[str, str], ours: dict[str, str], dropped: list[str]
 ) -> None:
     obj = hami_pod(limits, annotations={"nvidia.com/use-gputype": "A100"})
-    decision = mutate.decide(review_of(obj), ON)
+    decision = decide(review_of(obj), ON)
     assert decision.outcome is WebhookOutcome.MUTATED, decision.messages
     out = apply_patch(obj, decoded(decision.response))
-    assert apiserver_errors(out) == [] and managed.unmanaged_errors(out) == ()
+    assert apiserver_errors(out) == [] and managed.unmanaged_errors(podview.read(out)) == ()
     ann = out["metadata"]["annotations"]
     assert {k: ann.get(k) for k in ours} == ours
     assert ann[names.GPU_FRACTION_CONTAINER_NAME] == "cuda"
@@ -95,13 +95,13 @@ def test_takeover_of_an_init_container() -> None:
 
 def test_off_by_default() -> None:
     obj = hami_pod({"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"})
-    decision = mutate.decide(review_of(obj), Settings())
+    decision = decide(review_of(obj), Settings())
     assert decision.outcome is WebhookOutcome.SKIPPED and "patch" not in decision.response["response"]
 
 
 def test_whole_gpu_pod_is_not_taken_over() -> None:
     obj = hami_pod({"nvidia.com/gpu": "1"})
-    assert mutate.decide(review_of(obj), ON).outcome is WebhookOutcome.SKIPPED
+    assert decide(review_of(obj), ON).outcome is WebhookOutcome.SKIPPED
 
 
 @pytest.mark.parametrize(
@@ -127,7 +127,7 @@ def test_whole_gpu_pod_is_not_taken_over() -> None:
     ],
 )
 def test_bad_hami_values_are_refused_naming_the_resource(limits: dict[str, str], message: str) -> None:
-    decision = mutate.decide(review_of(hami_pod(limits)), ON)
+    decision = decide(review_of(hami_pod(limits)), ON)
     assert decision.outcome is WebhookOutcome.DENIED
     assert decision.messages == (message,)
 
@@ -135,7 +135,7 @@ def test_bad_hami_values_are_refused_naming_the_resource(limits: dict[str, str],
 def test_two_containers_with_hami_shares_are_refused() -> None:
     obj = hami_pod({"nvidia.com/gpumem": "1000"})
     obj["spec"]["containers"][1]["resources"] = {"limits": {"nvidia.com/gpucores": "50"}}
-    decision = mutate.decide(review_of(obj), ON)
+    decision = decide(review_of(obj), ON)
     assert decision.outcome is WebhookOutcome.DENIED
     assert decision.messages == (
         "spec.containers[app].resources='nvidia.com/gpucores': gpupack gives one container per pod a GPU "
@@ -148,6 +148,6 @@ def test_pod_with_our_annotation_is_not_rewritten() -> None:
     obj = hami_pod(
         {"nvidia.com/gpu": "1", "nvidia.com/gpumem": "3000"}, annotations={names.GPU_FRACTION: "0.5"}
     )
-    decision = mutate.decide(review_of(obj), ON)
+    decision = decide(review_of(obj), ON)
     assert decision.outcome is WebhookOutcome.DENIED
     assert "must not be combined with nvidia.com/gpu" in decision.messages[0]

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from test_webhook_mutate import apply_patch, decoded, review_of
 
-from app import managed, names, request, units
+from app import managed, names, podview, request, units
 from app.model import Demand
 from webhook import mutate
 from webhook.settings import Settings
@@ -61,8 +61,8 @@ def test_init_container_share_counts_once_at_node_level_and_in_the_extender(
     }
     out = apply_patch(obj, decoded(mutate.review(review_of(obj), Settings())))
     assert effective_request(out["spec"], resource) == amount
-    demand = request.pod_demand(out)
+    demand = request.pod_demand(podview.read(out))
     assert isinstance(demand, Demand), demand
     per_device = demand.milli if resource == names.RESOURCE_GPU_MILLI else demand.memory_mib
     assert (per_device or 0) * demand.count == amount
-    assert managed.unmanaged_errors(out) == ()
+    assert managed.unmanaged_errors(podview.read(out)) == ()

@@ -12,7 +12,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from app import names, request, units
+from app import names, podview, request, units
 from webhook import mutate
 from webhook.metrics import WebhookOutcome
 from webhook.schemas import AdmissionReview
@@ -74,6 +74,11 @@ def review_of(obj: dict[str, Any], uid: str = "u-1") -> dict[str, Any]:
     }
 
 
+def decide(body: dict[str, Any], settings: Settings, pod_security: str | None = None) -> mutate.Decision:
+    """A review (dict) decided as the app does it: validated first."""
+    return mutate.decide(AdmissionReview.model_validate(body), settings, pod_security)
+
+
 def pod(annotations: dict[str, str] | None, *containers: dict[str, Any], **spec: Any) -> dict[str, Any]:
     meta: dict[str, Any] = {"name": "p"}
     if annotations is not None:
@@ -123,7 +128,7 @@ def test_golden(case: Path, update_golden: bool) -> None:
 
 
 def test_golden_cases_cover_every_outcome() -> None:
-    outcomes = {mutate.decide(json.loads(c.read_text()), Settings()).outcome for c in CASES}
+    outcomes = {decide(json.loads(c.read_text()), Settings()).outcome for c in CASES}
     assert outcomes == {WebhookOutcome.MUTATED, WebhookOutcome.SKIPPED, WebhookOutcome.DENIED}
 
 
@@ -136,12 +141,12 @@ def test_golden_cases_cover_every_outcome() -> None:
 def test_second_pass_changes_nothing(case: Path, settings: Settings) -> None:
     """reinvocationPolicy IfNeeded: the mutated pod, as the apiserver stores it, gets an empty patch."""
     review = json.loads(case.read_text())
-    first = mutate.decide(review, settings)
+    first = decide(review, settings)
     if first.outcome is not WebhookOutcome.MUTATED:
         return
     mutated = apply_patch(review["request"]["object"], decoded(first.response))
     again = review_of(as_apiserver_stores(mutated))
-    second = mutate.decide(again, settings)
+    second = decide(again, settings)
     assert second.outcome is WebhookOutcome.MUTATED
     assert decoded(second.response) == []
 
@@ -150,7 +155,7 @@ def test_second_pass_changes_nothing(case: Path, settings: Settings) -> None:
 
 
 def test_fraction_pod_gets_everything() -> None:
-    decision = mutate.decide(
+    decision = decide(
         review_of(pod({names.GPU_FRACTION: "0.3", names.GPU_FRACTION_NUM_DEVICES: "3"})), Settings()
     )
     obj = apply_patch(pod({names.GPU_FRACTION: "0.3"}), decoded(decision.response))
@@ -225,7 +230,7 @@ def test_user_env_of_ours_is_refused_not_overwritten() -> None:
             "env": [{"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"}, {"name": "X", "value": "1"}],
         },
     )
-    decision = mutate.decide(review_of(obj), Settings())
+    decision = decide(review_of(obj), Settings())
     assert decision.outcome is WebhookOutcome.DENIED
     assert decision.messages == (
         "spec.containers[main].env[NVIDIA_VISIBLE_DEVICES]='all': is set by gpupack on the GPU container "
@@ -356,7 +361,7 @@ def test_denial_shape() -> None:
 def test_never_mutates_what_is_not_a_pod_create(request_patch: dict[str, Any]) -> None:
     review = review_of(pod({names.GPU_FRACTION: "0.5"}))
     review["request"].update(request_patch)
-    decision = mutate.decide(review, Settings())
+    decision = decide(review, Settings())
     assert decision.outcome is WebhookOutcome.SKIPPED
     assert decision.response["response"] == {"uid": "u-1", "allowed": True}
 
@@ -454,7 +459,7 @@ def _pods(draw: st.DrawFn) -> dict[str, Any]:
         annotations[key] = draw(st.sampled_from(valid + invalid if hostile else valid))
     if not hostile and names.GPU_FRACTION in annotations and names.GPU_MEMORY in annotations:
         del annotations[draw(st.sampled_from([names.GPU_FRACTION, names.GPU_MEMORY]))]
-    if draw(st.integers(0, 4)) > 0 and not request.wants_gpu(annotations):
+    if draw(st.integers(0, 4)) > 0 and not podview.ask_of(annotations).wanted:
         annotations[draw(st.sampled_from([names.GPU_FRACTION, names.GPU_MEMORY]))] = draw(
             st.sampled_from(["0.25", "2048"])
         )
@@ -484,10 +489,10 @@ def test_property_mutation_is_consistent_and_idempotent(obj: dict[str, Any], sch
     review = review_of(obj)
     AdmissionReview.model_validate(review)  # the generator stays inside what the app accepts
     cfg = Settings(scheduler_name=scheduler)
-    first = mutate.decide(review, cfg)
+    first = decide(review, cfg)
     event(first.outcome.value)
-    if not request.wants_gpu(obj["metadata"]["annotations"]):
-        ours = [r for c in request.containers_of(obj["spec"]) for r, _ in c.ours]
+    if not podview.ask_of(obj["metadata"]["annotations"]).wanted:
+        ours = [r for c in podview.read(obj).containers for r, _ in c.ours]
         if ours:  # our resources without our annotations: refused, naming each resource
             assert first.outcome is WebhookOutcome.DENIED
             assert all(r in first.response["response"]["status"]["message"] for r in ours)
@@ -499,7 +504,7 @@ def test_property_mutation_is_consistent_and_idempotent(obj: dict[str, Any], sch
         return
     assert first.outcome is WebhookOutcome.MUTATED
     out = apply_patch(obj, decoded(first.response))
-    req = request.parse(obj["metadata"]["annotations"], request.containers_of(obj["spec"]))
+    req = request.parse(podview.read(obj))
     assert isinstance(req, request.GpuRequest)
     resource, amount = req.resource
     assert out["metadata"]["labels"][names.LABEL_MANAGED] == "true"
@@ -555,7 +560,7 @@ def test_property_mutation_is_consistent_and_idempotent(obj: dict[str, Any], sch
 def test_our_resources_without_annotations_are_refused(
     containers: list[dict[str, Any]], extra_spec: dict[str, Any], resource: str, where: str
 ) -> None:
-    decision = mutate.decide(review_of(pod({"app": "x"}, *containers, **extra_spec)), Settings())
+    decision = decide(review_of(pod({"app": "x"}, *containers, **extra_spec)), Settings())
     assert decision.outcome is WebhookOutcome.DENIED
     inner = decision.response["response"]
     assert inner["allowed"] is False and "patch" not in inner
@@ -567,7 +572,7 @@ def test_our_resources_without_annotations_are_refused(
 
 def test_pod_without_our_resources_or_annotations_is_still_skipped() -> None:
     obj = pod(None, {"name": "main", "resources": {"limits": {"nvidia.com/gpu": "1", "cpu": "1"}}})
-    assert mutate.decide(review_of(obj), Settings()).outcome is WebhookOutcome.SKIPPED
+    assert decide(review_of(obj), Settings()).outcome is WebhookOutcome.SKIPPED
 
 
 def test_our_resource_on_a_non_gpu_container_is_refused() -> None:
@@ -577,7 +582,7 @@ def test_our_resource_on_a_non_gpu_container_is_refused() -> None:
         {"name": "main"},
         {"name": "side", "resources": {"requests": {names.RESOURCE_GPU_MILLI: "500"}}},
     )
-    decision = mutate.decide(review_of(obj), Settings())
+    decision = decide(review_of(obj), Settings())
     assert decision.outcome is WebhookOutcome.DENIED
     assert decision.messages == (
         f"{names.RESOURCE_GPU_MILLI}='500': requested by container 'side', which is not the GPU container "
@@ -591,7 +596,7 @@ def test_our_resource_on_the_gpu_container_is_rewritten_not_refused() -> None:
         {names.GPU_FRACTION: "0.5"},
         {"name": "main", "resources": {"limits": {names.RESOURCE_GPU_MILLI: "1"}}},
     )
-    decision = mutate.decide(review_of(obj), Settings())
+    decision = decide(review_of(obj), Settings())
     assert decision.outcome is WebhookOutcome.MUTATED
     out = apply_patch(obj, decoded(decision.response))
     assert out["spec"]["containers"][0]["resources"]["limits"] == {

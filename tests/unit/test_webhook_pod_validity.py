@@ -10,9 +10,9 @@ from typing import Any
 
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from test_webhook_mutate import apply_patch, decoded, review_of
+from test_webhook_mutate import apply_patch, decide, decoded, review_of
 
-from app import managed, names
+from app import managed, names, podview
 from webhook import mutate
 from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings
@@ -135,7 +135,7 @@ def _gpu_container(pod: dict[str, Any]) -> dict[str, Any]:
 def test_mutated_pod_is_valid_and_keeps_everything_the_user_wrote(obj: dict[str, Any]) -> None:
     assert apiserver_errors(obj) == []  # the generator writes only pods the apiserver accepts
     cfg = Settings(hami_takeover=True)
-    decision = mutate.decide(review_of(obj), cfg)
+    decision = decide(review_of(obj), cfg)
     event(decision.outcome.value)
     if decision.outcome is WebhookOutcome.DENIED:
         # Refused only for a clash, naming it: an env var of ours set otherwise, or the pipe mount path taken.
@@ -149,7 +149,7 @@ def test_mutated_pod_is_valid_and_keeps_everything_the_user_wrote(obj: dict[str,
     assert decision.outcome is WebhookOutcome.MUTATED
     out = apply_patch(obj, decoded(decision.response))
     assert apiserver_errors(out) == []
-    assert managed.unmanaged_errors(out) == ()  # and the extender will place it
+    assert managed.unmanaged_errors(podview.read(out)) == ()  # and the extender will place it
     assert out["metadata"]["labels"]["kai.scheduler/queue"] == "team-a"
     # Nothing the user wrote was changed or dropped: our items are only ever appended.
     before = obj["spec"]["containers"] + obj["spec"].get("initContainers", [])
@@ -217,7 +217,7 @@ def test_other_volume_at_the_pipe_path_is_refused_naming_it() -> None:
             "volumes": [{"name": "scratch", "emptyDir": {}}],
         },
     }
-    decision = mutate.decide(review_of(obj), Settings())
+    decision = decide(review_of(obj), Settings())
     assert decision.outcome is WebhookOutcome.DENIED
     (message,) = decision.messages
     assert message.startswith(

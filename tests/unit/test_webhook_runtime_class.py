@@ -6,10 +6,9 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from test_webhook_mutate import apply_patch, as_apiserver_stores, decoded, pod, review_of
+from test_webhook_mutate import apply_patch, as_apiserver_stores, decide, decoded, pod, review_of
 
 from app import names
-from webhook import mutate
 from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings
 
@@ -19,7 +18,7 @@ KAI_MOUNT = {"name": "mps", "mountPath": "/mps"}
 
 
 def mutated(obj: dict[str, Any], settings: Settings, level: str | None = None) -> dict[str, Any]:
-    decision = mutate.decide(review_of(obj), settings, level)
+    decision = decide(review_of(obj), settings, level)
     assert decision.outcome is WebhookOutcome.MUTATED, decision.messages
     return apply_patch(obj, decoded(decision.response))
 
@@ -65,7 +64,7 @@ def test_a_pod_mounting_the_pipe_dir_itself_keeps_its_mount_and_gets_no_runtime_
 
 def test_a_runtime_class_of_the_pods_own_is_refused_naming_the_field() -> None:
     obj = pod({names.GPU_FRACTION: "0.5"}, runtimeClassName="nvidia")
-    decision = mutate.decide(review_of(obj), NODE_SIDE)
+    decision = decide(review_of(obj), NODE_SIDE)
     assert decision.outcome is WebhookOutcome.DENIED
     (message,) = decision.messages
     assert message.startswith("spec.runtimeClassName='nvidia': must be 'gpupack' or unset for an MPS share")
@@ -73,7 +72,7 @@ def test_a_runtime_class_of_the_pods_own_is_refused_naming_the_field() -> None:
 
 def test_our_runtime_class_already_set_is_no_clash_and_no_op() -> None:
     out = mutated(pod({names.GPU_FRACTION: "0.5"}), NODE_SIDE)
-    again = mutate.decide(review_of(as_apiserver_stores(out)), NODE_SIDE)
+    again = decide(review_of(as_apiserver_stores(out)), NODE_SIDE)
     assert decoded(again.response) == []
     # isolation none leaves a user's runtime class alone
     plain = pod({names.GPU_FRACTION: "0.5", names.ISOLATION: "none"}, runtimeClassName="nvidia")
@@ -88,7 +87,7 @@ def test_mps_share_is_admitted_where_host_path_is_forbidden_with_the_runtime_cla
 
 @pytest.mark.parametrize("level", ["baseline", "restricted"])
 def test_legacy_mps_share_is_refused_where_host_path_is_forbidden(level: str) -> None:
-    decision = mutate.decide(review_of(pod({names.GPU_FRACTION: "0.5"})), Settings(), level)
+    decision = decide(review_of(pod({names.GPU_FRACTION: "0.5"})), Settings(), level)
     assert decision.outcome is WebhookOutcome.DENIED
     (message,) = decision.messages
     assert f"Pod Security level {level!r} enforced in namespace 'default' refuses" in message
@@ -99,7 +98,7 @@ def test_own_pipe_mount_is_refused_at_baseline_with_what_to_remove() -> None:
     obj = pod(
         {names.GPU_FRACTION: "0.5"}, {"name": "main", "volumeMounts": [KAI_MOUNT]}, volumes=[KAI_VOLUME]
     )
-    decision = mutate.decide(review_of(obj), NODE_SIDE, "baseline")
+    decision = decide(review_of(obj), NODE_SIDE, "baseline")
     assert decision.outcome is WebhookOutcome.DENIED
     (message,) = decision.messages
     assert "the pod mounts the node's MPS pipe directory itself (a hostPath volume, at /mps)" in message

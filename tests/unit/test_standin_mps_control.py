@@ -1,0 +1,165 @@
+"""The stand-in MPS control daemon (tests/standin/mps_control.py) behaves as the node side relies on."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+STANDIN = Path(__file__).resolve().parents[1] / "standin" / "mps_control.py"
+needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="clients of other uids need root")
+
+
+@pytest.fixture
+def pipe(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    # Under /tmp and world-searchable (pytest's tmp_path is 0700 root): clients of other uids reach it.
+    root = Path(tempfile.mkdtemp(prefix="standin-mps-", dir="/tmp"))
+    root.chmod(0o755)
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(root / "pipe"))
+    monkeypatch.setenv("CUDA_MPS_LOG_DIRECTORY", str(root / "log"))
+    yield root / "pipe"
+    control("quit")
+    deadline = time.monotonic() + 5
+    while (root / "pipe" / "control").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def start(*flags: str) -> None:
+    argv = [sys.executable, str(STANDIN), "-d", *flags]
+    done = subprocess.run(argv, capture_output=True, timeout=20, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def control(*commands: str) -> subprocess.CompletedProcess[str]:
+    stdin = "".join(f"{c}\n" for c in commands)
+    return subprocess.run(
+        [sys.executable, str(STANDIN)], input=stdin, capture_output=True, text=True, timeout=20, check=False
+    )
+
+
+def servers() -> list[int]:
+    return [int(p) for p in control("get_server_list").stdout.split()]
+
+
+def clients(server: int) -> list[int]:
+    return [int(p) for p in control(f"get_client_list {server}").stdout.split()]
+
+
+class Client:
+    """A stand-in CUDA client forked as `uid` (no exec: the interpreter need not be readable by it)."""
+
+    def __init__(self, uid: int, hold: bool = True, timeout: float = 10) -> None:
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - child
+            rc = 99
+            try:
+                os.close(read)
+                sys.stdout = os.fdopen(write, "w")  # not fd 1: pytest's capture replaced sys.stdout
+                if uid != os.geteuid():
+                    os.setgid(uid)
+                    os.setuid(uid)
+                sys.path.insert(0, str(STANDIN.parent))
+                import mps_control
+
+                rc = mps_control.client(hold, timeout)
+            finally:
+                os._exit(rc)
+        os.close(write)
+        self.pid = pid
+        self._out = os.fdopen(read)
+
+    def line(self) -> str:
+        return self._out.readline().strip()
+
+    def stop(self) -> int:
+        os.kill(self.pid, signal.SIGTERM)
+        return self.wait()
+
+    def wait(self) -> int:
+        _, status = os.waitpid(self.pid, 0)
+        return os.waitstatus_to_exitcode(status)
+
+
+def test_control_client_answers_and_keeps_defaults(pipe: Path) -> None:
+    start()
+    done = control(
+        "set_default_active_thread_percentage 50",
+        "get_default_active_thread_percentage",
+        "set_default_device_pinned_mem_limit GPU-1 2048M",
+        "get_default_device_pinned_mem_limit GPU-1",
+        "get_server_list",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["50.0", "50.0", "2048M"]
+    refused = control("set_default_device_pinned_mem_limit 0 lots")
+    assert refused.returncode == 1
+    assert "'lots' must be a number with K, M or G" in refused.stderr
+
+
+def test_no_daemon_means_exit_1_for_control_and_3_for_a_client(pipe: Path) -> None:
+    assert control("get_server_list").returncode == 1
+    c = Client(os.geteuid(), hold=False)
+    assert c.line() == "no MPS daemon"
+    assert c.wait() == 3
+
+
+def test_a_held_client_is_listed_by_its_peer_pid_until_it_exits(pipe: Path) -> None:
+    start()
+    c = Client(os.geteuid())
+    server = int(c.line().split()[1])
+    assert servers() == [server]
+    assert clients(server) == [c.pid]  # SO_PEERCRED: the client's own pid
+    assert c.stop() == 0
+    deadline = time.monotonic() + 5
+    while clients(server) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert clients(server) == []
+    assert servers() == [server]  # a server outlives its last client
+
+
+def test_quit_ends_servers_and_drops_held_clients(pipe: Path) -> None:
+    start()
+    c = Client(os.geteuid())
+    server = int(c.line().split()[1])
+    control("quit")
+    assert c.line() == f"lost server {server}"
+    assert c.wait() == 1
+
+
+@needs_root
+def test_without_multiuser_a_second_uid_waits_for_the_first_uids_clients(pipe: Path) -> None:
+    start()
+    first = Client(0)
+    first_server = int(first.line().split()[1])
+    second = Client(1000, timeout=2)
+    assert second.line() == "waiting"  # serialized: uid 1000 gets no server while uid 0's has a client
+    assert second.wait() == 4
+    assert first.stop() == 0
+    third = Client(1000)
+    line = third.line().split()
+    assert line[3] == "1000" and int(line[1]) != first_server
+    assert servers() == [int(line[1])]
+    assert control(f"get_server_uid {line[1]}").stdout.strip() == "1000"
+    third.stop()
+
+
+@needs_root
+def test_multiuser_serves_two_uids_at_once_from_one_root_server(pipe: Path) -> None:
+    start("-M")
+    a, b = Client(0), Client(1000)
+    line_a, line_b = a.line().split(), b.line().split()
+    assert line_a[1] == line_b[1] and line_a[3] == line_b[3] == "0"
+    assert sorted(clients(int(line_a[1]))) == sorted([a.pid, b.pid])
+    assert control(f"get_client_uid {b.pid}").stdout.strip() == "1000"
+    a.stop()
+    b.stop()
