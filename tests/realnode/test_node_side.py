@@ -95,6 +95,29 @@ def test_two_tenants_of_different_uids_share_a_gpu_from_baseline_namespaces(
     real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube
 ) -> None:
     cluster, node = real_cluster
+    # A whole GPU held first: the two halves can only share the other one (the default policy may spread
+    # two halves over an idle node's two GPUs).
+    held = new_namespace(kube)
+    whole = {names.GPU_FRACTION: "1", names.ISOLATION: "none"}
+    blocker = busybox_pod("whole", whole, {"main": ("sleep", "3600")}, node.name)
+    kube.send(Request("POST", f"/api/v1/namespaces/{held}/pods", blocker))
+    wait_for(
+        lambda: (
+            kube.send(Request("GET", f"/api/v1/namespaces/{held}/pods/whole"))["status"].get("phase")
+            == "Running"
+        ),
+        RUN_TIMEOUT_S,
+        "a pod holding a whole GPU",
+        interval=0.5,
+    )
+    try:
+        _two_tenants_share_a_gpu(kube, cluster, node)
+    finally:
+        kube.send(Request("DELETE", f"/api/v1/namespaces/{held}/pods/whole", {"gracePeriodSeconds": 0}))
+        kube.send(Request("DELETE", f"/api/v1/namespaces/{held}"))
+
+
+def _two_tenants_share_a_gpu(kube: Kube, cluster: Cluster, node: kubeletnode.RealNode) -> None:
     made = {}
     for name, uid in (("as-1000", 1000), ("as-root", None)):
         ns = new_namespace(kube, {ENFORCE: "baseline"})
