@@ -11,14 +11,16 @@ import shutil
 import socket
 import subprocess
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from agent import mpsprep
 from agent.nodeserver import NodeServer
+from agent.nvml.base import ComputeMode
 from agent.pipedirs import PipeDirs
 from app import names
 from app.errors import KubeError
@@ -154,7 +156,7 @@ def node(built: Path) -> Iterator[Node]:
     try:
         yield n
     finally:
-        server.stop()
+        n.server.stop()
         daemon.close()
         shutil.rmtree(root)
 
@@ -236,6 +238,35 @@ def test_backend_down_fails_create_with_the_reason(node: Node) -> None:
     (error,) = node.log_errors()
     assert "not started: the MPS control daemon does not answer at" in error
     assert not (node.out / "argv").exists()
+
+
+def test_no_ready_record_of_this_boot_fails_create_until_the_daemon_pod_writes_it(node: Node) -> None:
+    """The agent as agent.main wires it: the MPS daemon pod's ready record (agent.mpsprep) is checked."""
+    node.server.stop()
+    boot = mpsprep.boot_id()
+
+    def not_ready(uuids: Sequence[str]) -> str:
+        return mpsprep.not_ready(node.pipe, list(uuids), ComputeMode.EXCLUSIVE_PROCESS, boot)
+
+    node.server = NodeServer(node.server.socket_path, NODE, PipeDirs(node.pipe), node.server.send,
+                             mps_not_ready=not_ready)  # fmt: skip
+    node.server.start()
+    gpu = mpsprep.GpuMode(0, "GPU-a", ComputeMode.EXCLUSIVE_PROCESS)  # as prepare-mps records it
+    for tried, (boot_of_record, said) in enumerate(((None, "missing"), ("an-earlier-boot", "earlier boot"))):
+        if boot_of_record is not None:
+            mpsprep.write_ready(node.pipe, [gpu], boot_of_record)
+        done = node.create(spec(), f"r{tried}")
+        assert done.returncode == 1
+        errors = node.log_errors()
+        assert len(errors) == tried + 1, errors
+        error = errors[-1]
+        assert 'container "main" of pod team-a/half not started: ' in error
+        assert "would be an MPS client too early: the MPS daemon pod has not prepared this node" in error
+        assert said in error
+        assert not (node.out / "argv").exists()  # the runtime never ran
+    mpsprep.write_ready(node.pipe, [gpu], boot)
+    assert node.create(spec(), "r9").returncode == 0
+    assert env_of(node.seen())[names.ENV_CUDA_VISIBLE_DEVICES] == "GPU-a"
 
 
 def test_a_mount_of_the_pods_own_where_the_mps_directory_goes_is_refused(node: Node) -> None:
