@@ -28,6 +28,7 @@ from .pods import RUN_TIMEOUT_S, busybox_pod, new_namespace, run_to_completion
 ENFORCE = "pod-security.kubernetes.io/enforce"
 RECORD = "/run/gpupack/injection.json"
 # The first thing the GPU container runs reads the handler's record and the boot clock; then what it holds.
+# A tenant lives 25 s: on a loaded machine two pods created together have started up to ~10 s apart.
 FIRST = f"R=$(cat {RECORD}); U=$(cut -d' ' -f1 /proc/uptime); "
 FIRST += 'echo "RECORD=$R"; echo "UPTIME=$U"; '
 TENANT = FIRST + (
@@ -35,7 +36,7 @@ TENANT = FIRST + (
     'echo "MPSDIR=$(ls -A "$CUDA_MPS_PIPE_DIRECTORY" | tr "\\n" " ")"; '
     'echo "MPSINO=$(stat -c %i "$CUDA_MPS_PIPE_DIRECTORY")"; '
     'test -S "$CUDA_MPS_PIPE_DIRECTORY/control" && echo "CONTROL=socket"; '
-    'echo "mine" > /dev/shm/secret-$HOSTNAME; sleep 8; '
+    'echo "mine" > /dev/shm/secret-$HOSTNAME; sleep 25; '
     'echo "SHM=$(ls -A /dev/shm | tr "\\n" " ")"; '
     "echo \"END=$(cut -d' ' -f1 /proc/uptime)\"; env"
 )
