@@ -23,12 +23,11 @@ from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube
 
 from . import chart
-from .pods import RUN_TIMEOUT_S, busybox_pod, new_namespace, run_to_completion
+from .pods import RUN_TIMEOUT_S, busybox_pod, idle_node, new_namespace, run_to_completion
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 RECORD = "/run/gpupack/injection.json"
 # The first thing the GPU container runs reads the handler's record and the boot clock; then what it holds.
-# A tenant lives 25 s: on a loaded machine two pods created together have started up to ~10 s apart.
 FIRST = f"R=$(cat {RECORD}); U=$(cut -d' ' -f1 /proc/uptime); "
 FIRST += 'echo "RECORD=$R"; echo "UPTIME=$U"; '
 TENANT = FIRST + (
@@ -36,7 +35,7 @@ TENANT = FIRST + (
     'echo "MPSDIR=$(ls -A "$CUDA_MPS_PIPE_DIRECTORY" | tr "\\n" " ")"; '
     'echo "MPSINO=$(stat -c %i "$CUDA_MPS_PIPE_DIRECTORY")"; '
     'test -S "$CUDA_MPS_PIPE_DIRECTORY/control" && echo "CONTROL=socket"; '
-    'echo "mine" > /dev/shm/secret-$HOSTNAME; sleep 25; '
+    'echo "mine" > /dev/shm/secret-$HOSTNAME; sleep 20; '
     'echo "SHM=$(ls -A /dev/shm | tr "\\n" " ")"; '
     "echo \"END=$(cut -d' ' -f1 /proc/uptime)\"; env"
 )
@@ -96,8 +95,9 @@ def test_two_tenants_of_different_uids_share_a_gpu_from_baseline_namespaces(
     real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube
 ) -> None:
     cluster, node = real_cluster
-    # A whole GPU held first: the two halves can only share the other one (the default policy may spread
-    # two halves over an idle node's two GPUs).
+    # From an idle node (the earlier tests' pods removed), a whole GPU held first: the two halves can only
+    # share the other one (the default policy may spread two halves over an idle node's two GPUs).
+    idle_node(kube, node.name)
     held = new_namespace(kube)
     whole = {names.GPU_FRACTION: "1", names.ISOLATION: "none"}
     blocker = busybox_pod("whole", whole, {"main": ("sleep", "3600")}, node.name)

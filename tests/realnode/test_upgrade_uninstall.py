@@ -32,7 +32,7 @@ from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube
 
 from . import chart
-from .pods import busybox_pod, env_of, new_namespace, run_to_completion
+from .pods import busybox_pod, env_of, idle_node, new_namespace, run_to_completion
 
 ROLLOUT_TIMEOUT_S = 180
 CONFIGMAP_SYNC_TIMEOUT_S = 180  # the kubelet refreshes a ConfigMap volume within its sync period (~1 min)
@@ -132,25 +132,11 @@ def _held(kube: Kube, cluster: Cluster, ns: str, name: str) -> Held:
     )
 
 
-def _idle_node(kube: Kube, node: str) -> None:
-    """Remove the earlier tests' namespaces (this file runs last), so both GPUs are free for the holders."""
-    for item in kube.send(Request("GET", "/api/v1/namespaces"))["items"]:
-        name = item["metadata"]["name"]
-        if name.startswith("rn-") and not item["metadata"].get("deletionTimestamp"):
-            kube.send(Request("DELETE", f"/api/v1/namespaces/{name}"))
-    selector = {"labelSelector": f"{names.LABEL_MANAGED}=true", "fieldSelector": f"spec.nodeName={node}"}
-
-    def idle() -> bool:
-        return not kube.send(Request("GET", "/api/v1/pods", query=selector))["items"]
-
-    wait_for(idle, 90, "no gpupack pod left on the node", interval=1)
-
-
 @pytest.fixture(scope="module")
 def holders(real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube) -> Holders:
     """Two pods, each with a stand-in MPS client that holds its connection; 0.75 each: one per GPU."""
     cluster, node = real_cluster
-    _idle_node(kube, node.name)
+    idle_node(kube, node.name)
     ns = new_namespace(kube)
     image = _gpupack_image(kube)
     for name in HOLDERS:
