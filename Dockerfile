@@ -8,6 +8,17 @@
 # Python slim image, pinned by version. deploy/image/build.sh builds an equivalent base from Debian packages
 # where no registry is reachable.
 ARG BASE_IMAGE=docker.io/library/python:3.11.13-slim-bookworm
+# The Go toolchain image for gpupack-runc (the RuntimeClass handler: a static binary, standard library
+# only). deploy/image/build.sh passes the base image instead and mounts the host's Go at /usr/local/go.
+ARG GO_IMAGE=docker.io/library/golang:1.26-bookworm
+
+# ---- handler: gpupack-runc, installed on each node by the agent DaemonSet (docs/node-side.md) ----
+FROM ${GO_IMAGE} AS handler
+COPY handler /src/handler
+RUN cd /src/handler \
+ && HOME=/tmp GOCACHE=/tmp/go-cache CGO_ENABLED=0 GOFLAGS=-trimpath GOTOOLCHAIN=local \
+    /usr/local/go/bin/go build -ldflags "-s -w -X main.Version=$(cat VERSION)" -o /out/gpupack-runc . \
+ && /out/gpupack-runc --gpupack-version
 
 # ---- build: a virtualenv with gpupack and its dependencies, from the source tree ----
 FROM ${BASE_IMAGE} AS build
@@ -45,6 +56,7 @@ LABEL org.opencontainers.image.title="gpupack" \
       org.opencontainers.image.revision="${REVISION}" \
       org.opencontainers.image.licenses="Apache-2.0"
 COPY --from=build /opt/gpupack /opt/gpupack
+COPY --from=handler /out/gpupack-runc /opt/gpupack/node/gpupack-runc
 ENV PATH=/opt/gpupack/bin:$PATH PYTHONUNBUFFERED=1 PYTHONDONTWRITEBYTECODE=1
 # The chart's podSecurityContext runs as 65532:65532 (the agent overrides it with root for MPS and NVML).
 USER 65532:65532

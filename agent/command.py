@@ -56,6 +56,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     flag("mps_exclusive_process", action="store_true")
     flag("mps_thread_percentage", type=int)
     flag("mps_pinned_mem_limit_mib", type=int)
+    flag("node_socket", type=Path)
     flag("log_level")
     run.set_defaults(func=run_command)
     prep = agent_sub.add_parser(
@@ -73,6 +74,24 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         help="mode idle MPS GPUs are put in; keep: leave every mode as it is (default: exclusive-process)",
     )
     prep.set_defaults(func=prepare_command)
+
+    handler = agent_sub.add_parser(
+        "handler", help="install gpupack's RuntimeClass handler on this node; remove it on uninstall"
+    )
+    handler.add_argument("--source", type=Path, required=True, help="the gpupack-runc binary to install")
+    handler.add_argument(
+        "--install-dir", type=Path, required=True, help="host dir of containerd's BinaryName"
+    )
+    handler.add_argument("--runtime", default="runc", help="the real runtime the handler runs")
+    handler.add_argument("--socket", type=Path, required=True, help="the agent's --node-socket (host path)")
+    handler.add_argument("--state-dir", type=Path, required=True, help="host dir of the containers' records")
+    handler.add_argument("--daemonset", required=True, help="this pod's DaemonSet (gone: an uninstall)")
+    handler.add_argument("--namespace", required=True, help="the DaemonSet's namespace")
+    handler.add_argument(
+        "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)"
+    )
+    handler.add_argument("--log-level", default="info")
+    handler.set_defaults(func=handler_command)
 
 
 def settings_from(args: argparse.Namespace) -> Settings:
@@ -105,9 +124,12 @@ def run_command(args: argparse.Namespace) -> int:
 def _run(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> int:
     import uvicorn
 
-    from agent.main import Runner, build, create_app
+    from agent.main import Runner, build, create_app, node_server
 
     agent = build(settings, send, time.time)
+    node_side = node_server(settings, send)
+    if node_side is not None:
+        node_side.start()
     _log.info(
         "agent started",
         extra={"node": settings.node, "sim": str(settings.sim or ""), "heartbeat_s": settings.heartbeat_s},
@@ -136,9 +158,51 @@ def _run(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> int:
         server.run()
         return runner.exit_code
     finally:
+        if node_side is not None:
+            node_side.stop()
         # Nothing of the node's MPS is stopped: the daemon runs in its own pod, and its servers and their
         # clients outlive this process (agent.mps).
         _log.info("agent stopped", extra={"node": settings.node})
+
+
+def handler_command(args: argparse.Namespace) -> int:
+    """Install, wait for SIGTERM, then remove the handler if the release is gone (agent.handlerinstall)."""
+    import threading
+
+    from agent import handlerinstall as hi
+
+    log.setup(args.log_level)
+    bad = [f"--{k.replace('_', '-')}={v}: must be an absolute path" for k, v in
+           (("install_dir", args.install_dir), ("socket", args.socket), ("state_dir", args.state_dir))
+           if not v.is_absolute()]  # fmt: skip
+    if not args.source.is_file():
+        bad.append(f"--source={args.source}: no such file")
+    if bad:
+        for line in bad:
+            print(f"gpupack agent handler: {line}", file=sys.stderr)
+        return 2
+    files = hi.HandlerFiles(args.install_dir, args.runtime, args.socket, args.state_dir)
+    hi.install(files, args.source)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    from app.kube.client import Kube
+
+    try:
+        kube = Kube.connect(args.kubeconfig)
+    except Exception as exc:  # no configuration at all: the ServiceAccount is gone with the release
+        _log.info("no Kubernetes configuration left; treating as an uninstall", extra={"error": str(exc)})
+        hi.uninstall(files)
+        return 0
+    try:
+        if hi.release_gone(kube.send, args.namespace, args.daemonset):
+            hi.uninstall(files)
+        else:
+            _log.info("rollout: the runtime handler stays for the next agent pod")
+    finally:
+        kube.close()
+    return 0
 
 
 def prepare_command(args: argparse.Namespace) -> int:

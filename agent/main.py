@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -12,12 +12,14 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agent import metrics, toolkit
+from agent import metrics, mpsprep, toolkit
 from agent.cgroup import ProcResolver
 from agent.loop import Agent, AgentConfig, Resolver
 from agent.mps import MpsConfig, MpsSupervisor
+from agent.nodeserver import NodeServer
 from agent.nvml.base import ComputeMode, Nvml
 from agent.nvml.simfile import SimFileError
+from agent.pipedirs import PipeDirs
 from agent.reporter import ReporterConfig
 from agent.settings import Settings
 from app import log
@@ -75,6 +77,20 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
     # The container-start env check reads the host's processes even with simulated GPUs: the pods are real.
     procs = ProcResolver(settings.proc_root)
     return Agent(config, nvml=nvml, resolver=resolver, mps=mps, send=send, clock=clock, procs=procs)
+
+
+def node_server(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> NodeServer | None:
+    """The RuntimeClass handler's answerer, where --node-socket asks for one (docs/node-side.md)."""
+    if settings.node_socket is None:
+        return None
+    want = ComputeMode.EXCLUSIVE_PROCESS if settings.mps_exclusive_process else None
+    boot = mpsprep.boot_id()  # a reboot restarts the agent too
+
+    def mps_not_ready(uuids: Sequence[str]) -> str:
+        return mpsprep.not_ready(settings.mps_pipe_dir, list(uuids), want, boot)
+
+    pipe_dirs = PipeDirs(settings.mps_pipe_dir)
+    return NodeServer(settings.node_socket, settings.node, pipe_dirs, send, mps_not_ready=mps_not_ready)
 
 
 class Runner:

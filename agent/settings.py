@@ -49,6 +49,9 @@ class Settings:
     mps_pinned_mem_limit_mib: int | None = setting(
         None, "the MPS daemon's default pinned memory limit per device, MiB"
     )
+    node_socket: Path | None = setting(
+        None, "answer gpupack's RuntimeClass handler on this unix socket (docs/node-side.md)"
+    )
     log_level: str = setting("info", "log level: debug, info, warning, error")
 
     @property
@@ -71,4 +74,6 @@ class Settings:
             check.bad("mps_thread_percentage", self.mps_thread_percentage, "must be in 1..100")
         if self.mps_pinned_mem_limit_mib is not None:
             check.positive("mps_pinned_mem_limit_mib", self.mps_pinned_mem_limit_mib, "must be >= 1")
+        if self.node_socket is not None and not self.node_socket.is_absolute():
+            check.bad("node_socket", str(self.node_socket), "must be an absolute path")
         return check.errors

@@ -188,6 +188,12 @@ class PodView:
         return tuple(_volume(v) for v in as_list(self._spec.get("volumes")))
 
     @cached_property
+    def runtime_class_name(self) -> str | None:
+        """spec.runtimeClassName as sent (None when unset or not a string)."""
+        value = self._spec.get("runtimeClassName")
+        return value if isinstance(value, str) else None
+
+    @cached_property
     def container_ids(self) -> Mapping[str, str]:
         """Runtime container ID (without the runtime:// prefix) -> container name, init containers too."""
         return _container_ids(as_object(self.source.get("status")))

@@ -31,6 +31,7 @@ def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, henc
     flag("port", type=int)
     flag("scheduler_name")
     flag("mps_pipe_host_dir")
+    flag("runtime_class")
     flag("hami_takeover", action="store_true")
     flag("cert_check_interval_s", type=float)
     flag("workers", type=int)
@@ -61,6 +62,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         args,
         FLAGS,
         scheduler_name=args.scheduler_name or None,
+        runtime_class=args.runtime_class or None,
         mps_pipe_host_dir=args.mps_pipe_host_dir or default_of(Settings, "mps_pipe_host_dir"),
     )
 

@@ -25,8 +25,9 @@ from webhook.settings import Settings
 
 Json = Any  # a decoded JSON value
 Op = dict[str, Json]
-# The pipe plan of each GPU container (by JSON pointer), or why it has none; none at all without MPS.
-Plans = Mapping[str, pipe.PipeMount | RequestError]
+# What the patch writes for the pipe dir of each GPU container (by JSON pointer), or why it cannot; none
+# at all without MPS.
+Plans = Mapping[str, pipe.Writes | RequestError]
 
 MPS_VOLUME: Final = pipe.VOLUME
 _REQUIRED: Final = "requiredDuringSchedulingIgnoredDuringExecution"
@@ -72,11 +73,13 @@ def decide(review: AdmissionReview, settings: Settings, pod_security: str | None
     parsed = request.parse(pod)
     if isinstance(parsed, tuple):
         return _deny(uid, parsed)
+    plans = pipe_plans(pod, parsed, settings)
     if pod_security and (
-        refused := podsecurity.refusal(parsed, pod.annotations, pod_security, req.namespace)
+        refused := podsecurity.refusal(
+            parsed, pod.annotations, pod_security, req.namespace, next(iter(plans.values()), None)
+        )
     ):
         return _deny(uid, (refused,))
-    plans = pipe_plans(pod, parsed, settings)
     if errors := clashes(pod, parsed, plans):
         return _deny(uid, errors)
     ops = taken + pod_patch(pod, parsed, plans, settings)
@@ -109,8 +112,17 @@ def pipe_plans(pod: PodView, req: GpuRequest, settings: Settings) -> Plans:
     """The pipe plan of the GPU container (of each container of that name), made once per review."""
     if req.isolation is not Isolation.MPS:
         return {}
-    host_dir = settings.mps_pipe_host_dir
-    return {c.pointer: pipe.plan(pod, c, host_dir) for c in pod.containers if c.name == req.container}
+    host_dir, runtime_class = settings.mps_pipe_host_dir, settings.runtime_class
+    out: dict[str, pipe.Writes | RequestError] = {}
+    for c in pod.containers:
+        if c.name == req.container:
+            planned = pipe.plan(pod, c, host_dir)
+            out[c.pointer] = (
+                planned
+                if isinstance(planned, RequestError)
+                else pipe.writes(planned, host_dir, runtime_class)
+            )
+    return out
 
 
 def pod_patch(pod: PodView, req: GpuRequest, plans: Plans, settings: Settings) -> list[Op]:
@@ -119,20 +131,20 @@ def pod_patch(pod: PodView, req: GpuRequest, plans: Plans, settings: Settings) -
     The pod must have passed `clashes` (no env of ours set otherwise, a pipe mount we can add or reuse).
     """
     ops = _label_ops(pod.labels) + disruption.annotation_ops(pod.annotations)
-    volume_ops: list[Op] = []
+    pod_ops: list[Op] = []
     for c in pod.containers:
         if c.name != req.container:
             ops += _missing_env_ops(c, [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, names.NO_GPU)])
             continue
-        planned = plans.get(c.pointer)
-        if isinstance(planned, RequestError):
-            raise ValueError(str(planned))
-        ops += _missing_env_ops(c, gpu_env(req, planned.path if planned else names.MPS_PIPE_DIRECTORY))
+        wrote = plans.get(c.pointer)
+        if isinstance(wrote, RequestError):
+            raise ValueError(str(wrote))
+        ops += _missing_env_ops(c, gpu_env(req, wrote.pipe_dir if wrote else names.MPS_PIPE_DIRECTORY))
         ops += _resource_ops(c, req)
-        if planned is not None:
-            mount_ops, volume_ops = pipe.ops(planned, pod, c, settings.mps_pipe_host_dir)
+        if wrote is not None:
+            mount_ops, pod_ops = pipe.ops(wrote, pod, c)
             ops += mount_ops
-    ops += volume_ops
+    ops += pod_ops
     ops += _affinity_ops(pod.affinity, node_requirements(req))
     if settings.scheduler_name and pod.scheduler_name != settings.scheduler_name:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name})
@@ -145,6 +157,7 @@ def clashes(pod: PodView, req: GpuRequest, plans: Plans) -> tuple[RequestError, 
     - An env var we set, written by the user with another value (the last entry of a name is the one
       that counts): overwriting it would silently change their pod, keeping it would break the share.
     - A mount of some other volume where the GPU container's MPS pipe mount goes (see webhook.pipe).
+    - A runtimeClassName of the pod's own where an MPS share needs gpupack's RuntimeClass.
     """
     errors: list[RequestError] = []
     for c in pod.containers:
@@ -152,11 +165,13 @@ def clashes(pod: PodView, req: GpuRequest, plans: Plans) -> tuple[RequestError, 
             errors += _env_clashes(c, [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, names.NO_GPU)], req)
             continue
         pipe_dir = names.MPS_PIPE_DIRECTORY
-        planned = plans.get(c.pointer)
-        if isinstance(planned, RequestError):
-            errors.append(planned)
-        elif planned is not None:
-            pipe_dir = planned.path
+        wrote = plans.get(c.pointer)
+        if isinstance(wrote, RequestError):
+            errors.append(wrote)
+        elif wrote is not None:
+            pipe_dir = wrote.pipe_dir
+            if clash := pipe.runtime_class_clash(pod, wrote):
+                errors.append(clash)
         errors += _env_clashes(c, gpu_env(req, pipe_dir), req)
     return tuple(errors)
 

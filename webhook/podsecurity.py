@@ -1,15 +1,16 @@
 """MPS shares and Pod Security admission (pure): which namespaces' levels refuse an MPS pod, and our message.
 
-An MPS client pod gets the node's MPS pipe directory as a hostPath volume, mounted read-write (a client
-opens the control daemon's pipe for writing). Pod Security levels `baseline` and `restricted` forbid every
-hostPath volume, so an MPS pod can run only in a namespace at level `privileged` (or with no enforced
-level). `gpupack.io/isolation: none` adds no volume and nothing else Pod Security checks: such a pod passes
-`restricted` when the rest of it does.
+With gpupack's RuntimeClass (chart `nodeSide.enabled`, webhook --runtime-class) an MPS pod carries no
+hostPath: the node adds the pod's own MPS directory when the container is created (docs/node-side.md),
+so the share runs in `baseline` and `restricted` namespaces like any pod (the rest of it complying).
+An MPS pod still reaches the pipe directory through a hostPath volume where the webhook runs without
+the RuntimeClass (legacy), or where the pod mounts the host's pipe directory itself (a KAI-style pod,
+webhook.pipe); Pod Security levels `baseline` and `restricted` forbid every hostPath volume.
 
 The webhook configuration sends pods of namespaces that enforce `baseline` / `restricted` to
 /mutate/pod-security/<level> (a namespaceSelector on pod-security.kubernetes.io/enforce), so the webhook
-refuses an MPS share there with this message instead of the pod being mutated into one that Pod Security
-then refuses with its own.
+refuses such a pod there with this message, which says what to change, instead of Pod Security refusing
+the mutated pod with its own.
 """
 
 from __future__ import annotations
@@ -19,22 +20,39 @@ from collections.abc import Mapping
 from app import names
 from app.errors import RequestError
 from app.request import GpuRequest, Isolation
+from webhook.pipe import Writes
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"
 LEVELS_WITHOUT_HOSTPATH = ("baseline", "restricted")
 
 
 def refusal(
-    req: GpuRequest, annotations: Mapping[str, str], level: str, namespace: str
+    req: GpuRequest,
+    annotations: Mapping[str, str],
+    level: str,
+    namespace: str,
+    wrote: Writes | RequestError | None,
 ) -> RequestError | None:
-    """The error for an MPS share in a namespace enforcing `level`, or None when the share may run there."""
+    """The error for an MPS share whose pod would hold a hostPath in a namespace enforcing `level`, or None
+    when the share may run there. `wrote`: what the patch writes for the pipe dir (mutate.pipe_writes)."""
     if req.isolation is not Isolation.MPS or level not in LEVELS_WITHOUT_HOSTPATH:
         return None
+    if not isinstance(wrote, Writes) or not wrote.host_path:
+        return None  # the RuntimeClass path (no hostPath), or a clash reported on its own
+    forbidden = f"which Pod Security level {level!r} enforced in namespace {namespace!r} refuses"
+    if wrote.mount is None:
+        return RequestError(
+            names.ISOLATION,
+            annotations.get(names.ISOLATION, ""),
+            f"the pod mounts the node's MPS pipe directory itself (a hostPath volume, at {wrote.pipe_dir}), "
+            f"{forbidden}; remove that volume and its mount: gpupack's RuntimeClass gives the GPU container "
+            "its pod's own MPS directory at the node",
+        )
     return RequestError(
         names.ISOLATION,
         annotations.get(names.ISOLATION, ""),
         f"an MPS share (the default unless isolation is 'none') mounts the node's MPS pipe directory as a "
-        f"hostPath volume, which Pod Security level {level!r} enforced in namespace {namespace!r} refuses; "
-        f"annotate {names.ISOLATION}: 'none' for a share without MPS, or run MPS pods in a namespace at "
-        f"level 'privileged'",
+        f"hostPath volume where gpupack runs without its RuntimeClass, {forbidden}; install the node side "
+        f"(chart nodeSide.enabled, docs/node-side.md), annotate {names.ISOLATION}: 'none' for a share "
+        "without MPS, or run MPS pods in a namespace at level 'privileged'",
     )

@@ -24,6 +24,13 @@ class Settings:
     # Set spec.schedulerName on GPU pods only when configured.
     scheduler_name: str | None = setting(None, "set spec.schedulerName on GPU pods")
     mps_pipe_host_dir: str = setting(names.MPS_PIPE_DIRECTORY, "host dir of the node's MPS daemon pipe")
+    # gpupack's RuntimeClass: MPS shares get spec.runtimeClassName and the node adds each pod's own MPS
+    # directory (docs/node-side.md). None: legacy, a hostPath volume of the pipe dir in the pod.
+    runtime_class: str | None = setting(
+        None,
+        "gpupack's RuntimeClass for MPS shares (the node adds each pod's MPS directory; docs/node-side.md); "
+        "empty: a hostPath volume of the pipe dir in the pod",
+    )
     # Rewrite pods asking for HAMi's nvidia.com/gpumem, gpumem-percentage or gpucores into a gpupack share
     # (webhook.hami); off by default: such pods are then left alone, for HAMi or the device plugin.
     hami_takeover: bool = setting(
@@ -53,6 +60,12 @@ class Settings:
         parts = self.mps_pipe_host_dir.split("/")
         if not self.mps_pipe_host_dir.startswith("/") or ".." in parts:
             check.bad("mps_pipe_host_dir", self.mps_pipe_host_dir, "must be an absolute path without '..'")
+        if self.runtime_class is not None and not (
+            len(self.runtime_class) <= 253 and _DNS1123_SUBDOMAIN.match(self.runtime_class)
+        ):
+            check.bad(
+                "runtime_class", self.runtime_class, "must be a DNS-1123 subdomain (a RuntimeClass name)"
+            )
         if self.cert_file is not None or self.key_file is not None:
             for field in ("cert_file", "key_file"):
                 check.readable_file(field, getattr(self, field), "must name a readable PEM file")

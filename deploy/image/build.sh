@@ -4,7 +4,8 @@
 #      Debian packages and committed as localhost/gpupack-base:<key> - the equivalent of the official
 #      python slim image the Dockerfile defaults to (Debian's Python 3.11 instead of python.org's);
 #   2. wheels: gpupack's dependencies (and setuptools for the build), downloaded by the host's pip;
-#   3. image: `buildah bud` of the Dockerfile on that base, pip installing from the wheels only.
+#   3. image: `buildah bud` of the Dockerfile on that base, pip installing from the wheels only, and
+#      gpupack-runc (handler/) built by the host's Go toolchain, mounted into the build at /usr/local/go.
 # Base and wheels are cached by content (package list, pyproject dependencies) under
 # ~/.cache/gpupack/image/, with buildah's own storage there too (vfs driver, chroot isolation: no
 # overlayfs, no user namespaces, no daemon). mmdebstrap and buildah come from Debian packages and are
@@ -109,11 +110,14 @@ version=$("$PYTHON" -c 'import sys, tomllib; print(tomllib.load(open(sys.argv[1]
   "$repo/pyproject.toml")
 image=localhost/gpupack:$version
 revision=$(git -C "$repo" rev-parse HEAD 2>/dev/null || echo unknown)
+# gpupack-runc is built in the Dockerfile's handler stage with the host's Go toolchain (no registry).
+goroot=$(go env GOROOT 2>/dev/null) || { echo "needs Go (go on PATH) for the gpupack-runc handler" >&2; exit 2; }
 progress "image $image: buildah bud on $base"
 t0=$(date +%s)
 "${B[@]}" bud --quiet --isolation chroot --pull=never \
   --build-arg BASE_IMAGE="$base" --build-arg REVISION="$revision" \
   --build-arg PIP_ARGS="--no-index --find-links=/wheels" --volume "$wheels:/wheels:ro" \
+  --build-arg GO_IMAGE="$base" --volume "$goroot:/usr/local/go:ro" \
   -t "$image" "$repo" >&2
 # The previous build of the tag is now untagged: drop it, or the cache grows by an image per build.
 "${B[@]}" rmi --prune >/dev/null 2>&1 || true

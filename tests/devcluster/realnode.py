@@ -19,6 +19,8 @@ from typing import Any
 CNI_BIN_DIR = Path("/usr/lib/cni")  # Debian's containernetworking-plugins
 DEFAULT_SUBNET = "10.250.0.0/24"  # the real node's pod network; its first host is the node IP
 NODE_TAINT = {"key": "gpupack.test/real-node", "value": "true", "effect": "NoSchedule"}
+HANDLER = "gpupack"  # the chart's nodeSide.handler
+HANDLER_BINARY = "gpupack-runc"
 
 
 @dataclass(frozen=True)
@@ -47,6 +49,11 @@ class NodePaths:
     def runc_root(self) -> Path:
         """runc's state (default /run/containerd/runc, shared with any other containerd on the host)."""
         return self.root / "containerd" / "runc"
+
+    @property
+    def handler_dir(self) -> Path:
+        """Where the chart installs the runtime handler (nodeSide.installDir): containerd's BinaryName."""
+        return self.root / "gpupack" / "bin"
 
     @property
     def cni_conf_dir(self) -> Path:
@@ -110,6 +117,13 @@ def containerd_config(paths: NodePaths, sandbox_image: str, cni_bin_dir: Path = 
             f"[{cri}.containerd.runtimes.runc]",
             '  runtime_type = "io.containerd.runc.v2"',
             f"[{cri}.containerd.runtimes.runc.options]",
+            f"  Root = {_toml_str(paths.runc_root)}",
+            # Node preparation for gpupack's RuntimeClass (docs/node-side.md): containerd 1.6 reads runtime
+            # handlers only at start, so the handler is declared here before the chart installs its binary.
+            f"[{cri}.containerd.runtimes.{HANDLER}]",
+            '  runtime_type = "io.containerd.runc.v2"',
+            f"[{cri}.containerd.runtimes.{HANDLER}.options]",
+            f"  BinaryName = {_toml_str(paths.handler_dir / HANDLER_BINARY)}",
             f"  Root = {_toml_str(paths.runc_root)}",
             "",
         ]

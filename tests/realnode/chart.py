@@ -72,6 +72,11 @@ def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str,
             "tolerations": tolerate,
         },
         "extender": {"certs": {"mode": "secret"}, "tolerations": tolerate},
+        # The node's containerd declares the handler with this BinaryName (kubeletnode, node preparation).
+        "nodeSide": {
+            "installDir": str(node.paths.handler_dir),
+            "stateDir": str(node_side_state_dir(cluster)),
+        },
         "agent": {
             "simulated": sim.read_text(),
             "simulatedStateDir": str(cluster.dir / "sim-driver"),
@@ -88,7 +93,13 @@ def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str,
 
 
 def mps_pipe_dir(cluster: Cluster) -> Path:
+    """The node's MPS pipe directory (agent.mps.pipeDir = webhook.mpsPipeHostDir)."""
     return cluster.dir / "mps-pipe"
+
+
+def node_side_state_dir(cluster: Cluster) -> Path:
+    """nodeSide.stateDir: the agent's socket and the containers' records."""
+    return cluster.dir / "node-side"
 
 
 def mps_control(cluster: Cluster, command: str) -> str:

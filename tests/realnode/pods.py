@@ -6,6 +6,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from app import names
 from app.kube.calls import Request
 from app.kube.client import Kube
 from tests.devcluster import kubeletnode, wait_for
@@ -66,3 +67,17 @@ def env_of(kube: Kube, namespace: str, pod: str, container: str) -> dict[str, st
     """The container's log (through the apiserver, from the kubelet) read as `env` output: NAME=value."""
     text = kube.text(f"/api/v1/namespaces/{namespace}/pods/{pod}/log", {"container": container})
     return dict(line.split("=", 1) for line in text.splitlines() if "=" in line)
+
+
+def idle_node(kube: Kube, node: str) -> None:
+    """Remove the earlier tests' namespaces; wait until no gpupack pod is left on `node`: every GPU free."""
+    for item in kube.send(Request("GET", "/api/v1/namespaces"))["items"]:
+        name = item["metadata"]["name"]
+        if name.startswith("rn-") and not item["metadata"].get("deletionTimestamp"):
+            kube.send(Request("DELETE", f"/api/v1/namespaces/{name}"))
+    selector = {"labelSelector": f"{names.LABEL_MANAGED}=true", "fieldSelector": f"spec.nodeName={node}"}
+
+    def idle() -> bool:
+        return not kube.send(Request("GET", "/api/v1/pods", query=selector))["items"]
+
+    wait_for(idle, 90, "no gpupack pod left on the node", interval=1)

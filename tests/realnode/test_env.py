@@ -18,8 +18,9 @@ from . import chart
 from .pods import busybox_pod, env_of, new_namespace, run_to_completion
 
 PROBE = "gpupack-realnode-probe"
-# The GPU container prints its env, then a file the test put in the node's MPS pipe dir: the mount works.
-MAIN = ("sh", "-c", f'env; echo "PROBE=$(cat "$CUDA_MPS_PIPE_DIRECTORY/{PROBE}")"')
+# The GPU container prints its env, then what its MPS directory holds: the pod's own directory (the daemon's
+# socket only), never the node's pipe dir, where the test put a file no tenant may see.
+MAIN = ("sh", "-c", 'env; echo "MPSDIR=$(ls -A "$CUDA_MPS_PIPE_DIRECTORY" | tr "\\n" " ")"')
 SIDE = ("env",)
 ENV_CHECK_TIMEOUT_S = 60  # the chart's agent samples every 5 s
 
@@ -33,7 +34,7 @@ def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
 
 @pytest.fixture
 def probe(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> str:
-    """A file in the host dir the webhook mounts as the MPS pipe dir; its content is unique to this run."""
+    """A file in the node's MPS pipe dir (in no pod's own directory); its content is unique to this run."""
     pipe = real_cluster[0].dir / "mps-pipe"
     pipe.mkdir(exist_ok=True)
     token = f"from-the-host-{real_cluster[1].name}"
@@ -60,7 +61,7 @@ def test_half_gpu_pod_gets_its_gpu_and_limits_from_the_kubelet(
     assert main[names.ENV_MPS_MEMORY_LIMIT] == alloc[names.ALLOC_MPS_MEMORY_LIMIT] == "0=20480M"
     assert main[names.ENV_MEMORY_LIMIT_MIB] == alloc[names.ALLOC_MEMORY_LIMIT_MIB] == "20480"
     assert main[names.ENV_MPS_PIPE_DIRECTORY] == names.MPS_PIPE_DIRECTORY
-    assert main["PROBE"] == probe
+    assert main["MPSDIR"].split() == ["control"]  # its own directory: not the probe in the pipe dir
     side = env_of(kube, ns, "half", "side")
     assert side[names.ENV_NVIDIA_VISIBLE_DEVICES] == "void"
     assert not {names.ENV_CUDA_VISIBLE_DEVICES, names.ENV_MPS_THREAD_PERCENTAGE} & side.keys()

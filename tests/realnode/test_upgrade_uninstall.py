@@ -5,7 +5,9 @@ GPU, no NVIDIA binary here) run by the chart's mps-daemon DaemonSet, one pod on 
 file order: `helm upgrade` to a new image tag and settings, `helm rollback`, SIGKILL of the agent, one GPU
 turning unhealthy. After each, every holder is the same container (no restart, same runtime id), its client
 still attached to the same server process (by the pid in its socket credentials), with the same env, mounts
-and cgroup limits. Runs last in the tier: it replaces the components the other tests used, then removes them.
+and cgroup limits. A pod admitted before the node side (its own hostPath mount of the pipe directory, no
+RuntimeClass) keeps running and reaching the daemon through the upgrade. Runs last in the tier: it replaces
+the components the other tests used, then removes them.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ from tests.devcluster import Cluster, kubeletnode, wait_for
 from tests.devcluster.identities import GPUPACK_NAMESPACE
 
 from . import chart
-from .pods import busybox_pod, env_of, new_namespace, run_to_completion
+from .pods import busybox_pod, env_of, idle_node, new_namespace, run_to_completion
 
 ROLLOUT_TIMEOUT_S = 180
 CONFIGMAP_SYNC_TIMEOUT_S = 180  # the kubelet refreshes a ConfigMap volume within its sync period (~1 min)
@@ -130,25 +132,11 @@ def _held(kube: Kube, cluster: Cluster, ns: str, name: str) -> Held:
     )
 
 
-def _idle_node(kube: Kube, node: str) -> None:
-    """Remove the earlier tests' namespaces (this file runs last), so both GPUs are free for the holders."""
-    for item in kube.send(Request("GET", "/api/v1/namespaces"))["items"]:
-        name = item["metadata"]["name"]
-        if name.startswith("rn-") and not item["metadata"].get("deletionTimestamp"):
-            kube.send(Request("DELETE", f"/api/v1/namespaces/{name}"))
-    selector = {"labelSelector": f"{names.LABEL_MANAGED}=true", "fieldSelector": f"spec.nodeName={node}"}
-
-    def idle() -> bool:
-        return not kube.send(Request("GET", "/api/v1/pods", query=selector))["items"]
-
-    wait_for(idle, 90, "no gpupack pod left on the node", interval=1)
-
-
 @pytest.fixture(scope="module")
 def holders(real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube) -> Holders:
     """Two pods, each with a stand-in MPS client that holds its connection; 0.75 each: one per GPU."""
     cluster, node = real_cluster
-    _idle_node(kube, node.name)
+    idle_node(kube, node.name)
     ns = new_namespace(kube)
     image = _gpupack_image(kube)
     for name in HOLDERS:
@@ -237,6 +225,28 @@ def test_upgrade_rolls_the_components_but_not_the_daemon_and_running_pods_keep_t
     real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube, helm_bin: str, holders: Holders
 ) -> None:
     cluster, node = real_cluster
+    # A pod as gpupack admitted MPS shares before the node side: the whole pipe dir as a hostPath volume,
+    # no RuntimeClass. It must keep running, reaching the daemon, through the rollout (docs/node-side.md).
+    # 0.25: it fits beside a 0.75 holder.
+    legacy_ns = new_namespace(kube, {"pod-security.kubernetes.io/enforce": "privileged"})
+    probe = "while true; do test -S /tmp/nvidia-mps/control && echo reach-$(date +%s); sleep 1; done"
+    legacy = busybox_pod("legacy", {names.GPU_FRACTION: "0.25"}, {"main": ("sh", "-c", probe)}, node.name)
+    legacy["spec"]["volumes"] = [
+        {
+            "name": "gpupack-mps-pipe",
+            "hostPath": {"path": str(chart.mps_pipe_dir(cluster)), "type": "DirectoryOrCreate"},
+        }
+    ]
+    legacy["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "gpupack-mps-pipe", "mountPath": "/tmp/nvidia-mps"}
+    ]
+    kube.send(Request("POST", f"/api/v1/namespaces/{legacy_ns}/pods", legacy))
+    legacy_path = f"/api/v1/namespaces/{legacy_ns}/pods/legacy"
+    wait_for(
+        lambda: kube.send(Request("GET", legacy_path))["status"].get("phase") == "Running", 90, "legacy pod"
+    )
+    stored = kube.send(Request("GET", legacy_path))
+    assert "runtimeClassName" not in stored["spec"]  # its own pipe mount is kept: no node side for it
     before, daemon = _component_names(kube), _daemon_identity(kube)
     image = _gpupack_image(kube)
     repository, tag = image.rsplit(":", 1)
@@ -272,6 +282,16 @@ def test_upgrade_rolls_the_components_but_not_the_daemon_and_running_pods_keep_t
     assert done["status"]["phase"] == "Succeeded", done["status"]
     env = env_of(kube, ns, "after", "main")
     assert env[names.ENV_CUDA_VISIBLE_DEVICES] == done["metadata"]["annotations"][names.ALLOC_GPU_UUIDS]
+    assert done["spec"]["runtimeClassName"] == "gpupack"
+    # The legacy pod ran through the rollout and still reaches the daemon through its hostPath mount.
+    status = kube.send(Request("GET", legacy_path))["status"]
+    assert status["phase"] == "Running" and status["containerStatuses"][0]["restartCount"] == 0, status
+    seen_before = len(kube.text(f"{legacy_path}/log", {"container": "main"}).split())
+    wait_for(
+        lambda: len(kube.text(f"{legacy_path}/log", {"container": "main"}).split()) > seen_before,
+        10,
+        "the legacy pod reaching the daemon after the upgrade",
+    )
 
 
 def test_rollback_rolls_back_and_running_pods_keep_their_gpu(
@@ -353,8 +373,28 @@ def test_an_unhealthy_gpu_tells_only_its_pods_and_stops_nothing(
 def test_uninstall_removes_every_object_of_the_chart_and_the_daemon(
     real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube, helm_bin: str, holders: Holders
 ) -> None:
-    cluster, _ = real_cluster
+    cluster, node = real_cluster
+    handler = node.paths.handler_dir
+    assert sorted(p.name for p in handler.iterdir()) == ["gpupack-runc", "gpupack-runc.json"]
     kube.send(Request("DELETE", f"/api/v1/namespaces/{holders.namespace}"))
+    # Drain what runs under the handler first (docs/node-side.md, "Uninstall"): it needs the binary to stop.
+    under = [
+        p["metadata"]
+        for p in kube.send(Request("GET", "/api/v1/pods"))["items"]
+        if p["spec"].get("runtimeClassName") == "gpupack"
+    ]
+    for meta in under:
+        path = f"/api/v1/namespaces/{meta['namespace']}/pods/{meta['name']}"
+        kube.send(Request("DELETE", path, {"gracePeriodSeconds": 0}))
+    wait_for(
+        lambda: (
+            not any(
+                p["spec"].get("runtimeClassName") for p in kube.send(Request("GET", "/api/v1/pods"))["items"]
+            )
+        ),
+        120,
+        "every pod under the runtime handler gone",
+    )
     chart.helm(helm_bin, cluster, "uninstall", chart.RELEASE, "--wait", "--timeout", "120s")
     selector = {"labelSelector": f"app.kubernetes.io/instance={chart.RELEASE}"}
     paths = (
@@ -368,6 +408,7 @@ def test_uninstall_removes_every_object_of_the_chart_and_the_daemon(
         "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
         "/apis/rbac.authorization.k8s.io/v1/clusterroles",
         "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",
+        "/apis/node.k8s.io/v1/runtimeclasses",
     )
 
     def left() -> list[str]:
@@ -378,6 +419,11 @@ def test_uninstall_removes_every_object_of_the_chart_and_the_daemon(
         ]
 
     wait_for(lambda: not left(), 60, "no object of the release left")
+    # The node side's installer removed the handler from the node (no container runs under it any more);
+    # containerd's declaration of the handler is node preparation, not the chart's (docs/node-side.md).
+    wait_for(
+        lambda: not handler.exists() or not any(handler.iterdir()), 60, "the handler removed from the node"
+    )
     # No daemon left on the node: no stand-in process, no control socket answering.
     wait_for(lambda: not _standin_processes(), 60, "no MPS daemon process left on the node")
     assert not (chart.mps_pipe_dir(cluster) / "control").exists()

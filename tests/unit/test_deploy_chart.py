@@ -194,7 +194,13 @@ def test_component_command_lines_parse_with_the_real_cli(objects: list[dict[str,
         args = parser.parse_args(c["args"])
         seen.add((args.command, c["args"][1]))
         assert args.func, shlex.join(c["args"])
-    assert seen == {("webhook", "serve"), ("extender", "serve"), ("agent", "run"), ("agent", "prepare-mps")}
+    assert seen == {
+        ("webhook", "serve"),
+        ("extender", "serve"),
+        ("agent", "run"),
+        ("agent", "prepare-mps"),
+        ("agent", "handler"),
+    }
 
 
 def test_extender_lease_matches_its_rbac(objects: list[dict[str, Any]]) -> None:
@@ -223,6 +229,11 @@ def test_every_container_is_locked_down_and_sized(objects: list[dict[str, Any]])
         if name == "gpupack-agent":
             # /proc of other containers, their env (container-start check): see values.yaml
             assert sc["capabilities"].get("add") == ["SYS_ADMIN", "SYS_PTRACE"]
+            continue
+        if name == "gpupack-node-side":
+            # root to write the root-owned host dirs of the runtime handler, and nothing else
+            assert sc["runAsUser"] == 0 and "add" not in sc["capabilities"], name
+            assert sc["allowPrivilegeEscalation"] is False, name
             continue
         if name == "gpupack-mps-daemon":
             # root: the multi-user daemon and compute modes; per-uid servers without -M: see values.yaml

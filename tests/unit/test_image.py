@@ -103,12 +103,11 @@ def test_entrypoint_is_the_console_script_the_chart_passes_args_to() -> None:
 
 def test_every_package_is_copied_and_not_excluded_by_dockerignore() -> None:
     text = DOCKERFILE.read_text()
-    build = stages(text)[0]
-    copied = {rest.split()[0] for word, rest in build if word == "COPY"}
+    copied = {rest.split()[0] for stage in stages(text)[:-1] for word, rest in stage if word == "COPY"}
     packages = {p.rstrip("*") for p in pyproject()["tool"]["setuptools"]["packages"]["find"]["include"]}
     readme = pyproject()["project"]["readme"]
     license_files = set(pyproject()["project"]["license-files"])  # the build fails without them
-    assert packages | {"pyproject.toml", readme} | license_files <= copied
+    assert packages | {"pyproject.toml", readme, "handler"} | license_files <= copied
     # .dockerignore: last matching pattern wins; a path must end up included.
     patterns = [
         line.strip() for line in DOCKERIGNORE.read_text().splitlines() if line.strip() and line[0] != "#"
@@ -134,11 +133,12 @@ def test_default_base_is_the_official_python_slim_image_pinned_to_a_patch_releas
     assert m, f"BASE_IMAGE={base!r}: expected python:X.Y.Z-slim-<debian release>"
     needed = pyproject()["project"]["requires-python"]
     assert needed == f">={m[1]}.{m[2]}"
-    assert all(
-        rest == "${BASE_IMAGE}" or rest.startswith("${BASE_IMAGE} ")
-        for w, rest in instructions(text)
-        if w == "FROM"
-    )
+    froms = [rest for w, rest in instructions(text) if w == "FROM"]
+    # Every stage on the base, but the handler's: gpupack-runc is built with the official Go image.
+    assert [f for f in froms if f != "${BASE_IMAGE}" and not f.startswith("${BASE_IMAGE} ")] == [
+        "${GO_IMAGE} AS handler"
+    ]
+    assert re.fullmatch(r"docker\.io/library/golang:\d+\.\d+-[a-z]+", global_args(text)["GO_IMAGE"])
 
 
 def test_runtime_stage_carries_oci_labels() -> None:

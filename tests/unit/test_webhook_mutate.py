@@ -131,7 +131,9 @@ def test_golden_cases_cover_every_outcome() -> None:
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name.removesuffix(".input.json") for c in CASES])
 @pytest.mark.parametrize(
-    "settings", [Settings(), Settings(scheduler_name="gpupack")], ids=["default", "scheduler"]
+    "settings",
+    [Settings(), Settings(scheduler_name="gpupack"), Settings(runtime_class="gpupack")],
+    ids=["default", "scheduler", "runtime-class"],
 )
 def test_second_pass_changes_nothing(case: Path, settings: Settings) -> None:
     """reinvocationPolicy IfNeeded: the mutated pod, as the apiserver stores it, gets an empty patch."""

@@ -1,0 +1,161 @@
+"""What one container of a pod gets from the node before its first process runs (pure).
+
+The RuntimeClass handler (handler/, `gpupack-runc`) asks the agent on `create` of every container of a
+pod that runs under gpupack's RuntimeClass: "pod <uid> <namespace>/<name>, container <name>, id <id>".
+The agent reads the pod from the apiserver and answers here:
+
+- the GPU container: its allocation as env (the same values the kubelet resolves from the allocation
+  annotations, set again at the node so a spec edited after admission cannot change them) and, for an
+  MPS share, `CUDA_MPS_PIPE_DIRECTORY` plus a bind mount of the pod's own MPS directory there;
+- the GPU container loses NVIDIA's own per-cgroup memory-limit variables (`NVIDIA_GPU_MEMORY_*`, read by
+  the NVIDIA toolkit's `apply-cuda-memory-limits` hook): gpupack alone sets the share's limits, so the
+  hook never applies a second, tenant-chosen limit or reservation on top (docs/node-side.md);
+- every other container: `NVIDIA_VISIBLE_DEVICES=void` (no GPU), nothing else;
+- a refusal with the reason wherever the answer cannot be right: the pod is gone or on another node, it
+  is no gpupack pod, its allocation cannot be read, its request is invalid, or (an MPS share) the MPS
+  daemon pod has not prepared the node since it booted (its ready record, agent.mpsprep). The handler
+  then fails the container's `create` with that reason (the pod shows CreateContainerError) rather than
+  start it without its share's state: the node side fails closed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from agent import envcheck
+from app import names, request
+from app.pods import info_of, is_gpupack
+from app.podview import PodView
+from app.request import GpuRequest, Isolation
+
+MPS_ONLY = (names.ENV_MPS_THREAD_PERCENTAGE, names.ENV_MPS_MEMORY_LIMIT)
+# NVIDIA's memory-limit hook reads these (singular in the merged toolkit change, plural as KAI injects them;
+# which spellings a given toolkit reads is UNVERIFIED, so both go).
+NVIDIA_MEMORY_LIMIT_ENV = (
+    "NVIDIA_GPU_MEMORY_REQUEST",
+    "NVIDIA_GPU_MEMORY_LIMIT",
+    "NVIDIA_GPU_MEMORY_REQUESTS",
+    "NVIDIA_GPU_MEMORY_LIMITS",
+)
+ASK_FIELDS = ("pod_uid", "namespace", "name", "container", "container_id")
+
+
+@dataclass(frozen=True, slots=True)
+class Ask:
+    """One question of the handler: which container of which pod is about to be created."""
+
+    pod_uid: str
+    namespace: str
+    name: str
+    container: str
+    container_id: str
+
+    @property
+    def where(self) -> str:
+        return f"pod {self.namespace}/{self.name} (uid {self.pod_uid})"
+
+
+@dataclass(frozen=True, slots=True)
+class Mount:
+    source: str  # a host path
+    destination: str  # the path in the container
+    read_only: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Answer:
+    allowed: bool
+    reason: str = ""
+    env: Mapping[str, str] = field(default_factory=dict)
+    mounts: tuple[Mount, ...] = ()
+    unset: tuple[str, ...] = ()  # env the container must not have
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "allowed": self.allowed,
+            "reason": self.reason,
+            "env": dict(self.env),
+            "unset": list(self.unset),
+            "mounts": [
+                {"source": m.source, "destination": m.destination, "read_only": m.read_only}
+                for m in self.mounts
+            ],
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """What the container gets before the pod's MPS directory is known (`mps`: it needs one)."""
+
+    env: Mapping[str, str]
+    mps: bool = False
+    unset: tuple[str, ...] = ()
+
+
+def refuse(reason: str) -> Answer:
+    return Answer(False, reason)
+
+
+def parse_ask(raw: object) -> Ask | str:
+    """The handler's JSON line, or what is wrong with it (every field named)."""
+    if not isinstance(raw, Mapping):
+        return f"the request must be a JSON object, not {type(raw).__name__}"
+    bad = [k for k in ASK_FIELDS if not isinstance(raw.get(k), str) or not raw[k]]
+    unknown = sorted(set(raw) - set(ASK_FIELDS))
+    problems = [f"{k} must be a non-empty string (got {raw.get(k)!r})" for k in bad]
+    problems += [f"unknown field {k!r}" for k in unknown]
+    if problems:
+        return "malformed request: " + "; ".join(problems)
+    return Ask(*(str(raw[k]) for k in ASK_FIELDS))
+
+
+def always_ready(uuids: Sequence[str]) -> str:
+    """A readiness check that never refuses (a node without the MPS daemon pod's ready record to check)."""
+    return ""
+
+
+def decide(
+    ask: Ask, pod: PodView | None, node: str, mps_not_ready: Callable[[Sequence[str]], str] = always_ready
+) -> Grant | Answer:
+    """The grant for `ask` given the pod as the apiserver has it (None: not found), or a refusal.
+
+    `mps_not_ready(uuids)`: why an MPS client on those GPUs must not start now ("" when it may), from the
+    MPS daemon pod's ready record (agent.mpsprep.not_ready): missing, or written before this boot, the
+    daemon pod has not prepared the GPUs' compute modes, and the container is refused with that reason.
+    """
+    if pod is None or pod.uid != ask.pod_uid:
+        return refuse(f"{ask.where} is not in the apiserver (deleted, or recreated under the same name)")
+    if pod.node_name != node:
+        return refuse(f"{ask.where} is bound to node {pod.node_name!r}, not to this node {node!r}")
+    if not is_gpupack(pod):
+        return refuse(
+            f"{ask.where} is no gpupack pod (no {names.DOMAIN}/* request): gpupack's RuntimeClass serves "
+            "only pods the gpupack webhook admitted; remove spec.runtimeClassName"
+        )
+    info = info_of(pod)
+    if ask.container != info.gpu_container:
+        return Grant({names.ENV_NVIDIA_VISIBLE_DEVICES: names.NO_GPU})
+    if info.allocation is None:
+        why = info.allocation_error or "it has no allocation annotations (it was never placed by gpupack)"
+        return refuse(f"the allocation of {ask.where} cannot be read: {why}")
+    if info.allocation.node != node:
+        return refuse(f"{ask.where} holds an allocation on node {info.allocation.node!r}, not {node!r}")
+    parsed = request.parse(pod)
+    if not isinstance(parsed, GpuRequest):
+        return refuse(f"the GPU request of {ask.where} is invalid: " + "; ".join(map(str, parsed)))
+    alloc = info.allocation.to_annotations()
+    mps = parsed.isolation is Isolation.MPS
+    if mps and (why := mps_not_ready(info.allocation.gpu_uuids)):
+        return refuse(f"container {ask.container!r} of {ask.where} would be an MPS client too early: {why}")
+    env = {var: alloc[ann] for var, ann in envcheck.FROM_ANNOTATION.items() if mps or var not in MPS_ONLY}
+    if mps:
+        env[names.ENV_MPS_PIPE_DIRECTORY] = names.MPS_PIPE_DIRECTORY
+    return Grant(env, mps=mps, unset=NVIDIA_MEMORY_LIMIT_ENV)
+
+
+def answer(grant: Grant, mps_dir: str | None) -> Answer:
+    """The handler's answer: the grant, with the pod's MPS directory mounted where its env points."""
+    mounts = (Mount(mps_dir, names.MPS_PIPE_DIRECTORY),) if grant.mps and mps_dir else ()
+    return Answer(True, env=grant.env, mounts=mounts, unset=grant.unset)

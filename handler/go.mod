@@ -1,0 +1,3 @@
+module gpupack.io/handler
+
+go 1.22
