@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.settings import FLAGS, Settings
-from app import log, names
+from app import log
 from app.kube.calls import Request
-from app.settings import add_flag, from_args
+from app.settings import add_flag, default_of, from_args
 
 _log = log.get("gpupack.agent")
 
@@ -63,10 +63,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "prepare-mps",
         help="put idle MPS GPUs in their compute mode, write the ready record (the MPS daemon pod's init)",
     )
-    prep.add_argument("--sim", type=Path, default=None, help="simulated GPU set file instead of NVML")
-    prep.add_argument("--sim-state", type=Path, default=None, help="simulated driver state dir")
-    prep.add_argument("--node", default=os.environ.get("NODE_NAME", ""), help="node name (simulated UUIDs)")
-    prep.add_argument("--pipe-dir", type=Path, default=Path(names.MPS_PIPE_DIRECTORY))
+    prep_flag = partial(add_flag, prep, Settings, FLAGS)  # the same fields as `run`'s
+    prep_flag("sim", type=Path)
+    prep_flag("sim_state", type=Path)
+    prep_flag("node", default=os.environ.get("NODE_NAME", ""))
+    prep.add_argument(
+        "--pipe-dir",
+        type=Path,
+        default=default_of(Settings, "mps_pipe_dir"),
+        help="the MPS daemon's pipe directory",
+    )
     prep.add_argument(
         "--compute-mode",
         choices=("exclusive-process", "default", "keep"),
