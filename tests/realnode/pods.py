@@ -51,7 +51,12 @@ def new_namespace(kube: Kube, labels: Mapping[str, str] | None = None) -> str:
 def run_to_completion(kube: Kube, namespace: str, pod: Mapping[str, Any]) -> dict[str, Any]:
     """Create `pod` and wait until every container has exited; returns the pod as last read."""
     created = kube.send(Request("POST", f"/api/v1/namespaces/{namespace}/pods", pod))
-    path = f"/api/v1/namespaces/{namespace}/pods/{created['metadata']['name']}"
+    return wait_done(kube, namespace, created["metadata"]["name"])
+
+
+def wait_done(kube: Kube, namespace: str, name: str) -> dict[str, Any]:
+    """Wait until every container of the pod has exited; returns the pod as last read."""
+    path = f"/api/v1/namespaces/{namespace}/pods/{name}"
     last: dict[str, Any] = {}
 
     def done() -> bool:

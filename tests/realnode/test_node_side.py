@@ -23,7 +23,7 @@ from tests.devcluster import Cluster, kubeletnode, wait_for
 from tests.devcluster.identities import GPUPACK_NAMESPACE
 
 from . import chart
-from .pods import RUN_TIMEOUT_S, busybox_pod, idle_node, new_namespace, run_to_completion
+from .pods import RUN_TIMEOUT_S, busybox_pod, idle_node, new_namespace, run_to_completion, wait_done
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 RECORD = "/run/gpupack/injection.json"
@@ -126,14 +126,7 @@ def _two_tenants_share_a_gpu(kube: Kube, cluster: Cluster, node: kubeletnode.Rea
         made[name] = ns
     done = {}
     for name, ns in made.items():
-        path = f"/api/v1/namespaces/{ns}/pods/{name}"
-        wait_for(
-            lambda p=path: kube.send(Request("GET", p))["status"].get("phase") in ("Succeeded", "Failed"),
-            RUN_TIMEOUT_S,
-            f"pod {path} done",
-            interval=0.5,
-        )
-        done[name] = kube.send(Request("GET", path))
+        done[name] = wait_done(kube, ns, name)
     out = {name: log_of(kube, made[name], name) for name in made}
     pipe = chart.mps_pipe_dir(cluster)
     for name, pod in done.items():
@@ -311,14 +304,7 @@ def test_two_uids_both_get_a_server_at_once(
         made[name] = ns
     out = {}
     for name, ns in made.items():
-        path = f"/api/v1/namespaces/{ns}/pods/{name}"
-        wait_for(
-            lambda p=path: kube.send(Request("GET", p))["status"].get("phase") in ("Succeeded", "Failed"),
-            RUN_TIMEOUT_S,
-            f"pod {path} done",
-            interval=0.5,
-        )
-        assert kube.send(Request("GET", path))["status"]["phase"] == "Succeeded"
+        assert wait_done(kube, ns, name)["status"]["phase"] == "Succeeded"
         out[name] = log_of(kube, ns, name)
     a, b = out["client-1000"], out["client-root"]
     assert a["MPSDIR"].split() == b["MPSDIR"].split() == ["control"]
