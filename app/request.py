@@ -43,6 +43,9 @@ class GpuRequest:
     memory_mib: int | None  # set for a gpu-memory request
     mig_profile: str = ""  # set for a gpupack.io/mig-profile request (neither milli nor memory_mib)
     models: tuple[str, ...] = ()  # acceptable GPU models (node label values); empty = any
+    # The hard cap on GPU memory per GPU the pod may use when it bursts above its request (MiB, set by
+    # gpupack.io/gpu-memory-limit or KAI's NvFractions limit); None: no burst, the cap is the share itself.
+    memory_limit_mib: int | None = None
     isolation: Isolation = Isolation.MPS
     isolation_explicit: bool = False  # written by the pod: then MPS is required, not best effort
     warnings: tuple[str, ...] = ()  # accepted, but the user should know (e.g. rounding)
