@@ -88,6 +88,9 @@ class FakeKube:
         self.sent: list[Request] = []
         self.fail: dict[str, KubeError] = {}  # "PATCH" / "POST" -> error to raise once
         self.patch_delay = 0.0
+        # Set by bind_concurrently: a PATCH says it is on the wire, then waits for `hold` to open.
+        self.on_wire: threading.Event | None = None
+        self.hold: threading.Event | None = None
         self.lock = threading.Lock()
 
     def add(self, p: JsonDict) -> None:
@@ -104,6 +107,9 @@ class FakeKube:
             return copy.deepcopy(self.pods[name])
         if req.method == "PATCH":
             time.sleep(self.patch_delay)
+            if self.on_wire is not None and self.hold is not None:
+                self.on_wire.set()
+                self.hold.wait(10)
             with self.lock:
                 p = self.pods[name]
                 if req.body["metadata"]["resourceVersion"] != p["metadata"]["resourceVersion"]:
@@ -470,18 +476,30 @@ def test_a_retried_bind_that_finds_its_own_earlier_bind_done_succeeds() -> None:
 
 
 def bind_concurrently(env: Env, calls: list[tuple[JsonDict, str]]) -> list[str]:
+    """Bind `calls` at once, in a fixed order: every later bind arrives while the first one's PATCH is on
+    the wire, and that PATCH is answered only once they have all joined it (no sleeps to race)."""
     errors: list[str] = [""] * len(calls)
-    start = threading.Barrier(len(calls))
+    on_wire, hold, joined = threading.Event(), threading.Event(), threading.Semaphore(0)
+    env.kube.on_wire, env.kube.hold = on_wire, hold
+    join = env.binder._join
+
+    def joining(*args: Any, **kwargs: Any) -> Any:
+        joined.release()
+        return join(*args, **kwargs)
+
+    env.binder._join = joining  # type: ignore[method-assign]
 
     def run(i: int) -> None:
-        start.wait()
-        if i:
-            time.sleep(0.02)  # the retry arrives while the first bind is on the wire
         errors[i] = env.bind(calls[i][0], calls[i][1])
 
     threads = [threading.Thread(target=run, args=(i,)) for i in range(len(calls))]
-    for t in threads:
+    threads[0].start()
+    assert on_wire.wait(10), "the first bind never reached the apiserver"
+    for t in threads[1:]:
         t.start()
+    for _ in threads[1:]:
+        assert joined.acquire(timeout=10), "a later bind did not join the first"
+    hold.set()
     for t in threads:
         t.join()
     return errors
@@ -491,7 +509,6 @@ def test_a_second_bind_of_the_same_pod_joins_the_first() -> None:
     env = Env()
     p = pod("p", 500)
     env.kube.add(p)
-    env.kube.patch_delay = 0.2
     assert bind_concurrently(env, [(p, "n1"), (p, "n1")]) == ["", ""]
     kinds = [(r.method, r.path.rsplit("/", 1)[-1]) for r in env.kube.sent]
     assert kinds == [("PATCH", "p"), ("POST", "binding")]  # one bind on the wire
@@ -501,7 +518,6 @@ def test_a_concurrent_bind_of_the_same_pod_to_another_node_names_both() -> None:
     env = Env()
     p = pod("p", 500)
     env.kube.add(p)
-    env.kube.patch_delay = 0.2
     errors = bind_concurrently(env, [(p, "n1"), (p, "n2")])
     assert errors == ["", "pod was bound to n1 by a concurrent bind; this bind asked for n2"]
     stored = env.kube.pods["p"]
@@ -514,7 +530,6 @@ def test_a_failed_first_bind_is_reported_to_a_joiner_for_another_node() -> None:
     env = Env()
     p = pod("p", 500)
     env.kube.add(p)
-    env.kube.patch_delay = 0.2
     env.kube.fail["POST"] = KubeError(403, "Forbidden", "nope")
     errors = bind_concurrently(env, [(p, "n1"), (p, "n2")])
     assert errors == [
