@@ -285,13 +285,17 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--gid", type=int, default=None, help="group to become before CUDA starts")
     args = ap.parse_args(argv)
     try:
+        drv = load()  # before dropping to another uid: our files need not be readable by it
+    except OSError as exc:  # no libcuda.so.1
+        _emit(placement() | {"error": f"{type(exc).__name__}: {exc}", "cuda_error": ""})
+        return 3
+    try:
         enter(args.cgroup, args.uid, args.gid)
     except OSError as exc:
         _emit({"error": f"could not enter cgroup {args.cgroup!r} / uid {args.uid}: {exc}", **placement()})
         return 3
     head = placement()
     try:
-        drv = load()
         if args.mode == "probe":
             body = probe(drv)
         elif args.mode == "meminfo":
@@ -302,9 +306,6 @@ def main(argv: list[str]) -> int:
             body = hold(drv, args.mib, args.seconds, _emit)
     except CudaError as exc:
         _emit(head | {"error": str(exc), "cuda_error": exc.name})
-        return 3
-    except OSError as exc:  # no libcuda.so.1
-        _emit(head | {"error": f"{type(exc).__name__}: {exc}", "cuda_error": ""})
         return 3
     _emit(head | body)
     return 0

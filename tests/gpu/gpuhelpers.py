@@ -211,6 +211,8 @@ class Report:
         lines = ["# GPU suite answers", ""]
         env = ", ".join(f"{k}: {v}" for k, v in sorted(self.environment.items()) if k != "gpus")
         lines += [f"Environment: {env}", ""]
+        if self.environment.get("rehearsal"):
+            lines += ["REHEARSAL: every answer below comes from stand-ins (tests/gpu/fakecuda).", ""]
         for qid, text in questions.items():
             lines.append(f"## {qid}\n\n{text}\n")
             for a in self.answers.get(qid, []):
