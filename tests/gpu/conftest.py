@@ -22,12 +22,12 @@ from pathlib import Path
 import pytest
 from gpuclients import CUDADRV, WORKLOAD, Clients
 from gpuhelpers import Report, report_path
+from gpuhost import REHEARSAL
 from gpuquestions import QUESTIONS
 
 from agent.nvml.base import Nvml, NvmlError
 
 REPORT = Report()
-REHEARSAL = os.environ.get("GPUPACK_GPU_REHEARSAL") == "1"
 FAKE_DIR = Path(__file__).with_name("fakecuda")
 FAKE_UUID = "GPU-11111111-2222-3333-4444-555555555555"  # the fake torch's one GPU
 
@@ -107,7 +107,10 @@ def _rehearsal_backend(tmp: Path) -> Nvml:
     from agent.nvml.simulated import SimulatedNvml
 
     path = tmp / "h100.yaml"
-    path.write_text(f"gpus:\n  - {{model: H100-80GB, uuid: {FAKE_UUID}, base_used_mib: 0}}\n")
+    # r615: so the per-cgroup memory tests run their plumbing against the stand-ins too.
+    path.write_text(
+        f'driver_version: "615.00"\ngpus:\n  - {{model: H100-80GB, uuid: {FAKE_UUID}, base_used_mib: 0}}\n'
+    )
     nv = SimulatedNvml(path)
     nv.init()
     return nv

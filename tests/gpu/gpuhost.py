@@ -22,6 +22,7 @@ from typing import Any, Protocol
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 MEMACCT_DRIVER_MAJOR = 615  # r615 / CUDA 13.4: MPS v3 and per-cgroup memory limits
 NOBODY = 65534  # the "other tenant": a uid that exists on every Linux image
+REHEARSAL = os.environ.get("GPUPACK_GPU_REHEARSAL") == "1"  # stand-ins instead of a GPU (README)
 MIB = 1 << 20
 
 
@@ -73,14 +74,22 @@ def driver_major(version: str) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def memacct_missing(driver_version: str, cgroup_root: Path = CGROUP_ROOT) -> str:
-    """Why per-cgroup GPU memory limits cannot be tried here ("" when NVML may accept one)."""
+def driver_missing(driver_version: str) -> str:
+    """Why this driver has no MPS v3 or per-cgroup memory limits ("" from r615 on)."""
     major = driver_major(driver_version)
     if major is None or major < MEMACCT_DRIVER_MAJOR:
         return (
             f"driver {driver_version or '?'} is older than r{MEMACCT_DRIVER_MAJOR} "
             "(per-cgroup GPU memory limits and MPS v3 need r615 / CUDA 13.4)"
         )
+    return ""
+
+
+def memacct_missing(driver_version: str, cgroup_root: Path = CGROUP_ROOT) -> str:
+    """Why per-cgroup GPU memory limits cannot be tried here ("" when NVML may accept one)."""
+    too_old = driver_missing(driver_version)
+    if too_old:
+        return too_old
     if not (cgroup_root / "cgroup.controllers").is_file():
         return f"{cgroup_root} is not a cgroup v2 hierarchy (memory partitioning needs cgroup v2 there)"
     return ""
@@ -143,11 +152,12 @@ class Leaves:
         """Remove every leaf and the parent; what could not be removed (a leaked cgroup is a finding)."""
         left = []
         for path in [*reversed(self.made), self.parent]:
-            with contextlib.suppress(FileNotFoundError):
-                try:
-                    path.rmdir()
-                except OSError as exc:
-                    left.append(f"{path}: {exc}")
+            try:
+                path.rmdir()
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                left.append(f"{path}: {exc}")
         return left
 
 
