@@ -23,6 +23,7 @@ import pytest
 from gpuclients import CUDADRV, WORKLOAD, Clients
 from gpuhelpers import Report, report_path
 from gpuhost import REHEARSAL
+from gpumps import stop_leftovers
 from gpuquestions import QUESTIONS
 
 from agent.nvml.base import Nvml, NvmlError
@@ -82,8 +83,11 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(scope="session")
-def report() -> Report:
-    return REPORT
+def report() -> Iterator[Report]:
+    yield REPORT
+    left = stop_leftovers()
+    if left:
+        REPORT.fact("mps_daemons_left_running", left)
 
 
 def _real_backend() -> tuple[Nvml | None, str]:

@@ -7,6 +7,7 @@ one command from any pipe dir (a pod's own directory too) as any uid, the way a 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import subprocess
@@ -14,6 +15,7 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from gpuclients import wait_for
@@ -63,7 +65,12 @@ def control(
 
 
 class Daemon:
-    """One MPS control daemon under a private pipe dir (0755, so clients of other uids reach it)."""
+    """One MPS control daemon under a private pipe dir (0755, so clients of other uids reach it).
+
+    Every daemon launched is in `Daemon.launched` until stopped: the session quits any left (a test
+    interrupted at the run's time budget must not leave a daemon holding the GPU)."""
+
+    launched: ClassVar[set[Daemon]] = set()
 
     def __init__(
         self,
@@ -90,6 +97,7 @@ class Daemon:
     def launch(self) -> subprocess.CompletedProcess[str]:
         """`<binary> -d <flags>`: the daemon's own answer (it may refuse the flags)."""
         (self.pipe_dir / "log").mkdir(exist_ok=True)
+        Daemon.launched.add(self)
         env = os.environ | {
             names.ENV_MPS_PIPE_DIRECTORY: str(self.pipe_dir),
             "CUDA_MPS_LOG_DIRECTORY": str(self.pipe_dir / "log"),
@@ -130,6 +138,7 @@ class Daemon:
     def stop(self) -> float:
         """`quit`, as the daemon pod's deletion does; seconds until no daemon or server of ours is left."""
         t0 = time.monotonic()
+        Daemon.launched.discard(self)
         self.control("quit")
         gone = wait_for(lambda: not mps_processes(self.pipe_dir), timeout_s=30)
         elapsed = time.monotonic() - t0
@@ -160,3 +169,12 @@ class Daemon:
         req = fraction_request(fraction)
         alloc = allocation(req, "gpu-node", self.index, self.uuid, self.memory_mib)
         return pod_env(gpu_env(req), alloc, self.pipe_dir), alloc.memory_mib
+
+
+def stop_leftovers() -> list[str]:
+    """Quit every daemon a test launched and did not stop; their pipe dirs."""
+    left = [str(d.pipe_dir) for d in list(Daemon.launched)]
+    for d in list(Daemon.launched):
+        with contextlib.suppress(AssertionError, OSError, subprocess.SubprocessError):
+            d.stop()
+    return left
