@@ -212,13 +212,18 @@ def meminfo(drv: Driver) -> dict[str, Any]:
     dev = drv.device(0)
     drv.context(0)
     free, total = drv.mem_info()
+    try:
+        sms, sm_error = drv.context_sm_count(), ""
+    except CudaError as exc:  # an answer too: the SM count per context is then unknown, not the memory
+        sms, sm_error = None, exc.name
     return {
         "uuid": dev["uuid"],
         "device_total_mib": dev["total_mib"],
         "free_mib": free // MIB,
         "total_mib": total // MIB,
         "device_sm_count": dev["sm_count"],
-        "context_sm_count": drv.context_sm_count(),
+        "context_sm_count": sms,
+        "context_sm_error": sm_error,
     }
 
 

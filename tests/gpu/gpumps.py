@@ -77,14 +77,19 @@ class Daemon:
         nvml: Nvml,
         binary: str,
         pinned_default_mib: int | None = None,
+        *,
         flags: Sequence[str] = (),
         adopt: bool = True,
+        open_dirs: bool = False,
     ) -> None:
         self.index = 0
         self.uuid = nvml.uuid(self.index)
         self.memory_mib = nvml.memory(self.index).total_mib
         self.pipe_dir = Path(tempfile.mkdtemp(prefix="gpupack-mps-"))  # short: it holds a unix socket
-        self.pipe_dir.chmod(0o755)
+        # open_dirs: pipe and log dirs writable by every uid (1777), so a per-uid server of another user can
+        # make its files there; only for asking how uids share a daemon, not how a node runs it.
+        self.dir_mode = 0o1777 if open_dirs else 0o755
+        self.pipe_dir.chmod(self.dir_mode)
         self.flags, self.adopt = tuple(flags), adopt
         self.config = MpsConfig(
             binary=binary,
@@ -97,6 +102,7 @@ class Daemon:
     def launch(self) -> subprocess.CompletedProcess[str]:
         """`<binary> -d <flags>`: the daemon's own answer (it may refuse the flags)."""
         (self.pipe_dir / "log").mkdir(exist_ok=True)
+        (self.pipe_dir / "log").chmod(self.dir_mode)
         Daemon.launched.add(self)
         env = os.environ | {
             names.ENV_MPS_PIPE_DIRECTORY: str(self.pipe_dir),

@@ -216,7 +216,8 @@ def test_clients_of_two_uids(
     why = root_missing()
     if why:
         pytest.skip(why)
-    d = Daemon(real_nvml, mps_binary, flags=("-M",) if multiuser else ())
+    # Without -M a server runs as each client's uid: open dirs, so the answer is about sharing, not modes.
+    d = Daemon(real_nvml, mps_binary, flags=("-M",) if multiuser else (), open_dirs=not multiuser)
     d.start()
     env = _limit_env(d)
     first = driver.start("hold", ["--mib", "512"], env)
