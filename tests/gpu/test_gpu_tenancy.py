@@ -208,8 +208,13 @@ def test_a_client_with_only_its_pod_directory(legacy: Daemon, driver: Clients, r
 # --- two uids at once ---
 
 
-@pytest.mark.answers("uids-multiuser", "uids-single")
-@pytest.mark.parametrize("multiuser", [True, False], ids=["multi-user", "single-user"])
+@pytest.mark.parametrize(
+    "multiuser",
+    [
+        pytest.param(True, id="multi-user", marks=pytest.mark.answers("uids-multiuser")),
+        pytest.param(False, id="single-user", marks=pytest.mark.answers("uids-single")),
+    ],
+)
 def test_clients_of_two_uids(
     real_nvml: Nvml, mps_binary: str, driver: Clients, report: Report, multiuser: bool
 ) -> None:
