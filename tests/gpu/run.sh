@@ -62,9 +62,11 @@ export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}"
 
 # 3. The suite. Everything in tests/gpu runs: the CI-level harness checks first, then the GPU ones.
 echo "[gpu] python $("$PY" -c 'import platform; print(platform.python_version())'), report -> $GPUPACK_GPU_REPORT"
-# GPUPACK_GPU_TESTS: which tests, in which order (pytest runs a file named twice once, first place wins).
+# GPUPACK_GPU_TESTS: which tests (files in the order given). Plugins: only pytest-timeout, so a GPU image's
+# own pytest plugins (cov, xdist, hypothesis, ...) built for another pytest cannot break the run.
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
 # shellcheck disable=SC2086
-"$PY" -m pytest ${GPUPACK_GPU_TESTS:-tests/gpu} -v -p no:cacheprovider --junitxml="$outdir/gpu-junit.xml" "$@" 2>&1 \
+"$PY" -m pytest ${GPUPACK_GPU_TESTS:-tests/gpu} -v -p pytest_timeout -p no:cacheprovider --junitxml="$outdir/gpu-junit.xml" "$@" 2>&1 \
   | tee -i "$outdir/gpu-pytest.log"  # -i: a SIGINT at the budget stops pytest, which then still reports
 rc=${PIPESTATUS[0]}
 echo "[gpu] pytest exit $rc; report: $GPUPACK_GPU_REPORT"
