@@ -18,6 +18,7 @@ export GPUPACK_GPU_REPORT="${GPUPACK_GPU_REPORT:-${OUT:-$repo}/gpu-report.json}"
 outdir="$(dirname "$GPUPACK_GPU_REPORT")"
 mkdir -p "$outdir"
 site="${GPUPACK_GPU_SITE:-/tmp/gpupack-site}"
+rm -rf "$site"  # ours alone; a copy left by another interpreter would shadow this one's packages
 
 fail_report() { # why: the suite never ran; leave a report that says so
   "$PY" - "$GPUPACK_GPU_REPORT" "$1" <<'EOF'
