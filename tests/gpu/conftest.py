@@ -20,20 +20,24 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gpuclients import WORKLOAD, Clients
+from gpuclients import CUDADRV, WORKLOAD, Clients
 from gpuhelpers import Report, report_path
+from gpuhost import REHEARSAL
+from gpumps import stop_leftovers
+from gpuquestions import QUESTIONS
 
 from agent.nvml.base import Nvml, NvmlError
 
 REPORT = Report()
-REHEARSAL = os.environ.get("GPUPACK_GPU_REHEARSAL") == "1"
 FAKE_DIR = Path(__file__).with_name("fakecuda")
 FAKE_UUID = "GPU-11111111-2222-3333-4444-555555555555"  # the fake torch's one GPU
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "answers(*ids): the gpuquestions.QUESTIONS this test answers")
     if not REHEARSAL:
         return
+    os.environ["GPUPACK_FAKE_CUDA"] = "1"  # cudadrv.py over fakecuda/fakedriver.py instead of libcuda
     os.environ["PATH"] = f"{FAKE_DIR}{os.pathsep}{os.environ.get('PATH', '')}"
     os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(FAKE_DIR), os.environ.get("PYTHONPATH")) if p)
     os.environ["FAKE_CUDA_MEMORY_MIB"] = "81559"
@@ -43,6 +47,17 @@ def pytest_configure(config: pytest.Config) -> None:
     )
     os.environ.setdefault("GPUPACK_GPU_MATMUL_SECONDS", "1")
     os.environ.setdefault("GPUPACK_GPU_START_DELAY_SECONDS", "5")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        for mark in item.iter_markers("answers"):
+            for qid in mark.args:
+                if qid not in QUESTIONS:
+                    raise pytest.UsageError(
+                        f"{item.nodeid}: answers({qid!r}) is not in gpuquestions.QUESTIONS"
+                    )
+                REPORT.askers.setdefault(qid, []).append(item.nodeid)
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -63,11 +78,16 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     REPORT.environment.setdefault("python", platform.python_version())
     REPORT.environment["pytest_exit_status"] = int(exitstatus)
     REPORT.write(path)
+    if REPORT.askers:
+        path.with_name("gpu-answers.md").write_text(REPORT.answers_markdown(QUESTIONS))
 
 
 @pytest.fixture(scope="session")
-def report() -> Report:
-    return REPORT
+def report() -> Iterator[Report]:
+    yield REPORT
+    left = stop_leftovers()
+    if left:
+        REPORT.fact("mps_daemons_left_running", left)
 
 
 def _real_backend() -> tuple[Nvml | None, str]:
@@ -91,7 +111,10 @@ def _rehearsal_backend(tmp: Path) -> Nvml:
     from agent.nvml.simulated import SimulatedNvml
 
     path = tmp / "h100.yaml"
-    path.write_text(f"gpus:\n  - {{model: H100-80GB, uuid: {FAKE_UUID}, base_used_mib: 0}}\n")
+    # r615: so the per-cgroup memory tests run their plumbing against the stand-ins too.
+    path.write_text(
+        f'driver_version: "615.00"\ngpus:\n  - {{model: H100-80GB, uuid: {FAKE_UUID}, base_used_mib: 0}}\n'
+    )
     nv = SimulatedNvml(path)
     nv.init()
     return nv
@@ -125,6 +148,20 @@ def clients(real_nvml: Nvml, report: Report) -> Clients:
         pytest.skip(f"no CUDA client library works here: {body['error']}")
     report.environment["cuda_client"] = f"{body['lib']} {body['lib_version']}"
     return Clients(body["lib"], body["lib_version"])
+
+
+@pytest.fixture(scope="session")
+def driver(real_nvml: Nvml, report: Report) -> Clients:
+    """cudadrv.py clients (the CUDA driver API through ctypes; no framework); skips where libcuda fails."""
+    probe = subprocess.run(
+        [sys.executable, str(CUDADRV), "probe"], capture_output=True, text=True, timeout=120, check=False
+    )
+    lines = [ln for ln in probe.stdout.splitlines() if ln.startswith("{")]
+    body = json.loads(lines[-1]) if lines else {"error": probe.stderr[-500:]}
+    if "error" in body:
+        pytest.skip(f"the CUDA driver API does not work here: {body['error']}")
+    report.environment["cuda_driver_api"] = body["driver_version"]
+    return Clients("libcuda", str(body["driver_version"]), script=CUDADRV)
 
 
 @pytest.fixture

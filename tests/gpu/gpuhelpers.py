@@ -190,14 +190,46 @@ def report_path(environ: Mapping[str, str]) -> Path | None:
 
 @dataclass
 class Report:
-    """What the suite found: environment, per-test outcomes, and named facts/measurements."""
+    """What the suite found: environment, per-test outcomes, named facts/measurements, and the answers to
+    the questions of gpuquestions.QUESTIONS (with the tests that answer each, to say why one was not)."""
 
     environment: dict[str, Any] = field(default_factory=dict)
     facts: dict[str, Any] = field(default_factory=dict)
     tests: dict[str, dict[str, Any]] = field(default_factory=dict)
+    answers: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    askers: dict[str, list[str]] = field(default_factory=dict)  # question id -> test node ids
 
     def fact(self, key: str, value: Any) -> None:
         self.facts[key] = value
+
+    def answer(self, qid: str, answer: str, **evidence: Any) -> None:
+        """One answer to question `qid` (a test may answer several, a question may get several variants)."""
+        self.answers.setdefault(qid, []).append({"answer": answer, **evidence})
+
+    def answers_markdown(self, questions: Mapping[str, str]) -> str:
+        """Every question with its answers, or why it has none (its tests' skip or failure text)."""
+        lines = ["# GPU suite answers", ""]
+        env = ", ".join(f"{k}: {v}" for k, v in sorted(self.environment.items()) if k != "gpus")
+        lines += [f"Environment: {env}", ""]
+        if self.environment.get("rehearsal"):
+            lines += ["REHEARSAL: every answer below comes from stand-ins (tests/gpu/fakecuda).", ""]
+        for qid, text in questions.items():
+            lines.append(f"## {qid}\n\n{text}\n")
+            for a in self.answers.get(qid, []):
+                lines.append(f"- **{a['answer']}**")
+                evidence = {k: v for k, v in a.items() if k != "answer"}
+                if evidence:
+                    lines.append(f"  `{json.dumps(evidence, sort_keys=True, default=str)[:1500]}`")
+            for nodeid in self.askers.get(qid, []):
+                t = self.tests.get(nodeid, {"outcome": "not run"})
+                why = (
+                    f": {str(t.get('detail', '')).strip().splitlines()[-1][:300]}" if t.get("detail") else ""
+                )
+                lines.append(f"- test `{nodeid.split('::', 1)[-1]}` {t['outcome']}{why}")
+            if not self.answers.get(qid):
+                lines.append("- not answered in this run")
+            lines.append("")
+        return "\n".join(lines)
 
     def outcome(self, nodeid: str, outcome: str, detail: str, duration_s: float) -> None:
         entry = self.tests.setdefault(nodeid, {"outcome": "passed", "duration_s": 0.0})
@@ -219,6 +251,7 @@ class Report:
             "environment": self.environment,
             "facts": self.facts,
             "tests": self.tests,
+            "answers": self.answers,
         }
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(json.dumps(body, indent=2, sort_keys=True, default=str) + "\n")

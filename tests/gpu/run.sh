@@ -18,6 +18,7 @@ export GPUPACK_GPU_REPORT="${GPUPACK_GPU_REPORT:-${OUT:-$repo}/gpu-report.json}"
 outdir="$(dirname "$GPUPACK_GPU_REPORT")"
 mkdir -p "$outdir"
 site="${GPUPACK_GPU_SITE:-/tmp/gpupack-site}"
+rm -rf "$site"  # ours alone; a copy left by another interpreter would shadow this one's packages
 
 fail_report() { # why: the suite never ran; leave a report that says so
   "$PY" - "$GPUPACK_GPU_REPORT" "$1" <<'EOF'
@@ -56,14 +57,18 @@ fi
 export PYTHONPATH="$repo:$site${PYTHONPATH:+:$PYTHONPATH}"
 
 # 2. Preflight: what the suite imports outside the standard library.
-"$PY" -c "import pytest, yaml, pynvml" 2>"$outdir/preflight.log" \
-  || fail_report "pytest, pyyaml or nvidia-ml-py missing and not in .whl/: $(tail -1 "$outdir/preflight.log")"
+"$PY" -c "import pytest, yaml, pynvml, pydantic" 2>"$outdir/preflight.log" \
+  || fail_report "pytest, pyyaml, nvidia-ml-py or pydantic missing and not in .whl/: $(tail -1 "$outdir/preflight.log")"
 { nvidia-smi && nvidia-smi -q; } >"$outdir/nvidia-smi.txt" 2>&1 || true
 
 # 3. The suite. Everything in tests/gpu runs: the CI-level harness checks first, then the GPU ones.
 echo "[gpu] python $("$PY" -c 'import platform; print(platform.python_version())'), report -> $GPUPACK_GPU_REPORT"
-"$PY" -m pytest tests/gpu -v -p no:cacheprovider --junitxml="$outdir/gpu-junit.xml" "$@" 2>&1 \
-  | tee "$outdir/gpu-pytest.log"
+# GPUPACK_GPU_TESTS: which tests (files in the order given). Plugins: only pytest-timeout, so a GPU image's
+# own pytest plugins (cov, xdist, hypothesis, ...) built for another pytest cannot break the run.
+export PYTEST_DISABLE_PLUGIN_AUTOLOAD=1
+# shellcheck disable=SC2086
+"$PY" -m pytest ${GPUPACK_GPU_TESTS:-tests/gpu} -v -p pytest_timeout -p no:cacheprovider --junitxml="$outdir/gpu-junit.xml" "$@" 2>&1 \
+  | tee -i "$outdir/gpu-pytest.log"  # -i: a SIGINT at the budget stops pytest, which then still reports
 rc=${PIPESTATUS[0]}
 echo "[gpu] pytest exit $rc; report: $GPUPACK_GPU_REPORT"
 exit "$rc"

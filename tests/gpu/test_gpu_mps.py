@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from gpuclients import ClientResult, Clients, wait_for
-from gpuhelpers import Report, allocation, fraction_request, pod_env, report_path
+from gpuhelpers import Report
+from gpumps import Daemon, mps_processes
 
-from agent.mps import Device, MpsConfig, MpsState, MpsSupervisor
+from agent.mps import Device, MpsState
 from agent.nvml.base import Nvml
 from app import names
-from webhook.mutate import gpu_env
 
 pytestmark = pytest.mark.gpu
 
@@ -35,103 +32,6 @@ SLACK_MIB = 64
 # How long each throughput client runs, and how long side-by-side clients get to warm up before both start.
 MATMUL_SECONDS = float(os.environ.get("GPUPACK_GPU_MATMUL_SECONDS", "8"))
 START_DELAY_SECONDS = float(os.environ.get("GPUPACK_GPU_START_DELAY_SECONDS", "30"))
-
-
-def mps_processes(pipe_dir: Path) -> list[tuple[int, str]]:
-    """(pid, comm) of every nvidia-cuda-mps-* process whose environment names our pipe dir."""
-    out: list[tuple[int, str]] = []
-    marker = f"{names.ENV_MPS_PIPE_DIRECTORY}={pipe_dir}".encode()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            comm = (entry / "comm").read_text().strip()
-            if comm.startswith("nvidia-cuda-mps") and marker in (entry / "environ").read_bytes():
-                out.append((int(entry.name), comm))
-        except OSError:  # gone, or not ours to read
-            continue
-    return out
-
-
-class Daemon:
-    """One MPS control daemon, started as its pod starts it and adopted by the agent's supervisor."""
-
-    def __init__(self, nvml: Nvml, binary: str, pinned_default_mib: int | None = None) -> None:
-        self.index = 0
-        self.uuid = nvml.uuid(self.index)
-        self.memory_mib = nvml.memory(self.index).total_mib
-        self.pipe_dir = Path(tempfile.mkdtemp(prefix="gpupack-mps-"))  # short: it holds a unix socket
-        self.config = MpsConfig(
-            binary=binary,
-            pipe_dir=self.pipe_dir,
-            default_pinned_mem_limit_mib=pinned_default_mib,
-            command_timeout_s=20,
-        )
-        self.sup = MpsSupervisor(self.config)
-
-    def start(self) -> None:
-        (self.pipe_dir / "log").mkdir(exist_ok=True)
-        env = os.environ | {
-            names.ENV_MPS_PIPE_DIRECTORY: str(self.pipe_dir),
-            "CUDA_MPS_LOG_DIRECTORY": str(self.pipe_dir / "log"),
-            names.ENV_CUDA_VISIBLE_DEVICES: self.uuid,
-        }
-        started = subprocess.run(
-            [self.config.binary, "-d"], env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL, timeout=20, check=False,
-        )  # fmt: skip
-        assert started.returncode == 0, f"{self.config.binary} -d: exit {started.returncode}\n{self.logs()}"
-        # `-d` returns once the daemon forked; its control socket may come a moment later.
-        deadline = time.monotonic() + 10
-        while True:
-            status = self.sup.tick([Device(self.uuid, self.memory_mib)], now=time.monotonic())
-            if self.sup.state is MpsState.RUNNING or time.monotonic() > deadline:
-                break
-            time.sleep(0.1)
-        if self.sup.state is not MpsState.RUNNING:
-            logs = self.logs()
-            self.control("quit")  # a daemon that started but would not take its defaults
-            pytest.fail(f"MPS did not start: {status.state}: {status.message}\n{logs}")
-
-    def stop(self) -> float:
-        """`quit`, as the daemon pod's deletion does; seconds until no daemon or server of ours is left."""
-        t0 = time.monotonic()
-        self.control("quit")
-        gone = wait_for(lambda: not mps_processes(self.pipe_dir), timeout_s=30)
-        elapsed = time.monotonic() - t0
-        self._keep_logs()
-        assert gone, f"MPS processes left after quit: {mps_processes(self.pipe_dir)}"
-        shutil.rmtree(self.pipe_dir, ignore_errors=True)
-        return elapsed
-
-    def _keep_logs(self) -> None:
-        """Copy the daemon's control/server logs beside the report (they show the limits in effect)."""
-        path = report_path(os.environ)
-        if path is not None and (self.pipe_dir / "log").is_dir():
-            shutil.copytree(self.pipe_dir / "log", path.parent / "mps-logs" / self.pipe_dir.name)
-
-    def control(self, command: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [self.config.binary],
-            input=command + "\n",
-            capture_output=True,
-            text=True,
-            timeout=20,
-            env=os.environ | {names.ENV_MPS_PIPE_DIRECTORY: str(self.pipe_dir)},
-            check=False,
-        )
-
-    def logs(self) -> str:
-        parts = []
-        for f in sorted((self.pipe_dir / "log").glob("*.log")):
-            parts.append(f"--- {f.name}\n{f.read_text(errors='replace')[-3000:]}")
-        return "\n".join(parts)
-
-    def pod_env(self, fraction: str) -> tuple[dict[str, str], int]:
-        """The env of a `gpu-fraction: <fraction>` pod placed on this GPU, and its memory limit (MiB)."""
-        req = fraction_request(fraction)
-        alloc = allocation(req, "gpu-node", self.index, self.uuid, self.memory_mib)
-        return pod_env(gpu_env(req), alloc, self.pipe_dir), alloc.memory_mib
 
 
 @pytest.fixture
