@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent import envcheck, mpsprep, verify
+from agent import isolation as iso
 from agent import metrics as m
 from agent import reporter as rep
 from agent.cgroup import PodRef
@@ -44,6 +45,7 @@ class AgentConfig:
     # modes as they are. The MPS daemon pod's init container sets it before the daemon starts (agent.mpsprep);
     # the agent switches a GPU that was busy then, once it is idle.
     mps_compute_mode: ComputeMode | None = None
+    isolation: iso.NodeFacts = iso.NO_NODE_FACTS  # what holds for every GPU's isolation (agent.isolation)
 
 
 class Agent:
@@ -133,6 +135,7 @@ class Agent:
             now=now,
             config=self.config.reporter,
             env_device_selection=self.config.env_device_selection,
+            node_facts=self.config.isolation,
         )
         self.reporter.tick(spec, status, now)
         self._handle_violations(verify.Verdict({}, (), verify.unhealthy(status.gpus, self._pods), ()), now)
