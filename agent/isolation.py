@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from agent.nvml.base import ComputeMode
-from app.isolation import ComputeEnforcement, MemoryEnforcement, Sharing
+from app.isolation import ComputeEnforcement, MemoryEnforcement, Sharing, compute_enforcement
 from app.kube.gpunode import GpuIsolation
 
 # NVML's compute modes as the GPUNode writes them (short, for `kubectl get`).
@@ -66,8 +66,7 @@ def decide(facts: GpuFacts) -> GpuIsolation:
     - memory: per-cgroup where the node side sets each container's limit; else, under MPS, the daemon's
       cap where the GPU is exclusive (a process can neither raise its limit nor leave MPS) and the daemon
       has one, otherwise the client's env; without MPS, none.
-    - compute: MPS thread percentage only where the GPU is exclusive; elsewhere a process can time-slice
-      beside the MPS server, so nothing holds it to a share.
+    - compute: MPS thread percentage only where the GPU is exclusive (app.isolation.compute_enforcement).
     """
     mode = facts.compute_mode
     if mode is ComputeMode.PROHIBITED:
@@ -84,14 +83,12 @@ def decide(facts: GpuFacts) -> GpuIsolation:
         memory = MemoryEnforcement.CLIENT_ENV
     else:
         memory = MemoryEnforcement.NONE
-    exclusive = sharing is Sharing.EXCLUSIVE
-    compute = ComputeEnforcement.MPS_PERCENTAGE if exclusive else ComputeEnforcement.TIME_SLICE
     return GpuIsolation(
         driver_version=facts.driver_version,
         compute_mode=MODE_NAMES.get(mode, "") if mode else "",
         mps_mode=sharing,
         memory=memory,
-        compute=compute,
+        compute=compute_enforcement(sharing),
     )
 
 

@@ -111,6 +111,7 @@ class Agent:
     def step(self) -> GPUNodeStatus:
         now = self.clock()
         self._ensure_nvml(now)
+        self._keep_compute_modes(now)  # first, so this cycle's status reports a GPU switched just now
         sample = self.sampler.sample() if self.nvml_ready else NodeSample(error=self._nvml_error)
         if sample.error and any(
             c in sample.error for c in (NvmlCode.UNINITIALIZED, NvmlCode.DRIVER_NOT_LOADED)
@@ -119,7 +120,6 @@ class Agent:
         spec = rep.build_spec(self.config.node, sample, self.mps.available(), self._spec)
         self._spec = spec
         mps = self.mps.tick([Device(g.uuid, g.memory_mib) for g in spec.shared_gpus], now)
-        self._keep_compute_modes(now)
         refs = self._resolve(sample)
         self._refresh_pods(sample, now)
         self._check_env(now)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -85,14 +85,7 @@ def node_server(settings: Settings, send: Callable[[Request], dict[str, Any]]) -
     """The RuntimeClass handler's answerer, where --node-socket asks for one (docs/node-side.md)."""
     if settings.node_socket is None:
         return None
-    boot = mpsprep.boot_id()  # a reboot restarts the agent too
-
-    def mps_not_ready(uuids: Sequence[str]) -> str:
-        # Only that the daemon pod prepared the node on this boot: a GPU that was busy then is still in
-        # DEFAULT, and an MPS client works there; its mode is a placement fact (the GPUNode reports it
-        # "shared", with the weaker levels), so a container placed on it is not refused here.
-        return mpsprep.not_ready(settings.mps_pipe_dir, list(uuids), None, boot)
-
+    mps_not_ready = mpsprep.readiness(settings.mps_pipe_dir, mpsprep.boot_id())  # a reboot restarts us too
     pipe_dirs = PipeDirs(settings.mps_pipe_dir)
     return NodeServer(settings.node_socket, settings.node, pipe_dirs, send, mps_not_ready=mps_not_ready)
 

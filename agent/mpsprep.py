@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -107,3 +107,14 @@ def not_ready(pipe_dir: Path, uuids: list[str], want: ComputeMode | None, boot: 
     if wrong:
         return f"GPU {', '.join(wrong)} not in {want.value} (see the mps-daemon pod's init log)"
     return ""
+
+
+def readiness(pipe_dir: Path, boot: str) -> Callable[[Sequence[str]], str]:
+    """The node side's check before an MPS client starts (agent.nodeside.decide's `mps_not_ready`).
+
+    Only that the daemon pod prepared the node on this boot, whatever each GPU's mode: a GPU that was busy
+    then is still in DEFAULT, an MPS client works there, and the agent switches it once it is idle. Its
+    mode is a placement fact (the GPUNode reports it "shared", with its weaker levels, so pods that need
+    more are placed elsewhere), so a container placed on it is never refused for it here.
+    """
+    return lambda uuids: not_ready(pipe_dir, list(uuids), None, boot)

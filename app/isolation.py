@@ -51,6 +51,14 @@ class ComputeEnforcement(StrEnum):
     MPS_PERCENTAGE = "mps-percentage"  # MPS active-thread percentage (the client's env, capped by the daemon)
 
 
+def compute_enforcement(sharing: Sharing) -> ComputeEnforcement:
+    """MPS thread percentages hold only where the GPU is exclusive: elsewhere a process can time-slice
+    beside the MPS server, so nothing holds it to a share."""
+    return (
+        ComputeEnforcement.MPS_PERCENTAGE if sharing is Sharing.EXCLUSIVE else ComputeEnforcement.TIME_SLICE
+    )
+
+
 def memory_levels() -> str:
     """The memory levels weakest first, quoted, for messages: "'none', 'client-env', ..."."""
     return ", ".join(f"'{m.value}'" for m in _MEMORY_ORDER)

@@ -355,6 +355,16 @@ def _memory_enforcement(r: _Reading) -> Iterable[RequestError]:
             raw,
             f"must be one of {memory_levels()} (weakest first): the least a GPU must enforce",
         )
+    elif raw in _MPS_LEVELS and r.pod.ask.isolation == Isolation.NONE:
+        yield RequestError(
+            names.MEMORY_ENFORCEMENT,
+            raw,
+            f"is an MPS limit, and {names.ISOLATION}: none makes the pod no MPS client: ask "
+            f"'{MemoryEnforcement.PER_CGROUP.value}', or drop {names.ISOLATION}: none",
+        )
+
+
+_MPS_LEVELS: Final = frozenset({MemoryEnforcement.CLIENT_ENV.value, MemoryEnforcement.DAEMON_DEFAULT.value})
 
 
 def _mig_profile_value(r: _Reading) -> Iterable[RequestError]:
