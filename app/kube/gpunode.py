@@ -212,8 +212,8 @@ class Summary(_Wire):
     memory_allocated_mib: StrictInt = 0
     memory_used_mib: StrictInt = 0  # NVML's reading, whoever uses it
     # The weakest levels among the healthy shared GPUs ("" when none reports one): what every pod here gets.
-    memory_enforcement: StrictStr = ""
-    compute_enforcement: StrictStr = ""
+    memory_enforcement: StrictStr = Field(default="", exclude_if=_empty)
+    compute_enforcement: StrictStr = Field(default="", exclude_if=_empty)
 
 
 class GPUNodeStatus(_Wire):
