@@ -45,6 +45,7 @@ class AgentConfig:
     # modes as they are. The MPS daemon pod's init container sets it before the daemon starts (agent.mpsprep);
     # the agent switches a GPU that was busy then, once it is idle.
     mps_compute_mode: ComputeMode | None = None
+    mps_time_slice_gpus: tuple[int, ...] = ()  # GPU indexes kept in DEFAULT (time-slicing beside MPS)
     isolation: iso.NodeFacts = iso.NO_NODE_FACTS  # what holds for every GPU's isolation (agent.isolation)
 
 
@@ -152,7 +153,7 @@ class Agent:
         if now - self._modes_at < self.config.reporter.heartbeat_s:
             return
         self._modes_at = now
-        modes = mpsprep.apply(self.nvml, want)
+        modes = mpsprep.apply(self.nvml, want, self.config.mps_time_slice_gpus)
         for gpu in modes:
             if gpu.switched:
                 _log.info("compute mode set", extra={"gpu": gpu.uuid, "mode": gpu.mode})

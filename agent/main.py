@@ -59,6 +59,7 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
         evict_on_violation=settings.evict_on_violation,
         env_device_selection=toolkit.read(None if settings.sim else settings.toolkit_config),
         mps_compute_mode=ComputeMode.EXCLUSIVE_PROCESS if settings.mps_exclusive_process else None,
+        mps_time_slice_gpus=settings.mps_time_slice_gpus,
         isolation=NodeFacts(daemon_memory_cap=settings.mps_pinned_mem_limit_mib is not None),
     )
     mps = MpsSupervisor(

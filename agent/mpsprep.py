@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,11 +33,13 @@ class GpuMode:
     reason: str = ""  # why it is not in the wanted mode ("" when it is)
 
 
-def apply(nvml: Nvml, want: ComputeMode | None) -> list[GpuMode]:
-    """Every whole (non-MIG) GPU in mode `want`, switching only GPUs with no compute process on them;
-    None: switch nothing, only read each GPU's mode (for the ready record)."""
+def apply(nvml: Nvml, mps_mode: ComputeMode | None, time_slice: Collection[int] = ()) -> list[GpuMode]:
+    """Every whole (non-MIG) GPU in mode `mps_mode`, those of `time_slice` (indexes) in DEFAULT, switching
+    only GPUs with no compute process on them; None: switch nothing, only read each GPU's mode (for the
+    ready record)."""
     out: list[GpuMode] = []
     for index in range(nvml.device_count()):
+        want = mps_mode if mps_mode is None or index not in time_slice else ComputeMode.DEFAULT
         try:
             uuid = nvml.uuid(index)
         except NvmlError as exc:

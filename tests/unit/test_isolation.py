@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import random
@@ -17,6 +18,7 @@ import yaml
 from agent import isolation as iso
 from agent import mpsprep
 from agent import reporter as rep
+from agent.command import gpu_indexes
 from agent.loop import Agent, AgentConfig
 from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.base import ComputeMode
@@ -393,3 +395,31 @@ def stop_standin(pipe: Path) -> None:
     deadline = time.monotonic() + 5
     while (pipe / "control").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def test_time_slice_gpus_stay_in_default_beside_exclusive_ones(tmp_path: Path) -> None:
+    """agent.mps.timeSliceGpus: those GPUs are kept in DEFAULT (switched back once idle if they were
+    EXCLUSIVE_PROCESS), the others go EXCLUSIVE_PROCESS; with the daemon serving, one node then offers
+    both modes and each pod gets a GPU of its own."""
+    sim_file = tmp_path / "gpus.yaml"
+    write_yaml(sim_file, {"gpus": [{"model": "T4"}, {"model": "T4", "compute_mode": EXCL.value}]})
+    nvml = SimulatedNvml(sim_file, "n1", state_dir=tmp_path / "driver", privileged=True)
+    nvml.init()
+    modes = mpsprep.apply(nvml, EXCL, (1,))
+    assert [(m.mode, m.switched) for m in modes] == [(EXCL, True), (DEFAULT, True)]
+    assert [m.switched for m in mpsprep.apply(nvml, EXCL, (1,))] == [False, False]
+    assert [m.mode for m in mpsprep.apply(nvml, None, (1,))] == [EXCL, DEFAULT]  # keep: nothing switched
+    got = [iso.decide(iso.GpuFacts(m.mode, True)).mps_mode for m in modes]
+    assert got == [Sharing.EXCLUSIVE, Sharing.SHARED]
+
+
+@pytest.mark.parametrize(("raw", "want"), [("1,3", (1, 3)), ("3, 1,1", (1, 3)), ("none", ()), ("", ())])
+def test_time_slice_gpus_flag(raw: str, want: tuple[int, ...]) -> None:
+    assert gpu_indexes(raw) == want
+
+
+@pytest.mark.parametrize("raw", ["-1", "a,b", "1;2"])
+def test_a_bad_time_slice_gpus_flag_names_the_value_and_rule(raw: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError) as bad:
+        gpu_indexes(raw)
+    assert str(bad.value) == f"{raw!r}: must be GPU indexes separated by commas, like 1,3"
