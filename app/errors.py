@@ -169,7 +169,8 @@ def render_reason(r: PlacementReason) -> str:
         case Shortfall.MIG_DEVICE:
             return render_mig(r)
         case Shortfall.ISOLATION:
-            gpus = f" ({r.passing} of the {r.count} GPUs it needs suit it)" if r.count > 1 else ""
+            verb = "suits" if r.passing == 1 else "suit"
+            gpus = f" (it needs {r.count} GPUs; {r.passing} {verb} it)" if r.count > 1 else ""
             return f"{r.detail}{gpus}"
     fmt = share if r.shortfall is Shortfall.GPU_SHARE else (lambda v: f"{v} MiB")
     if r.count == 1:

@@ -81,13 +81,18 @@ def mode_misfit(gpus: Sequence[Gpu], demand: Demand) -> str:
         )
         open_ = [g for g in open_ if g.sharing is not Sharing.EXCLUSIVE]
     need = demand.memory_enforcement
-    if need is not _ANY_MEMORY and open_:
-        best = max((g.memory_enforcement for g in open_), key=lambda m: m.rank)
-        if best.rank < need.rank:
-            parts.append(
-                f"pod requires GPU memory enforcement '{need.value}' ({names.MEMORY_ENFORCEMENT}), but "
-                f"this node's GPUs give at most '{best.value}'"
-            )
+    below = [g for g in open_ if need is not _ANY_MEMORY and g.memory_enforcement.rank < need.rank]
+    if below:
+        best = max((g.memory_enforcement for g in below), key=lambda m: m.rank)
+        gives = (
+            f"this node's GPUs give at most '{best.value}'"
+            if len(below) == len(open_)
+            else f"GPU {_indexes([g.index for g in below])} give{'s' if len(below) == 1 else ''} at most "
+            f"'{best.value}'"
+        )
+        parts.append(
+            f"pod requires GPU memory enforcement '{need.value}' ({names.MEMORY_ENFORCEMENT}), but {gives}"
+        )
     if closed:
         parts.append(
             f"GPU {_indexes(closed)} in EXCLUSIVE_PROCESS with no MPS daemon serving "

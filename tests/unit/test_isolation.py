@@ -179,7 +179,7 @@ def test_a_node_with_both_modes_puts_each_pod_on_a_gpu_of_its_mode() -> None:
         assert isinstance(got, Placement) and got.gpus == (1,), name
         # Two GPUs asked, one suits: refused, with how many suit.
         reason = node_misfit(mixed, Demand(2, 300, timeslice=True))
-        assert reason is not None and reason.rule.endswith("(1 of the 2 GPUs it needs suit it)")
+        assert reason is not None and reason.rule.endswith("(it needs 2 GPUs; 1 suits it)")
 
 
 def test_a_closed_gpu_takes_no_share_of_any_kind() -> None:
@@ -203,6 +203,12 @@ def test_a_required_memory_level_is_refused_below_it_naming_both() -> None:
     assert node_misfit(weak, replace(want, memory_enforcement=M.DAEMON_DEFAULT)) is None
     got = place([weak], replace(want, memory_enforcement=M.DAEMON_DEFAULT), registry.create("binpack"))
     assert isinstance(got, Placement) and got.gpus == (0,)
+    # Two GPUs wanted, one meets the level: the other is named with what it gives.
+    reason = node_misfit(weak, Demand(2, 300, memory_enforcement=M.DAEMON_DEFAULT))
+    assert reason is not None and reason.rule == (
+        "pod requires GPU memory enforcement 'daemon-default' (gpupack.io/memory-enforcement), but GPU 1 "
+        "gives at most 'client-env' (it needs 2 GPUs; 1 suits it)"
+    )
     # A GPU that reports nothing (an agent from before levels) gives none: a requirement is not met there.
     assert node_misfit(node(gpu(0, Sharing.UNKNOWN)), replace(want, memory_enforcement=M.CLIENT_ENV))
 
