@@ -159,7 +159,10 @@ def build_status(
         memory_used_mib=sum(g.memory_used_mib or 0 for g in gpus),
     )
     memory, compute = iso.weakest([g.isolation for g in gpus if g.healthy and g.isolation])
-    summary = summary.model_copy(update={"memory_enforcement": memory, "compute_enforcement": compute})
+    modes = ",".join(g.isolation.mps_mode.value for g in gpus if g.isolation)  # a printer column: one string
+    summary = summary.model_copy(
+        update={"memory_enforcement": memory, "compute_enforcement": compute, "mps_modes": modes}
+    )
     return GPUNodeStatus(
         heartbeat_time=now,
         heartbeat_interval_seconds=config.heartbeat_s,

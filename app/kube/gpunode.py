@@ -214,6 +214,9 @@ class Summary(_Wire):
     # The weakest levels among the healthy shared GPUs ("" when none reports one): what every pod here gets.
     memory_enforcement: StrictStr = Field(default="", exclude_if=_empty)
     compute_enforcement: StrictStr = Field(default="", exclude_if=_empty)
+    mps_modes: StrictStr = Field(
+        default="", exclude_if=_empty
+    )  # each GPU's mpsMode, by index: "exclusive,shared"
 
 
 class GPUNodeStatus(_Wire):

@@ -73,7 +73,7 @@ def test_each_gpu_reports_its_mode_and_enforcement(
     columns = [c["name"] for c in table["columnDefinitions"]]
     row = dict(zip(columns, table["rows"][0]["cells"], strict=True))
     assert row["Mem-Enforced"] == "client-env" and row["Compute-Enforced"] == "time-slice", row
-    assert "exclusive" in row["GPU-Modes"] and "shared" in row["GPU-Modes"], row
+    assert row["GPU-Modes"] == "exclusive,shared", row
     assert row["Driver"] == gpus[0]["driverVersion"]
 
 

@@ -345,6 +345,7 @@ def test_a_gpu_busy_at_the_daemons_start_is_placed_by_its_actual_mode_until_swit
         first = agent.step()
         assert [g.isolation.mps_mode for g in first.gpus if g.isolation] == ["exclusive", "shared"]
         assert first.summary.memory_enforcement == "client-env"  # the weakest GPU's
+        assert first.summary.mps_modes == "exclusive,shared"  # `kubectl get gpunodes`' GPU-Modes
         spec = rep.build_spec("n1", agent.sampler.sample(), True)
         before = GPUNode.of("n1", spec, first).to_model_node()
         got = place([before], HALF_NONE, registry.create("fragaware"))
