@@ -27,7 +27,10 @@ def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> 
     """One GPU can take one device's worth of `demand` (model, health, milli and memory room)."""
     if not gpu.healthy or (demand.models and gpu.model not in demand.models):
         return False
-    if (gpu.sharing or demand.memory_enforcement is not _ANY_MEMORY) and not mode_admits(gpu, demand):
+    # `mode_admits`, asked only where it can say no (this runs per GPU per node per demand)
+    if (
+        gpu.sharing is _CLOSED or demand.timeslice or demand.memory_enforcement is not _ANY_MEMORY
+    ) and not mode_admits(gpu, demand):
         return False
     # A share of a whole GPU (the usual case) targets every whole GPU; MIG asks Demand.targets.
     if (demand.mig or demand.mig_profile or gpu.mig_profile) and not demand.targets(gpu):
@@ -40,6 +43,7 @@ def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> 
 
 
 _ANY_MEMORY = MemoryEnforcement.NONE
+_CLOSED = Sharing.CLOSED
 
 
 def mode_admits(gpu: Gpu, demand: Demand) -> bool:
