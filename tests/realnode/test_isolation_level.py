@@ -84,7 +84,7 @@ def test_a_pod_requiring_more_than_the_node_enforces_stays_pending_naming_both(
     idle_node(kube, node.name)  # every GPU free: only the level can refuse the pod
     ns = new_namespace(kube)
     annotations = {names.GPU_FRACTION: "0.5", names.MEMORY_ENFORCEMENT: REQUIRED}
-    pod = busybox_pod("strict", annotations, {"main": ("true",)}, node.name)
+    pod = busybox_pod("strict", annotations, {"main": ("env",)}, node.name)
     kube.send(Request("POST", f"/api/v1/namespaces/{ns}/pods", pod))
 
     def failed_scheduling() -> list[str]:
@@ -119,7 +119,7 @@ def test_an_isolation_none_pod_lands_on_the_gpu_left_for_time_slicing(
     idle_node(kube, node.name)
     ns = new_namespace(kube)
     annotations = {names.GPU_FRACTION: "0.5", names.ISOLATION: "none"}
-    done = run_to_completion(kube, ns, busybox_pod("plain", annotations, {"main": ("true",)}, node.name))
-    assert done["status"]["phase"] == "Succeeded", done["status"]
+    done = run_to_completion(kube, ns, busybox_pod("plain", annotations, {"main": ("env",)}, node.name))
     assert done["metadata"]["annotations"][names.ALLOC_GPU_INDEXES] == "1"  # GPU 0 is MPS-only
+    assert done["status"]["phase"] == "Succeeded", done["status"].get("containerStatuses")
     kube.send(Request("DELETE", f"/api/v1/namespaces/{ns}"))
