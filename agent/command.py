@@ -32,6 +32,14 @@ def duration(raw: str) -> float:
     return float(match[1]) * _UNIT_S[match[2]]
 
 
+def gpu_indexes(raw: str) -> tuple[int, ...]:
+    """ "1,3" (or "none", or "") as GPU indexes."""
+    parts = [p.strip() for p in raw.split(",") if p.strip() and p.strip() != "none"]
+    if not all(p.isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"{raw!r}: must be GPU indexes separated by commas, like 1,3")
+    return tuple(sorted({int(p) for p in parts}))
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     agent = sub.add_parser("agent", help="the node agent (DaemonSet on GPU nodes)")
     agent_sub = agent.add_subparsers(dest="agent_command", metavar="COMMAND", required=True)
@@ -54,6 +62,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     flag("mps_binary")
     flag("mps_pipe_dir", type=Path)
     flag("mps_exclusive_process", action="store_true")
+    flag("mps_time_slice_gpus", type=gpu_indexes)
     flag("mps_thread_percentage", type=int)
     flag("mps_pinned_mem_limit_mib", type=int)
     flag("node_socket", type=Path)
@@ -67,6 +76,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     prep_flag("sim", type=Path)
     prep_flag("sim_state", type=Path)
     prep_flag("node", default=os.environ.get("NODE_NAME", ""))
+    prep_flag("mps_time_slice_gpus", type=gpu_indexes)
     prep.add_argument(
         "--pipe-dir",
         type=Path,
@@ -225,7 +235,7 @@ def prepare_command(args: argparse.Namespace) -> int:
     nvml, _ = make_nvml(args.sim, args.node, args.sim_state)
     try:
         nvml.init()
-        modes = mpsprep.apply(nvml, want)
+        modes = mpsprep.apply(nvml, want, args.mps_time_slice_gpus)
     except NvmlError as exc:
         print(f"gpupack agent prepare-mps: NVML: {exc}", file=sys.stderr)
         return 1

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from agent import envcheck, mpsprep, verify
+from agent import isolation as iso
 from agent import metrics as m
 from agent import reporter as rep
 from agent.cgroup import PodRef
@@ -44,6 +45,8 @@ class AgentConfig:
     # modes as they are. The MPS daemon pod's init container sets it before the daemon starts (agent.mpsprep);
     # the agent switches a GPU that was busy then, once it is idle.
     mps_compute_mode: ComputeMode | None = None
+    mps_time_slice_gpus: tuple[int, ...] = ()  # GPU indexes kept in DEFAULT (time-slicing beside MPS)
+    isolation: iso.NodeFacts = iso.NO_NODE_FACTS  # what holds for every GPU's isolation (agent.isolation)
 
 
 class Agent:
@@ -109,6 +112,7 @@ class Agent:
     def step(self) -> GPUNodeStatus:
         now = self.clock()
         self._ensure_nvml(now)
+        self._keep_compute_modes(now)  # first, so this cycle's status reports a GPU switched just now
         sample = self.sampler.sample() if self.nvml_ready else NodeSample(error=self._nvml_error)
         if sample.error and any(
             c in sample.error for c in (NvmlCode.UNINITIALIZED, NvmlCode.DRIVER_NOT_LOADED)
@@ -117,7 +121,6 @@ class Agent:
         spec = rep.build_spec(self.config.node, sample, self.mps.available(), self._spec)
         self._spec = spec
         mps = self.mps.tick([Device(g.uuid, g.memory_mib) for g in spec.shared_gpus], now)
-        self._keep_compute_modes(now)
         refs = self._resolve(sample)
         self._refresh_pods(sample, now)
         self._check_env(now)
@@ -133,6 +136,7 @@ class Agent:
             now=now,
             config=self.config.reporter,
             env_device_selection=self.config.env_device_selection,
+            node_facts=self.config.isolation,
         )
         self.reporter.tick(spec, status, now)
         self._handle_violations(verify.Verdict({}, (), verify.unhealthy(status.gpus, self._pods), ()), now)
@@ -149,7 +153,7 @@ class Agent:
         if now - self._modes_at < self.config.reporter.heartbeat_s:
             return
         self._modes_at = now
-        modes = mpsprep.apply(self.nvml, want)
+        modes = mpsprep.apply(self.nvml, want, self.config.mps_time_slice_gpus)
         for gpu in modes:
             if gpu.switched:
                 _log.info("compute mode set", extra={"gpu": gpu.uuid, "mode": gpu.mode})

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent import metrics, mpsprep, toolkit
 from agent.cgroup import ProcResolver
+from agent.isolation import NodeFacts
 from agent.loop import Agent, AgentConfig, Resolver
 from agent.mps import MpsConfig, MpsSupervisor
 from agent.nodeserver import NodeServer
@@ -58,6 +59,8 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
         evict_on_violation=settings.evict_on_violation,
         env_device_selection=toolkit.read(None if settings.sim else settings.toolkit_config),
         mps_compute_mode=ComputeMode.EXCLUSIVE_PROCESS if settings.mps_exclusive_process else None,
+        mps_time_slice_gpus=settings.mps_time_slice_gpus,
+        isolation=NodeFacts(daemon_memory_cap=settings.mps_pinned_mem_limit_mib is not None),
     )
     mps = MpsSupervisor(
         MpsConfig(
@@ -83,12 +86,7 @@ def node_server(settings: Settings, send: Callable[[Request], dict[str, Any]]) -
     """The RuntimeClass handler's answerer, where --node-socket asks for one (docs/node-side.md)."""
     if settings.node_socket is None:
         return None
-    want = ComputeMode.EXCLUSIVE_PROCESS if settings.mps_exclusive_process else None
-    boot = mpsprep.boot_id()  # a reboot restarts the agent too
-
-    def mps_not_ready(uuids: Sequence[str]) -> str:
-        return mpsprep.not_ready(settings.mps_pipe_dir, list(uuids), want, boot)
-
+    mps_not_ready = mpsprep.readiness(settings.mps_pipe_dir, mpsprep.boot_id())  # a reboot restarts us too
     pipe_dirs = PipeDirs(settings.mps_pipe_dir)
     return NodeServer(settings.node_socket, settings.node, pipe_dirs, send, mps_not_ready=mps_not_ready)
 

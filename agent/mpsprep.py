@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,11 +33,13 @@ class GpuMode:
     reason: str = ""  # why it is not in the wanted mode ("" when it is)
 
 
-def apply(nvml: Nvml, want: ComputeMode | None) -> list[GpuMode]:
-    """Every whole (non-MIG) GPU in mode `want`, switching only GPUs with no compute process on them;
-    None: switch nothing, only read each GPU's mode (for the ready record)."""
+def apply(nvml: Nvml, mps_mode: ComputeMode | None, time_slice: Collection[int] = ()) -> list[GpuMode]:
+    """Every whole (non-MIG) GPU in mode `mps_mode`, those of `time_slice` (indexes) in DEFAULT, switching
+    only GPUs with no compute process on them; None: switch nothing, only read each GPU's mode (for the
+    ready record)."""
     out: list[GpuMode] = []
     for index in range(nvml.device_count()):
+        want = mps_mode if mps_mode is None or index not in time_slice else ComputeMode.DEFAULT
         try:
             uuid = nvml.uuid(index)
         except NvmlError as exc:
@@ -107,3 +109,14 @@ def not_ready(pipe_dir: Path, uuids: list[str], want: ComputeMode | None, boot: 
     if wrong:
         return f"GPU {', '.join(wrong)} not in {want.value} (see the mps-daemon pod's init log)"
     return ""
+
+
+def readiness(pipe_dir: Path, boot: str) -> Callable[[Sequence[str]], str]:
+    """The node side's check before an MPS client starts (agent.nodeside.decide's `mps_not_ready`).
+
+    Only that the daemon pod prepared the node on this boot, whatever each GPU's mode: a GPU that was busy
+    then is still in DEFAULT, an MPS client works there, and the agent switches it once it is idle. Its
+    mode is a placement fact (the GPUNode reports it "shared", with its weaker levels, so pods that need
+    more are placed elsewhere), so a container placed on it is never refused for it here.
+    """
+    return lambda uuids: not_ready(pipe_dir, list(uuids), None, boot)

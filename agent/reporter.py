@@ -6,12 +6,14 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from agent import isolation as iso
 from agent.sample import GpuSample, NodeSample
 from app import log
 from app.errors import KubeError
 from app.kube import gpunode
 from app.kube.calls import Request
 from app.kube.gpunode import (
+    GpuIsolation,
     GPUNodeSpec,
     GPUNodeStatus,
     GpuSpec,
@@ -94,7 +96,9 @@ def foreign_mib(g: GpuSample, owners: Mapping[int, str], gpupack_pods: Collectio
     return sum(p.used_mib or 0 for p in procs)
 
 
-def _gpu_status(g: GpuSample, owners: Mapping[int, str], gpupack_pods: Collection[str]) -> GpuStatus:
+def _gpu_status(
+    g: GpuSample, owners: Mapping[int, str], gpupack_pods: Collection[str], isolation: GpuIsolation | None
+) -> GpuStatus:
     return GpuStatus(
         uuid=g.uuid,
         index=g.index,
@@ -110,6 +114,7 @@ def _gpu_status(g: GpuSample, owners: Mapping[int, str], gpupack_pods: Collectio
             for p in g.processes
         ),
         foreign_memory_mib=foreign_mib(g, owners, gpupack_pods),
+        isolation=isolation,
     )
 
 
@@ -129,8 +134,18 @@ def build_status(
     now: float,
     config: ReporterConfig,
     env_device_selection: str = "unknown",
+    node_facts: iso.NodeFacts = iso.NO_NODE_FACTS,
 ) -> GPUNodeStatus:
-    gpus = tuple(_gpu_status(g, owners, gpupack_pods) for g in sample.gpus)
+    serving = mps.isolation == gpunode.ISOLATION_MPS
+
+    def isolation(g: GpuSample) -> GpuIsolation | None:  # a MIG device is its own hardware partition
+        return (
+            None
+            if g.mig_enabled
+            else iso.decide(node_facts.of(g.compute_mode, serving, sample.driver_version))
+        )
+
+    gpus = tuple(_gpu_status(g, owners, gpupack_pods, isolation(g)) for g in sample.gpus)
     if sample.error:  # no reading at all: every known GPU is unhealthy, with NVML's reason
         gpus = tuple(
             GpuStatus(uuid=g.uuid, index=g.index, healthy=False, reason=sample.error) for g in spec.gpus
@@ -142,6 +157,11 @@ def build_status(
         memory_total_mib=sum(g.memory_mib for g in spec.gpus),
         memory_allocated_mib=allocated,
         memory_used_mib=sum(g.memory_used_mib or 0 for g in gpus),
+    )
+    memory, compute = iso.weakest([g.isolation for g in gpus if g.healthy and g.isolation])
+    modes = ",".join(g.isolation.mps_mode.value for g in gpus if g.isolation)  # a printer column: one string
+    summary = summary.model_copy(
+        update={"memory_enforcement": memory, "compute_enforcement": compute, "mps_modes": modes}
     )
     return GPUNodeStatus(
         heartbeat_time=now,
@@ -166,6 +186,8 @@ def significant_change(old: GPUNodeStatus | None, new: GPUNodeStatus, threshold_
             return f"GPU {b.index} health"
         if {(p.pid, p.pod_uid) for p in a.processes} != {(p.pid, p.pod_uid) for p in b.processes}:
             return f"GPU {b.index} processes"
+        if a.isolation != b.isolation:
+            return f"GPU {b.index} isolation"
         if (a.memory_used_mib is None) != (b.memory_used_mib is None) or abs(
             (a.memory_used_mib or 0) - (b.memory_used_mib or 0)
         ) >= threshold_mib:
@@ -196,6 +218,8 @@ def capacity_grew(
     for a, b in zip(old.gpus, new.gpus, strict=False):
         if b.healthy and not a.healthy:
             return f"GPU {b.index} healthy"
+        if a.isolation != b.isolation:  # e.g. switched to EXCLUSIVE_PROCESS: pods of that mode fit now
+            return f"GPU {b.index} isolation"
         before, after = a.memory_used_mib, b.memory_used_mib
         if before is not None and after is not None and before - after >= threshold_mib:
             return f"GPU {b.index} memory freed"

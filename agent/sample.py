@@ -9,7 +9,7 @@ from functools import cache
 from importlib import resources
 from typing import TypeVar
 
-from agent.nvml.base import FATAL_CODES, MigDeviceInfo, Nvml, NvmlCode, NvmlError, ProcessInfo
+from agent.nvml.base import FATAL_CODES, ComputeMode, MigDeviceInfo, Nvml, NvmlCode, NvmlError, ProcessInfo
 from app import catalog
 
 T = TypeVar("T")
@@ -36,6 +36,7 @@ class GpuSample:
     healthy: bool = True
     reason: str = ""  # why it is unhealthy
     errors: tuple[NvmlCode, ...] = ()  # codes raised while reading it (NOT_SUPPORTED included)
+    compute_mode: ComputeMode | None = None  # None: could not be read (or a MIG-enabled GPU)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +111,7 @@ class Sampler:
             xids = opt(lambda: nv.xid_errors(index)) or ()
             mig = bool(opt(lambda: nv.mig_enabled(index)))
             migs = self._migs(index) if mig else ()
+            mode = None if mig else opt(lambda: nv.compute_mode(index))
             procs = self._processes(index, mig, migs)
         except NvmlError as exc:
             return _broken(index, self._known[index], exc, errors)
@@ -137,6 +139,7 @@ class Sampler:
             healthy=not reason,
             reason=reason,
             errors=tuple(errors),
+            compute_mode=mode,
         )
 
     def _migs(self, index: int) -> tuple[MigDeviceInfo, ...]:

@@ -45,6 +45,12 @@ class Settings:
     mps_exclusive_process: bool = setting(
         False, "keep MPS GPUs in EXCLUSIVE_PROCESS compute mode (an idle GPU is switched)"
     )
+    mps_time_slice_gpus: tuple[int, ...] = setting(
+        (),
+        "GPU indexes left in DEFAULT compute mode with --mps-exclusive-process, as a comma-separated list: "
+        "they take isolation: none shares beside MPS clients",
+        shown="none",
+    )
     mps_thread_percentage: int = setting(100, "the MPS daemon's default active thread percentage")
     mps_pinned_mem_limit_mib: int | None = setting(
         None, "the MPS daemon's default pinned memory limit per device, MiB"
@@ -74,6 +80,10 @@ class Settings:
             check.bad("mps_thread_percentage", self.mps_thread_percentage, "must be in 1..100")
         if self.mps_pinned_mem_limit_mib is not None:
             check.positive("mps_pinned_mem_limit_mib", self.mps_pinned_mem_limit_mib, "must be >= 1")
+        if any(i < 0 for i in self.mps_time_slice_gpus):
+            check.bad(
+                "mps_time_slice_gpus", ",".join(map(str, self.mps_time_slice_gpus)), "indexes must be >= 0"
+            )
         if self.node_socket is not None and not self.node_socket.is_absolute():
             check.bad("node_socket", str(self.node_socket), "must be an absolute path")
         return check.errors

@@ -79,6 +79,9 @@ class Shortfall(StrEnum):
     # A MIG demand no free MIG device fits: needed = MiB (0 for a profile), profile = the one asked for,
     # free / detail = memory and profile of the largest free MIG device, count, passing, mig_devices
     MIG_DEVICE = "mig_device"
+    # The GPUs' sharing mode or memory enforcement does not suit the pod (app.isolation); detail: what the
+    # pod asks and what the GPUs give; count, passing
+    ISOLATION = "isolation"
     GPU_SHARE = "gpu_share"  # needed / free milli per GPU (free: the best GPU's), count, passing
     GPU_MEMORY = "gpu_memory"  # needed / free MiB per GPU (free: the best GPU's), count, passing, foreign
 
@@ -165,6 +168,10 @@ def render_reason(r: PlacementReason) -> str:
             )
         case Shortfall.MIG_DEVICE:
             return render_mig(r)
+        case Shortfall.ISOLATION:
+            verb = "suits" if r.passing == 1 else "suit"
+            gpus = f" (it needs {r.count} GPUs; {r.passing} {verb} it)" if r.count > 1 else ""
+            return f"{r.detail}{gpus}"
     fmt = share if r.shortfall is Shortfall.GPU_SHARE else (lambda v: f"{v} MiB")
     if r.count == 1:
         text = f"no GPU with {fmt(r.needed)} free: best has {fmt(max(r.free, 0))}"

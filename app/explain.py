@@ -13,7 +13,7 @@ from app import request
 from app.errors import PlacementReason, share
 from app.model import Demand, Gpu, Node
 from app.placement import Placement, Policy, normalize_scores, place, score_nodes
-from app.placement.fit import FOREIGN_MARGIN_MIB, memory_room
+from app.placement.fit import FOREIGN_MARGIN_MIB, memory_room, mode_admits, mode_misfit
 
 NO_GPUNODE = "no GPUNode object for this node: the gpupack agent does not run here"
 
@@ -29,6 +29,8 @@ def gpu_misfit(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -
         return "unhealthy"
     if not demand.accepts(gpu.model):
         return f"GPU model {gpu.model} is not one of {'|'.join(sorted(demand.models))}"
+    if not mode_admits(gpu, demand):
+        return mode_misfit([gpu], demand)
     milli, mib = demand.on(gpu.memory_mib)
     if milli > gpu.milli_free:
         return f"needs {share(milli)} of the GPU: {share(max(gpu.milli_free, 0))} free"
@@ -48,6 +50,8 @@ def gpu_rows(node: Node, demand: Demand) -> list[dict[str, Any]]:
                 "model": g.model,
                 "milliFree": g.milli_free,
                 "memoryRoomMiB": memory_room(g),
+                "mpsMode": g.sharing.value,
+                "memoryEnforcement": g.memory_enforcement.value,
                 "fits": not why,
                 "reason": why or None,
             }
@@ -96,6 +100,8 @@ def explain(
             "milli": demand.milli,
             "memoryMiB": demand.memory_mib,
             "models": sorted(demand.models),
+            "timeSlice": demand.timeslice,
+            "memoryEnforcement": demand.memory_enforcement.value,
         },
         "policy": policy.name,
         "choice": choice,

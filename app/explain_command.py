@@ -10,6 +10,7 @@ from typing import Any
 
 from app import explain, names
 from app.errors import FieldError, KubeError
+from app.isolation import MemoryEnforcement
 from app.kube import snapshot
 from app.kube.client import Kube
 from app.model import MILLI_PER_GPU, Demand
@@ -64,14 +65,24 @@ def scheduler_exclusions(
 def _demand_text(d: Demand) -> str:
     what = f"{d.milli / MILLI_PER_GPU:.2f} of a GPU" if d.milli is not None else f"{d.memory_mib} MiB"
     models = "|".join(sorted(d.models)) or "any model"
-    return f"{d.count} x {what} ({models})"
+    needs = [f"{names.ISOLATION}=none"] if d.timeslice else []
+    if d.memory_enforcement is not MemoryEnforcement.NONE:
+        needs.append(f"memory enforcement >= {d.memory_enforcement.value}")
+    return f"{d.count} x {what} ({models})" + "".join(f", {n}" for n in needs)
 
 
 def render(key: str, doc: Mapping[str, Any]) -> str:
     if doc.get("demand") is None:
         return f"{key}: {doc.get('error')}"
     d = doc["demand"]
-    demand = Demand(d["count"], d["milli"], d["memoryMiB"], frozenset(d["models"]))
+    demand = Demand(
+        d["count"],
+        d["milli"],
+        d["memoryMiB"],
+        frozenset(d["models"]),
+        timeslice=d.get("timeSlice", False),
+        memory_enforcement=MemoryEnforcement(d.get("memoryEnforcement", MemoryEnforcement.NONE)),
+    )
     lines = [f"pod {key}: {_demand_text(demand)}, policy {doc['policy']}"]
     alloc = doc.get("allocation")
     if doc.get("boundTo"):
@@ -90,6 +101,8 @@ def render(key: str, doc: Mapping[str, Any]) -> str:
         lines.append(f"{row['node']:<28} {'yes' if row['fits'] else 'no':<4} {score:>7}  {why}")
         for g in row.get("gpus", ()):
             free = f"{g['milliFree'] / MILLI_PER_GPU:.2f} free, {g['memoryRoomMiB']} MiB room"
+            if g.get("mpsMode"):
+                free += f"; MPS {g['mpsMode']}, memory enforced: {g['memoryEnforcement']}"
             lines.append(
                 f"  gpu{g['gpu']:<23} {'yes' if g['fits'] else 'no':<4} {'':>7}  {g['reason'] or free}"
             )

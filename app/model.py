@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 from app import names
 from app.errors import RequestError
+from app.isolation import MemoryEnforcement, Sharing
 
 MILLI_PER_GPU = 1000
 # A MIG device is a placement target of its own; its index on the node is MIG_INDEX_BASE * (parent GPU
@@ -42,6 +43,8 @@ class Demand:
     # `mig_profile` is set, else the smallest free one with `memory_mib` (isolation: mig).
     mig: bool = False
     mig_profile: str = ""
+    timeslice: bool = False  # the pod asked for `isolation: none` explicitly: not on EXCLUSIVE_PROCESS GPUs
+    memory_enforcement: MemoryEnforcement = MemoryEnforcement.NONE  # the least a GPU must enforce
 
     def on(self, gpu_memory_mib: int) -> tuple[int, int]:
         """(milli, MiB) this demand takes on one GPU that has `gpu_memory_mib` in total."""
@@ -94,6 +97,8 @@ class Gpu:
     healthy: bool = True
     mig_profile: str = ""  # set on a MIG device (e.g. "1g.10gb"): a target taken whole, never shared
     parent: int | None = None  # a MIG device's GPU index
+    sharing: Sharing = Sharing.UNKNOWN  # what kind of pod may share it (app.isolation)
+    memory_enforcement: MemoryEnforcement = MemoryEnforcement.NONE  # what holds a pod to its memory share
 
     @property
     def is_mig(self) -> bool:
@@ -124,6 +129,8 @@ class Gpu:
             self.healthy,
             self.mig_profile,
             self.parent,
+            self.sharing,
+            self.memory_enforcement,
         )
 
 

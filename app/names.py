@@ -13,6 +13,8 @@ GPU_FRACTION_NUM_DEVICES: Final = "gpu-fraction-num-devices"
 GPU_FRACTION_CONTAINER_NAME: Final = "gpu-fraction-container-name"
 GPU_MODEL: Final = f"{DOMAIN}/gpu-model"
 ISOLATION: Final = f"{DOMAIN}/isolation"
+# The least GPU memory enforcement the pod accepts (app.isolation.MemoryEnforcement; KAI has no such name).
+MEMORY_ENFORCEMENT: Final = f"{DOMAIN}/memory-enforcement"
 MIG_PROFILE: Final = f"{DOMAIN}/mig-profile"  # a whole MIG device of this profile (e.g. "1g.10gb")
 MOVABLE: Final = f"{DOMAIN}/movable"  # "false": `gpupack repack` never evicts the pod
 

@@ -129,6 +129,7 @@ class GpuAsk(NamedTuple):
     container: str | None = None  # gpu-fraction-container-name
     model: str | None = None  # gpu-model
     isolation: str | None = None  # isolation
+    memory_enforcement: str | None = None  # memory-enforcement
 
     @property
     def wanted(self) -> bool:
@@ -147,6 +148,7 @@ def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
         container=get(names.GPU_FRACTION_CONTAINER_NAME),
         model=get(names.GPU_MODEL),
         isolation=get(names.ISOLATION),
+        memory_enforcement=get(names.MEMORY_ENFORCEMENT),
     )
 
 

@@ -14,6 +14,7 @@ from typing import Final, TypeVar
 
 from app import catalog, names, units
 from app.errors import RequestError
+from app.isolation import MemoryEnforcement, memory_levels
 from app.model import MILLI_PER_GPU, Demand
 from app.podview import WHOLE_GPU_RESOURCE, ContainerView, PodView
 
@@ -48,6 +49,7 @@ class GpuRequest:
     memory_limit_mib: int | None = None
     isolation: Isolation = Isolation.MPS
     isolation_explicit: bool = False  # written by the pod: then MPS is required, not best effort
+    memory_enforcement: MemoryEnforcement = MemoryEnforcement.NONE  # the least a GPU must enforce
     warnings: tuple[str, ...] = ()  # accepted, but the user should know (e.g. rounding)
 
     @property
@@ -69,6 +71,8 @@ class GpuRequest:
             needs_mps=self.isolation_explicit and self.isolation is Isolation.MPS,
             mig=self.isolation is Isolation.MIG,
             mig_profile=self.mig_profile,
+            timeslice=self.isolation_explicit and self.isolation is Isolation.NONE,
+            memory_enforcement=self.memory_enforcement,
         )
 
 
@@ -343,6 +347,26 @@ def _isolation(r: _Reading) -> Iterable[RequestError]:
         )
 
 
+def _memory_enforcement(r: _Reading) -> Iterable[RequestError]:
+    raw = r.pod.ask.memory_enforcement
+    if raw is not None and raw not in {m.value for m in MemoryEnforcement}:
+        yield RequestError(
+            names.MEMORY_ENFORCEMENT,
+            raw,
+            f"must be one of {memory_levels()} (weakest first): the least a GPU must enforce",
+        )
+    elif raw in _MPS_LEVELS and r.pod.ask.isolation == Isolation.NONE:
+        yield RequestError(
+            names.MEMORY_ENFORCEMENT,
+            raw,
+            f"is an MPS limit, and {names.ISOLATION}: none makes the pod no MPS client: ask "
+            f"'{MemoryEnforcement.PER_CGROUP.value}', or drop {names.ISOLATION}: none",
+        )
+
+
+_MPS_LEVELS: Final = frozenset({MemoryEnforcement.CLIENT_ENV.value, MemoryEnforcement.DAEMON_DEFAULT.value})
+
+
 def _mig_profile_value(r: _Reading) -> Iterable[RequestError]:
     raw = r.pod.ask.mig_profile
     known = catalog.mig_profile_names()
@@ -387,6 +411,7 @@ RULES: Final[tuple[Callable[[_Reading], Iterable[RequestError]], ...]] = (
     _container_name,
     _gpu_models,
     _isolation,
+    _memory_enforcement,
     _mig_profile_value,
     _memory_fits_a_gpu,
     _gpupack_resources_only_on_the_gpu_container,
@@ -446,5 +471,6 @@ def _build(r: _Reading) -> GpuRequest:
         models=gpu_models(ask.model),
         isolation=Isolation.MIG if ask.mig_profile else Isolation(ask.isolation or Isolation.MPS),
         isolation_explicit=ask.isolation is not None,
+        memory_enforcement=MemoryEnforcement(ask.memory_enforcement or MemoryEnforcement.NONE),
         warnings=tuple(warnings),
     )

@@ -33,6 +33,7 @@ from pydantic.alias_generators import to_camel
 
 from app import catalog, names
 from app.errors import FieldError, InputError
+from app.isolation import ComputeEnforcement, MemoryEnforcement, Sharing
 from app.kube import paths
 from app.kube.calls import MERGE_PATCH, Request, parse_time
 from app.model import MILLI_PER_GPU, Gpu, Node, mig_index
@@ -164,6 +165,16 @@ class ProcessStatus(_Wire):
     mig_uuid: StrictStr = Field(default="", exclude_if=_empty)
 
 
+class GpuIsolation(_Wire):
+    """What one whole GPU enforces between the pods sharing it (agent.isolation decides it from facts)."""
+
+    driver_version: StrictStr = ""
+    compute_mode: StrictStr = ""  # NVML's: Default | ExclusiveProcess | Prohibited ("" could not be read)
+    mps_mode: Sharing = Sharing.UNKNOWN  # exclusive | shared | off | closed (app.isolation.Sharing)
+    memory: MemoryEnforcement = MemoryEnforcement.NONE  # none | client-env | daemon-default | per-cgroup
+    compute: ComputeEnforcement = ComputeEnforcement.TIME_SLICE  # time-slice | mps-percentage
+
+
 class GpuStatus(_Wire):
     """One GPU's live reading. Memory fields are None when NVML could not be read this time."""
 
@@ -180,6 +191,7 @@ class GpuStatus(_Wire):
     # reservations); None when NVML gave no per-process memory this time.
     foreign_memory_mib: StrictInt | None = None
     processes: tuple[ProcessStatus, ...] = ()
+    isolation: GpuIsolation | None = None  # None: a MIG-enabled GPU, or an agent from before it was reported
 
 
 class MpsStatus(_Wire):
@@ -199,6 +211,12 @@ class Summary(_Wire):
     # Reserved by gpupack allocations on this node (from pod annotations).
     memory_allocated_mib: StrictInt = 0
     memory_used_mib: StrictInt = 0  # NVML's reading, whoever uses it
+    # The weakest levels among the healthy shared GPUs ("" when none reports one): what every pod here gets.
+    memory_enforcement: StrictStr = Field(default="", exclude_if=_empty)
+    compute_enforcement: StrictStr = Field(default="", exclude_if=_empty)
+    mps_modes: StrictStr = Field(
+        default="", exclude_if=_empty
+    )  # each GPU's mpsMode, by index: "exclusive,shared"
 
 
 class GPUNodeStatus(_Wire):
@@ -367,6 +385,8 @@ def _model_gpu(spec: GpuSpec, live: GpuStatus | None) -> Gpu:
         live_free_mib=live.memory_free_mib if live else None,
         utilization_percent=live.utilization_percent if live else None,
         healthy=live is not None and live.healthy,
+        sharing=live.isolation.mps_mode if live and live.isolation else Sharing.UNKNOWN,
+        memory_enforcement=live.isolation.memory if live and live.isolation else MemoryEnforcement.NONE,
     )
 
 

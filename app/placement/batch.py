@@ -5,8 +5,9 @@ room and health; the fit mask, the "after" states (one per GPU for a share, the 
 multi-GPU demands) and `TargetWorkload.node_frag`'s sum over the workload's shapes are array operations
 that add the same terms in the same order, so every float is the scalar path's. Only the sigmoid's exp may
 differ by an ulp from `math.exp`: a node whose score lands next to an integer is scored again the scalar
-way. Nodes the pass does not model (MIG devices, GPUs of mixed models or sizes, an over-committed GPU) and
-refusals other than a GPU share or memory shortfall are left to the policy itself (None in the answer).
+way. Nodes the pass does not model (MIG devices, GPUs of mixed models or sizes, an over-committed GPU, a
+CLOSED GPU), demands with an isolation need (`fit.mode_neutral`) and refusals other than a GPU share or
+memory shortfall are left to the policy itself (None in the answer).
 What the pass reads of a node is kept per node object (`Rows`), so later shapes skip reading the GPUs.
 """
 
@@ -20,8 +21,10 @@ import numpy as np
 import numpy.typing as npt
 
 from app.errors import PlacementReason, Shortfall
+from app.isolation import Sharing
 from app.model import MILLI_PER_GPU, Demand, Node
 from app.placement.base import Policy
+from app.placement.fit import mode_neutral
 from app.placement.fragaware import FragAware, score_of
 from app.placement.memo import NodeMemo
 from app.placement.workload import TargetWorkload
@@ -43,6 +46,7 @@ def covers(policy: Policy, demand: Demand) -> bool:
         and not demand.mig
         and not demand.mig_profile
         and (demand.milli is not None or demand.memory_mib is not None)
+        and mode_neutral(demand)
     )
 
 
@@ -72,7 +76,7 @@ def _row(node: Node) -> Row | None:
     if len(kinds) != 1:
         return None  # no GPUs, or GPUs of several models or sizes
     model, memory_mib, mig_profile = kinds.pop()
-    if mig_profile:
+    if mig_profile or any(g.sharing is Sharing.CLOSED for g in gpus):
         return None
     return (len(gpus), model, memory_mib), tuple(chain.from_iterable(map(_usage, gpus)))
 

@@ -6,7 +6,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Protocol, TypeGuard, runtime_checkable
 
+from app import names
 from app.errors import ForeignUse, PlacementReason, Shortfall
+from app.isolation import MemoryEnforcement, Sharing
 from app.model import MILLI_PER_GPU, Demand, Gpu, Node
 from app.placement.base import Policy
 
@@ -25,6 +27,11 @@ def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> 
     """One GPU can take one device's worth of `demand` (model, health, milli and memory room)."""
     if not gpu.healthy or (demand.models and gpu.model not in demand.models):
         return False
+    # `mode_admits`, asked only where it can say no (this runs per GPU per node per demand)
+    if (
+        gpu.sharing is _CLOSED or demand.timeslice or demand.memory_enforcement is not _ANY_MEMORY
+    ) and not mode_admits(gpu, demand):
+        return False
     # A share of a whole GPU (the usual case) targets every whole GPU; MIG asks Demand.targets.
     if (demand.mig or demand.mig_profile or gpu.mig_profile) and not demand.targets(gpu):
         return False
@@ -33,6 +40,74 @@ def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> 
         return False
     foreign = gpu.foreign_mib  # memory_room, inlined: this runs per GPU per node per demand
     return mib <= gpu.memory_mib - gpu.memory_used_mib - foreign - (margin_mib if foreign > 0 else 0)
+
+
+_ANY_MEMORY = MemoryEnforcement.NONE
+_CLOSED = Sharing.CLOSED
+
+
+def mode_admits(gpu: Gpu, demand: Demand) -> bool:
+    """Whether `gpu`'s sharing mode and memory enforcement suit `demand` (app.isolation).
+
+    Not on a CLOSED GPU (EXCLUSIVE_PROCESS with no MPS daemon: one process at a time); an `isolation:
+    none` pod not on an EXCLUSIVE GPU (its processes are no MPS clients, the GPU refuses them); a pod
+    that requires a memory enforcement level only on GPUs that give at least it. A MIG device always
+    suits: it is its own hardware partition. `isolation: mps` against a GPU without MPS is the node's
+    rule (`Node.mps`), which every GPU of such a node shares.
+    """
+    if gpu.mig_profile:
+        return True
+    sharing = gpu.sharing
+    if sharing is Sharing.CLOSED or (demand.timeslice and sharing is Sharing.EXCLUSIVE):
+        return False
+    need = demand.memory_enforcement
+    return need is _ANY_MEMORY or gpu.memory_enforcement.rank >= need.rank
+
+
+def mode_neutral(demand: Demand) -> bool:
+    """Whether every GPU that is not CLOSED suits `demand` as far as `mode_admits` goes (its mode then
+    matters to the demand no more than health does)."""
+    return not demand.timeslice and demand.memory_enforcement is _ANY_MEMORY
+
+
+def mode_misfit(gpus: Sequence[Gpu], demand: Demand) -> str:
+    """Why `gpus` (whole GPUs of one node) do not suit `demand`'s isolation, naming what the pod asks
+    and what the GPUs give."""
+    closed = [g.index for g in gpus if g.sharing is Sharing.CLOSED]
+    open_ = [g for g in gpus if g.sharing is not Sharing.CLOSED]
+    parts: list[str] = []
+    if demand.timeslice and any(g.sharing is Sharing.EXCLUSIVE for g in open_):
+        exclusive = [g.index for g in open_ if g.sharing is Sharing.EXCLUSIVE]
+        parts.append(
+            f"pod asks {names.ISOLATION}=none (time-slicing), but GPU {_indexes(exclusive)} "
+            f"{'is' if len(exclusive) == 1 else 'are'} in EXCLUSIVE_PROCESS for MPS (sharing "
+            f"'{Sharing.EXCLUSIVE.value}'), which refuses a process outside MPS"
+        )
+        open_ = [g for g in open_ if g.sharing is not Sharing.EXCLUSIVE]
+    need = demand.memory_enforcement
+    below = [g for g in open_ if need is not _ANY_MEMORY and g.memory_enforcement.rank < need.rank]
+    if below:
+        best = max((g.memory_enforcement for g in below), key=lambda m: m.rank)
+        gives = (
+            f"this node's GPUs give at most '{best.value}'"
+            if len(below) == len(open_)
+            else f"GPU {_indexes([g.index for g in below])} give{'s' if len(below) == 1 else ''} at most "
+            f"'{best.value}'"
+        )
+        parts.append(
+            f"pod requires GPU memory enforcement '{need.value}' ({names.MEMORY_ENFORCEMENT}), but {gives}"
+        )
+    if closed:
+        parts.append(
+            f"GPU {_indexes(closed)} in EXCLUSIVE_PROCESS with no MPS daemon serving "
+            f"{'it' if len(closed) == 1 else 'them'} (sharing '{Sharing.CLOSED.value}'): no new share "
+            "until the daemon is back"
+        )
+    return "; ".join(parts)
+
+
+def _indexes(indexes: Sequence[int]) -> str:
+    return ", ".join(map(str, indexes))
 
 
 def live_load(gpu: Gpu) -> tuple[int, int]:
@@ -112,7 +187,7 @@ def headroom(node: Node, margin_mib: int = FOREIGN_MARGIN_MIB) -> Headroom:
 def _share_cap(gpu: Gpu, margin_mib: int) -> int:
     """The largest m with m + milli_used <= 1000 and m * memory // 1000 <= memory room (-1: no m >= 0)."""
     room = memory_room(gpu, margin_mib)
-    if room < 0:
+    if room < 0 or gpu.sharing is Sharing.CLOSED:  # a CLOSED GPU takes no share (`mode_admits`)
         return -1
     free = MILLI_PER_GPU - gpu.milli_used
     if not gpu.memory_mib:
@@ -122,9 +197,12 @@ def _share_cap(gpu: Gpu, margin_mib: int) -> int:
 
 
 def is_share(demand: Demand) -> bool:
-    """A demand `headroom_fits` answers: a share of whole GPUs of any model (or no GPU at all)."""
-    return not (demand.mig or demand.mig_profile or demand.models) and (
-        demand.milli is not None or not demand.count
+    """A demand `headroom_fits` answers: a share of whole GPUs of any model (or no GPU at all), with no
+    isolation need beyond the node's MPS (`mode_neutral`)."""
+    return (
+        not (demand.mig or demand.mig_profile or demand.models)
+        and (demand.milli is not None or not demand.count)
+        and mode_neutral(demand)
     )
 
 
@@ -234,6 +312,17 @@ def _gpu_shortfall(node: Node, demand: Demand, margin_mib: int) -> PlacementReas
     gpus = [g for g in gpus if not g.is_mig]
     if not gpus:
         return PlacementReason(node.name, None, Shortfall.ALL_MIG)
+    admitted = [g for g in gpus if mode_admits(g, demand)]
+    if len(admitted) < min(len(gpus), demand.count):  # too few left because of their mode
+        return PlacementReason(
+            node.name,
+            None,
+            Shortfall.ISOLATION,
+            count=demand.count,
+            passing=len(admitted),
+            detail=mode_misfit(gpus, demand),
+        )
+    gpus = admitted
     checks: tuple[tuple[_Check, Shortfall], ...] = (
         (_milli_check, Shortfall.GPU_SHARE),
         (_memory_check, Shortfall.GPU_MEMORY),

@@ -85,6 +85,8 @@ def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str,
                 "pipeDir": str(mps_pipe_dir(cluster)),
                 "logDir": str(cluster.dir / "mps-log"),
                 "exclusiveProcess": True,
+                # GPU 1 stays in DEFAULT: the node offers both modes (MPS-only GPU 0, time-slicing GPU 1).
+                "timeSliceGpus": [1],
             },
             "toolkitConfigDir": str(cluster.dir / "toolkit"),
             "tolerations": [*tolerate, {"key": "node.kubernetes.io/not-ready", "operator": "Exists"}],

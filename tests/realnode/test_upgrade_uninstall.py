@@ -212,7 +212,9 @@ def test_the_agent_adopts_the_daemon_pod_which_prepared_the_gpus(
     record = json.loads((chart.mps_pipe_dir(cluster) / mpsprep.READY_FILE).read_text())
     assert record["bootID"] == mpsprep.boot_id()
     uuids = [g["uuid"] for g in _gpunode(kube, node.name)["spec"]["gpus"]]
-    assert record["gpus"] == {u: "NVML_COMPUTEMODE_EXCLUSIVE_PROCESS" for u in uuids}
+    # GPU 1 is the chart's agent.mps.timeSliceGpus: left in DEFAULT.
+    modes = ["NVML_COMPUTEMODE_EXCLUSIVE_PROCESS", "NVML_COMPUTEMODE_DEFAULT"]
+    assert record["gpus"] == dict(zip(uuids, modes, strict=True))
     assert mpsprep.not_ready(chart.mps_pipe_dir(cluster), uuids, None, mpsprep.boot_id()) == ""
     # Different pods, one multi-user server: two clients at once.
     (server,) = {h.server_pid for h in holders.before.values()}

@@ -7,6 +7,7 @@ from dataclasses import fields, replace
 import pytest
 
 from app import names
+from app.isolation import MemoryEnforcement, Sharing
 from app.model import Allocation, ClusterState, Demand, Gpu, Node
 
 
@@ -140,6 +141,8 @@ def test_reserving_and_charging_keep_every_other_field() -> None:
         "healthy": False,
         "mig_profile": "1g.5gb",
         "parent": 0,
+        "sharing": Sharing.EXCLUSIVE,
+        "memory_enforcement": MemoryEnforcement.DAEMON_DEFAULT,
     }
     assert set(values) == {f.name for f in fields(Gpu)}  # a new field must be added here and to reserve
     gpu = Gpu(**values)  # type: ignore[arg-type]

@@ -71,30 +71,29 @@ def ready_record(pipe: Path, boot: str, modes: dict[str, ComputeMode]) -> None:
     mpsprep.write_ready(pipe, gpus, boot)
 
 
-def readiness(pipe: Path, want: ComputeMode | None = None) -> Callable[[Sequence[str]], str]:
+def readiness(pipe: Path) -> Callable[[Sequence[str]], str]:
     """The agent's check (agent.main.node_server) against the record in `pipe`, on boot BOOT."""
-    return lambda uuids: mpsprep.not_ready(pipe, list(uuids), want, BOOT)
+    return mpsprep.readiness(pipe, BOOT)
 
 
 @pytest.mark.parametrize(
-    ("record", "want", "said"),
+    ("record", "said"),
     [
-        (None, None, "has not prepared this node ("),
-        ({"boot": "an-earlier-boot"}, None, "has not prepared this node since it booted"),
-        ({"boot": BOOT, "mode": ComputeMode.DEFAULT}, ComputeMode.EXCLUSIVE_PROCESS, "GPU GPU-b not in"),
+        (None, "has not prepared this node ("),
+        ({"boot": "an-earlier-boot"}, "has not prepared this node since it booted"),
     ],
-    ids=["no-record", "record-of-an-earlier-boot", "gpu-not-in-its-mode"],
+    ids=["no-record", "record-of-an-earlier-boot"],
 )
 def test_an_mps_client_is_refused_until_the_daemon_pod_prepared_the_node_on_this_boot(
-    tmp_path: Path, record: dict[str, Any] | None, want: ComputeMode | None, said: str
+    tmp_path: Path, record: dict[str, Any] | None, said: str
 ) -> None:
     if record is not None:
-        ready_record(tmp_path, record["boot"], {"GPU-b": record.get("mode", ComputeMode.EXCLUSIVE_PROCESS)})
-    answer = decide(ask(), a_pod(), NODE, readiness(tmp_path, want))
+        ready_record(tmp_path, record["boot"], {"GPU-b": ComputeMode.EXCLUSIVE_PROCESS})
+    answer = decide(ask(), a_pod(), NODE, readiness(tmp_path))
     assert isinstance(answer, nodeside.Answer) and not answer.allowed
     assert f"container 'main' of pod team-a/half (uid {UID})" in answer.reason
     assert "would be an MPS client too early" in answer.reason and said in answer.reason
-    assert str(tmp_path / mpsprep.READY_FILE) in answer.reason or "GPU GPU-b" in answer.reason
+    assert str(tmp_path / mpsprep.READY_FILE) in answer.reason
 
 
 def test_a_record_of_this_boot_lets_the_mps_client_start_and_shares_without_mps_never_wait(
@@ -102,14 +101,23 @@ def test_a_record_of_this_boot_lets_the_mps_client_start_and_shares_without_mps_
 ) -> None:
     modes = {"GPU-a": ComputeMode.DEFAULT, "GPU-b": ComputeMode.EXCLUSIVE_PROCESS}
     ready_record(tmp_path, BOOT, modes)
-    want = ComputeMode.EXCLUSIVE_PROCESS
-    grant = decide(ask(), a_pod(), NODE, readiness(tmp_path, want))  # its GPU, GPU-b, is in its mode
+    grant = decide(ask(), a_pod(), NODE, readiness(tmp_path))
     assert isinstance(grant, nodeside.Grant) and grant.mps
     # No record at all: a share without MPS and a container without the GPU start regardless.
     empty = tmp_path / "empty"
-    plain = decide(ask(), a_pod({names.ISOLATION: "none"}), NODE, readiness(empty, want))
+    plain = decide(ask(), a_pod({names.ISOLATION: "none"}), NODE, readiness(empty))
     assert isinstance(plain, nodeside.Grant) and not plain.mps
-    assert isinstance(decide(ask("side"), a_pod(), NODE, readiness(empty, want)), nodeside.Grant)
+    assert isinstance(decide(ask("side"), a_pod(), NODE, readiness(empty)), nodeside.Grant)
+
+
+def test_an_mps_client_on_a_gpu_busy_when_the_daemon_pod_started_is_not_refused(tmp_path: Path) -> None:
+    # The daemon pod's init could not switch GPU-b (busy): the record says DEFAULT. With
+    # exclusiveProcess on, the container used to be refused until the GPU went idle, which it never does
+    # while its MPS clients run. The mode is now placement's fact (the GPU is reported "shared"): the
+    # container starts as an MPS client, as its placement expected.
+    ready_record(tmp_path, BOOT, {"GPU-b": ComputeMode.DEFAULT})
+    grant = decide(ask(), a_pod(), NODE, readiness(tmp_path))
+    assert isinstance(grant, nodeside.Grant) and grant.mps
 
 
 def test_share_without_mps_gets_no_mps_env_and_no_mount() -> None:

@@ -277,7 +277,9 @@ def test_memory_request_with_everything() -> None:
         isolation_explicit=True,
     )
     assert req.resource == (names.RESOURCE_GPU_MEMORY_MIB, 16384)
-    assert req.demand() == Demand(count=2, memory_mib=8192, models=frozenset({"V100M32", "A100-40GB"}))
+    assert req.demand() == Demand(
+        count=2, memory_mib=8192, models=frozenset({"V100M32", "A100-40GB"}), timeslice=True
+    )
 
 
 def test_rounding_and_alias_are_warned() -> None:
