@@ -36,6 +36,7 @@ REQUEST_KEYS = (
     names.GPU_FRACTION_CONTAINER_NAME,
     names.GPU_MODEL,
     names.ISOLATION,
+    names.GPU_MEMORY_LIMIT,
 )
 
 
