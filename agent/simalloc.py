@@ -1,10 +1,10 @@
 """The simulated GPU's allocator: what a containerized CUDA process meets when it allocates device memory.
 
 Only with simulated GPUs (`--sim` and `--sim-allocator <socket>`). A process in a GPU container (the
-node side mounts the socket's directory there) connects and sends one command a line:
+node side mounts the socket's directory there) connects and sends one command a line (one answer line each):
 
   whoami               -> `pid <pid> cgroup <cgroup v2 dir>` as the allocator identified the caller
-  limits               -> a line per GPU: `<uuid> soft=<B> hard=<B> used=<B> set_boottime_ns=<N>`
+  limits               -> per GPU, `; `-separated: `<uuid> soft=<B> hard=<B> used=<B> set_boottime_ns=<N>`
                           (nvmlDeviceGetMemoryLimits_v1 for the caller's cgroup; `unlimited` where none)
   alloc <uuid> <MiB>   -> `ok used=<B>` or `refused <CUDA error>: <why>`; held until the connection closes
 
@@ -70,7 +70,7 @@ class Allocator:
         if words == ["whoami"]:
             return f"pid {pid} cgroup {cgroup or '-'}"
         if words == ["limits"]:
-            return "\n".join(self._limits(cgroup)) or "no GPUs"
+            return "; ".join(self._limits(cgroup)) or "no GPUs"
         if len(words) == 3 and words[0] == "alloc" and words[2].isdigit():
             uuid, mib = words[1], int(words[2])
             # Unregistered (pid 0): the allocation is charged nowhere, as with MPS memacct.
