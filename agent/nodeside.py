@@ -103,10 +103,11 @@ class Answer:
     hook: bool = False  # the handler adds its createRuntime hook (limits to set once the cgroup exists)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        # `hook` only when asked for: a handler older than the hook (a node-side rollout behind the agent's)
+        # then still reads every other answer; one that must hook fails closed on the unknown field.
+        return ({"hook": True} if self.hook else {}) | {
             "allowed": self.allowed,
             "reason": self.reason,
-            "hook": self.hook,
             "env": dict(self.env),
             "unset": list(self.unset),
             "mounts": [
