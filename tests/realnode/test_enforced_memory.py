@@ -13,6 +13,8 @@ container's v2 leaf there, which real NVIDIA drivers would not accept (they need
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,6 +25,7 @@ from app import names
 from app.kube.calls import Request
 from app.kube.client import Kube
 from tests.devcluster import Cluster, kubeletnode, wait_for
+from tests.devcluster.identities import GPUPACK_NAMESPACE
 
 from . import chart
 from .pods import RUN_TIMEOUT_S, busybox_pod, idle_node, new_namespace
@@ -172,3 +175,124 @@ def test_limits_on_each_containers_own_cgroup_before_its_first_process_held_and_
 
     wait_for(clean, 60, "no limit, record or allocation left after the pods were deleted", interval=1)
     kube.send(Request("DELETE", f"/api/v1/namespaces/{ns}"))
+
+
+def v3(cluster: Cluster, *argv: str) -> str:
+    """An MPS v3 command to the node's (stand-in) daemon from the host, as an operator would send it."""
+    env = {"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": str(chart.mps_pipe_dir(cluster))}
+    argv = (sys.executable, str(chart.STANDIN_SOURCE), *argv)
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
+    return done.stdout if done.returncode == 0 else f"error: {done.stderr}"
+
+
+def gpunode_mps(kube: Kube, node: str) -> dict[str, Any]:
+    path = f"/apis/{names.GPUNODE_GROUP}/{names.GPUNODE_VERSION}/{names.GPUNODE_PLURAL}/{node}"
+    status: dict[str, Any] = kube.send(Request("GET", path)).get("status", {})
+    return status.get("mps", {})
+
+
+def use_protocol(kube: Kube, cluster: Cluster, helm_bin: str, node: str, protocol: int) -> None:
+    """Switch the node's MPS to `protocol`: upgrade the release, replace the daemon pod (OnDelete), wait until
+    the agent runs with it and has adopted the daemon."""
+    chart.helm(helm_bin, cluster, "upgrade", chart.RELEASE, str(chart.CHART), "--reuse-values",
+               "--set", f"agent.mps.protocol={protocol}")  # fmt: skip
+    for pod in chart.pods(kube, "mps-daemon"):
+        path = f"/api/v1/namespaces/{GPUPACK_NAMESPACE}/pods/{pod['metadata']['name']}"
+        kube.send(Request("DELETE", path))
+
+    def switched() -> bool:
+        agent, daemon = chart.pods(kube, "agent"), chart.pods(kube, "mps-daemon")
+        args = agent[0]["spec"]["containers"][0].get("args", []) if len(agent) == 1 else []
+        flags = daemon[0]["spec"]["containers"][0].get("command", []) if len(daemon) == 1 else []
+        return (
+            chart.installed(kube)
+            and f"--mps-protocol={protocol}" in args
+            and (("-p" in flags) == (protocol == 3))
+            and gpunode_mps(kube, node).get("state") == "running"
+        )
+
+    wait_for(switched, 240, f"the agent and the MPS daemon on protocol {protocol}", interval=1)
+
+
+V3_FIRST = (
+    "echo \"UPTIME=$(cut -d' ' -f1 /proc/uptime)\"; "
+    'echo "MPSDIR=$(ls -A "$CUDA_MPS_PIPE_DIRECTORY" | tr "\\n" " ")"; '
+    'echo "CLIENT=$(python3 /standin/mps_control.py client --timeout 10)"; '
+    "python3 /standin/gpu_alloc.py limits; echo DONE; sleep 3600"
+)
+
+
+def test_mps_v3_gives_each_container_a_namespace_of_its_own_deleted_with_it(
+    real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube, helm_bin: str
+) -> None:
+    cluster, node = real_cluster
+    idle_node(kube, node.name)
+    use_protocol(kube, cluster, helm_bin, node.name, 3)
+    try:
+        ns = new_namespace(kube)
+        image = chart.pods(kube, "agent")[0]["spec"]["containers"][0]["image"]
+        data = {"gpu_alloc.py": SOURCE.read_text(), "mps_control.py": chart.STANDIN_SOURCE.read_text()}
+        kube.send(
+            Request(
+                "POST", f"/api/v1/namespaces/{ns}/configmaps", {"metadata": {"name": "standin"}, "data": data}
+            )
+        )
+        burst = {
+            names.GPU_MEMORY: "4Gi",
+            names.GPU_MEMORY_LIMIT: "8Gi",
+        }  # an MPS share (the default isolation)
+        pod = busybox_pod("burst", burst, {"main": ("sh", "-c", V3_FIRST)}, node.name)
+        pod["spec"]["volumes"] = [{"name": "standin", "configMap": {"name": "standin"}}]
+        pod["spec"]["containers"][0] |= {
+            "image": image,
+            "volumeMounts": [{"name": "standin", "mountPath": "/standin"}],
+        }
+        kube.send(Request("POST", f"/api/v1/namespaces/{ns}/pods", pod))
+        path = f"/api/v1/namespaces/{ns}/pods/burst"
+        log = ""
+
+        def done() -> bool:
+            nonlocal log
+            try:
+                log = kube.text(f"{path}/log", {"container": "main"})
+            except Exception:  # not started yet
+                return False
+            return "DONE" in log
+
+        wait_for(done, 2 * RUN_TIMEOUT_S, "the v3 client through its first commands", interval=1)
+        stored = kube.send(Request("GET", path))
+        cid = stored["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
+        name = f"c_{cid}"[:64]
+        threads = stored["metadata"]["annotations"][names.ALLOC_THREAD_PERCENTAGE]
+        seen = dict(line.split("=", 1) for line in log.splitlines() if "=" in line and line[:1].isupper())
+        print(log, v3(cluster, "namespace", "list", "--format=csv,noheader"))
+        # Its whole MPS directory is its namespace's: the namespace's control socket and nothing else.
+        assert seen["MPSDIR"].split() == ["control"], log
+        # A named namespace inherits nothing: both limits set, the pinned one = the pod's hard limit.
+        assert seen["CLIENT"].endswith(f"namespace gpupack/{name} pinned 8192M threads {threads}"), log
+        assert f"gpupack,{name},8192M,{threads}" in v3(cluster, "namespace", "list", "--format=csv,noheader")
+        assert (chart.mps_pipe_dir(cluster) / "gpupack" / name / "control").exists()
+        # and the per-cgroup limits too
+        (limits,) = [
+            e
+            for e in answers(log)[1].split("; ")
+            if e.startswith(stored["metadata"]["annotations"][names.ALLOC_GPU_UUIDS])
+        ]
+        assert fields(limits)["hard"] == str(8192 * MIB), log
+        kube.send(Request("DELETE", path, {"gracePeriodSeconds": 0}))
+        wait_for(
+            lambda: not kube.send(Request("GET", f"/api/v1/namespaces/{ns}/pods"))["items"],
+            RUN_TIMEOUT_S,
+            "deleted",
+        )
+
+        def gone() -> bool:
+            listed = v3(cluster, "namespace", "list", "--format=csv,noheader")
+            return name not in listed and not listed.startswith("error")
+
+        wait_for(gone, 60, "the container's namespace deleted with it", interval=1)
+        assert not (chart.mps_pipe_dir(cluster) / "gpupack" / name).exists()
+        assert not list((chart.node_side_state_dir(cluster) / "limits").glob("*.json"))
+        kube.send(Request("DELETE", f"/api/v1/namespaces/{ns}"))
+    finally:
+        use_protocol(kube, cluster, helm_bin, node.name, 2)
