@@ -185,15 +185,10 @@ def v3(cluster: Cluster, *argv: str) -> str:
     return done.stdout if done.returncode == 0 else f"error: {done.stderr}"
 
 
-def gpunode_mps(kube: Kube, node: str) -> dict[str, Any]:
-    path = f"/apis/{names.GPUNODE_GROUP}/{names.GPUNODE_VERSION}/{names.GPUNODE_PLURAL}/{node}"
-    status: dict[str, Any] = kube.send(Request("GET", path)).get("status", {})
-    return status.get("mps", {})
-
-
-def use_protocol(kube: Kube, cluster: Cluster, helm_bin: str, node: str, protocol: int) -> None:
+def use_protocol(kube: Kube, cluster: Cluster, helm_bin: str, protocol: int) -> None:
     """Switch the node's MPS to `protocol`: upgrade the release, replace the daemon pod (OnDelete), wait until
-    the agent runs with it and has adopted the daemon."""
+    a new agent runs with it and the new daemon answers in that protocol."""
+    before = {p["metadata"]["name"] for c in ("agent", "mps-daemon") for p in chart.pods(kube, c)}
     chart.helm(helm_bin, cluster, "upgrade", chart.RELEASE, str(chart.CHART), "--reuse-values",
                "--set", f"agent.mps.protocol={protocol}")  # fmt: skip
     for pod in chart.pods(kube, "mps-daemon"):
@@ -202,16 +197,30 @@ def use_protocol(kube: Kube, cluster: Cluster, helm_bin: str, node: str, protoco
 
     def switched() -> bool:
         agent, daemon = chart.pods(kube, "agent"), chart.pods(kube, "mps-daemon")
-        args = agent[0]["spec"]["containers"][0].get("args", []) if len(agent) == 1 else []
-        flags = daemon[0]["spec"]["containers"][0].get("command", []) if len(daemon) == 1 else []
+        if (
+            len(agent) != 1
+            or len(daemon) != 1
+            or {agent[0]["metadata"]["name"], daemon[0]["metadata"]["name"]} & before
+        ):
+            return False
+        args = agent[0]["spec"]["containers"][0].get("args", [])
+        answers_v3 = not v3(cluster, "server", "list").startswith("error")
         return (
-            chart.installed(kube)
-            and f"--mps-protocol={protocol}" in args
-            and (("-p" in flags) == (protocol == 3))
-            and gpunode_mps(kube, node).get("state") == "running"
+            chart.installed(kube) and f"--mps-protocol={protocol}" in args and answers_v3 == (protocol == 3)
         )
 
-    wait_for(switched, 240, f"the agent and the MPS daemon on protocol {protocol}", interval=1)
+    wait_for(switched, 240, f"a new agent and MPS daemon on protocol {protocol}", interval=1)
+
+
+def pod_report(kube: Kube, ns: str, name: str) -> str:
+    """What the pod, its events and the agent say (for a failure message)."""
+    pod = kube.send(Request("GET", f"/api/v1/namespaces/{ns}/pods/{name}"))
+    events = [
+        e.get("message", "") for e in kube.send(Request("GET", f"/api/v1/namespaces/{ns}/events"))["items"]
+    ]
+    agent = chart.pods(kube, "agent")[0]["metadata"]["name"]
+    log = kube.text(f"/api/v1/namespaces/{GPUPACK_NAMESPACE}/pods/{agent}/log", {"tailLines": "40"})
+    return f"status: {json.dumps(pod.get('status'))}\nevents: {events}\nagent log:\n{log}"
 
 
 V3_FIRST = (
@@ -227,7 +236,7 @@ def test_mps_v3_gives_each_container_a_namespace_of_its_own_deleted_with_it(
 ) -> None:
     cluster, node = real_cluster
     idle_node(kube, node.name)
-    use_protocol(kube, cluster, helm_bin, node.name, 3)
+    use_protocol(kube, cluster, helm_bin, 3)
     try:
         ns = new_namespace(kube)
         image = chart.pods(kube, "agent")[0]["spec"]["containers"][0]["image"]
@@ -243,6 +252,7 @@ def test_mps_v3_gives_each_container_a_namespace_of_its_own_deleted_with_it(
         }  # an MPS share (the default isolation)
         pod = busybox_pod("burst", burst, {"main": ("sh", "-c", V3_FIRST)}, node.name)
         pod["spec"]["volumes"] = [{"name": "standin", "configMap": {"name": "standin"}}]
+        pod["spec"]["restartPolicy"] = "OnFailure"  # a start refused while the node settled is retried
         pod["spec"]["containers"][0] |= {
             "image": image,
             "volumeMounts": [{"name": "standin", "mountPath": "/standin"}],
@@ -259,7 +269,10 @@ def test_mps_v3_gives_each_container_a_namespace_of_its_own_deleted_with_it(
                 return False
             return "DONE" in log
 
-        wait_for(done, 2 * RUN_TIMEOUT_S, "the v3 client through its first commands", interval=1)
+        try:
+            wait_for(done, 2 * RUN_TIMEOUT_S, "the v3 client through its first commands", interval=1)
+        except Exception:
+            pytest.fail(f"the v3 pod did not get through:\n{log}\n{pod_report(kube, ns, 'burst')}")
         stored = kube.send(Request("GET", path))
         cid = stored["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
         name = f"c_{cid}"[:64]
@@ -295,4 +308,4 @@ def test_mps_v3_gives_each_container_a_namespace_of_its_own_deleted_with_it(
         assert not list((chart.node_side_state_dir(cluster) / "limits").glob("*.json"))
         kube.send(Request("DELETE", f"/api/v1/namespaces/{ns}"))
     finally:
-        use_protocol(kube, cluster, helm_bin, node.name, 2)
+        use_protocol(kube, cluster, helm_bin, 2)
