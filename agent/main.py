@@ -24,6 +24,7 @@ from agent.nvml.simfile import SimFileError
 from agent.pipedirs import PipeDirs
 from agent.reporter import ReporterConfig
 from agent.settings import Settings
+from agent.simalloc import Allocator
 from app import log
 from app.kube.calls import Request
 
@@ -146,10 +147,9 @@ def node_server(
     )
 
 
-def sim_allocator(settings: Settings, agent: Agent) -> Any:
+def sim_allocator(settings: Settings, agent: Agent) -> Allocator | None:
     """The simulated GPUs' allocator (agent.simalloc), where --sim-allocator asks for one."""
     from agent.nvml.simulated import SimulatedNvml
-    from agent.simalloc import Allocator
 
     if settings.sim_allocator is None or not isinstance(agent.nvml, SimulatedNvml):
         return None
