@@ -146,7 +146,13 @@ def per_cgroup_memory_limits(
     return capability(driver_version, bound, cgroup2_mount(mountinfo), simulated).available
 
 
+NAMESPACE_ID_CHARS = 24  # of the container ID: unique on a node, short enough for socket paths
+
+
 def namespace_name(container_id: str) -> str:
-    """The MPS v3 namespace of one container: lowercase letters, digits and `_`, at most 64 characters."""
+    """The MPS v3 namespace of one container: lowercase letters, digits and `_` (at most 64 characters).
+
+    Short: the namespace's control socket is `<pipe dir>/<server>/<namespace>/control`, and a unix socket path
+    has at most 107 bytes; 24 characters of a container ID (96 bits) tell a node's containers apart."""
     clean = re.sub(r"[^a-z0-9_]", "_", container_id.lower())
-    return f"c_{clean}"[:64]
+    return f"c_{clean[:NAMESPACE_ID_CHARS]}"

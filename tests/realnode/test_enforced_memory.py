@@ -275,7 +275,7 @@ def test_mps_v3_gives_each_container_a_namespace_of_its_own_deleted_with_it(
             pytest.fail(f"the v3 pod did not get through:\n{log}\n{pod_report(kube, ns, 'burst')}")
         stored = kube.send(Request("GET", path))
         cid = stored["status"]["containerStatuses"][0]["containerID"].removeprefix("containerd://")
-        name = f"c_{cid}"[:64]
+        name = f"c_{cid[:24]}"
         threads = stored["metadata"]["annotations"][names.ALLOC_THREAD_PERCENTAGE]
         seen = dict(line.split("=", 1) for line in log.splitlines() if "=" in line and line[:1].isupper())
         print(log, v3(cluster, "namespace", "list", "--format=csv,noheader"))

@@ -331,6 +331,8 @@ class Daemon:
                 return OK, self._command(name, args)
             except (ValueError, IndexError) as exc:
                 return ERR, f"{line}: {exc or 'bad arguments'}\n"
+            except OSError as exc:  # e.g. a socket path past the 107-byte limit
+                return ERR, f"{line}: {exc}\n"
 
     def _find(self, pid: str) -> Server:
         for s in self.servers:

@@ -157,15 +157,15 @@ def test_mps_v3_gives_each_container_its_own_namespace_with_both_limits_and_dele
         created = s.reply(line(container_id="4f" * 32))
         assert created.allowed, created.reason
         (mps,) = [m for m in created.mounts if m.destination == names.MPS_PIPE_DIRECTORY]
-        name = "c_" + "4f" * 31
-        assert mps.source == str(where / "pipe" / "gpupack" / name[:64])
+        name = "c_" + ("4f" * 32)[:24]
+        assert mps.source == str(where / "pipe" / "gpupack" / name)
         assert [p.name for p in Path(mps.source).iterdir()] == ["control"]  # the namespace's directory only
         listed = subprocess.run(
             [sys.executable, str(STANDIN), "namespace", "list", "--format=csv,noheader"],
             env=env, capture_output=True, text=True, check=True,
         ).stdout  # fmt: skip
         # thread share of the allocation (100 milli: 10 %), pinned limit = the pod's hard limit
-        assert f"gpupack,{name[:64]},8192M,10" in listed.splitlines()
+        assert f"gpupack,{name},8192M,10" in listed.splitlines()
         assert s.reply(json.dumps({"op": "delete", "container_id": "4f" * 32}).encode()).allowed
         assert not Path(mps.source).exists() and ns.listed() == []
     finally:

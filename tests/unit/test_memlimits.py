@@ -109,9 +109,7 @@ def test_the_v2_entry_of_proc_cgroup() -> None:
 
 def test_namespace_names_follow_mps_v3_rules() -> None:
     name = memlimits.namespace_name(CID)
-    assert (
-        len(name) <= 64
-        and name.startswith("c_")
-        and set(name) <= set("abcdefghijklmnopqrstuvwxyz0123456789_")
-    )
+    assert name == "c_" + CID[:24]
+    assert set(name) <= set("abcdefghijklmnopqrstuvwxyz0123456789_")
+    assert len(f"/tmp/nvidia-mps/gpupack/{name}/control") < 108  # a unix socket path's limit
     assert memlimits.namespace_name("AB-cd") == "c_ab_cd"
