@@ -65,6 +65,8 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     flag("mps_time_slice_gpus", type=gpu_indexes)
     flag("mps_thread_percentage", type=int)
     flag("mps_pinned_mem_limit_mib", type=int)
+    flag("mps_protocol", type=int)
+    flag("sim_allocator", type=Path)
     flag("node_socket", type=Path)
     flag("log_level")
     run.set_defaults(func=run_command)
@@ -140,12 +142,15 @@ def run_command(args: argparse.Namespace) -> int:
 def _run(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> int:
     import uvicorn
 
-    from agent.main import Runner, build, create_app, node_server
+    from agent.main import Runner, build, create_app, node_server, sim_allocator
 
     agent = build(settings, send, time.time)
-    node_side = node_server(settings, send)
+    node_side = node_server(settings, send, agent)
     if node_side is not None:
         node_side.start()
+    allocator = sim_allocator(settings, agent)
+    if allocator is not None:
+        allocator.start()
     _log.info(
         "agent started",
         extra={"node": settings.node, "sim": str(settings.sim or ""), "heartbeat_s": settings.heartbeat_s},
@@ -174,6 +179,8 @@ def _run(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> int:
         server.run()
         return runner.exit_code
     finally:
+        if allocator is not None:
+            allocator.stop()
         if node_side is not None:
             node_side.stop()
         # Nothing of the node's MPS is stopped: the daemon runs in its own pod, and its servers and their

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from agent import memlimits
 from agent.nvml.base import ComputeMode
 from app.isolation import ComputeEnforcement, MemoryEnforcement, Sharing, compute_enforcement
 from app.kube.gpunode import GpuIsolation
@@ -27,14 +28,14 @@ class NodeFacts:
     """What holds for every GPU of the node: the agent's settings and the node side's abilities."""
 
     daemon_memory_cap: bool = False  # GpuFacts.daemon_memory_cap
-    # GpuFacts.per_cgroup_memory: set by the node side once it applies per-cgroup limits to every GPU
-    # container (False until then: no level is claimed that nothing enforces).
+    # The node side sets per-cgroup limits on every GPU container wherever the driver can take them (the
+    # handler answers, the NVML binding has the calls, cgroup v2 is where the driver reads it:
+    # agent.memlimits.host_capability). A GPU claims `per-cgroup` only where its driver is r615+ as well.
     per_cgroup_memory: bool = False
 
     def of(self, compute_mode: ComputeMode | None, mps_serving: bool, driver_version: str) -> GpuFacts:
-        return GpuFacts(
-            compute_mode, mps_serving, self.daemon_memory_cap, self.per_cgroup_memory, driver_version
-        )
+        per_cgroup = self.per_cgroup_memory and memlimits.driver_supports(driver_version)
+        return GpuFacts(compute_mode, mps_serving, self.daemon_memory_cap, per_cgroup, driver_version)
 
 
 NO_NODE_FACTS = NodeFacts()  # no daemon cap, no per-cgroup limits

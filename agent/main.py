@@ -12,28 +12,45 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agent import metrics, mpsprep, toolkit
+from agent import memlimits, metrics, mpsprep, nodeside, toolkit
 from agent.cgroup import ProcResolver
 from agent.isolation import NodeFacts
+from agent.limiter import Limiter
 from agent.loop import Agent, AgentConfig, Resolver
 from agent.mps import MpsConfig, MpsSupervisor
+from agent.mpsv3 import Namespaces
 from agent.nodeserver import NodeServer
-from agent.nvml.base import ComputeMode, Nvml
+from agent.nvml.base import ComputeMode, Nvml, NvmlError
 from agent.nvml.simfile import SimFileError
 from agent.pipedirs import PipeDirs
 from agent.reporter import ReporterConfig
 from agent.settings import Settings
+from agent.simalloc import Allocator
 from app import log
 from app.kube.calls import Request
 
 _log = log.get("gpupack.agent")
 
 
-def make_nvml(sim: Path | None, node: str, sim_state: Path | None = None) -> tuple[Nvml, Resolver | None]:
+# Where a GPU container finds the simulated allocator's socket (simulated GPUs only; agent.simalloc).
+SIM_GPU_DIR = "/run/gpupack/sim-gpu"
+
+
+def host_cgroup2_root(proc_root: Path) -> str:
+    """Where the host mounts cgroup v2 (its pid 1's mounts), "" on a v1-only node or where unreadable."""
+    try:
+        return memlimits.cgroup2_mount((proc_root / "1" / "mountinfo").read_text())
+    except OSError:
+        return ""
+
+
+def make_nvml(
+    sim: Path | None, node: str, sim_state: Path | None = None, cgroup_root: str = memlimits.V2_ROOT
+) -> tuple[Nvml, Resolver | None]:
     if sim is not None:
         from agent.nvml.simulated import SimulatedNvml
 
-        backend = SimulatedNvml(sim, node, state_dir=sim_state)
+        backend = SimulatedNvml(sim, node, state_dir=sim_state, cgroup_root=cgroup_root or memlimits.V2_ROOT)
         return backend, backend  # simulated processes carry their pod UID
     from agent.nvml.pynvml_backend import PynvmlBackend
 
@@ -51,7 +68,8 @@ def reporter_config(settings: Settings) -> ReporterConfig:
 
 def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: Callable[[], float]) -> Agent:
     """The agent for validated `settings`: NVML or a simulated set, the pid resolver, MPS, the reporter."""
-    nvml, sim_resolver = make_nvml(settings.sim, settings.node, settings.sim_state)
+    root = host_cgroup2_root(settings.proc_root)
+    nvml, sim_resolver = make_nvml(settings.sim, settings.node, settings.sim_state, root)
     resolver: Resolver = sim_resolver or ProcResolver(settings.proc_root)
     config = AgentConfig(
         node=settings.node,
@@ -60,7 +78,14 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
         env_device_selection=toolkit.read(None if settings.sim else settings.toolkit_config),
         mps_compute_mode=ComputeMode.EXCLUSIVE_PROCESS if settings.mps_exclusive_process else None,
         mps_time_slice_gpus=settings.mps_time_slice_gpus,
-        isolation=NodeFacts(daemon_memory_cap=settings.mps_pinned_mem_limit_mib is not None),
+        isolation=NodeFacts(
+            daemon_memory_cap=settings.mps_pinned_mem_limit_mib is not None,
+            # Limits are set by the node side (--node-socket); each GPU's driver is judged as it reports.
+            per_cgroup_memory=settings.node_socket is not None
+            and memlimits.host_capability(
+                bool(getattr(nvml, "limits_bound", True)), root, simulated=settings.sim is not None
+            ).available,
+        ),
     )
     mps = MpsSupervisor(
         MpsConfig(
@@ -82,13 +107,60 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
     return Agent(config, nvml=nvml, resolver=resolver, mps=mps, send=send, clock=clock, procs=procs)
 
 
-def node_server(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> NodeServer | None:
+def memory_capability(settings: Settings, agent: Agent) -> memlimits.Capability:
+    """Whether this node can carry per-cgroup GPU memory limits now (agent.memlimits.capability)."""
+    if not agent.nvml_ready:
+        return memlimits.Capability(False, "NVML is not initialised")
+    try:
+        driver = agent.nvml.driver_version()
+    except NvmlError as exc:
+        return memlimits.Capability(False, f"NVML: {exc}")
+    bound = bool(getattr(agent.nvml, "limits_bound", True))
+    root = host_cgroup2_root(settings.proc_root)
+    return memlimits.capability(driver, bound, root, simulated=settings.sim is not None)
+
+
+def node_server(
+    settings: Settings, send: Callable[[Request], dict[str, Any]], agent: Agent
+) -> NodeServer | None:
     """The RuntimeClass handler's answerer, where --node-socket asks for one (docs/node-side.md)."""
     if settings.node_socket is None:
         return None
     mps_not_ready = mpsprep.readiness(settings.mps_pipe_dir, mpsprep.boot_id())  # a reboot restarts us too
     pipe_dirs = PipeDirs(settings.mps_pipe_dir)
-    return NodeServer(settings.node_socket, settings.node, pipe_dirs, send, mps_not_ready=mps_not_ready)
+    namespaces = (
+        Namespaces(settings.mps_binary, settings.mps_pipe_dir)
+        if settings.mps and settings.mps_protocol == 3
+        else None
+    )
+    limiter = Limiter(
+        lambda: agent.nvml if agent.nvml_ready else None, settings.node_socket.parent / "limits", namespaces
+    )
+    mounts: tuple[nodeside.Mount, ...] = ()
+    if settings.sim_allocator is not None:
+        mounts = (nodeside.Mount(str(settings.sim_allocator.parent), SIM_GPU_DIR),)
+    return NodeServer(
+        settings.node_socket,
+        settings.node,
+        pipe_dirs,
+        send,
+        mps_not_ready=mps_not_ready,
+        limiter=limiter,
+        capability=lambda: memory_capability(settings, agent),
+        namespaces=namespaces,
+        gpu_mounts=mounts,
+    )
+
+
+def sim_allocator(settings: Settings, agent: Agent) -> Allocator | None:
+    """The simulated GPUs' allocator (agent.simalloc), where --sim-allocator asks for one."""
+    from agent.nvml.simulated import SimulatedNvml
+
+    if settings.sim_allocator is None or not isinstance(agent.nvml, SimulatedNvml):
+        return None
+    if not agent.nvml_ready:
+        agent.nvml.init()
+    return Allocator(agent.nvml, settings.sim_allocator, settings.proc_root, agent.nvml.cgroup_root)
 
 
 class Runner:

@@ -7,8 +7,14 @@ is an answer with a reason, never a dropped connection: the handler fails the co
 with it, which the pod's status shows. While the agent is down or restarting nothing listens, the
 handler's connect fails, and it refuses the container with that.
 
-A maintenance thread renews the pods' links to the MPS daemon and removes the directories of pods that
-left the node.
+Per-cgroup GPU memory limits (agent.memlimits, agent.limiter), where the node can carry them: the create's
+answer asks the handler for its createRuntime hook; the hook's `start` (the container's cgroup exists, its
+first process has not run) is answered once the limits are set on that cgroup for every GPU of the
+allocation, or refused (the container does not start); `delete` clears them. With MPS v3
+(agent.mpsv3) each GPU container gets a namespace of its own at create, deleted with it.
+
+A maintenance thread renews the pods' links to the MPS daemon, removes the directories of pods that left
+the node, and clears limits and namespaces of containers whose pod has left (a delete the agent missed).
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent import nodeside, verify
+from agent import memlimits, nodeside, verify
+from agent.limiter import Limiter, Record
+from agent.memlimits import Capability
+from agent.mpsv3 import Namespaces
 from agent.pipedirs import PipeDirs
 from app import log, podview
 from app.errors import KubeError
@@ -53,6 +62,10 @@ class NodeServer:
         *,
         maintenance_s: float = MAINTENANCE_S,
         mps_not_ready: Callable[[Sequence[str]], str] = nodeside.always_ready,
+        limiter: Limiter | None = None,
+        capability: Callable[[], Capability] = lambda: Capability(False, "not configured"),
+        namespaces: Namespaces | None = None,
+        gpu_mounts: Sequence[nodeside.Mount] = (),
     ) -> None:
         self.socket_path = socket_path
         self.node = node
@@ -60,6 +73,10 @@ class NodeServer:
         self.send = send
         self.maintenance_s = maintenance_s
         self.mps_not_ready = mps_not_ready
+        self.limiter = limiter
+        self.capability = capability
+        self.namespaces = namespaces  # MPS v3: a namespace per GPU container (None: the pod's own dir)
+        self.gpu_mounts = tuple(gpu_mounts)  # e.g. the simulated allocator's socket directory
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -70,9 +87,20 @@ class NodeServer:
             raw = json.loads(line)
         except ValueError as exc:
             return nodeside.refuse(f"malformed request: not JSON ({exc})")
-        ask = nodeside.parse_ask(raw)
-        if isinstance(ask, str):
-            return nodeside.refuse(ask)
+        message = nodeside.parse_message(raw)
+        if isinstance(message, str):
+            return nodeside.refuse(message)
+        if isinstance(message, nodeside.Ended):
+            return self._ended(message)
+        ask = message.ask if isinstance(message, nodeside.Start) else message
+        grant = self._grant(ask)
+        if isinstance(grant, nodeside.Answer):
+            return grant
+        if isinstance(message, nodeside.Start):
+            return self._start(message, grant)
+        return self._create(ask, grant)
+
+    def _grant(self, ask: nodeside.Ask) -> nodeside.Grant | nodeside.Answer:
         try:
             listed = self.send(read_pod(ask.namespace, ask.name))
         except KubeError as exc:
@@ -81,16 +109,55 @@ class NodeServer:
             )
         items = listed.get("items") or []
         pod = podview.read(items[0]) if items else None
-        grant = nodeside.decide(ask, pod, self.node, self.mps_not_ready)
-        if isinstance(grant, nodeside.Answer):
-            return grant
+        return nodeside.decide(ask, pod, self.node, self.mps_not_ready)
+
+    def _enforced(self, grant: nodeside.Grant) -> bool:
+        return grant.limits is not None and self.limiter is not None and self.capability().available
+
+    def _create(self, ask: nodeside.Ask, grant: nodeside.Grant) -> nodeside.Answer:
         mps_dir: str | None = None
-        if grant.mps:
+        if grant.mps and self.namespaces is not None and self.limiter is not None and grant.limits:
+            ns = memlimits.namespace_name(ask.container_id)
+            made = self.namespaces.create(ns, grant.thread_percentage, grant.limits.hard_mib)
+            if isinstance(made, str):
+                return nodeside.refuse(made)
+            # Remembered now: a container whose create fails later is still cleaned up (delete, sweep).
+            self.limiter.remember(Record(ask.container_id, ask.pod_uid, "", (), 0, 0, mps_namespace=ns))
+            mps_dir = str(made)
+        elif grant.mps:
             prepared = self.pipe_dirs.ensure(ask.pod_uid)
             if isinstance(prepared, str):
                 return nodeside.refuse(prepared)
             mps_dir = str(prepared)
-        return nodeside.answer(grant, mps_dir)
+        return nodeside.answer(grant, mps_dir, hook=self._enforced(grant), extra=self.gpu_mounts)
+
+    def _start(self, start: nodeside.Start, grant: nodeside.Grant) -> nodeside.Answer:
+        """Set the container's limits on its own cgroup, before its first process; refuse if they cannot
+        be (the hook fails, runc's create fails, the container does not start)."""
+        if grant.limits is None or self.limiter is None:
+            return nodeside.Answer(True)
+        cap = self.capability()
+        if not cap.available:
+            return nodeside.refuse(f"per-cgroup GPU memory limits are unavailable on this node: {cap.reason}")
+        where = nodeside.cgroup_namespace(start, cap.cgroup_root)
+        if where.startswith("refused: "):
+            return nodeside.refuse(where.removeprefix("refused: "))
+        ask = start.ask
+        earlier = self.limiter.read(ask.container_id)
+        limits = grant.limits
+        record = Record(
+            ask.container_id, ask.pod_uid, where, grant.gpu_uuids, limits.soft_mib, limits.hard_mib,
+            mps_namespace=earlier.mps_namespace if earlier else "",
+        )  # fmt: skip
+        why = self.limiter.apply(record)
+        if why:
+            return nodeside.refuse(why)
+        return nodeside.Answer(True)
+
+    def _ended(self, ended: nodeside.Ended) -> nodeside.Answer:
+        if self.limiter is not None:
+            self.limiter.clear(ended.container_id)
+        return nodeside.Answer(True)
 
     def start(self) -> None:
         self.socket_path.parent.mkdir(parents=True, exist_ok=True)
@@ -151,6 +218,11 @@ class NodeServer:
         removed = self.pipe_dirs.prune(keep, older_than_s=2 * self.maintenance_s)
         if removed:
             _log.info("removed MPS directories of pods gone from the node", extra={"pods": removed})
+        if self.limiter is not None:
+            cleared = self.limiter.sweep(keep, older_than_s=2 * self.maintenance_s)
+            if cleared:
+                ids = [r.container_id for r in cleared]
+                _log.info("cleared limits of containers whose pod left the node", extra={"containers": ids})
 
     def _maintain(self) -> None:
         while not self._stop.wait(self.maintenance_s):

@@ -11,6 +11,10 @@ The agent reads the pod from the apiserver and answers here:
   the NVIDIA toolkit's `apply-cuda-memory-limits` hook): gpupack alone sets the share's limits, so the
   hook never applies a second, tenant-chosen limit or reservation on top (docs/node-side.md);
 - every other container: `NVIDIA_VISIBLE_DEVICES=void` (no GPU), nothing else;
+- the GPU container's per-cgroup GPU memory limits (agent.memlimits: hard = the pod's limit, soft = its
+  share), which the node sets when the container's cgroup exists and before its first process: the answer
+  asks the handler for its createRuntime hook, whose `start` message (`parse_message`) names the
+  container's pid and cgroup; `delete` (the container's `runc delete`) clears them again;
 - a refusal with the reason wherever the answer cannot be right: the pod is gone or on another node, it
   is no gpupack pod, its allocation cannot be read, its request is invalid, or (an MPS share) the MPS
   daemon pod has not prepared the node since it booted (its ready record, agent.mpsprep). The handler
@@ -24,7 +28,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import envcheck
+from agent import envcheck, memlimits
+from agent.memlimits import Limits
 from app import names, request
 from app.pods import info_of, is_gpupack
 from app.podview import PodView
@@ -40,6 +45,8 @@ NVIDIA_MEMORY_LIMIT_ENV = (
     "NVIDIA_GPU_MEMORY_LIMITS",
 )
 ASK_FIELDS = ("pod_uid", "namespace", "name", "container", "container_id")
+# The createRuntime hook's message adds where the new container instance runs.
+START_FIELDS = ("pid", "cgroups_path", "cgroup", "cgroup_root")
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +65,28 @@ class Ask:
 
 
 @dataclass(frozen=True, slots=True)
+class Start:
+    """The createRuntime hook of one container instance: its cgroup exists, its first process has not run.
+
+    `cgroups_path` is the OCI spec's `linux.cgroupsPath`; `cgroup` the `0::` entry of the container's
+    /proc/<pid>/cgroup as the hook read it on the host; `cgroup_root` where the hook found cgroup v2 mounted
+    ("" on a cgroup v1-only node)."""
+
+    ask: Ask
+    pid: int
+    cgroups_path: str
+    cgroup: str
+    cgroup_root: str
+
+
+@dataclass(frozen=True, slots=True)
+class Ended:
+    """`runc delete` of a container: whatever the node set up for it goes."""
+
+    container_id: str
+
+
+@dataclass(frozen=True, slots=True)
 class Mount:
     source: str  # a host path
     destination: str  # the path in the container
@@ -71,9 +100,12 @@ class Answer:
     env: Mapping[str, str] = field(default_factory=dict)
     mounts: tuple[Mount, ...] = ()
     unset: tuple[str, ...] = ()  # env the container must not have
+    hook: bool = False  # the handler adds its createRuntime hook (limits to set once the cgroup exists)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        # `hook` only when asked for: a handler older than the hook (a node-side rollout behind the agent's)
+        # then still reads every other answer; one that must hook fails closed on the unknown field.
+        return ({"hook": True} if self.hook else {}) | {
             "allowed": self.allowed,
             "reason": self.reason,
             "env": dict(self.env),
@@ -92,6 +124,9 @@ class Grant:
     env: Mapping[str, str]
     mps: bool = False
     unset: tuple[str, ...] = ()
+    limits: Limits | None = None  # the GPU container's per-cgroup memory limits on each of `gpu_uuids`
+    gpu_uuids: tuple[str, ...] = ()
+    thread_percentage: int = 100
 
 
 def refuse(reason: str) -> Answer:
@@ -99,16 +134,63 @@ def refuse(reason: str) -> Answer:
 
 
 def parse_ask(raw: object) -> Ask | str:
-    """The handler's JSON line, or what is wrong with it (every field named)."""
+    """The handler's JSON line for a `create`, or what is wrong with it (every field named)."""
+    parsed = parse_message(raw)
+    if isinstance(parsed, (Start, Ended)):
+        return "malformed request: a create carries no op"
+    return parsed
+
+
+def parse_message(raw: object) -> Ask | Start | Ended | str:
+    """One line of the handler: a create (no `op`), the hook's `start`, or a `delete`; or what is wrong
+    with it (every field named)."""
     if not isinstance(raw, Mapping):
         return f"the request must be a JSON object, not {type(raw).__name__}"
-    bad = [k for k in ASK_FIELDS if not isinstance(raw.get(k), str) or not raw[k]]
-    unknown = sorted(set(raw) - set(ASK_FIELDS))
-    problems = [f"{k} must be a non-empty string (got {raw.get(k)!r})" for k in bad]
-    problems += [f"unknown field {k!r}" for k in unknown]
+    op = raw.get("op", "create")
+    if op not in ("create", "start", "delete"):
+        return f"malformed request: op {op!r} must be create, start or delete"
+    need = {"create": ASK_FIELDS, "start": ASK_FIELDS + START_FIELDS, "delete": ("container_id",)}[op]
+    problems = []
+    for k in need:
+        v = raw.get(k)
+        if k == "pid":
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                problems.append(f"pid must be a positive integer (got {v!r})")
+        elif k in ("cgroup", "cgroup_root"):  # "" is a fact here (no cgroup v2), not a missing field
+            if not isinstance(v, str):
+                problems.append(f"{k} must be a string (got {v!r})")
+        elif not isinstance(v, str) or not v:
+            problems.append(f"{k} must be a non-empty string (got {v!r})")
+    problems += [f"unknown field {k!r}" for k in sorted(set(raw) - set(need) - {"op"})]
     if problems:
         return "malformed request: " + "; ".join(problems)
-    return Ask(*(str(raw[k]) for k in ASK_FIELDS))
+    if op == "delete":
+        return Ended(str(raw["container_id"]))
+    ask = Ask(*(str(raw[k]) for k in ASK_FIELDS))
+    if op == "create":
+        return ask
+    return Start(ask, int(raw["pid"]), str(raw["cgroups_path"]), str(raw["cgroup"]), str(raw["cgroup_root"]))
+
+
+def cgroup_namespace(start: Start, root: str) -> str:
+    """The container's cgroup v2 directory (what NVML keys its limits by), checked against what the hook
+    saw: the leaf named by `linux.cgroupsPath` must be the one its process is in. A refusal starts with
+    "refused: "."""
+    leaf = memlimits.leaf(start.cgroups_path)
+    if leaf is None:
+        return f"refused: linux.cgroupsPath {start.cgroups_path!r} names no cgroup this node can place"
+    if not start.cgroup_root:
+        return (
+            "refused: the node has no cgroup v2 hierarchy (cgroup v1 only): per-cgroup memory is unavailable"
+        )
+    if start.cgroup_root != root:
+        return f"refused: the hook found cgroup v2 at {start.cgroup_root}, the agent at {root}"
+    if start.cgroup != leaf:
+        return (
+            f"refused: the container's process {start.pid} is in cgroup {start.cgroup!r}, not in the leaf "
+            f"{leaf!r} its linux.cgroupsPath {start.cgroups_path!r} names"
+        )
+    return root.rstrip("/") + leaf
 
 
 def always_ready(uuids: Sequence[str]) -> str:
@@ -152,10 +234,23 @@ def decide(
     env = {var: alloc[ann] for var, ann in envcheck.FROM_ANNOTATION.items() if mps or var not in MPS_ONLY}
     if mps:
         env[names.ENV_MPS_PIPE_DIRECTORY] = names.MPS_PIPE_DIRECTORY
-    return Grant(env, mps=mps, unset=NVIDIA_MEMORY_LIMIT_ENV)
+    return Grant(
+        env,
+        mps=mps,
+        unset=NVIDIA_MEMORY_LIMIT_ENV,
+        # MIG devices carry no per-cgroup limits (NVIDIA: memory partitioning does not support MIG).
+        limits=None if parsed.isolation is Isolation.MIG else memlimits.limits_of(parsed, info.allocation),
+        gpu_uuids=info.allocation.gpu_uuids,
+        thread_percentage=info.allocation.thread_percentage,
+    )
 
 
-def answer(grant: Grant, mps_dir: str | None) -> Answer:
-    """The handler's answer: the grant, with the pod's MPS directory mounted where its env points."""
-    mounts = (Mount(mps_dir, names.MPS_PIPE_DIRECTORY),) if grant.mps and mps_dir else ()
-    return Answer(True, env=grant.env, mounts=mounts, unset=grant.unset)
+def answer(grant: Grant, mps_dir: str | None, hook: bool = False, extra: Sequence[Mount] = ()) -> Answer:
+    """The handler's answer: the grant, with the pod's MPS directory mounted where its env points, the
+    createRuntime hook where limits are to be set, and `extra` mounts for the GPU container."""
+    mounts: tuple[Mount, ...] = (Mount(mps_dir, names.MPS_PIPE_DIRECTORY),) if grant.mps and mps_dir else ()
+    if grant.limits is not None:
+        mounts += tuple(extra)
+    return Answer(
+        True, env=grant.env, mounts=mounts, unset=grant.unset, hook=hook and grant.limits is not None
+    )

@@ -55,6 +55,12 @@ class Settings:
     mps_pinned_mem_limit_mib: int | None = setting(
         None, "the MPS daemon's default pinned memory limit per device, MiB"
     )
+    mps_protocol: int = setting(
+        2, "the MPS daemon's protocol: 3 = MPS v3 (r615+), a namespace per GPU container; 2 = legacy"
+    )
+    sim_allocator: Path | None = setting(
+        None, "serve the simulated GPUs' allocator on this unix socket (with --sim; docs/node-side.md)"
+    )
     node_socket: Path | None = setting(
         None, "answer gpupack's RuntimeClass handler on this unix socket (docs/node-side.md)"
     )
@@ -84,6 +90,10 @@ class Settings:
             check.bad(
                 "mps_time_slice_gpus", ",".join(map(str, self.mps_time_slice_gpus)), "indexes must be >= 0"
             )
+        if self.mps_protocol not in (2, 3):
+            check.bad("mps_protocol", self.mps_protocol, "must be 2 (legacy MPS) or 3 (MPS v3)")
+        if self.sim_allocator is not None and (self.sim is None or not self.sim_allocator.is_absolute()):
+            check.bad("sim_allocator", str(self.sim_allocator), "must be an absolute path, and needs --sim")
         if self.node_socket is not None and not self.node_socket.is_absolute():
             check.bad("node_socket", str(self.node_socket), "must be an absolute path")
         return check.errors

@@ -9,6 +9,7 @@ DOMAIN: Final = "gpupack.io"
 # --- what the user writes (pod annotations; KAI/Run:ai compatible names) ---
 GPU_FRACTION: Final = "gpu-fraction"
 GPU_MEMORY: Final = "gpu-memory"
+GPU_MEMORY_LIMIT: Final = f"{DOMAIN}/gpu-memory-limit"  # per-GPU hard cap above the request (burstable)
 GPU_FRACTION_NUM_DEVICES: Final = "gpu-fraction-num-devices"
 GPU_FRACTION_CONTAINER_NAME: Final = "gpu-fraction-container-name"
 GPU_MODEL: Final = f"{DOMAIN}/gpu-model"

@@ -124,6 +124,7 @@ class GpuAsk(NamedTuple):
 
     fraction: str | None = None  # gpu-fraction
     memory: str | None = None  # gpu-memory
+    memory_limit: str | None = None  # gpupack.io/gpu-memory-limit
     mig_profile: str | None = None  # mig-profile
     num_devices: str | None = None  # gpu-fraction-num-devices
     container: str | None = None  # gpu-fraction-container-name
@@ -133,8 +134,14 @@ class GpuAsk(NamedTuple):
 
     @property
     def wanted(self) -> bool:
-        """The pod asks gpupack for a GPU share (the webhook's matchConditions say the same)."""
-        return self.fraction is not None or self.memory is not None or self.mig_profile is not None
+        """The pod asks gpupack for a GPU share (the webhook's matchConditions say the same); a limit
+        alone counts, so that its missing request is refused rather than the limit silently ignored."""
+        return (
+            self.fraction is not None
+            or self.memory is not None
+            or self.mig_profile is not None
+            or self.memory_limit is not None
+        )
 
 
 def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
@@ -143,6 +150,7 @@ def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
     return GpuAsk(
         fraction=get(names.GPU_FRACTION),
         memory=get(names.GPU_MEMORY),
+        memory_limit=get(names.GPU_MEMORY_LIMIT),
         mig_profile=get(names.MIG_PROFILE),
         num_devices=get(names.GPU_FRACTION_NUM_DEVICES),
         container=get(names.GPU_FRACTION_CONTAINER_NAME),

@@ -196,6 +196,7 @@ class _Reading:
     pod: PodView
     milli: int | RequestError | None
     memory: units.Memory | RequestError | None
+    limit: units.Memory | RequestError | None
     count: int | RequestError | None
 
     @classmethod
@@ -205,6 +206,7 @@ class _Reading:
             pod,
             milli=_parsed(names.GPU_FRACTION, ask.fraction, units.fraction_milli),
             memory=_parsed(names.GPU_MEMORY, ask.memory, units.memory_mib),
+            limit=_parsed(names.GPU_MEMORY_LIMIT, ask.memory_limit, units.memory_mib),
             count=_parsed(
                 names.GPU_FRACTION_NUM_DEVICES,
                 ask.num_devices,
@@ -402,6 +404,42 @@ def _memory_fits_a_gpu(r: _Reading) -> Iterable[RequestError]:
         )
 
 
+def _memory_limit(r: _Reading) -> Iterable[RequestError]:
+    """The limit is the most the pod may use on each GPU, its request the least it is guaranteed there;
+    a fraction's request is its share of the GPU it lands on, so it is judged on the largest GPU it may
+    land on (the webhook cannot know which)."""
+    ask, limit = r.pod.ask, r.limit
+    if isinstance(limit, RequestError):
+        yield limit
+        return
+    if limit is None:
+        return
+    raw, mib = ask.memory_limit, limit.mib
+    if ask.mig_profile is not None or ask.isolation == Isolation.MIG:
+        yield RequestError(
+            names.GPU_MEMORY_LIMIT,
+            raw,
+            "must not be set with MIG: a MIG device's memory is fixed and cannot be borrowed above",
+        )
+        return
+    largest, scope = _largest_gpu(ask.model)
+    if mib > largest.memory_mib:
+        rule = f"is {mib} MiB, more than any GPU{scope} ({largest.name} has {largest.memory_mib} MiB)"
+        yield RequestError(names.GPU_MEMORY_LIMIT, raw, rule)
+    if isinstance(r.memory, units.Memory) and mib < r.memory.mib:
+        rule = f"is {mib} MiB, less than {names.GPU_MEMORY} ({r.memory.mib} MiB): the limit must be at least "
+        rule += "the request"
+        yield RequestError(names.GPU_MEMORY_LIMIT, raw, rule)
+    elif isinstance(r.milli, int) and mib < (share := r.milli * largest.memory_mib // MILLI_PER_GPU):
+        yield RequestError(
+            names.GPU_MEMORY_LIMIT,
+            raw,
+            f"is {mib} MiB, less than {names.GPU_FRACTION}={ask.fraction} of {largest.name} ({share} MiB), "
+            f"the largest GPU{scope}: the limit must be at least the request on every GPU the pod may "
+            f"land on (raise it, or narrow the GPUs with {names.GPU_MODEL})",
+        )
+
+
 RULES: Final[tuple[Callable[[_Reading], Iterable[RequestError]], ...]] = (
     _one_of_fraction_or_memory,
     _no_whole_gpus,
@@ -414,6 +452,7 @@ RULES: Final[tuple[Callable[[_Reading], Iterable[RequestError]], ...]] = (
     _memory_enforcement,
     _mig_profile_value,
     _memory_fits_a_gpu,
+    _memory_limit,
     _gpupack_resources_only_on_the_gpu_container,
 )
 
@@ -455,10 +494,14 @@ def _build(r: _Reading) -> GpuRequest:
     ask = r.pod.ask
     assert not isinstance(r.milli, RequestError) and not isinstance(r.memory, RequestError)
     assert not isinstance(r.count, RequestError) and r.pod.gpu_container is not None
+    assert not isinstance(r.limit, RequestError)
     warnings: list[str] = []
-    if r.memory is not None and r.memory.rounded_from is not None:
-        exact, mib = r.memory.rounded_from, r.memory.mib
-        warnings.append(f"{names.GPU_MEMORY}={ask.memory!r} is {exact} MiB; rounded up to {mib} MiB")
+    for key, raw, memory in (
+        (names.GPU_MEMORY, ask.memory, r.memory),
+        (names.GPU_MEMORY_LIMIT, ask.memory_limit, r.limit),
+    ):
+        if memory is not None and memory.rounded_from is not None:
+            warnings.append(f"{key}={raw!r} is {memory.rounded_from} MiB; rounded up to {memory.mib} MiB")
     for model in ask.model.split("|") if ask.model else ():
         if (canonical := _canonical_model(model)) != model:
             warnings.append(f"{names.GPU_MODEL}: {model!r} is read as {canonical!r}")
@@ -469,6 +512,7 @@ def _build(r: _Reading) -> GpuRequest:
         memory_mib=None if r.memory is None else r.memory.mib,
         mig_profile=ask.mig_profile or "",
         models=gpu_models(ask.model),
+        memory_limit_mib=None if r.limit is None else r.limit.mib,
         isolation=Isolation.MIG if ask.mig_profile else Isolation(ask.isolation or Isolation.MPS),
         isolation_explicit=ask.isolation is not None,
         memory_enforcement=MemoryEnforcement(ask.memory_enforcement or MemoryEnforcement.NONE),

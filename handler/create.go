@@ -49,6 +49,7 @@ type answer struct {
 	Env     map[string]string `json:"env"`
 	Mounts  []mount           `json:"mounts"`
 	Unset   []string          `json:"unset"` // env the container must not have
+	Hook    bool              `json:"hook"`  // add the createRuntime hook: limits to set once the cgroup exists
 }
 
 // record is what the handler did for one container, readable inside it at RecordPath. The clocks are
@@ -116,6 +117,11 @@ func prepare(inv invocation, cfg config) error {
 		rec.Container, rec.Env, rec.Unset, rec.Mounts = q.Container, a.Env, a.Unset, a.Mounts
 		if err := edit(spec, a, recordPath(cfg, inv.ID)); err != nil {
 			return fmt.Errorf("gpupack: %s not started: %w", where, err)
+		}
+		if a.Hook {
+			if err := addHook(spec, cfg); err != nil {
+				return fmt.Errorf("gpupack: %s not started: %w", where, err)
+			}
 		}
 	}
 	rec.BoottimeNs, rec.RealtimeNs = clock(7), time.Now().UnixNano() // 7: CLOCK_BOOTTIME
@@ -191,7 +197,7 @@ func edit(spec map[string]any, a answer, rec string) error {
 	return nil
 }
 
-func askAgent(cfg config, q ask) (answer, error) {
+func askAgent(cfg config, q any) (answer, error) {
 	deadline := time.Now().Add(time.Duration(cfg.TimeoutS * float64(time.Second)))
 	conn, err := net.DialTimeout("unix", cfg.Socket, time.Until(deadline))
 	if err != nil {

@@ -31,6 +31,11 @@ func main() {
 		fmt.Println("gpupack-runc", Version)
 		return
 	}
+	if len(args) >= 1 && args[0] == HookFlag {
+		cfg, cfgErr := loadConfig()
+		runHook(cfg, cfgErr)
+		return
+	}
 	inv := parseArgs(args)
 	cfg, cfgErr := loadConfig()
 	runtime := cfg.Runtime
@@ -49,6 +54,7 @@ func main() {
 		// The container is going away: its record goes with it (no container reads it any more).
 		if cfgErr == nil && inv.ID != "" {
 			_ = os.Remove(recordPath(cfg, inv.ID))
+			notifyDelete(cfg, inv.ID)
 		}
 	}
 	execRuntime(runtime, args, inv)

@@ -60,6 +60,29 @@ class MemoryInfo:
     free_mib: int
 
 
+# nvml.h's NVML_DEVICE_MEMORY_LIMIT_MAX: a hard limit of "no limit"; soft 0 + hard MAX clears a cgroup.
+MEMORY_LIMIT_MAX = 0xFFFFFFFFFFFFFFFF
+# The first driver branch with per-cgroup GPU memory limits (nvmlDeviceSetMemoryLimits_v1, MPS v3: r615).
+MEMORY_LIMITS_DRIVER_MAJOR = 615
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryLimits:
+    """nvmlGetMemoryLimits_v1_t for one cgroup on one GPU, in bytes (as NVML has them).
+
+    `hard_bytes` = MEMORY_LIMIT_MAX where the cgroup has no hard limit; `soft_bytes` = 0 where it has no
+    guaranteed share; `current_used_bytes`: GPU memory the cgroup's processes hold now.
+    """
+
+    soft_bytes: int
+    hard_bytes: int
+    current_used_bytes: int
+
+    @property
+    def cleared(self) -> bool:
+        return self.soft_bytes == 0 and self.hard_bytes == MEMORY_LIMIT_MAX
+
+
 @dataclass(frozen=True, slots=True)
 class Utilization:
     gpu_percent: int  # share of time a kernel ran over NVML's last sample period
@@ -138,4 +161,15 @@ class Nvml(Protocol):
     def set_compute_mode(self, index: int, mode: ComputeMode) -> None:
         """nvmlDeviceSetComputeMode: root only (NO_PERMISSION otherwise); NOT_SUPPORTED where the GPU has
         no compute modes. Not persistent: a reboot or driver reload puts every GPU back to DEFAULT."""
+        ...
+
+    def memory_limits(self, index: int, namespace: str) -> MemoryLimits:
+        """nvmlDeviceGetMemoryLimits_v1 for the cgroup v2 directory `namespace` (a full /sys/fs/cgroup/...
+        path): needs no privilege. NOT_SUPPORTED below driver r615, on a MIG-enabled GPU, or where the
+        binding lacks the call; NOT_FOUND where the cgroup cannot carry limits."""
+        ...
+
+    def set_memory_limits(self, index: int, namespace: str, soft_bytes: int, hard_bytes: int) -> None:
+        """nvmlDeviceSetMemoryLimits_v1: root only (NO_PERMISSION otherwise); INVALID_ARGUMENT where soft >
+        hard. soft 0 and hard MEMORY_LIMIT_MAX clear the cgroup's limits."""
         ...

@@ -15,6 +15,7 @@ import pynvml
 from agent.nvml.base import (
     ComputeMode,
     MemoryInfo,
+    MemoryLimits,
     MigDeviceInfo,
     NvmlCode,
     NvmlError,
@@ -183,6 +184,45 @@ class PynvmlBackend:
 
     def set_compute_mode(self, index: int, mode: ComputeMode) -> None:
         _call(pynvml.nvmlDeviceSetComputeMode, self._handle(index), int(getattr(pynvml, mode.value)))
+
+    @property
+    def limits_bound(self) -> bool:
+        """Whether this nvidia-ml-py binds the per-cgroup memory limit calls (13.615+)."""
+        return hasattr(pynvml, "nvmlDeviceSetMemoryLimits_v1")
+
+    def _limits_binding(self) -> tuple[Any, Any, Any, Any]:
+        """pynvml's per-cgroup memory limit calls and structs (nvidia-ml-py 13.615+), or NOT_SUPPORTED: an
+        older binding cannot reach them, whatever the driver has."""
+        names = (
+            "nvmlDeviceGetMemoryLimits_v1",
+            "nvmlDeviceSetMemoryLimits_v1",
+            "c_nvmlGetMemoryLimits_v1_t",
+            "c_nvmlSetMemoryLimits_v1_t",
+        )
+        found = [getattr(pynvml, n, None) for n in names]
+        if any(f is None for f in found):
+            raise NvmlError(
+                NvmlCode.NOT_SUPPORTED, "this nvidia-ml-py does not bind nvmlDevice{Get,Set}MemoryLimits_v1"
+            )
+        return found[0], found[1], found[2], found[3]
+
+    def memory_limits(self, index: int, namespace: str) -> MemoryLimits:
+        get, _set, get_t, _set_t = self._limits_binding()
+        limits = get_t()
+        limits.nameSpace = namespace.encode()
+        _call(get, self._handle(index), limits)
+        return MemoryLimits(
+            soft_bytes=int(limits.softLimit),
+            hard_bytes=int(limits.hardLimit),
+            current_used_bytes=int(limits.currentUsed),
+        )
+
+    def set_memory_limits(self, index: int, namespace: str, soft_bytes: int, hard_bytes: int) -> None:
+        _get, set_, _get_t, set_t = self._limits_binding()
+        limits = set_t()
+        limits.nameSpace = namespace.encode()
+        limits.softLimit, limits.hardLimit = soft_bytes, hard_bytes
+        _call(set_, self._handle(index), limits)
 
     def _register_xid_events(self) -> None:
         # XIDs only arrive as events; a GPU that cannot register (NOT_SUPPORTED) simply reports none.

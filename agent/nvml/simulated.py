@@ -8,8 +8,11 @@ from pathlib import Path
 from agent.cgroup import PodRef
 from agent.nvml import simfile
 from agent.nvml.base import (
+    MEMORY_LIMIT_MAX,
+    MEMORY_LIMITS_DRIVER_MAJOR,
     ComputeMode,
     MemoryInfo,
+    MemoryLimits,
     MigDeviceInfo,
     NvmlCode,
     NvmlError,
@@ -17,6 +20,7 @@ from agent.nvml.base import (
     Utilization,
 )
 from agent.nvml.simfile import SimFileError, SimGpu, SimProcess, SimSet
+from agent.nvml.simlimits import LimitTable, Refused
 from app import log
 
 _log = log.get("gpupack.agent.nvml.sim")
@@ -34,16 +38,27 @@ class SimulatedNvml:
     at its file's `compute_mode` (DEFAULT unless the file says otherwise). A process the file lists
     without `mps: true` on a GPU in EXCLUSIVE_PROCESS is refused its context, as NVML's driver refuses it,
     when an MPS client or another process holds the GPU: it is not among the GPU's processes.
+
+    Per-cgroup memory limits (driver r615+, agent.nvml.simlimits) are kept in the same state directory.
+    `cgroup_root` is where the node's cgroup v2 hierarchy is mounted: /sys/fs/cgroup on a v2 node, as
+    NVIDIA requires; /sys/fs/cgroup/unified on a hybrid node, which only the simulation accepts.
     """
 
     def __init__(
-        self, path: Path, node: str = "", state_dir: Path | None = None, privileged: bool | None = None
+        self,
+        path: Path,
+        node: str = "",
+        state_dir: Path | None = None,
+        privileged: bool | None = None,
+        cgroup_root: str = "/sys/fs/cgroup",
     ) -> None:
         self.path = path
         self.node = node
         self.state_dir = state_dir
         self.privileged = os.geteuid() == 0 if privileged is None else privileged
         self._modes: dict[str, ComputeMode] = {}
+        self.cgroup_root = cgroup_root.rstrip("/")
+        self.limits = LimitTable(state_dir)
         self._set: SimSet | None = None
         self._stamp: tuple[int, int] | None = None
         self._initialized = False
@@ -244,3 +259,59 @@ class SimulatedNvml:
         """The pod of a simulated process, as its /proc/<pid>/cgroup would name it."""
         p = self.owners().get(pid)
         return PodRef(p.pod_uid, p.container) if p and p.pod_uid else None
+
+    # --- per-cgroup memory limits (MPS v3 memory partitioning) ---
+
+    def _limits_gpu(self, index: int, namespace: str) -> SimGpu:
+        """The GPU, once the driver, the GPU and the cgroup can carry limits; else NVML's refusal."""
+        g = self._gpu(index)
+        version = self._require().driver_version
+        major = version.split(".")[0]
+        if not major.isdigit() or int(major) < MEMORY_LIMITS_DRIVER_MAJOR:
+            raise NvmlError(
+                NvmlCode.NOT_SUPPORTED,
+                f"per-cgroup memory limits need driver r{MEMORY_LIMITS_DRIVER_MAJOR}+, this one is {version}",
+            )
+        if g.mig_enabled:
+            raise NvmlError(NvmlCode.NOT_SUPPORTED, "memory partitioning does not support MIG")
+        norm = os.path.normpath(namespace) if namespace.startswith("/") else ""
+        if norm != namespace or not _within(namespace, self.cgroup_root) or namespace == self.cgroup_root:
+            raise NvmlError(
+                NvmlCode.NOT_FOUND,
+                f"{namespace!r} is no cgroup v2 directory below {self.cgroup_root} that can carry limits",
+            )
+        return g
+
+    def memory_limits(self, index: int, namespace: str) -> MemoryLimits:
+        g = self._limits_gpu(index, namespace)
+        soft, hard, used = self.limits.get(g.uuid, namespace)
+        return MemoryLimits(soft_bytes=soft, hard_bytes=hard, current_used_bytes=used)
+
+    def set_memory_limits(self, index: int, namespace: str, soft_bytes: int, hard_bytes: int) -> None:
+        g = self._limits_gpu(index, namespace)
+        if not self.privileged:
+            raise NvmlError(NvmlCode.NO_PERMISSION, "setting memory limits needs root")
+        for value in (soft_bytes, hard_bytes):
+            if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MEMORY_LIMIT_MAX:
+                raise NvmlError(NvmlCode.INVALID_ARGUMENT, f"limit {value!r} is not a byte count")
+        if soft_bytes > hard_bytes:
+            raise NvmlError(
+                NvmlCode.INVALID_ARGUMENT, f"soft limit {soft_bytes} is above hard limit {hard_bytes}"
+            )
+        self.limits.set(g.uuid, namespace, soft_bytes, hard_bytes)
+
+    # --- the simulated allocator's side (no NVML call: what cuMemAlloc meets in the driver) ---
+
+    def allocate(self, uuid: str, namespace: str, holder: str, nbytes: int) -> int | Refused:
+        """Charge an allocation of a process in cgroup `namespace` on GPU `uuid`: its cgroup's usage after
+        it, or the driver's refusal."""
+        s = self._require()
+        g = next((g for g in s.gpus if g.uuid == uuid), None)
+        if g is None or g.lost:
+            return Refused(f"CUDA_ERROR_INVALID_DEVICE: no GPU {uuid} on this node")
+        capacity = (g.memory_mib - g.used_mib) << 20
+        return self.limits.allocate(g.uuid, namespace, holder, nbytes, capacity)
+
+
+def _within(path: str, root: str) -> bool:
+    return path == root or path.startswith(root + "/")

@@ -316,6 +316,32 @@ def test_an_mps_pod_never_lands_on_a_node_without_mps(
     assert node == n
 
 
+def test_a_pod_requiring_per_cgroup_memory_stays_pending_on_an_older_driver_naming_both(
+    node_with_agent: Callable[[list[dict[str, Any]]], str],
+    extender: str,
+    core: Any,
+    kube: Any,
+    namespace: str,
+) -> None:
+    n = node_with_agent([{"model": MODEL}])  # the simulated driver is 550.54.15, below r615
+    status = gpunode(kube, n)
+    assert status is not None
+    (gpu,) = status.status.gpus
+    assert gpu.isolation is not None and gpu.isolation.driver_version.startswith("550.")
+    assert gpu.isolation.memory == "none"
+    pod = gpu_pod("strict", namespace, "0.5", extra={names.MEMORY_ENFORCEMENT: "per-cgroup"})
+    core.create_namespaced_pod(namespace, pod)
+    message = wait_for(lambda: unschedulable(core, namespace, "strict"), 30, "the pod refused")
+    want = (
+        f"pod requires GPU memory enforcement 'per-cgroup' ({names.MEMORY_ENFORCEMENT}), "
+        "but this node's GPUs give at most 'none'"
+    )
+    assert want in message, message
+    assert want in json.dumps(explain_row(extender, namespace, "strict", n)), explain(
+        extender, namespace, "strict"
+    )
+
+
 def test_stale_agent_makes_its_node_unschedulable_until_it_returns(
     node_with_agent: Callable[[list[dict[str, Any]]], str],
     agents: SimAgents,

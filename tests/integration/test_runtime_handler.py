@@ -311,3 +311,74 @@ def test_a_restarted_container_is_a_new_container_with_its_own_record(node: Node
     assert (first["container_id"], second["container_id"]) == ("c8", "c9")
     assert first["boottime_ns"] < second["boottime_ns"]
     assert os.path.exists(node.pipe / "pods" / UID / "control")
+
+
+def v2_root() -> str:
+    mounts = Path("/proc/self/mountinfo").read_text()
+    return next((ln.split()[4] for ln in mounts.splitlines() if " - cgroup2 " in ln), "")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not v2_root(), reason="a cgroup v2 leaf for the container needs root"
+)
+def test_limits_are_set_by_the_hook_on_the_containers_own_cgroup_and_cleared_by_delete(
+    node: Node, tmp_path: Path
+) -> None:
+    """The handler adds its createRuntime hook; run as runc runs it (the container's state on stdin, its
+    process already in its cgroup), it gets the agent to set the limits there, or fails the create."""
+    import yaml
+
+    from agent.limiter import Limiter
+    from agent.memlimits import Capability
+    from agent.nvml.simulated import SimulatedNvml
+
+    root = v2_root()
+    gpus = tmp_path / "gpus.yaml"
+    gpus.write_text(
+        yaml.safe_dump({"driver_version": "615.25", "gpus": [{"model": "A100-40GB", "uuid": "GPU-a"}]})
+    )
+    nvml = SimulatedNvml(gpus, NODE, state_dir=tmp_path / "driver", privileged=True, cgroup_root=root)
+    nvml.init()
+    send = node.server.send
+    node.server.stop()
+    node.server = NodeServer(
+        node.state / "agent.sock", NODE, PipeDirs(node.pipe), send,
+        limiter=Limiter(lambda: nvml, node.state / "limits"), capability=lambda: Capability(True, "", root),
+    )  # fmt: skip
+    node.server.start()
+    leaf = f"/gpupack-hook-{os.getpid()}"
+    doc = spec()
+    doc["linux"]["cgroupsPath"] = leaf
+    assert node.create(doc, "c11").returncode == 0
+    (hook,) = node.seen()["hooks"]["createRuntime"]
+    assert hook["path"] == str(node.binary) and hook["args"] == [
+        str(node.binary),
+        "--gpupack-hook",
+        "create-runtime",
+    ]
+    (Path(root) / leaf.lstrip("/")).mkdir()
+    container = subprocess.Popen(["sleep", "60"])  # stands in for runc init, waiting in its new cgroup
+    try:
+        (Path(root) / leaf.lstrip("/") / "cgroup.procs").write_text(str(container.pid))
+        state = {"ociVersion": "1.0.2", "id": "c11", "status": "created", "pid": container.pid,
+                 "bundle": str(node.bundle), "annotations": doc["annotations"]}  # fmt: skip
+        ran = subprocess.run(hook["args"], input=json.dumps(state), capture_output=True, text=True,
+                             timeout=30, check=False)  # fmt: skip
+        assert ran.returncode == 0, ran.stderr
+        mib = 1 << 20
+        assert nvml.limits.limited("GPU-a")[root + leaf] | {"set_boottime_ns": 0} == {
+            "soft": 20480 * mib, "hard": 20480 * mib, "set_boottime_ns": 0,
+        }  # fmt: skip
+        # The hook for a process that is not in the spec's cgroup fails the create, with the reason.
+        stray = dict(state, id="c12", pid=os.getpid())
+        ran = subprocess.run(hook["args"], input=json.dumps(stray), capture_output=True, text=True,
+                             timeout=30, check=False)  # fmt: skip
+        assert ran.returncode == 1 and f"not in the leaf '{leaf}'" in ran.stderr, ran.stderr
+        assert 'container "main" of pod team-a/half not started' in ran.stderr
+        # runc delete passes through the handler: the limits go first
+        assert node.run("--root", "/run/x", "delete", "c11").returncode == 0
+        assert nvml.limits.limited("GPU-a") == {}
+    finally:
+        container.kill()
+        container.wait()
+        (Path(root) / leaf.lstrip("/")).rmdir()

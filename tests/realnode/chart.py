@@ -6,8 +6,9 @@ and imported into the node's containerd, `image.pullPolicy=Never`); no kube-prox
 127.0.0.1 only (the node's relay at the node IP, chart value `kubernetesAPI`); kube-scheduler runs on the
 host (`scheduler.mode=default`, the harness's kube-scheduler already calls the extender at
 127.0.0.1:<extender port>, where a relay forwards to the extender Service's ready endpoint, with the
-harness's extender certificates in `extender.certs.mode=secret`); no GPUs (`agent.simulated`, with the
-simulated driver's state in the cluster directory) and no NVIDIA MPS binary (the MPS daemon pod runs the
+harness's extender certificates in `extender.certs.mode=secret`); no GPUs (`agent.simulated`: a
+simulated r615 driver with its state in the cluster directory, and its allocator for containers) and
+no NVIDIA MPS binary (the MPS daemon pod runs the
 STAND-IN tests/standin/mps_control.py, which the test image carries as
 /opt/gpupack-standin/nvidia-cuda-mps-control). Every host path the chart mounts points into the cluster
 directory.
@@ -37,6 +38,7 @@ GPU_NODE_LABEL = "nvidia.com/gpu.present"  # the chart's default agent nodeSelec
 EXTENDER_RELAY = "relay-extender"
 STANDIN_MPS = "/opt/gpupack-standin/nvidia-cuda-mps-control"  # in the test image (build.sh --standins)
 STANDIN_SOURCE = REPO / "tests/standin/mps_control.py"
+SIM_DRIVER = "615.25"  # a simulated driver with MPS v3 and per-cgroup GPU memory limits
 
 
 def _run(argv: list[str], what: str, timeout_s: float = 600) -> str:
@@ -61,6 +63,8 @@ def build_image(archive: Path) -> str:
 def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str, gpus: int) -> dict[str, Any]:
     repository, tag = image.rsplit(":", 1)
     sim = sim_file_for(model, gpus, sorted((REPO / SIM_SAMPLES_RELPATH).glob("*.yaml")), cluster.dir / "sim")
+    gpu_set = yaml.safe_load(sim.read_text())
+    gpu_set["driver_version"] = SIM_DRIVER  # r615: per-cgroup memory limits available
     tolerate = [{"key": kubeletnode.TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}]
     return {
         "image": {"repository": repository, "tag": tag, "pullPolicy": "Never"},
@@ -78,7 +82,9 @@ def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str,
             "stateDir": str(node_side_state_dir(cluster)),
         },
         "agent": {
-            "simulated": sim.read_text(),
+            "simulated": yaml.safe_dump(gpu_set, sort_keys=False),
+            # The simulated GPUs' allocator, for containers to allocate against their limits (hostPID).
+            "simulatedAllocator": {"enabled": True},
             "simulatedStateDir": str(cluster.dir / "sim-driver"),
             "mps": {
                 "binary": STANDIN_MPS,  # the stand-in daemon (no GPU, no NVIDIA binary here)

@@ -19,6 +19,10 @@ Modes (the first three are nvidia-cuda-mps-control's own):
                               No answer within --timeout S (default 30): prints `waiting`, exit 4. No
                               daemon: prints `no MPS daemon`, exit 3 (a real client would run without MPS).
   `-M` (also `--multiuser-server`): one server, run as root, serves clients of every uid at once.
+  `-p 3` (or CUDA_MPS_PROTOCOL_VERSION=3, which wins): MPS v3 (driver r615) named servers and namespaces;
+  `-m`/`--multiuser` is v3's spelling of multi-user.
+  mps_control.py server|namespace ...  a v3 control command given as arguments (below), as r615's CLI takes
+                              them; exit 1 if the daemon refused it or cannot be reached
 
 Environment: CUDA_MPS_PIPE_DIRECTORY (default /tmp/nvidia-mps; the control socket is `<dir>/control`),
 CUDA_MPS_LOG_DIRECTORY (default /var/log/nvidia-mps; the daemon appends to `control.log` there).
@@ -33,6 +37,22 @@ Control commands answered (names and arguments as nvidia-cuda-mps-control docume
   quit [-t <seconds>]                     stop every server and the daemon
 Stand-in only (no NVIDIA equivalent; for tests): `get_client_uid <client pid>`, `get_server_uid <pid>`.
 
+MPS v3 commands (spellings from NVIDIA's mpsv3-interface page as docs/node-side.md quotes them; the answers'
+text is the stand-in's own, UNVERIFIED against r615):
+  server create <name> [--uid=<uid>] [--allowed-devices=<list>]   (multi-user: only --uid=0)
+  server set <name> [--pinned-memory-limit=<N[K|M|G]>] [--active-thread-percentage=<1..100>]  (default ns)
+  server delete <name> [--force]   server list   server get <name> pipe-directory
+  namespace create <ns> --server=<s>
+  namespace set <ns> --server=<s> [--pinned-memory-limit=<N[K|M|G]>] [--active-thread-percentage=<1..100>]
+                [--client-priority=0|1]
+  namespace delete <ns> --server=<s> [--force]   (refused while clients are attached, unless --force)
+  namespace get <ns> <server> <field>  (pinned-memory-limit, active-thread-percentage, client-priority)
+  namespace list [--format=csv,noheader]  (server,namespace,pinned-memory-limit,active-thread-percentage)
+Names: lowercase letters, digits and `_`, at most 64 characters. A named namespace inherits nothing from its
+server: without its own limits it reports the whole GPU ("unlimited", 100). Each namespace is reached at
+`<pipe>/<server>/<namespace>/control` (the default one also at `<pipe>/<server>/control`): a client attached
+there belongs to that namespace and is told its limits.
+
 What it models:
 - A client is identified by the pid in its socket's peer credentials (SO_PEERCRED), as memory accounting
   does: seen from a daemon outside the client's pid namespace without hostPID, that pid is 0.
@@ -42,7 +62,8 @@ What it models:
 - A client's connection is long-lived; it ends when the client exits, its server is shut down or the
   daemon quits. The daemon's lifetime is its own: nothing here ends when a control client disconnects.
 What it does not model: GPUs, device ordinals beyond storing the defaults, memory or thread limits being
-enforced, the control protocol's wire format (the control client here is this same program).
+enforced (it only tells a client its namespace's limits), memacct, sm partitions, the config file (`-a`),
+the control protocol's wire format (the control client here is this same program).
 """
 
 from __future__ import annotations
@@ -50,6 +71,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import re
+import shutil
 import signal
 import socket
 import struct
@@ -66,6 +89,10 @@ DEFAULT_PIPE = "/tmp/nvidia-mps"
 DEFAULT_LOG = "/var/log/nvidia-mps"
 CLIENT_HELLO = "gpupack-standin-client"  # the first line a stand-in CUDA client sends
 OK, ERR = "0", "1"  # status line of every control answer (the stand-in's own framing)
+PROTOCOL_ENV = "CUDA_MPS_PROTOCOL_VERSION"
+V3_NAME = re.compile(r"[a-z0-9_]{1,64}")
+V3_FIELDS = ("pinned-memory-limit", "active-thread-percentage", "client-priority")
+UNLIMITED = "unlimited"
 
 
 def pipe_dir() -> Path:
@@ -91,13 +118,19 @@ class Server:
     pid: int
     clients: dict[int, socket.socket] = field(default_factory=dict)  # client pid -> its connection
     draining: bool = False  # no new clients; it exits once its clients are gone
+    name: str = ""  # v3: the named server ("" for a legacy per-uid server)
+    # v3: namespace -> its limits (field -> value); "default" is the built-in one the server-level values set
+    namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
+    listeners: dict[str, socket.socket] = field(default_factory=dict)  # namespace -> its control socket
+    client_ns: dict[int, str] = field(default_factory=dict)  # client pid -> its namespace
 
 
 class Daemon:
     """The control daemon: accepts control commands and client attachments on `<pipe>/control`."""
 
-    def __init__(self, multiuser: bool) -> None:
+    def __init__(self, multiuser: bool, protocol: int = 2) -> None:
         self.multiuser = multiuser
+        self.protocol = protocol
         self.lock = threading.Condition()
         self.servers: list[Server] = []
         self.client_uids: dict[int, int] = {}
@@ -126,7 +159,9 @@ class Daemon:
         os.chmod(path, 0o777)  # clients of every uid must reach it
         listener.listen(64)
         self.listener = listener
-        self.log(f"Startup (stand-in, multiuser={self.multiuser}, pid {os.getpid()})")
+        self.log(
+            f"Startup (stand-in, protocol {self.protocol}, multiuser={self.multiuser}, pid {os.getpid()})"
+        )
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: threading.Thread(target=self.quit, daemon=True).start())
         while not self.stopping.is_set():
@@ -154,13 +189,16 @@ class Daemon:
 
     # --- connections ---
 
-    def handle(self, conn: socket.socket) -> None:
+    def handle(self, conn: socket.socket, route: tuple[Server, str] | None = None) -> None:
         with conn:
             line = _read_line(conn)
             if line is None:
                 return
             if line == CLIENT_HELLO:
-                self.attach(conn)
+                if route is not None:
+                    self.attach_v3(conn, *route)
+                else:
+                    self.attach(conn)
                 return
             status, text = self.command(line)
             with contextlib.suppress(OSError):
@@ -192,19 +230,52 @@ class Daemon:
                 self._stop_server(server)
             self.lock.notify_all()
 
+    def attach_v3(self, conn: socket.socket, server: Server, ns: str) -> None:
+        """A client that came through `<pipe>/<server>/<ns>/control`: a client of that namespace."""
+        pid, uid, _ = peer_credentials(conn)
+        with self.lock:
+            if server not in self.servers or ns not in server.namespaces:
+                return
+            if not self.multiuser and uid != server.uid:
+                self.log(f"Client {pid} (uid {uid}) refused by server {server.name} (uid {server.uid})")
+                with contextlib.suppress(OSError):
+                    conn.sendall(b"refused CUDA_ERROR_NOT_PERMITTED\n")
+                return
+            limits = server.namespaces[ns]
+            server.clients[pid], server.client_ns[pid] = conn, ns
+            self.client_uids[pid] = uid
+        self.log(f"New client {pid} (uid {uid}) in namespace {server.name}/{ns}")
+        pinned = limits.get("pinned-memory-limit", UNLIMITED)
+        threads = limits.get("active-thread-percentage", "100")
+        with contextlib.suppress(OSError):
+            conn.sendall(
+                f"server {server.pid} uid {server.uid} namespace {server.name}/{ns} "
+                f"pinned {pinned} threads {threads}\n".encode()
+            )
+        with contextlib.suppress(OSError):
+            while conn.recv(4096):
+                pass
+        with self.lock:
+            if server.clients.get(pid) is conn:
+                del server.clients[pid]
+                server.client_ns.pop(pid, None)
+                self.client_uids.pop(pid, None)
+                self.log(f"Client {pid} disconnected")
+
     def _server_for(self, uid: int) -> Server | None:
         """The server a client of `uid` attaches to now, started if needed; None: it must wait (lock held)."""
         want = 0 if self.multiuser else uid
-        for s in self.servers:
+        legacy = [s for s in self.servers if not s.name]  # v3 named servers are reached by their own sockets
+        for s in legacy:
             if s.uid == want and not s.draining:
                 return s
-        for s in [s for s in self.servers if s.uid != want]:
+        for s in [s for s in legacy if s.uid != want]:
             if not s.draining:  # another uid's server: it shuts down once its clients are done
                 s.draining = True
                 self.log(f"Server {s.pid} (uid {s.uid}) drains for a client of uid {uid}")
             if not s.clients:
                 self._stop_server(s)
-        if any(s.uid != want for s in self.servers):
+        if any(s.uid != want for s in legacy):
             return None
         return self._start_server(want)
 
@@ -232,6 +303,10 @@ class Daemon:
         return server
 
     def _stop_server(self, server: Server) -> None:
+        for ns in list(server.listeners):
+            self._close_namespace(server, ns)
+        if server.name:
+            shutil.rmtree(pipe_dir() / server.name, ignore_errors=True)
         for conn in server.clients.values():
             with contextlib.suppress(OSError):
                 conn.shutdown(socket.SHUT_RDWR)
@@ -256,6 +331,8 @@ class Daemon:
                 return OK, self._command(name, args)
             except (ValueError, IndexError) as exc:
                 return ERR, f"{line}: {exc or 'bad arguments'}\n"
+            except OSError as exc:  # e.g. a socket path past the 107-byte limit
+                return ERR, f"{line}: {exc}\n"
 
     def _find(self, pid: str) -> Server:
         for s in self.servers:
@@ -264,6 +341,10 @@ class Daemon:
         raise ValueError(f"no server with pid {pid}")
 
     def _command(self, name: str, args: list[str]) -> str:
+        if name in ("server", "namespace"):
+            if self.protocol != 3:
+                raise ValueError(f"`{name}` commands need MPS v3 (start the daemon with -p 3)")
+            return self._v3(name, args)
         if name == "get_server_list":
             return "".join(f"{s.pid}\n" for s in self.servers)
         if name == "get_client_list":
@@ -308,6 +389,144 @@ class Daemon:
             return ""
         raise ValueError("unknown command")
 
+    # --- MPS v3: named servers and namespaces (lock held) ---
+
+    def _named(self, name: str) -> Server:
+        for s in self.servers:
+            if s.name == name:
+                return s
+        raise ValueError(f"no server named {name!r}")
+
+    def _open_namespace(self, server: Server, ns: str) -> None:
+        """Listen at <pipe>/<server>/<ns>/control (the default namespace: also at <pipe>/<server>/control)."""
+        paths = [pipe_dir() / server.name / ns / "control"]
+        if ns == "default":
+            paths.append(pipe_dir() / server.name / "control")
+        for i, path in enumerate(paths):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            os.chmod(path.parent, 0o755)
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener.bind(str(path))
+            os.chmod(path, 0o777)
+            listener.listen(64)
+            server.listeners[ns if i == 0 else f"{ns}/"] = listener
+            threading.Thread(target=self._accept, args=(listener, server, ns), daemon=True).start()
+
+    def _accept(self, listener: socket.socket, server: Server, ns: str) -> None:
+        while True:
+            try:
+                conn, _ = listener.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.handle, args=(conn, (server, ns)), daemon=True).start()
+
+    def _close_namespace(self, server: Server, ns: str) -> None:
+        for key in (ns, f"{ns}/"):
+            listener = server.listeners.pop(key, None)
+            if listener is not None:
+                with contextlib.suppress(OSError):
+                    listener.shutdown(socket.SHUT_RDWR)
+                listener.close()
+        if ns != "default" and server.name:
+            shutil.rmtree(pipe_dir() / server.name / ns, ignore_errors=True)
+
+    def _v3(self, name: str, args: list[str]) -> str:
+        opts = {a[2:].partition("=")[0]: a.partition("=")[2] for a in args if a.startswith("--")}
+        words = [a for a in args if not a.startswith("--")]
+        if not words:
+            raise ValueError(f"usage: {name} <verb> ...")
+        verb, rest = words[0], words[1:]
+        for key, value in opts.items():
+            if key in ("pinned-memory-limit",) and not re.fullmatch(r"[0-9]+[KMG]?", value):
+                raise ValueError(f"--{key}={value}: must be a number with K, M or G")
+            if key == "active-thread-percentage" and not (value.isdigit() and 1 <= int(value) <= 100):
+                raise ValueError(f"--{key}={value}: must be in 1..100")
+            if key == "client-priority" and value not in ("0", "1"):
+                raise ValueError(f"--{key}={value}: must be 0 or 1")
+        for word in rest[:1]:
+            if verb != "list" and not V3_NAME.fullmatch(word):
+                raise ValueError(f"name {word!r}: lowercase letters, digits and _ only, at most 64")
+        if name == "server":
+            return self._v3_server(verb, rest, opts)
+        return self._v3_namespace(verb, rest, opts)
+
+    def _v3_server(self, verb: str, rest: list[str], opts: dict[str, str]) -> str:
+        if verb == "list":
+            return "".join(f"{s.name}\n" for s in self.servers if s.name)
+        target = rest[0]
+        if verb == "create":
+            if any(s.name == target for s in self.servers):
+                raise ValueError(f"server {target!r} exists")
+            uid = int(opts.get("uid", "0"))
+            if self.multiuser and uid != 0:
+                raise ValueError("in multi-user mode a server runs as --uid=0 only")
+            server = self._start_server(uid)
+            server.name, server.namespaces = target, {"default": {}}
+            self._open_namespace(server, "default")
+            return f"{server.pid}\n"
+        server = self._named(target)
+        if verb == "set":
+            server.namespaces["default"].update({k: v for k, v in opts.items() if k in V3_FIELDS})
+            return ""
+        if verb == "get":
+            if rest[1:] != ["pipe-directory"]:
+                raise ValueError("usage: server get <name> pipe-directory")
+            return f"{pipe_dir() / server.name}\n"
+        if verb == "delete":
+            if server.clients and "force" not in opts:
+                raise ValueError(f"server {target!r} has clients; --force drops them")
+            self._stop_server(server)
+            return ""
+        raise ValueError(f"unknown server command {verb!r}")
+
+    def _v3_namespace(self, verb: str, rest: list[str], opts: dict[str, str]) -> str:
+        if verb == "list":
+            rows = [
+                f"{s.name},{ns},{lim.get('pinned-memory-limit', UNLIMITED)},"
+                f"{lim.get('active-thread-percentage', '100')}\n"
+                for s in self.servers
+                if s.name
+                for ns, lim in s.namespaces.items()
+            ]
+            head = "" if "noheader" in opts.get("format", "") else "server,namespace,pinned,threads\n"
+            return head + "".join(rows)
+        if verb == "get":
+            if len(rest) != 3 or rest[2] not in V3_FIELDS:
+                raise ValueError(f"usage: namespace get <ns> <server> <{'|'.join(V3_FIELDS)}>")
+            limits = self._named(rest[1]).namespaces.get(rest[0])
+            if limits is None:
+                raise ValueError(f"no namespace {rest[0]!r} in server {rest[1]!r}")
+            return f"{limits.get(rest[2], UNLIMITED if rest[2] == 'pinned-memory-limit' else '')}\n"
+        if "server" not in opts:
+            raise ValueError(f"namespace {verb} needs --server=<name>")
+        server, ns = self._named(opts["server"]), rest[0]
+        if verb == "create":
+            if ns in server.namespaces:
+                raise ValueError(f"namespace {ns!r} exists in server {server.name!r}")
+            server.namespaces[ns] = {}  # a named namespace inherits nothing from its server
+            self._open_namespace(server, ns)
+            return ""
+        if ns not in server.namespaces:
+            raise ValueError(f"no namespace {ns!r} in server {server.name!r}")
+        if verb == "set":
+            server.namespaces[ns].update({k: v for k, v in opts.items() if k in V3_FIELDS})
+            return ""
+        if verb == "delete":
+            if ns == "default":
+                raise ValueError("the default namespace cannot be deleted")
+            attached = [pid for pid, n in server.client_ns.items() if n == ns]
+            if attached and "force" not in opts:
+                raise ValueError(f"namespace {ns!r} has clients {attached}; --force drops them")
+            for pid in attached:
+                with contextlib.suppress(OSError):
+                    server.clients[pid].shutdown(socket.SHUT_RDWR)
+            self._close_namespace(server, ns)
+            del server.namespaces[ns]
+            return ""
+        raise ValueError(f"unknown namespace command {verb!r}")
+
 
 def _read_line(conn: socket.socket) -> str | None:
     data = b""
@@ -330,10 +549,11 @@ def _connect(timeout: float | None) -> socket.socket | None:
     return conn
 
 
-def control_client() -> int:
-    """Each stdin line as one command; prints the answers. 1 if the daemon is unreachable or refused one."""
+def control_client(lines: list[str] | None = None) -> int:
+    """Each stdin line (or each of `lines`) as one command; prints the answers. 1 if the daemon is
+    unreachable or refused one."""
     rc = 0
-    for line in sys.stdin:
+    for line in sys.stdin if lines is None else lines:
         if not line.strip():
             continue
         conn = _connect(10)
@@ -384,9 +604,10 @@ def client(hold: bool, timeout: float) -> int:
     return 1
 
 
-def daemonize(multiuser: bool) -> int:
+def daemonize(multiuser: bool, protocol: int) -> int:
     """-d: start the foreground daemon detached, and return once its control socket answers."""
     argv = [sys.executable, os.path.abspath(__file__), "-f", *(["-M"] if multiuser else [])]
+    argv += ["-p", str(protocol)]
     quiet = subprocess.DEVNULL  # it logs to its log directory; an inherited pipe would never close
     subprocess.Popen(argv, stdin=quiet, stdout=quiet, stderr=quiet, start_new_session=True)
     deadline = time.monotonic() + 10
@@ -400,19 +621,34 @@ def daemonize(multiuser: bool) -> int:
     return 1
 
 
+def protocol_of(argv: list[str]) -> int:
+    """-p N / --protocol=N, overridden by CUDA_MPS_PROTOCOL_VERSION (NVIDIA: the env var wins)."""
+    value = "2"
+    for i, a in enumerate(argv):
+        if a in ("-p", "--protocol") and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif a.startswith("--protocol="):
+            value = a.partition("=")[2]
+    value = os.environ.get(PROTOCOL_ENV) or value
+    return 3 if value == "3" else 2
+
+
 def main(argv: list[str]) -> int:
+    if argv[:1] in (["server"], ["namespace"]):
+        return control_client([" ".join(argv)])
     if argv[:1] == ["client"]:
         p = argparse.ArgumentParser(prog="mps_control.py client")
         p.add_argument("--hold", action="store_true")
         p.add_argument("--timeout", type=float, default=30.0)
         args = p.parse_args(argv[1:])
         return client(args.hold, args.timeout)
-    multiuser = any(a in ("-M", "--multiuser-server", "-multiuser-server") for a in argv)
+    multiuser = any(a in ("-M", "--multiuser-server", "-multiuser-server", "-m", "--multiuser") for a in argv)
+    protocol = protocol_of(argv)
     if "-f" in argv:
-        Daemon(multiuser).serve()
+        Daemon(multiuser, protocol).serve()
         return 0
     if "-d" in argv:
-        return daemonize(multiuser)
+        return daemonize(multiuser, protocol)
     if argv:
         print(f"unknown arguments {argv} (usage: see the module docstring)", file=sys.stderr)
         return 2

@@ -278,3 +278,35 @@ def test_metrics_know_every_nvml_code() -> None:
     registry = m.registry()
     for code in NvmlCode:
         assert registry.get_sample_value("gpupack_agent_nvml_errors_total", {"code": code.value}) is not None
+
+
+def test_pynvml_memory_limits_go_through_nvidias_structs_in_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """nvidia-ml-py 13.615 binds nvmlDevice{Get,Set}MemoryLimits_v1 with structs filled in place; the
+    backend passes the cgroup path as bytes and reads soft/hard/currentUsed back."""
+    seen: dict[str, object] = {}
+
+    def get(handle: object, limits: object) -> None:
+        seen["get"] = limits.nameSpace  # type: ignore[attr-defined]
+        limits.softLimit, limits.hardLimit, limits.currentUsed = 1, 2, 3  # type: ignore[attr-defined]
+
+    def set_(handle: object, limits: object) -> None:
+        seen["set"] = (limits.nameSpace, limits.softLimit, limits.hardLimit)  # type: ignore[attr-defined]
+
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetHandleByIndex", lambda i: f"h{i}")
+    monkeypatch.setattr(pynvml, "nvmlDeviceGetMemoryLimits_v1", get)
+    monkeypatch.setattr(pynvml, "nvmlDeviceSetMemoryLimits_v1", set_)
+    backend = PynvmlBackend()
+    assert backend.limits_bound
+    got = backend.memory_limits(0, "/sys/fs/cgroup/kubepods/c1")
+    assert (got.soft_bytes, got.hard_bytes, got.current_used_bytes) == (1, 2, 3)
+    path = "/sys/fs/cgroup/kubepods/c1"
+    assert seen["get"] in (path, path.encode())  # pynvml's structs read char* fields back as str
+    backend.set_memory_limits(0, "/sys/fs/cgroup/kubepods/c1", 0, pynvml.NVML_DEVICE_MEMORY_LIMIT_MAX)
+    assert seen["set"] in ((p, 0, pynvml.NVML_DEVICE_MEMORY_LIMIT_MAX) for p in (path, path.encode()))
+
+
+def test_pynvml_without_the_binding_reports_limits_unsupported(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delattr(pynvml, "nvmlDeviceSetMemoryLimits_v1")
+    backend = PynvmlBackend()
+    assert not backend.limits_bound
+    assert code_of(backend.memory_limits, 0, "/sys/fs/cgroup/x") is NvmlCode.NOT_SUPPORTED

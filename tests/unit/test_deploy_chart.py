@@ -36,6 +36,7 @@ REQUEST_KEYS = (
     names.GPU_FRACTION_CONTAINER_NAME,
     names.GPU_MODEL,
     names.ISOLATION,
+    names.GPU_MEMORY_LIMIT,
 )
 
 
@@ -364,3 +365,29 @@ def test_webhook_is_called_for_pods_with_our_resources_and_no_annotation() -> No
     ):
         assert needle in expr
     assert expr.count("k.startsWith('gpupack.io/')") == 4
+
+
+def _enums(schema: Any, path: str = "") -> Iterator[tuple[str, list[Any]]]:
+    if isinstance(schema, dict):
+        if "enum" in schema:
+            yield path, schema["enum"]
+        for key, value in schema.items():
+            yield from _enums(value, f"{path}.{key}")
+    elif isinstance(schema, list):
+        for i, value in enumerate(schema):
+            yield from _enums(value, f"{path}[{i}]")
+
+
+def test_the_gpunode_crd_enums_are_the_values_the_agent_writes() -> None:
+    # YAML 1.1 reads an unquoted off/on/yes/no as a boolean: the apiserver would then refuse the agent's
+    # "off" with a 422 and the node's status would never be written.
+    from app.isolation import ComputeEnforcement, MemoryEnforcement, Sharing
+
+    crd = load(REPO / "deploy/crds/gpunodes.gpupack.io.yaml")
+    enums = dict(_enums(crd))
+    for where, values in enums.items():
+        assert all(isinstance(v, str) for v in values), (where, values)
+    by_leaf = {where.rsplit(".", 2)[-1]: set(values) for where, values in enums.items()}
+    assert by_leaf["mpsMode"] == {s.value for s in Sharing}
+    assert by_leaf["memory"] == {m.value for m in MemoryEnforcement}
+    assert by_leaf["compute"] == {c.value for c in ComputeEnforcement}

@@ -430,3 +430,33 @@ def test_a_bad_time_slice_gpus_flag_names_the_value_and_rule(raw: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError) as bad:
         gpu_indexes(raw)
     assert str(bad.value) == f"{raw!r}: must be GPU indexes separated by commas, like 1,3"
+
+
+@pytest.mark.parametrize(
+    ("node_side_limits", "driver", "memory"),
+    [
+        (True, "615.25", MemoryEnforcement.PER_CGROUP),
+        (True, "580.95.05", MemoryEnforcement.CLIENT_ENV),  # the node side is ready, the driver is not
+        (False, "615.25", MemoryEnforcement.CLIENT_ENV),  # no node side: nothing sets the limits
+    ],
+)
+def test_per_cgroup_memory_is_claimed_only_where_the_node_side_sets_it_and_the_driver_takes_it(
+    node_side_limits: bool, driver: str, memory: MemoryEnforcement
+) -> None:
+    facts = iso.NodeFacts(per_cgroup_memory=node_side_limits).of(ComputeMode.EXCLUSIVE_PROCESS, True, driver)
+    assert iso.decide(facts).memory is memory
+
+
+def test_the_agent_offers_per_cgroup_limits_only_with_its_node_socket(tmp_path: Path) -> None:
+    from agent.main import build
+    from agent.settings import Settings
+
+    sim = tmp_path / "gpus.yaml"
+    sim.write_text(yaml.safe_dump({"driver_version": "615.25", "gpus": [{"model": "T4"}]}))
+    common = {"node": "n1", "sim": sim, "sim_state": tmp_path / "state", "mps": False}
+    without = build(Settings(**common), lambda r: {}, time.monotonic)  # type: ignore[arg-type]
+    assert without.config.isolation.per_cgroup_memory is False
+    with_socket = Settings(**common, node_socket=tmp_path / "agent.sock")  # type: ignore[arg-type]
+    root = Path("/sys/fs/cgroup")
+    expected = (root / "cgroup.controllers").exists() or (root / "unified" / "cgroup.controllers").exists()
+    assert build(with_socket, lambda r: {}, time.monotonic).config.isolation.per_cgroup_memory is expected

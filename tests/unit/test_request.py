@@ -372,3 +372,128 @@ def test_memory_with_mig_isolation_is_a_mig_demand() -> None:
 def test_mig_rules(annotations: dict[str, str], expected: list[str]) -> None:
     result = parse(annotations, MAIN)
     assert ([str(e) for e in result] if isinstance(result, tuple) else []) == expected
+
+
+# --- burstable: gpupack.io/gpu-memory-limit ---
+
+LIMIT = names.GPU_MEMORY_LIMIT
+
+
+def test_a_memory_request_with_a_limit_is_burstable_and_placed_by_its_request() -> None:
+    req = parsed({names.GPU_MEMORY: "4Gi", LIMIT: "8Gi", names.GPU_FRACTION_NUM_DEVICES: "2"})
+    assert (req.memory_mib, req.memory_limit_mib, req.count) == (4096, 8192, 2)
+    # Placement and quota count the request; the limit is only the node's hard cap.
+    assert req.resource == (names.RESOURCE_GPU_MEMORY_MIB, 8192)
+    assert req.demand() == Demand(count=2, memory_mib=4096)
+
+
+def test_a_limit_equal_to_the_request_and_one_for_a_fraction_are_accepted() -> None:
+    assert parsed({names.GPU_MEMORY: "4096", LIMIT: "4Gi"}).memory_limit_mib == 4096
+    # 0.25 of the largest GPU gpupack knows (A100-80GB, 81920 MiB) is 20480 MiB.
+    req = parsed({names.GPU_FRACTION: "0.25", LIMIT: "20Gi"})
+    assert (req.milli, req.memory_limit_mib) == (250, 20480)
+    assert parsed({names.GPU_FRACTION: "0.5"}).memory_limit_mib is None
+
+
+def test_a_limit_is_rounded_up_like_the_request_and_warned() -> None:
+    req = parsed({names.GPU_MEMORY: "500M", LIMIT: "1G"})
+    assert (req.memory_mib, req.memory_limit_mib) == (477, 954)
+    assert req.warnings == (
+        "gpu-memory='500M' is 476.837158203125 MiB; rounded up to 477 MiB",
+        "gpupack.io/gpu-memory-limit='1G' is 953.67431640625 MiB; rounded up to 954 MiB",
+    )
+
+
+@pytest.mark.parametrize(
+    ("annotations", "expected"),
+    [
+        pytest.param(
+            {names.GPU_MEMORY: "8Gi", LIMIT: "4Gi"},
+            [
+                "gpupack.io/gpu-memory-limit='4Gi': is 4096 MiB, less than gpu-memory (8192 MiB): "
+                "the limit must be at least the request"
+            ],
+            id="below-the-request",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY: "8Gi", LIMIT: "20Gi", names.GPU_MODEL: "T4|V100M16"},
+            [
+                "gpupack.io/gpu-memory-limit='20Gi': is 20480 MiB, more than any GPU allowed by "
+                "gpupack.io/gpu-model (V100M16 has 16160 MiB)"
+            ],
+            id="above-the-gpu",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY: "8Gi", LIMIT: "100Gi"},
+            [
+                "gpupack.io/gpu-memory-limit='100Gi': is 102400 MiB, more than any GPU gpupack knows "
+                "(A100-80GB has 81920 MiB)"
+            ],
+            id="above-any-gpu",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", LIMIT: "30Gi"},
+            [
+                "gpupack.io/gpu-memory-limit='30Gi': is 30720 MiB, less than gpu-fraction=0.5 of A100-80GB "
+                "(40960 MiB), the largest GPU gpupack knows: the limit must be at least the request on every "
+                "GPU the pod may land on (raise it, or narrow the GPUs with gpupack.io/gpu-model)"
+            ],
+            id="fraction-judged-on-the-largest-gpu",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", LIMIT: "20Gi", names.GPU_MODEL: "A100-40GB|V100M32"},
+            [],
+            id="fraction-within-the-listed-models",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.75", LIMIT: "20Gi", names.GPU_MODEL: "A100-40GB|V100M32"},
+            [
+                "gpupack.io/gpu-memory-limit='20Gi': is 20480 MiB, less than gpu-fraction=0.75 of "
+                "A100-40GB (30720 MiB), the largest GPU allowed by gpupack.io/gpu-model: the limit must be "
+                "at least the request on every GPU the pod may land on (raise it, or narrow the GPUs with "
+                "gpupack.io/gpu-model)"
+            ],
+            id="fraction-judged-on-the-largest-listed-model",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY: "4Gi", LIMIT: "4G8"},
+            [f"gpupack.io/gpu-memory-limit='4G8': {MEMORY_RULE}"],
+            id="malformed",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY: "4Gi", LIMIT: "0"},
+            ["gpupack.io/gpu-memory-limit='0': must be more than 0"],
+            id="zero",
+        ),
+        pytest.param(
+            {LIMIT: "8Gi"},
+            ["gpu-fraction='': one of gpu-fraction or gpu-memory is required"],
+            id="a-limit-alone-has-no-request",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY: "4Gi", LIMIT: "8Gi", names.ISOLATION: "mig"},
+            [
+                "gpupack.io/gpu-memory-limit='8Gi': must not be set with MIG: a MIG device's memory is "
+                "fixed and cannot be borrowed above"
+            ],
+            id="mig-isolation",
+        ),
+        pytest.param(
+            {names.MIG_PROFILE: "1g.10gb", LIMIT: "10Gi"},
+            [
+                "gpupack.io/gpu-memory-limit='10Gi': must not be set with MIG: a MIG device's memory is "
+                "fixed and cannot be borrowed above"
+            ],
+            id="mig-profile",
+        ),
+    ],
+)
+def test_limit_rules(annotations: dict[str, str], expected: list[str]) -> None:
+    result = parse(annotations)
+    got = [str(e) for e in result] if isinstance(result, tuple) else []
+    assert got == expected
+
+
+def test_a_limit_alone_asks_for_a_share_so_its_missing_request_is_refused() -> None:
+    assert ask_of({LIMIT: "8Gi"}).wanted
+    assert ask_of({LIMIT: "8Gi"}).memory_limit == "8Gi"

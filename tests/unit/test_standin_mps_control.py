@@ -163,3 +163,87 @@ def test_multiuser_serves_two_uids_at_once_from_one_root_server(pipe: Path) -> N
     assert control(f"get_client_uid {b.pid}").stdout.strip() == "1000"
     a.stop()
     b.stop()
+
+
+def v3(*argv: str) -> subprocess.CompletedProcess[str]:
+    """One MPS v3 command, given as arguments as r615's CLI takes them."""
+    return subprocess.run(
+        [sys.executable, str(STANDIN), *argv], capture_output=True, text=True, timeout=20, check=False
+    )
+
+
+def attach(directory: Path) -> subprocess.Popen[str]:
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(directory))
+    argv = [sys.executable, str(STANDIN), "client", "--hold", "--timeout", "10"]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True)
+
+
+def test_v3_named_namespaces_have_their_own_limits_directory_and_clients(pipe: Path) -> None:
+    start("-m", "-p", "3")
+    assert v3("server", "create", "gpupack", "--uid=1000").returncode == 1  # multi-user: root servers only
+    assert v3("server", "create", "gpupack").returncode == 0
+    assert v3("namespace", "create", "c_1", "--server=gpupack").returncode == 0
+    # a named namespace inherits nothing: without its own limits it has the whole GPU
+    assert v3("namespace", "get", "c_1", "gpupack", "pinned-memory-limit").stdout.strip() == "unlimited"
+    done = v3("namespace", "set", "c_1", "--server=gpupack", "--pinned-memory-limit=8192M",
+              "--active-thread-percentage=50")  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert v3("namespace", "list", "--format=csv,noheader").stdout.splitlines() == [
+        "gpupack,default,unlimited,100",
+        "gpupack,c_1,8192M,50",
+    ]
+    directory = pipe / "gpupack" / "c_1"
+    assert [p.name for p in directory.iterdir()] == ["control"]
+    client = attach(directory)  # routed by the directory it was given
+    assert client.stdout is not None
+    line = client.stdout.readline().strip()
+    assert line.endswith("namespace gpupack/c_1 pinned 8192M threads 50"), line
+    refused = v3("namespace", "delete", "c_1", "--server=gpupack")
+    assert refused.returncode == 1 and "has clients" in refused.stderr
+    assert v3("namespace", "delete", "c_1", "--server=gpupack", "--force").returncode == 0
+    assert client.wait(10) == 1  # its connection dropped with the namespace
+    assert not directory.exists()
+    assert v3("namespace", "list", "--format=csv,noheader").stdout.splitlines() == [
+        "gpupack,default,unlimited,100"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("argv", "said"),
+    [
+        (("namespace", "create", "Bad-Name", "--server=gpupack"), "lowercase letters, digits and _ only"),
+        (("namespace", "create", "x" * 65, "--server=gpupack"), "at most 64"),
+        (("namespace", "create", "c_1"), "needs --server=<name>"),
+        (
+            ("namespace", "set", "c_9", "--server=gpupack", "--active-thread-percentage=50"),
+            "no namespace 'c_9'",
+        ),
+        (
+            ("namespace", "set", "c_1", "--server=gpupack", "--active-thread-percentage=0"),
+            "must be in 1..100",
+        ),
+        (("namespace", "set", "c_1", "--server=gpupack", "--pinned-memory-limit=4Gi"), "K, M or G"),
+        (("namespace", "delete", "default", "--server=gpupack"), "cannot be deleted"),
+        (("namespace", "create", "c_1", "--server=nope"), "no server named 'nope'"),
+    ],
+)
+def test_v3_commands_are_checked_with_the_rule_named(pipe: Path, argv: tuple[str, ...], said: str) -> None:
+    start("-p", "3")
+    assert v3("server", "create", "gpupack").returncode == 0
+    assert v3("namespace", "create", "c_1", "--server=gpupack").returncode == 0
+    done = v3(*argv)
+    assert done.returncode == 1 and said in done.stderr, done.stderr
+
+
+def test_v3_commands_need_a_v3_daemon_and_the_env_var_wins(
+    pipe: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    start()
+    assert "need MPS v3" in v3("server", "list").stderr
+    control("quit")
+    deadline = time.monotonic() + 5
+    while (pipe / "control").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    monkeypatch.setenv("CUDA_MPS_PROTOCOL_VERSION", "3")
+    start("-p", "2")
+    assert v3("server", "list").returncode == 0

@@ -1,0 +1,39 @@
+#!/usr/bin/env python3
+"""A stand-in CUDA process for simulated GPUs: it allocates device memory through the agent's simulated
+allocator (agent/simalloc.py) instead of a driver. STAND-IN: no GPU, no CUDA. Standard library only, so a
+test can mount it into any image with python3.
+
+  gpu_alloc.py [--socket PATH] COMMAND...   each COMMAND (quoted, e.g. "alloc GPU-... 4096", "limits",
+                                            "whoami") sent in turn on one connection (one CUDA context:
+                                            allocations are held until it ends); each answer line printed
+                                            as `<n>: <answer>`
+Default socket: /run/gpupack/sim-gpu/alloc.sock (where the node side mounts it).
+"""
+
+from __future__ import annotations
+
+import socket
+import sys
+
+DEFAULT = "/run/gpupack/sim-gpu/alloc.sock"
+
+
+def main(argv: list[str]) -> int:
+    path = DEFAULT
+    if argv[:1] == ["--socket"]:
+        path, argv = argv[1], argv[2:]
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(path)
+        except OSError as exc:
+            print(f"0: no allocator at {path} ({exc})")
+            return 3
+        reader = conn.makefile("r")
+        for n, command in enumerate(argv, 1):
+            conn.sendall(command.encode() + b"\n")
+            print(f"{n}: {reader.readline().rstrip()}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

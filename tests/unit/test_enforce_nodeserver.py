@@ -1,0 +1,257 @@
+"""The node server sets a GPU container's memory limits on its own cgroup when the handler's hook reports it,
+refuses where they cannot be set, clears them on delete; with MPS v3 each container gets its own namespace
+(the stand-in daemon, tests/standin/mps_control.py, v3 mode); the simulated allocator knows callers by pid."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from agent import nodeside
+from agent.limiter import Limiter
+from agent.memlimits import Capability
+from agent.mpsv3 import Namespaces
+from agent.nodeserver import NodeServer
+from agent.nvml.simulated import SimulatedNvml
+from agent.pipedirs import PipeDirs
+from agent.simalloc import Allocator
+from app import names
+from app.model import Allocation
+
+STANDIN = Path(__file__).resolve().parents[1] / "standin" / "mps_control.py"
+CLIENT = Path(__file__).resolve().parents[1] / "standin" / "gpu_alloc.py"
+NODE = "gpu-1"
+UID = "5d0c2d4e-aaaa-bbbb-cccc-0123456789ab"
+ROOT = "/sys/fs/cgroup"
+LEAF = f"/kubepods/burstable/pod{UID}/c1"
+MIB = 1 << 20
+
+
+@pytest.fixture
+def where() -> Iterator[Path]:
+    root = Path(tempfile.mkdtemp(prefix="enf-", dir="/tmp"))  # short: unix socket paths
+    root.chmod(0o755)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def gpu(where: Path, driver: str = "615.25") -> SimulatedNvml:
+    path = where / "gpus.yaml"
+    path.write_text(yaml.safe_dump({"driver_version": driver, "gpus": [{"model": "A100-40GB"}]}))
+    s = SimulatedNvml(path, NODE, state_dir=where / "state", privileged=True)
+    s.init()
+    return s
+
+
+def the_pod(uuid: str, annotations: dict[str, str]) -> dict[str, Any]:
+    alloc = Allocation(node=NODE, gpu_indexes=(0,), gpu_uuids=(uuid,), milli=100, memory_mib=4096)
+    return {
+        "metadata": {"uid": UID, "namespace": "team-a", "name": "burst",
+                     "labels": {names.LABEL_MANAGED: "true"},
+                     "annotations": {**annotations, **alloc.to_annotations()}},
+        "spec": {"nodeName": NODE, "containers": [{"name": "main"}, {"name": "side"}]},
+    }  # fmt: skip
+
+
+BURST = {names.GPU_MEMORY: "4Gi", names.GPU_MEMORY_LIMIT: "8Gi"}
+
+
+def server(
+    where: Path,
+    nvml: SimulatedNvml,
+    pod: dict[str, Any],
+    cap: Capability,
+    ns: Namespaces | None = None,
+) -> NodeServer:
+    (where / "pipe").mkdir(exist_ok=True)
+    limiter = Limiter(lambda: nvml, where / "records", ns)
+    return NodeServer(
+        where / "agent.sock", NODE, PipeDirs(where / "pipe"), lambda req: {"items": [pod]},
+        limiter=limiter, capability=lambda: cap, namespaces=ns,
+        gpu_mounts=(nodeside.Mount(str(where / "sim-gpu"), "/run/gpupack/sim-gpu"),),
+    )  # fmt: skip
+
+
+ASK = {"pod_uid": UID, "namespace": "team-a", "name": "burst", "container": "main", "container_id": "c1"}
+
+
+def line(**fields: Any) -> bytes:
+    return json.dumps({**ASK, **fields}).encode()
+
+
+def start(cgroup: str = LEAF, root: str = ROOT, path: str = LEAF, **more: Any) -> bytes:
+    return line(op="start", pid=4242, cgroups_path=path, cgroup=cgroup, cgroup_root=root, **more)
+
+
+CAN = Capability(True, "", ROOT)
+
+
+def test_a_burstable_containers_limits_are_set_on_its_own_cgroup_and_cleared_on_delete(where: Path) -> None:
+    nvml = gpu(where)
+    uuid = nvml.uuid(0)
+    s = server(where, nvml, the_pod(uuid, {**BURST, names.ISOLATION: "none"}), CAN)
+    created = s.reply(line())
+    assert created.allowed and created.hook  # the handler adds its createRuntime hook
+    assert nodeside.Mount(str(where / "sim-gpu"), "/run/gpupack/sim-gpu") in created.mounts
+    assert s.reply(start()).allowed
+    assert nvml.limits.limited(uuid)[ROOT + LEAF] | {"set_boottime_ns": 0} == {
+        "soft": 4096 * MIB, "hard": 8192 * MIB, "set_boottime_ns": 0,
+    }  # fmt: skip
+    assert s.reply(json.dumps({"op": "delete", "container_id": "c1"}).encode()).allowed
+    assert nvml.limits.limited(uuid) == {} and list((where / "records").iterdir()) == []
+    side = s.reply(line(container="side"))
+    assert side.allowed and not side.hook and side.mounts == ()  # no GPU: no limits, no allocator
+
+
+@pytest.mark.parametrize(
+    ("message", "said"),
+    [
+        (start(cgroup="/kubepods/other"), "is in cgroup '/kubepods/other', not in the leaf"),
+        (start(root=""), "cgroup v1 only"),
+        (start(path="relative"), "names no cgroup this node can place"),
+        (start(root="/sys/fs/cgroup/unified"), "the hook found cgroup v2 at /sys/fs/cgroup/unified"),
+    ],
+)
+def test_a_container_whose_cgroup_cannot_carry_its_limits_is_refused(
+    where: Path, message: bytes, said: str
+) -> None:
+    nvml = gpu(where)
+    s = server(where, nvml, the_pod(nvml.uuid(0), {**BURST, names.ISOLATION: "none"}), CAN)
+    answer = s.reply(message)
+    assert not answer.allowed and said in answer.reason, answer.reason
+    assert nvml.limits.limited(nvml.uuid(0)) == {}
+
+
+def test_a_node_without_the_capability_starts_containers_without_the_hook_but_refuses_a_stray_hook(
+    where: Path,
+) -> None:
+    nvml = gpu(where, driver="550.54.15")
+    cant = Capability(False, "driver 550.54.15 is older than r615")
+    s = server(where, nvml, the_pod(nvml.uuid(0), {**BURST, names.ISOLATION: "none"}), cant)
+    created = s.reply(line())
+    assert created.allowed and not created.hook
+    refused = s.reply(start())
+    assert not refused.allowed and "older than r615" in refused.reason
+
+
+def test_mps_v3_gives_each_container_its_own_namespace_with_both_limits_and_deletes_it(where: Path) -> None:
+    env = dict(
+        os.environ, CUDA_MPS_PIPE_DIRECTORY=str(where / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(where / "log")
+    )
+    subprocess.run([sys.executable, str(STANDIN), "-d", "-m", "-p", "3"], env=env, check=True, timeout=20)
+    try:
+        nvml = gpu(where)
+        ns = Namespaces(str(STANDIN), where / "pipe")
+        s = server(where, nvml, the_pod(nvml.uuid(0), BURST), CAN, ns)
+        created = s.reply(line(container_id="4f" * 32))
+        assert created.allowed, created.reason
+        (mps,) = [m for m in created.mounts if m.destination == names.MPS_PIPE_DIRECTORY]
+        name = "c_" + ("4f" * 32)[:24]
+        assert mps.source == str(where / "pipe" / "gpupack" / name)
+        assert [p.name for p in Path(mps.source).iterdir()] == ["control"]  # the namespace's directory only
+        listed = subprocess.run(
+            [sys.executable, str(STANDIN), "namespace", "list", "--format=csv,noheader"],
+            env=env, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        # thread share of the allocation (100 milli: 10 %), pinned limit = the pod's hard limit
+        assert f"gpupack,{name},8192M,10" in listed.splitlines()
+        assert s.reply(json.dumps({"op": "delete", "container_id": "4f" * 32}).encode()).allowed
+        assert not Path(mps.source).exists() and ns.listed() == []
+    finally:
+        subprocess.run(
+            [sys.executable, str(STANDIN)], input="quit\n", env=env, text=True, timeout=20, check=False
+        )
+
+
+def ask_allocator(sock: Path, *commands: str, prefix: tuple[str, ...] = ()) -> list[str]:
+    argv = [*prefix, sys.executable, str(CLIENT), "--socket", str(sock), *commands]
+    done = subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+    return [ln.split(": ", 1)[1] for ln in done.stdout.splitlines()]
+
+
+def v2_root() -> str:
+    mounts = Path("/proc/self/mountinfo").read_text()
+    return next((ln.split()[4] for ln in mounts.splitlines() if " - cgroup2 " in ln), "")
+
+
+@pytest.mark.skipif(
+    os.geteuid() != 0 or not v2_root(), reason="a cgroup v2 leaf of its own needs root and v2"
+)
+def test_the_allocator_knows_its_caller_by_pid_and_cgroup_and_holds_it_to_the_limit(where: Path) -> None:
+    nvml = gpu(where)
+    uuid = nvml.uuid(0)
+    root = v2_root()
+    nvml.cgroup_root = root
+    leaf = Path(root) / f"gpupack-test-{os.getpid()}"  # the caller's own cgroup, as a container's leaf
+    leaf.mkdir()
+    try:
+        nvml.set_memory_limits(0, str(leaf), 0, 100 * MIB)
+        alloc = Allocator(nvml, where / "a.sock", Path("/proc"), root)
+        alloc.start()
+        try:
+            enter = ("sh", "-c", f'echo $$ > {leaf}/cgroup.procs && exec "$@"', "caller")
+            who, first, second, third = ask_allocator(
+                where / "a.sock",
+                "whoami",
+                f"alloc {uuid} 60",
+                f"alloc {uuid} 40",
+                f"alloc {uuid} 1",
+                prefix=enter,
+            )
+            assert who.split()[3] == str(leaf)
+            assert (first, second) == (f"ok used={60 * MIB}", f"ok used={100 * MIB}")
+            assert third.startswith("refused CUDA_ERROR_OUT_OF_MEMORY: hard limit")
+            assert nvml.memory_limits(0, str(leaf)).current_used_bytes == 0  # freed with its connection
+        finally:
+            alloc.stop()
+    finally:
+        leaf.rmdir()
+
+
+SERVE_IN_OWN_PID_NAMESPACE = """
+import sys, time
+from pathlib import Path
+from agent.nvml.simulated import SimulatedNvml
+from agent.simalloc import Allocator
+nvml = SimulatedNvml(Path(sys.argv[1]), "gpu-1", state_dir=Path(sys.argv[2]), privileged=True)
+nvml.init()
+Allocator(nvml, Path(sys.argv[3]), Path("/proc"), "/sys/fs/cgroup").start()
+time.sleep(30)
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or not shutil.which("unshare"), reason="a pid namespace needs root")
+def test_an_allocator_outside_the_callers_pid_namespace_sees_pid_0_and_enforces_nothing(where: Path) -> None:
+    """What MPS memory accounting does without hostPID (an agent pod in a pid namespace of its own, its
+    callers in the host's or a container's): reproduced, not hidden."""
+    nvml = gpu(where)
+    uuid = nvml.uuid(0)
+    sock = where / "a.sock"
+    argv = ["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c", SERVE_IN_OWN_PID_NAMESPACE,
+            str(nvml.path), str(where / "state"), str(sock)]  # fmt: skip
+    served = subprocess.Popen(argv, cwd=Path(__file__).resolve().parents[2])
+    try:
+        deadline = time.monotonic() + 20
+        while not sock.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        who, big = ask_allocator(sock, "whoami", f"alloc {uuid} 30000")
+        assert who == "pid 0 cgroup -"
+        assert big.startswith("ok used=")  # unlimited: no cgroup to charge it to
+    finally:
+        served.kill()  # --kill-child: the allocator goes with it
+        served.wait(10)
+
+
+def test_the_client_says_when_no_allocator_listens(where: Path) -> None:
+    assert ask_allocator(where / "none.sock", "whoami")[0].startswith("no allocator at")
