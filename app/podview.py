@@ -125,11 +125,18 @@ class GpuAsk(NamedTuple):
     fraction: str | None = None  # gpu-fraction
     memory: str | None = None  # gpu-memory
     memory_limit: str | None = None  # gpupack.io/gpu-memory-limit
+    # KAI-Scheduler's NvFractions annotations as (key, value), sorted by key (app.nvfractions reads them)
+    nv_fractions: tuple[tuple[str, str], ...] = ()
     mig_profile: str | None = None  # mig-profile
     num_devices: str | None = None  # gpu-fraction-num-devices
     container: str | None = None  # gpu-fraction-container-name
     model: str | None = None  # gpu-model
     isolation: str | None = None  # isolation
+
+    @property
+    def nv_container(self) -> str | None:
+        """The container the first per-container NvFractions annotation names (None: none does)."""
+        return next((split[0] for key, _ in self.nv_fractions if (split := nv_key(key))), None)
 
     @property
     def wanted(self) -> bool:
@@ -140,6 +147,9 @@ class GpuAsk(NamedTuple):
             or self.memory is not None
             or self.mig_profile is not None
             or self.memory_limit is not None
+            or any(
+                (split := nv_key(key)) and split[1] != names.KAI_COMPUTE_MODE for key, _ in self.nv_fractions
+            )
         )
 
 
@@ -150,12 +160,27 @@ def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
         fraction=get(names.GPU_FRACTION),
         memory=get(names.GPU_MEMORY),
         memory_limit=get(names.GPU_MEMORY_LIMIT),
+        nv_fractions=tuple(
+            sorted((k, v) for k, v in annotations.items() if k == names.KAI_POD_COMPUTE_MODE or nv_key(k))
+        ),
         mig_profile=get(names.MIG_PROFILE),
         num_devices=get(names.GPU_FRACTION_NUM_DEVICES),
         container=get(names.GPU_FRACTION_CONTAINER_NAME),
         model=get(names.GPU_MODEL),
         isolation=get(names.ISOLATION),
     )
+
+
+_NV_FIELDS: Final = frozenset({names.KAI_MEMORY_REQUEST, names.KAI_MEMORY_LIMIT, names.KAI_COMPUTE_MODE})
+
+
+def nv_key(key: str) -> tuple[str, str] | None:
+    """(container, field) of a per-container NvFractions key (`nvidia.com/container.<c>.<field>`), else None.
+    A container name is a DNS label (no dots), so the first dot after the prefix ends it."""
+    if not key.startswith(names.KAI_CONTAINER_PREFIX):
+        return None
+    container, _, field_ = key[len(names.KAI_CONTAINER_PREFIX) :].partition(".")
+    return (container, field_) if field_ in _NV_FIELDS else None
 
 
 @dataclass(frozen=True)
@@ -233,10 +258,11 @@ class PodView:
 
     @property
     def gpu_container(self) -> str | None:
-        """The name of the container that gets the GPU: the one the annotation names, else the first
-        regular container; None for a pod with neither. (Whether that name exists is a rule's business.)"""
-        if self.ask.container:
-            return self.ask.container
+        """The name of the container that gets the GPU: the one gpu-fraction-container-name or else an
+        NvFractions annotation names, else the first regular container; None for a pod with neither.
+        (Whether that name exists is a rule's business.)"""
+        if self.ask.container or self.ask.nv_container:
+            return self.ask.container or self.ask.nv_container
         return next((c.name for c in self.containers if c.kind is Kind.REGULAR), None)
 
     def with_takeover(self, annotations: Mapping[str, str], container: ContainerView) -> PodView:

@@ -382,7 +382,7 @@ def test_a_memory_request_with_a_limit_is_burstable_and_placed_by_its_request() 
     assert (req.memory_mib, req.memory_limit_mib, req.count) == (4096, 8192, 2)
     # Placement and quota count the request; the limit is only the node's hard cap.
     assert req.resource == (names.RESOURCE_GPU_MEMORY_MIB, 8192)
-    assert req.demand() == Demand(count=2, memory_mib=4096)
+    assert req.demand() == Demand(count=2, memory_mib=4096, memory_limit_mib=8192)
 
 
 def test_a_limit_equal_to_the_request_and_one_for_a_fraction_are_accepted() -> None:
