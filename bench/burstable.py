@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import json
 import multiprocessing
+import os
 import platform
 import statistics
 import subprocess
@@ -170,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"burstable: --traces={t!r}: no openb_pod_list_{t}.csv in {traces_dir}", file=sys.stderr)
             return 2
     jobs = [(str(traces_dir), t, r, s, args.inflate) for t in traces for r in ratios for s in seeds]
+    loadavg_at_start = [round(x, 1) for x in os.getloadavg()]
     started = time.perf_counter()
     rows: list[dict[str, Any]] = []
     workers = max(1, min(args.workers, MAX_WORKERS))
@@ -219,6 +221,8 @@ def main(argv: list[str] | None = None) -> int:
             "gpupack_commit": _git_commit(),
         },
         "wall_seconds": round(time.perf_counter() - started, 1),
+        "loadavg_at_start": loadavg_at_start,
+        "loadavg_at_end": [round(x, 1) for x in os.getloadavg()],
         "results": ours,
     }
     out = Path(args.out)

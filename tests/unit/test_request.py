@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+import yaml
 
-from app import names, request
+from app import names, podview, request
 from app.errors import RequestError
 from app.model import Demand
 from app.podview import ContainerView, Kind, PodView, ask_of
@@ -495,3 +497,9 @@ def test_limit_rules(annotations: dict[str, str], expected: list[str]) -> None:
 def test_a_limit_alone_asks_for_a_share_so_its_missing_request_is_refused() -> None:
     assert ask_of({LIMIT: "8Gi"}).wanted
     assert ask_of({LIMIT: "8Gi"}).memory_limit == "8Gi"
+
+
+def test_the_burstable_example_is_a_4gi_request_with_an_8gi_limit() -> None:
+    doc = yaml.safe_load((Path(__file__).parents[2] / "deploy/examples/burstable-pod.yaml").read_text())
+    req = request.parse(podview.read(doc))
+    assert isinstance(req, GpuRequest) and (req.memory_mib, req.memory_limit_mib) == (4096, 8192)
