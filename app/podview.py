@@ -140,8 +140,9 @@ class GpuAsk(NamedTuple):
 
     @property
     def wanted(self) -> bool:
-        """The pod asks gpupack for a GPU share (the webhook's matchConditions say the same); a limit
-        alone counts, so that its missing request is refused rather than the limit silently ignored."""
+        """The pod asks gpupack for a GPU share (the webhook's matchConditions say the same): a request, a
+        limit alone (so that its missing request is refused rather than the limit silently ignored), or a
+        KAI NvFractions memory request or limit (a compute mode alone asks for nothing)."""
         return (
             self.fraction is not None
             or self.memory is not None
