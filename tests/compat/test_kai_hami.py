@@ -234,7 +234,7 @@ def test_kai_pod_is_admitted_scheduled_and_given_its_gpu(  # noqa: PLR0917 (fixt
         assert env.get(names.ENV_MEMORY_HARD_LIMIT_MIB) == (
             None if alloc.hard_limit_mib is None else str(alloc.hard_limit_mib)
         )
-        assert env[names.ENV_MPS_MEMORY_LIMIT] == f"0={alloc.cap_mib}M"
+        assert env[names.ENV_MPS_MEMORY_LIMIT] == ",".join(f"{i}={alloc.cap_mib}M" for i in range(devices))
         assert env[names.ENV_MPS_PIPE_DIRECTORY] == pipe_dir
         assert (
             env[names.ENV_MPS_THREAD_PERCENTAGE]
