@@ -70,6 +70,7 @@ def run_job(job: Job) -> dict[str, Any]:
         "gpus_in_use": r.gpus_in_use,
         "requested_pct": r.requested_pct,
         "limits_pct": r.limits_pct,
+        "host_cpu_pct": r.host_cpu_pct,
         "overcommitted_gpus_pct": r.overcommitted_pct,
         "exposed_pods_pct": r.exposed_pct,
         "over_soft_pct": r.over_soft_pct,
@@ -83,6 +84,7 @@ KEYS = (
     "placed_shared",
     "requested_pct",
     "limits_pct",
+    "host_cpu_pct",
     "overcommitted_gpus_pct",
     "exposed_pods_pct",
     "over_soft_pct",
@@ -118,7 +120,7 @@ def summarise(rows: list[dict[str, Any]]) -> dict[str, dict[str, dict[str, Any]]
 def format_table(ours: dict[str, Any]) -> str:
     head = (
         f"{'trace':<12}{'ratio':>6}{'GPU pods':>10}{'more':>8}{'shared':>8}{'req %':>7}{'lim %':>7}"
-        f"{'GPUs oc %':>10}{'exposed %':>10}{'over-soft %':>12}{'evict %':>9}"
+        f"{'CPU %':>7}{'GPUs oc %':>10}{'exposed %':>10}{'over-soft %':>12}{'evict %':>9}"
     )
     lines = [
         "means over seeds; % of GPU capacity, of GPUs in use or of shared pods placed (see the docstring)",
@@ -129,7 +131,7 @@ def format_table(ours: dict[str, Any]) -> str:
             more = f"{e['more_gpu_pods_pct']:+.1f}%" if "more_gpu_pods_pct" in e else "-"
             lines.append(
                 f"{trace:<12}{ratio:>6}{e['placed_gpu']:>10.0f}{more:>8}{e['placed_shared']:>8.0f}"
-                f"{e['requested_pct']:>7.1f}{e['limits_pct']:>7.1f}{e['overcommitted_gpus_pct']:>10.1f}"
+                f"{e['requested_pct']:>7.1f}{e['limits_pct']:>7.1f}{e['host_cpu_pct']:>7.1f}{e['overcommitted_gpus_pct']:>10.1f}"
                 f"{e['exposed_pods_pct']:>10.1f}{e['over_soft_pct']:>12.1f}{e['evictions_if_all_burst_pct']:>9.1f}"
             )
     return "\n".join(lines)
@@ -206,6 +208,7 @@ def main(argv: list[str] | None = None) -> int:
             "of its memory",
             "definitions": {
                 "more_gpu_pods_pct": "GPU pods placed vs ratio 1 on the same seed",
+                "host_cpu_pct": "host CPU requested by the pods placed, % of the nodes' CPU",
                 "overcommitted_gpus_pct": "GPUs in use whose pods' limits sum above the GPU",
                 "exposed_pods_pct": "shared pods on such GPUs (eviction candidates when they use more than "
                 "their request and neighbours claim theirs)",

@@ -15,6 +15,8 @@ its memory (the trace has no memory column; a fraction reserves the same share o
   requests while they use more than theirs;
 - **over-soft demand**: if every pod used its whole limit at once, the memory above the GPUs' sizes
   (summed over GPUs, in % of the memory of the GPUs in use): what MPS would have to reclaim;
+- **host CPU**: requested by the pods placed, in % of the nodes' CPU: smaller GPU requests let more pods in
+  until the nodes' CPU, not their GPUs, is what is full;
 - **evictions if all burst**: the fewest pods to evict, GPU by GPU (largest limits first), so that the
   limits of the pods left fit, in % of the shared pods placed. An upper bound on one moment; pods rarely
   peak together.
@@ -47,6 +49,7 @@ class BurstResult:
     gpus_in_use: int
     requested_pct: float  # requests placed, in % of all GPU capacity
     limits_pct: float  # limits of the pods placed, in % of all GPU capacity
+    host_cpu_pct: float  # host CPU requested by the pods placed, in % of the nodes' CPU (the other bound)
     overcommitted_gpus: int
     exposed_pods: int
     over_soft_pct: float
@@ -126,6 +129,8 @@ def burst(
             excess -= limit
             evicted.add(uid)
     in_use = len(per_gpu)
+    cpu = sum(n.cpu_milli_free or 0 for n in nodes)
+    cpu_left = sum(n.cpu_milli_free or 0 for n in sim.cluster.nodes)
     return BurstResult(
         ratio=ratio,
         seed=seed,
@@ -137,6 +142,7 @@ def burst(
         gpus_in_use=in_use,
         requested_pct=100.0 * requested / capacity,
         limits_pct=100.0 * limited / capacity,
+        host_cpu_pct=_pct(cpu - cpu_left, cpu),
         overcommitted_gpus=overcommitted,
         exposed_pods=len(exposed),
         over_soft_pct=_pct(over, in_use * MILLI_PER_GPU),

@@ -35,6 +35,7 @@ def test_three_pods_at_half_their_limit_share_one_gpu_and_its_exposure_is_counte
     assert (full.overcommitted_gpus, full.exposed_pods, full.evictions_if_all_burst) == (0, 0, 0)
     assert (half.arrived, half.placed, half.placed_shared) == (3, 3, 3)
     assert (half.requested_pct, half.limits_pct) == (90.0, 180.0)
+    assert half.host_cpu_pct == 0.0  # the pods ask no host CPU
     assert (half.overcommitted_gpus, half.overcommitted_pct, half.exposed_pct) == (1, 100.0, 100.0)
     assert half.over_soft_pct == 80.0  # 1800 milli of limits on a 1000-milli GPU
     assert half.evictions_if_all_burst == 2  # two 600s must go for the last one's limit to fit
