@@ -22,6 +22,8 @@ FROM_ANNOTATION: Mapping[str, str] = {
     names.ENV_MPS_MEMORY_LIMIT: names.ALLOC_MPS_MEMORY_LIMIT,
     names.ENV_MEMORY_LIMIT_MIB: names.ALLOC_MEMORY_LIMIT_MIB,
 }
+# Set on a burstable pod's GPU container only, so checked only when present (like the MPS ones).
+BURSTABLE: Mapping[str, str] = {names.ENV_MEMORY_HARD_LIMIT_MIB: names.ALLOC_MEMORY_HARD_LIMIT_MIB}
 # Always set on the GPU container; the MPS ones are absent with isolation none, so checked only when present.
 REQUIRED = (names.ENV_NVIDIA_VISIBLE_DEVICES, names.ENV_CUDA_VISIBLE_DEVICES)
 
@@ -48,12 +50,12 @@ def mismatches(pod: PodInfo, container: str, env: Mapping[str, str]) -> tuple[st
         return ()
     want = pod.allocation.to_annotations()
     out = []
-    for var, annotation in FROM_ANNOTATION.items():
+    for var, annotation in {**FROM_ANNOTATION, **BURSTABLE}.items():
         if var not in env and var not in REQUIRED:
             continue
         have = env.get(var, "")
-        if have != want[annotation]:
-            out.append(_differs(var, have, want[annotation]))
+        if have != want.get(annotation, ""):
+            out.append(_differs(var, have, want.get(annotation, "")))
     return tuple(out)
 
 

@@ -271,6 +271,11 @@ class Agent:
             put(m.GPU_UTILIZATION_RATIO, lab, util)
             put(m.GPU_PROCESSES, (*lab, "pod"), len(g.processes) - foreign)
             put(m.GPU_PROCESSES, (*lab, "foreign"), foreign)
+            put(
+                m.GPU_MEMORY_BORROWED_MIB,
+                lab,
+                sum(u.borrowed_mib for u in verdict.usage if u.gpu_uuid == g.uuid),
+            )
         for u in verdict.usage:
             pod_lab = (u.pod.namespace, u.pod.name, str(u.gpu_index))
             put(m.POD_MEMORY_USED_MIB, pod_lab, u.used_mib)

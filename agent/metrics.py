@@ -54,6 +54,11 @@ GPU_HEALTHY = gauge("gpupack_agent_gpu_healthy", "1 if the GPU is healthy, else 
 GPU_PROCESSES = gauge(
     "gpupack_agent_gpu_processes", "Compute processes on the GPU, by owner (pod or foreign).", *_GPU, "owner"
 )
+GPU_MEMORY_BORROWED_MIB = gauge(
+    "gpupack_agent_gpu_memory_borrowed_mib",
+    "GPU memory gpupack pods use above their requests (burstable pods up to their limits), summed per GPU.",
+    *_GPU,
+)
 POD_MEMORY_USED_MIB = gauge(
     "gpupack_agent_pod_memory_used_mib", "GPU memory used by a gpupack pod's processes.", *_POD
 )
@@ -86,6 +91,7 @@ ENV_CHECKS = counter(
 
 COLLECTORS = (
     GPU_MEMORY_USED_MIB, GPU_MEMORY_TOTAL_MIB, GPU_UTILIZATION_RATIO, GPU_HEALTHY, GPU_PROCESSES,
+    GPU_MEMORY_BORROWED_MIB,
     POD_MEMORY_USED_MIB, POD_MEMORY_LIMIT_MIB, HEARTBEAT_AGE_SECONDS, MPS_UP, NVML_ERRORS, WRITES, VIOLATIONS,
     ENV_CHECKS,
 )  # fmt: skip

@@ -21,7 +21,7 @@ COMPONENT = "gpupack-agent"
 
 class Kind(StrEnum):
     WRONG_GPU = "wrong_gpu"  # a process of the pod runs on a GPU outside its allocation
-    OVER_MEMORY = "over_memory"  # the pod's processes on one GPU use more than memory-limit-mib
+    OVER_MEMORY = "over_memory"  # the pod's processes on one GPU use more than its cap (Allocation.cap_mib)
     WRONG_CONTAINER = "wrong_container"  # a container other than the GPU container uses a GPU
     NO_ALLOCATION = "no_allocation"  # a gpupack pod uses a GPU but has no (valid) allocation
     WRONG_ENV = (
@@ -48,6 +48,11 @@ class PodUsage:
     used_mib: int
     limit_mib: int | None  # None: the pod has no allocation on this GPU
     pids: tuple[int, ...]
+
+    @property
+    def borrowed_mib(self) -> int:
+        """Memory used above the pod's request (its allocation) on this GPU: what a burstable pod borrows."""
+        return 0 if self.limit_mib is None else max(0, self.used_mib - self.limit_mib)
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,11 +179,12 @@ def _check(
                 pids,
             )
         )
-    elif used > alloc.memory_mib:
+    elif used > alloc.cap_mib:  # a burstable pod may use up to its hard cap
+        what = "limit" if alloc.hard_limit_mib is None else f"hard limit (request {alloc.memory_mib} MiB)"
         out.append(
             (
                 Kind.OVER_MEMORY,
-                f"processes {_pids(pids)} use {used} MiB on {where}, over the {alloc.memory_mib} MiB limit",
+                f"processes {_pids(pids)} use {used} MiB on {where}, over the {alloc.cap_mib} MiB {what}",
                 pids,
             )
         )

@@ -45,6 +45,9 @@ class Demand:
     mig_profile: str = ""
     timeslice: bool = False  # the pod asked for `isolation: none` explicitly: not on EXCLUSIVE_PROCESS GPUs
     memory_enforcement: MemoryEnforcement = MemoryEnforcement.NONE  # the least a GPU must enforce
+    # Burstable: the most memory the pod may use on each GPU (gpu-memory-limit). Placement never reads it
+    # (it counts the request); the allocation records it as the pod's hard cap.
+    memory_limit_mib: int | None = None
 
     def on(self, gpu_memory_mib: int) -> tuple[int, int]:
         """(milli, MiB) this demand takes on one GPU that has `gpu_memory_mib` in total."""
@@ -60,6 +63,14 @@ class Demand:
                 return MILLI_PER_GPU + 1, self.memory_mib
             return -(-self.memory_mib * MILLI_PER_GPU // gpu_memory_mib), self.memory_mib
         return 0, 0
+
+    def hard_limit_on(self, gpu_memories: Iterable[int]) -> int | None:
+        """The burstable cap on GPUs of these sizes (None: not burstable): the limit, but never above a GPU's
+        memory nor below the request on it (a fraction's request grows with the GPU); the least of them."""
+        if self.memory_limit_mib is None:
+            return None
+        limit = self.memory_limit_mib
+        return min(max(self.on(mem)[1], min(limit, mem)) for mem in gpu_memories)
 
     def accepts(self, model: str) -> bool:
         return not self.models or model in self.models
@@ -218,7 +229,8 @@ class Allocation:
     gpu_indexes: tuple[int, ...]
     gpu_uuids: tuple[str, ...]
     milli: int  # per device
-    memory_mib: int  # per device
+    memory_mib: int  # per device: the reservation (a burstable pod's request)
+    hard_limit_mib: int | None = None  # per device, a burstable pod's cap above `memory_mib`; None: the same
 
     @property
     def thread_percentage(self) -> int:
@@ -233,10 +245,20 @@ class Allocation:
             names.ALLOC_GPU_MILLI: str(self.milli),
             names.ALLOC_MEMORY_LIMIT_MIB: str(self.memory_mib),
             names.ALLOC_THREAD_PERCENTAGE: str(self.thread_percentage),
+            # The legacy MPS pinned limit is the hard cap: what the pod may use, not what it reserved.
             names.ALLOC_MPS_MEMORY_LIMIT: ",".join(
-                f"{i}={self.memory_mib}M" for i in range(len(self.gpu_indexes))
+                f"{i}={self.cap_mib}M" for i in range(len(self.gpu_indexes))
             ),
-        }
+        } | (
+            {}
+            if self.hard_limit_mib is None
+            else {names.ALLOC_MEMORY_HARD_LIMIT_MIB: str(self.hard_limit_mib)}
+        )
+
+    @property
+    def cap_mib(self) -> int:
+        """The most memory the pod may use on each GPU of the allocation."""
+        return self.memory_mib if self.hard_limit_mib is None else self.hard_limit_mib
 
     @classmethod
     def from_annotations(cls, annotations: Mapping[str, str]) -> Allocation | None:
@@ -255,6 +277,9 @@ class Allocation:
             gpu_uuids=uuids,
             milli=int(annotations[names.ALLOC_GPU_MILLI]),
             memory_mib=int(annotations[names.ALLOC_MEMORY_LIMIT_MIB]),
+            hard_limit_mib=int(hard)
+            if (hard := annotations.get(names.ALLOC_MEMORY_HARD_LIMIT_MIB))
+            else None,
         )
 
 
@@ -277,6 +302,13 @@ def _allocation_errors(annotations: Mapping[str, str]) -> Iterable[RequestError]
         raw = annotations.get(key, "")
         if not (raw.isascii() and raw.isdigit() and lo <= int(raw) <= hi):
             yield RequestError(key, raw, f"must be an integer in [{lo}, {hi}]")
+    hard = annotations.get(names.ALLOC_MEMORY_HARD_LIMIT_MIB)
+    reserved = annotations.get(names.ALLOC_MEMORY_LIMIT_MIB, "")
+    if hard is not None and not (
+        hard.isascii() and hard.isdigit() and reserved.isdigit() and int(reserved) <= int(hard) <= 1 << 40
+    ):
+        rule = f"must be an integer in [{names.ALLOC_MEMORY_LIMIT_MIB}, {1 << 40}]"
+        yield RequestError(names.ALLOC_MEMORY_HARD_LIMIT_MIB, hard, rule)
 
 
 @dataclass(slots=True)

@@ -18,6 +18,14 @@ ISOLATION: Final = f"{DOMAIN}/isolation"
 MEMORY_ENFORCEMENT: Final = f"{DOMAIN}/memory-enforcement"
 MIG_PROFILE: Final = f"{DOMAIN}/mig-profile"  # a whole MIG device of this profile (e.g. "1g.10gb")
 MOVABLE: Final = f"{DOMAIN}/movable"  # "false": `gpupack repack` never evicts the pod
+# KAI-Scheduler's NvFractions names (app.nvfractions reads them as gpupack's request; never written):
+# nvidia.com/container.<container>.gpu-memory.request|limit and the compute mode, which KAI's docs spell
+# two ways: per container (the gpu-sharing operator) and per pod (KAI's own docs).
+KAI_CONTAINER_PREFIX: Final = "nvidia.com/container."
+KAI_MEMORY_REQUEST: Final = "gpu-memory.request"  # after "<prefix><container>."
+KAI_MEMORY_LIMIT: Final = "gpu-memory.limit"
+KAI_COMPUTE_MODE: Final = "gpu-compute.mode"
+KAI_POD_COMPUTE_MODE: Final = "kai.scheduler/gpu-compute-sharing-mode"
 
 # --- the allocation, written by the extender at bind: the single source of truth ---
 ALLOC_NODE: Final = f"{DOMAIN}/node"
@@ -27,6 +35,7 @@ ALLOC_GPU_MILLI: Final = f"{DOMAIN}/gpu-milli"
 ALLOC_MEMORY_LIMIT_MIB: Final = f"{DOMAIN}/memory-limit-mib"
 ALLOC_THREAD_PERCENTAGE: Final = f"{DOMAIN}/thread-percentage"
 ALLOC_MPS_MEMORY_LIMIT: Final = f"{DOMAIN}/mps-memory-limit"
+ALLOC_MEMORY_HARD_LIMIT_MIB: Final = f"{DOMAIN}/memory-hard-limit-mib"  # burstable pods only: the cap per GPU
 ALLOCATION_ANNOTATIONS: Final = (
     ALLOC_NODE,
     ALLOC_GPU_UUIDS,
@@ -35,6 +44,7 @@ ALLOCATION_ANNOTATIONS: Final = (
     ALLOC_MEMORY_LIMIT_MIB,
     ALLOC_THREAD_PERCENTAGE,
     ALLOC_MPS_MEMORY_LIMIT,
+    ALLOC_MEMORY_HARD_LIMIT_MIB,
 )
 
 # --- labels ---
@@ -65,6 +75,7 @@ ENV_MPS_THREAD_PERCENTAGE: Final = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
 ENV_MPS_MEMORY_LIMIT: Final = "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"
 ENV_MPS_PIPE_DIRECTORY: Final = "CUDA_MPS_PIPE_DIRECTORY"
 ENV_MEMORY_LIMIT_MIB: Final = "GPUPACK_MEMORY_LIMIT_MIB"
+ENV_MEMORY_HARD_LIMIT_MIB: Final = "GPUPACK_MEMORY_HARD_LIMIT_MIB"  # burstable pods only
 MPS_PIPE_DIRECTORY: Final = "/tmp/nvidia-mps"  # path inside the container and default host dir
 
 # --- the GPUNode custom resource ---

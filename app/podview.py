@@ -125,6 +125,8 @@ class GpuAsk(NamedTuple):
     fraction: str | None = None  # gpu-fraction
     memory: str | None = None  # gpu-memory
     memory_limit: str | None = None  # gpupack.io/gpu-memory-limit
+    # KAI-Scheduler's NvFractions annotations as (key, value), sorted by key (app.nvfractions reads them)
+    nv_fractions: tuple[tuple[str, str], ...] = ()
     mig_profile: str | None = None  # mig-profile
     num_devices: str | None = None  # gpu-fraction-num-devices
     container: str | None = None  # gpu-fraction-container-name
@@ -133,14 +135,23 @@ class GpuAsk(NamedTuple):
     memory_enforcement: str | None = None  # memory-enforcement
 
     @property
+    def nv_container(self) -> str | None:
+        """The container the first per-container NvFractions annotation names (None: none does)."""
+        return next((split[0] for key, _ in self.nv_fractions if (split := nv_key(key))), None)
+
+    @property
     def wanted(self) -> bool:
-        """The pod asks gpupack for a GPU share (the webhook's matchConditions say the same); a limit
-        alone counts, so that its missing request is refused rather than the limit silently ignored."""
+        """The pod asks gpupack for a GPU share (the webhook's matchConditions say the same): a request, a
+        limit alone (so that its missing request is refused rather than the limit silently ignored), or a
+        KAI NvFractions memory request or limit (a compute mode alone asks for nothing)."""
         return (
             self.fraction is not None
             or self.memory is not None
             or self.mig_profile is not None
             or self.memory_limit is not None
+            or any(
+                (split := nv_key(key)) and split[1] != names.KAI_COMPUTE_MODE for key, _ in self.nv_fractions
+            )
         )
 
 
@@ -151,6 +162,9 @@ def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
         fraction=get(names.GPU_FRACTION),
         memory=get(names.GPU_MEMORY),
         memory_limit=get(names.GPU_MEMORY_LIMIT),
+        nv_fractions=tuple(
+            sorted((k, v) for k, v in annotations.items() if k == names.KAI_POD_COMPUTE_MODE or nv_key(k))
+        ),
         mig_profile=get(names.MIG_PROFILE),
         num_devices=get(names.GPU_FRACTION_NUM_DEVICES),
         container=get(names.GPU_FRACTION_CONTAINER_NAME),
@@ -158,6 +172,18 @@ def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
         isolation=get(names.ISOLATION),
         memory_enforcement=get(names.MEMORY_ENFORCEMENT),
     )
+
+
+_NV_FIELDS: Final = frozenset({names.KAI_MEMORY_REQUEST, names.KAI_MEMORY_LIMIT, names.KAI_COMPUTE_MODE})
+
+
+def nv_key(key: str) -> tuple[str, str] | None:
+    """(container, field) of a per-container NvFractions key (`nvidia.com/container.<c>.<field>`), else None.
+    A container name is a DNS label (no dots), so the first dot after the prefix ends it."""
+    if not key.startswith(names.KAI_CONTAINER_PREFIX):
+        return None
+    container, _, field_ = key[len(names.KAI_CONTAINER_PREFIX) :].partition(".")
+    return (container, field_) if field_ in _NV_FIELDS else None
 
 
 @dataclass(frozen=True)
@@ -235,10 +261,11 @@ class PodView:
 
     @property
     def gpu_container(self) -> str | None:
-        """The name of the container that gets the GPU: the one the annotation names, else the first
-        regular container; None for a pod with neither. (Whether that name exists is a rule's business.)"""
-        if self.ask.container:
-            return self.ask.container
+        """The name of the container that gets the GPU: the one gpu-fraction-container-name or else an
+        NvFractions annotation names, else the first regular container; None for a pod with neither.
+        (Whether that name exists is a rule's business.)"""
+        if self.ask.container or self.ask.nv_container:
+            return self.ask.container or self.ask.nv_container
         return next((c.name for c in self.containers if c.kind is Kind.REGULAR), None)
 
     def with_takeover(self, annotations: Mapping[str, str], container: ContainerView) -> PodView:

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Final, TypeVar
 
-from app import catalog, names, units
+from app import catalog, names, nvfractions, units
 from app.errors import RequestError
 from app.isolation import MemoryEnforcement, memory_levels
 from app.model import MILLI_PER_GPU, Demand
@@ -73,6 +73,7 @@ class GpuRequest:
             mig_profile=self.mig_profile,
             timeslice=self.isolation_explicit and self.isolation is Isolation.NONE,
             memory_enforcement=self.memory_enforcement,
+            memory_limit_mib=self.memory_limit_mib,
         )
 
 
@@ -198,20 +199,35 @@ class _Reading:
     memory: units.Memory | RequestError | None
     limit: units.Memory | RequestError | None
     count: int | RequestError | None
+    nv: nvfractions.NvAsk
+    # Where the memory request and limit were written: gpupack's names, or KAI's NvFractions ones.
+    memory_at: tuple[str, str | None] = (names.GPU_MEMORY, None)  # (key, raw)
+    limit_at: tuple[str, str | None] = (names.GPU_MEMORY_LIMIT, None)
 
     @classmethod
     def of(cls, pod: PodView) -> _Reading:
         ask = pod.ask
+        nv = nvfractions.read(ask.nv_fractions)
+        memory_at: tuple[str, str | None] = (names.GPU_MEMORY, ask.memory)
+        limit_at: tuple[str, str | None] = (names.GPU_MEMORY_LIMIT, ask.memory_limit)
+        parser = units.memory_mib
+        # KAI's names: quantities of bytes; a limit alone is also the request, parsed (and reported) once.
+        if nv.memory is not None:
+            memory_at, parser = nv.memory, units.quantity_mib
+            limit_at = nv.limit if nv.request is not None and nv.limit is not None else (limit_at[0], None)
         return cls(
             pod,
             milli=_parsed(names.GPU_FRACTION, ask.fraction, units.fraction_milli),
-            memory=_parsed(names.GPU_MEMORY, ask.memory, units.memory_mib),
-            limit=_parsed(names.GPU_MEMORY_LIMIT, ask.memory_limit, units.memory_mib),
+            memory=_parsed(*memory_at, parser),
+            limit=_parsed(*limit_at, parser),
             count=_parsed(
                 names.GPU_FRACTION_NUM_DEVICES,
                 ask.num_devices,
                 lambda raw: units.positive_int(raw, MAX_DEVICES),
             ),
+            nv=nv,
+            memory_at=memory_at,
+            limit_at=limit_at,
         )
 
 
@@ -220,6 +236,8 @@ class _Reading:
 
 def _one_of_fraction_or_memory(r: _Reading) -> Iterable[RequestError]:
     fraction, memory, profile = r.pod.ask.fraction, r.pod.ask.memory, r.pod.ask.mig_profile
+    if r.nv.memory is not None:
+        return  # KAI's names ask for memory; _nv_fractions refuses gpupack's request names beside them
     if profile is not None and (fraction is not None or memory is not None):
         other = names.GPU_FRACTION if fraction is not None else names.GPU_MEMORY
         yield RequestError(
@@ -248,7 +266,7 @@ def _no_whole_gpus(r: _Reading) -> Iterable[RequestError]:
             (k, v)
             for k, v in (
                 (names.GPU_FRACTION, ask.fraction),
-                (names.GPU_MEMORY, ask.memory),
+                r.memory_at,
                 (names.MIG_PROFILE, ask.mig_profile),
             )
             if v is not None
@@ -379,7 +397,7 @@ def _mig_profile_value(r: _Reading) -> Iterable[RequestError]:
 
 
 def _memory_fits_a_gpu(r: _Reading) -> Iterable[RequestError]:
-    raw = r.pod.ask.memory
+    key, raw = r.memory_at
     if raw is None or not isinstance(r.memory, units.Memory):
         return  # absent, or already reported by _memory_value
     mib = r.memory.mib
@@ -389,7 +407,7 @@ def _memory_fits_a_gpu(r: _Reading) -> Iterable[RequestError]:
         )
         if mib > profile.memory_mib:
             yield RequestError(
-                names.GPU_MEMORY,
+                key,
                 raw,
                 f"is {mib} MiB, more than any MIG device gpupack knows "
                 f"({profile.name} has {profile.memory_mib} MiB)",
@@ -398,9 +416,7 @@ def _memory_fits_a_gpu(r: _Reading) -> Iterable[RequestError]:
     largest, scope = _largest_gpu(r.pod.ask.model)
     if mib > largest.memory_mib:
         yield RequestError(
-            names.GPU_MEMORY,
-            raw,
-            f"is {mib} MiB, more than any GPU{scope} ({largest.name} has {largest.memory_mib} MiB)",
+            key, raw, f"is {mib} MiB, more than any GPU{scope} ({largest.name} has {largest.memory_mib} MiB)"
         )
 
 
@@ -414,25 +430,23 @@ def _memory_limit(r: _Reading) -> Iterable[RequestError]:
         return
     if limit is None:
         return
-    raw, mib = ask.memory_limit, limit.mib
+    (key, raw), mib = r.limit_at, limit.mib
     if ask.mig_profile is not None or ask.isolation == Isolation.MIG:
         yield RequestError(
-            names.GPU_MEMORY_LIMIT,
-            raw,
-            "must not be set with MIG: a MIG device's memory is fixed and cannot be borrowed above",
+            key, raw, "must not be set with MIG: a MIG device's memory is fixed and cannot be borrowed above"
         )
         return
     largest, scope = _largest_gpu(ask.model)
     if mib > largest.memory_mib:
         rule = f"is {mib} MiB, more than any GPU{scope} ({largest.name} has {largest.memory_mib} MiB)"
-        yield RequestError(names.GPU_MEMORY_LIMIT, raw, rule)
+        yield RequestError(key, raw, rule)
     if isinstance(r.memory, units.Memory) and mib < r.memory.mib:
-        rule = f"is {mib} MiB, less than {names.GPU_MEMORY} ({r.memory.mib} MiB): the limit must be at least "
+        rule = f"is {mib} MiB, less than {r.memory_at[0]} ({r.memory.mib} MiB): the limit must be at least "
         rule += "the request"
-        yield RequestError(names.GPU_MEMORY_LIMIT, raw, rule)
+        yield RequestError(key, raw, rule)
     elif isinstance(r.milli, int) and mib < (share := r.milli * largest.memory_mib // MILLI_PER_GPU):
         yield RequestError(
-            names.GPU_MEMORY_LIMIT,
+            key,
             raw,
             f"is {mib} MiB, less than {names.GPU_FRACTION}={ask.fraction} of {largest.name} ({share} MiB), "
             f"the largest GPU{scope}: the limit must be at least the request on every GPU the pod may "
@@ -440,8 +454,42 @@ def _memory_limit(r: _Reading) -> Iterable[RequestError]:
         )
 
 
+def _nv_fractions(r: _Reading) -> Iterable[RequestError]:
+    """KAI's NvFractions names: one container, which the pod has; not beside gpupack's own request names
+    (both would say how much, and a silent winner would ignore what the user wrote); sm-sharing needs MPS."""
+    nv, ask = r.nv, r.pod.ask
+    yield from nv.errors
+    every = tuple(c.name for c in r.pod.containers)
+    key, value = next(((k, v) for k, v in ask.nv_fractions if k != names.KAI_POD_COMPUTE_MODE), ("", ""))
+    if nv.container is not None and nv.container not in every:
+        rule = (
+            f"names container {nv.container!r}, which the pod does not have ({', '.join(map(repr, every))})"
+        )
+        yield RequestError(key, value, rule)
+    if nv.container is not None and ask.container is not None and ask.container != nv.container:
+        rule = f"must name the container {key} names ({nv.container!r}), or be left out"
+        yield RequestError(names.GPU_FRACTION_CONTAINER_NAME, ask.container, rule)
+    if nv.memory is not None:
+        for other, raw in (
+            (names.GPU_FRACTION, ask.fraction),
+            (names.GPU_MEMORY, ask.memory),
+            (names.GPU_MEMORY_LIMIT, ask.memory_limit),
+            (names.MIG_PROFILE, ask.mig_profile),
+        ):
+            if raw is not None:
+                rule = (
+                    f"must not be set together with {other}: both ask for the GPU share; use one of the two"
+                )
+                yield RequestError(nv.memory[0], nv.memory[1], rule)
+    if _sm_sharing(nv) and ask.isolation not in (None, Isolation.MPS):
+        assert nv.mode is not None
+        rule = f"needs MPS (SMs shared at once by MPS clients), but {names.ISOLATION} is {ask.isolation!r}"
+        yield RequestError(nv.mode[0], nv.mode[1], rule)
+
+
 RULES: Final[tuple[Callable[[_Reading], Iterable[RequestError]], ...]] = (
     _one_of_fraction_or_memory,
+    _nv_fractions,
     _no_whole_gpus,
     _fraction_value,
     _memory_value,
@@ -489,6 +537,10 @@ def _largest_gpu(raw_models: str | None) -> tuple[catalog.GpuModel, str]:
     return max(table.values(), key=lambda g: g.memory_mib), " gpupack knows"
 
 
+def _sm_sharing(nv: nvfractions.NvAsk) -> bool:
+    return nv.mode is not None and nv.mode[1] == nvfractions.ComputeMode.SM_SHARING
+
+
 def _build(r: _Reading) -> GpuRequest:
     """The request, from a pod that passed every rule (so every parsed value is a value)."""
     ask = r.pod.ask
@@ -496,10 +548,7 @@ def _build(r: _Reading) -> GpuRequest:
     assert not isinstance(r.count, RequestError) and r.pod.gpu_container is not None
     assert not isinstance(r.limit, RequestError)
     warnings: list[str] = []
-    for key, raw, memory in (
-        (names.GPU_MEMORY, ask.memory, r.memory),
-        (names.GPU_MEMORY_LIMIT, ask.memory_limit, r.limit),
-    ):
+    for (key, raw), memory in ((r.memory_at, r.memory), (r.limit_at, r.limit)):
         if memory is not None and memory.rounded_from is not None:
             warnings.append(f"{key}={raw!r} is {memory.rounded_from} MiB; rounded up to {memory.mib} MiB")
     for model in ask.model.split("|") if ask.model else ():
@@ -514,7 +563,9 @@ def _build(r: _Reading) -> GpuRequest:
         models=gpu_models(ask.model),
         memory_limit_mib=None if r.limit is None else r.limit.mib,
         isolation=Isolation.MIG if ask.mig_profile else Isolation(ask.isolation or Isolation.MPS),
-        isolation_explicit=ask.isolation is not None,
+        # KAI's sm-sharing runs SMs at once through MPS, so it requires MPS like an explicit isolation: mps;
+        # time-slicing asks for nothing more than gpupack's default.
+        isolation_explicit=ask.isolation is not None or _sm_sharing(r.nv),
         memory_enforcement=MemoryEnforcement(ask.memory_enforcement or MemoryEnforcement.NONE),
         warnings=tuple(warnings),
     )

@@ -103,6 +103,27 @@ def memory_mib(raw: str) -> Memory:
         return Memory(mib, Decimal(numerator) / Decimal(denominator))
 
 
+BYTES_RULE: Final = "must be a Kubernetes quantity of bytes (e.g. 4Gi or 7680Mi)"
+
+
+def quantity_mib(raw: str) -> Memory:
+    """'7680Mi' → 7680 MiB; a bare number is bytes, as in every Kubernetes quantity (KAI's NvFractions
+    annotations take quantities). Rounded up to a whole MiB like `memory_mib`; a bare number under 1 MiB
+    is refused rather than rounded, since it is almost surely MiB written without its suffix."""
+    if len(raw) <= MAX_RAW_LEN and _INTEGER.fullmatch(raw):
+        size = int(raw)
+        if size == 0:
+            raise UnitError(MEMORY_POSITIVE_RULE)
+        if size < MIB:
+            raise UnitError(f"is {size} bytes, less than 1 MiB (a bare number is bytes): write e.g. {size}Mi")
+        mib = -(-size // MIB)
+        return Memory(mib) if size % MIB == 0 else Memory(mib, Decimal(size) / Decimal(MIB))
+    try:
+        return memory_mib(raw)
+    except UnitError as err:
+        raise UnitError(BYTES_RULE if err.rule == MEMORY_RULE else err.rule) from None
+
+
 def positive_int(raw: str, maximum: int) -> int:
     """'2' → 2. Accepts an ASCII integer in [1, maximum]; anything else is a UnitError."""
     rule = f"must be an integer from 1 to {maximum}"

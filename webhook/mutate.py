@@ -208,13 +208,16 @@ def gpu_env(req: GpuRequest, pipe_dir: str = names.MPS_PIPE_DIRECTORY) -> list[d
     Both *_VISIBLE_DEVICES use the GPU UUIDs: the toolkit renumbers the devices it exposes from 0, so
     a host index in CUDA_VISIBLE_DEVICES would name the wrong GPU, while CUDA accepts UUIDs either way.
     A missing annotation resolves to "", which both read as "no GPU" (fails closed). `pipe_dir` is where
-    the container mounts the node's MPS pipe directory.
+    the container mounts the node's MPS pipe directory. A burstable pod (gpu-memory-limit) also gets its
+    hard cap; its MPS pinned limit is that cap (the allocation writes it so), its memory limit the request.
     """
     env = [
         _field(names.ENV_NVIDIA_VISIBLE_DEVICES, names.ALLOC_GPU_UUIDS),
         _field(names.ENV_CUDA_VISIBLE_DEVICES, names.ALLOC_GPU_UUIDS),
         _field(names.ENV_MEMORY_LIMIT_MIB, names.ALLOC_MEMORY_LIMIT_MIB),
     ]
+    if req.memory_limit_mib is not None:  # burstable: the cap above the request, as the extender wrote it
+        env.append(_field(names.ENV_MEMORY_HARD_LIMIT_MIB, names.ALLOC_MEMORY_HARD_LIMIT_MIB))
     if req.isolation is Isolation.MPS:
         # Without MPS these would be inert, and without the pipe mount the client cannot reach a daemon.
         env += [

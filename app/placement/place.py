@@ -71,4 +71,5 @@ def to_allocation(node: Node, demand: Demand, gpu_indexes: tuple[int, ...]) -> A
         gpu_uuids=tuple(g.uuid for g in gpus) if all(g.uuid for g in gpus) else (),
         milli=max(m for m, _ in per_device),
         memory_mib=min(mib for _, mib in per_device),
+        hard_limit_mib=demand.hard_limit_on(g.memory_mib for g in gpus),
     )

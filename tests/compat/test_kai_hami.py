@@ -1,12 +1,12 @@
 """Pods as KAI-Scheduler's and HAMi's documentation writes them: admitted, scheduled, given the right env.
 
-Each pod is written from the fields their docs show (KAI: the `gpu-fraction` family of annotations, the
-`kai.scheduler/queue` label, an init container or a sidecar as the GPU container, a pod that mounts the
-host's MPS pipe directory itself; HAMi: `nvidia.com/gpu` with `gpumem`, `gpumem-percentage`, `gpucores`),
-with only `schedulerName` left out. The real apiserver calls our webhook (the chart's configuration, with
-webhook.hamiTakeover=true), the real kube-scheduler calls our extender, and the env a kubelet would give
-each container is resolved from the stored pod. Deliberate differences are refused with our message
-(docs/user-guide.md, "Coming from KAI / HAMi").
+Each pod is written from the fields their docs show (KAI: the `gpu-fraction` family of annotations and the
+NvFractions ones, the `kai.scheduler/queue` label, an init container or a sidecar as the GPU container, a pod
+that mounts the host's MPS pipe directory itself; HAMi: `nvidia.com/gpu` with `gpumem`, `gpumem-percentage`,
+`gpucores`), with only `schedulerName` left out. The real apiserver calls our webhook (the chart's
+configuration, with webhook.hamiTakeover=true), the real kube-scheduler calls our extender, and the env a
+kubelet would give each container is resolved from the stored pod. Deliberate differences are refused with
+our message (docs/user-guide.md, "Coming from KAI / HAMi").
 """
 
 from __future__ import annotations
@@ -123,6 +123,50 @@ KAI_PODS = [
         "/var/run/mps",
         id="mps-pipe-mounted-elsewhere-under-another-name",
     ),
+    # KAI's NvFractions examples (docs/gpu-sharing: nv-fractions-memory, nv-fractions-request-limit; the
+    # gpu-sharing operator's README) with its compute-mode annotation in both of KAI's spellings.
+    pytest.param(
+        kai_pod(
+            "nv-fractions-memory",
+            {"nvidia.com/container.gpu-workload.gpu-memory.request": "7680Mi"},
+            containers=[{"name": "gpu-workload", "image": "nvidia/cuda:13.0.2-base-ubi8"}],
+        ),
+        "gpu-workload",
+        1,
+        PIPE,
+        id="nvfractions-request",
+    ),
+    pytest.param(
+        kai_pod(
+            "nv-fractions-request-limit",
+            {
+                "nvidia.com/container.gpu-workload.gpu-memory.request": "4096Mi",
+                "nvidia.com/container.gpu-workload.gpu-memory.limit": "8192Mi",
+                "kai.scheduler/gpu-compute-sharing-mode": "time-slicing",
+            },
+            containers=[{"name": "gpu-workload", "image": "nvidia/cuda:13.0.2-base-ubi8"}],
+        ),
+        "gpu-workload",
+        1,
+        PIPE,
+        id="nvfractions-request-limit",
+    ),
+    pytest.param(
+        kai_pod(
+            "fractional-gpu",
+            {
+                "nvidia.com/container.trainer.gpu-memory.request": "8Gi",
+                "nvidia.com/container.trainer.gpu-memory.limit": "16Gi",
+                # sm-sharing would require MPS, which these nodes do not run (--no-mps)
+                "nvidia.com/container.trainer.gpu-compute.mode": "time-slicing",
+            },
+            containers=[{"name": "trainer", "image": "nvcr.io/nvidia/cuda:12.4.1-base-ubuntu22.04"}],
+        ),
+        "trainer",
+        1,
+        PIPE,
+        id="nvfractions-operator-readme",
+    ),
 ]
 
 
@@ -186,6 +230,11 @@ def test_kai_pod_is_admitted_scheduled_and_given_its_gpu(  # noqa: PLR0917 (fixt
         assert env[names.ENV_NVIDIA_VISIBLE_DEVICES] == ",".join(alloc.gpu_uuids)
         assert env[names.ENV_CUDA_VISIBLE_DEVICES] == ",".join(alloc.gpu_uuids)
         assert env[names.ENV_MEMORY_LIMIT_MIB] == str(alloc.memory_mib)
+        # a burstable pod (an NvFractions limit above its request): its hard limit, also the MPS pinned one
+        assert env.get(names.ENV_MEMORY_HARD_LIMIT_MIB) == (
+            None if alloc.hard_limit_mib is None else str(alloc.hard_limit_mib)
+        )
+        assert env[names.ENV_MPS_MEMORY_LIMIT] == ",".join(f"{i}={alloc.cap_mib}M" for i in range(devices))
         assert env[names.ENV_MPS_PIPE_DIRECTORY] == pipe_dir
         assert (
             env[names.ENV_MPS_THREAD_PERCENTAGE]

@@ -169,6 +169,33 @@ def test_managed_label_needs_a_gpu_request_at_creation(tenant: Any, namespace: s
     tenant.create_namespaced_pod(namespace, webhook_made_pod("ok"))
 
 
+def test_kai_and_burstable_request_annotations_count_as_a_request_and_are_frozen(
+    tenant: Any, namespace: str
+) -> None:
+    """The managed label is allowed beside KAI's NvFractions memory names alone; like gpupack's own request
+    annotations (gpupack.io/gpu-memory-limit among them), they cannot change after creation."""
+    req, limit = "nvidia.com/container.main.gpu-memory.request", "nvidia.com/container.main.gpu-memory.limit"
+    kai = webhook_made_pod("kai")
+    kai["metadata"]["annotations"] = {req: "4Gi", limit: "8Gi"}
+    tenant.create_namespaced_pod(namespace, kai)
+    for key, value in (
+        (limit, "16Gi"),
+        (req, None),
+        ("kai.scheduler/gpu-compute-sharing-mode", "sm-sharing"),
+    ):
+        message = refused(lambda k=key, v=value: annotate(tenant, namespace, "kai", {k: v}))
+        assert f"annotation {key} of a gpupack pod cannot change after creation" in message
+    burst = webhook_made_pod("burst")
+    burst["metadata"]["annotations"][names.GPU_MEMORY_LIMIT] = "16Gi"
+    tenant.create_namespaced_pod(namespace, burst)
+    message = refused(lambda: annotate(tenant, namespace, "burst", {names.GPU_MEMORY_LIMIT: "32Gi"}))
+    assert f"annotation {names.GPU_MEMORY_LIMIT} of a gpupack pod cannot change after creation" in message
+    mode_only = webhook_made_pod("mode-only")
+    mode_only["metadata"]["annotations"] = {"kai.scheduler/gpu-compute-sharing-mode": "sm-sharing"}
+    message = refused(lambda: tenant.create_namespaced_pod(namespace, mode_only))
+    assert "label gpupack.io/managed=true is set by the gpupack webhook" in message
+
+
 def test_every_tenant_edit_of_the_allocation_is_denied_and_the_extender_still_writes(
     tenant: Any, extender_api: Any, namespace: str
 ) -> None:

@@ -190,6 +190,35 @@ def test_mig_profile_pod_is_sent_and_gets_the_mig_uuid_env_without_mps(
     assert ref == f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"
 
 
+def test_burstable_and_kai_nvfractions_pods_are_sent_and_charged_their_request(
+    webhook: Webhook, core: Any, namespace: str
+) -> None:
+    """gpupack.io/gpu-memory-limit and KAI's per-container names reach the webhook (matchConditions); the
+    pod is placed and charged by its request, and its GPU container is told where its hard limit is."""
+    burst = {names.GPU_MEMORY: "4Gi", names.GPU_MEMORY_LIMIT: "8Gi"}
+    kai = {  # KAI's NvFractions request-and-limit example, on a second container
+        "nvidia.com/container.gpu-workload.gpu-memory.request": "4096Mi",
+        "nvidia.com/container.gpu-workload.gpu-memory.limit": "8192Mi",
+        "kai.scheduler/gpu-compute-sharing-mode": "time-slicing",
+    }
+    two = [{"name": "proxy", "image": "envoy"}, {"name": "gpu-workload", "image": "cuda"}]
+    for name, ask, containers in (("burst", burst, None), ("kai", kai, two)):
+        spec = {"containers": containers} if containers else {}
+        created = core.create_namespaced_pod(namespace, pod(name, ask, **spec), dry_run="All")
+        assert created.metadata.labels == {names.LABEL_MANAGED: "true"}, name
+        gpu = created.spec.containers[-1]
+        for part in (gpu.resources.requests, gpu.resources.limits):
+            assert parse_quantity(part[names.RESOURCE_GPU_MEMORY_MIB]) == 4096, name
+            assert parse_quantity(part[names.RESOURCE_QUOTA_GPU_MEMORY_MIB]) == 4096, name
+        ref = {e.name: e.value_from.field_ref.field_path for e in gpu.env if e.value_from}
+        assert (
+            ref[names.ENV_MEMORY_HARD_LIMIT_MIB]
+            == f"metadata.annotations['{names.ALLOC_MEMORY_HARD_LIMIT_MIB}']"
+        )
+        assert ref[names.ENV_MPS_MEMORY_LIMIT] == f"metadata.annotations['{names.ALLOC_MPS_MEMORY_LIMIT}']"
+    assert [e.value for e in created.spec.containers[0].env] == [names.NO_GPU]  # the KAI pod's proxy
+
+
 @pytest.mark.parametrize(
     ("annotations", "resources", "message"),
     [
@@ -229,6 +258,26 @@ def test_mig_profile_pod_is_sent_and_gets_the_mig_uuid_env_without_mps(
             "gpu-fraction-num-devices='0': must be an integer from 1 to 16; "
             "gpupack.io/isolation='full': must be one of 'mps', 'none', 'mig'",
             id="two-errors",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY: "8Gi", names.GPU_MEMORY_LIMIT: "4Gi"},
+            None,
+            "gpupack.io/gpu-memory-limit='4Gi': is 4096 MiB, less than gpu-memory (8192 MiB): the limit must "
+            "be at least the request",
+            id="limit-below-request",
+        ),
+        pytest.param(
+            {names.GPU_MEMORY_LIMIT: "8Gi"},
+            None,
+            "gpu-fraction='': one of gpu-fraction or gpu-memory is required",
+            id="limit-without-request",
+        ),
+        pytest.param(
+            {"nvidia.com/container.trainer.gpu-memory.limit": "8Gi"},
+            None,
+            "nvidia.com/container.trainer.gpu-memory.limit='8Gi': names container 'trainer', which the pod "
+            "does not have ('main')",
+            id="kai-names-no-such-container",
         ),
         pytest.param(
             {names.MIG_PROFILE: "1g.9gb"},

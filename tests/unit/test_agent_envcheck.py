@@ -66,6 +66,21 @@ def test_isolation_none_has_no_mps_variables_to_compare() -> None:
     assert envcheck.mismatches(pod_info(pod()), "main", env) == ()
 
 
+def test_a_burstable_pod_is_checked_against_its_hard_limit_too() -> None:
+    burstable = Allocation("n1", (0,), ("GPU-aaaa",), 500, 8000, hard_limit_mib=12000)
+    body = pod()
+    body["metadata"]["annotations"] = burstable.to_annotations()
+    info = pod_info(body)
+    env = kubelet_env() | {
+        names.ENV_MPS_MEMORY_LIMIT: "0=12000M",
+        names.ENV_MEMORY_HARD_LIMIT_MIB: "12000",
+    }
+    assert envcheck.mismatches(info, "main", env) == ()
+    assert envcheck.mismatches(info, "main", env | {names.ENV_MEMORY_HARD_LIMIT_MIB: "99999"}) == (
+        "GPUPACK_MEMORY_HARD_LIMIT_MIB='99999' (allocation: '12000')",
+    )
+
+
 @pytest.mark.parametrize(
     ("container", "change", "want"),
     [

@@ -157,6 +157,30 @@ def test_cycle_reports_attributes_and_verifies(setup: tuple[Agent, FakeKube, Clo
     assert metric("gpupack_agent_pod_memory_used_mib", namespace="ml", pod="train", gpu="0") is None
 
 
+def test_a_burstable_pod_borrowing_above_its_request_is_no_violation_and_is_shown_per_gpu(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "sim.yaml"
+    proc = {"pid": 4101, "used_mib": 3000, "pod_uid": POD_UID, "container": "main"}
+    write(path, {"gpus": [{"model": "T4", "processes": [proc]}, {"model": "T4"}]})
+    sim, probe = SimulatedNvml(path, "n1"), SimulatedNvml(path, "n1")
+    probe.init()
+    pod = managed_pod(probe, gpu=0)
+    # request 2000 MiB, hard limit 4000 MiB (gpupack.io/gpu-memory-limit), as the extender records it
+    pod["metadata"]["annotations"] = Allocation(
+        "n1", (0,), (probe.uuid(0),), 250, 2000, 4000
+    ).to_annotations()
+    kube = FakeKube([pod])
+    mps = MpsSupervisor(MpsConfig(binary=str(tmp_path / "none"), pipe_dir=tmp_path / "p"))
+    config = AgentConfig("n1", ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256))
+    agent = Agent(config, nvml=sim, resolver=sim, mps=mps, send=kube.send, clock=Clock())
+    status = agent.step()
+    assert [r for r in kube.requests if r.path.endswith("/events")] == []  # 3000 MiB is within its 4000 cap
+    assert metric("gpupack_agent_gpu_memory_borrowed_mib", gpu="0", uuid=status.gpus[0].uuid) == 1000
+    assert metric("gpupack_agent_gpu_memory_borrowed_mib", gpu="1", uuid=status.gpus[1].uuid) == 0
+    assert metric("gpupack_agent_pod_memory_limit_mib", namespace="ml", pod="train", gpu="0") == 2000
+
+
 def test_nvml_failure_is_reported_and_init_retried(tmp_path: Path) -> None:
     path = tmp_path / "sim.yaml"
     write(path, {"init_error": "NVML_ERROR_DRIVER_NOT_LOADED", "gpus": [{"model": "T4"}]})

@@ -83,6 +83,23 @@ def test_over_memory() -> None:
     assert bad.message == f"processes 10,11 use 4001 MiB on GPU 0 ({GPU0}), over the 4000 MiB limit"
 
 
+def test_a_burstable_pod_may_use_up_to_its_hard_limit_and_its_use_above_the_request_is_borrowed() -> None:
+    burstable = Allocation("n1", (0,), (GPU0,), 250, 4000, hard_limit_mib=8000)
+    within = verify.verify(node((0, 10, 6000)), {10: PodRef("a", "")}, pods(pod("a", burstable)))
+    assert within.violations == ()
+    (u,) = within.usage
+    assert (u.limit_mib, u.borrowed_mib) == (4000, 2000)
+    over = verify.verify(node((0, 10, 8001)), {10: PodRef("a", "")}, pods(pod("a", burstable)))
+    (bad,) = over.violations
+    assert bad.kind is Kind.OVER_MEMORY
+    assert bad.message == (
+        f"processes 10 use 8001 MiB on GPU 0 ({GPU0}), over the 8000 MiB hard limit (request 4000 MiB)"
+    )
+    # A pod without a limit borrows nothing while within its request.
+    plain = verify.verify(node((0, 10, 3000)), {10: PodRef("a", "")}, pods(pod("a", alloc(0))))
+    assert plain.usage[0].borrowed_mib == 0
+
+
 def test_wrong_gpu_by_uuid_and_by_index() -> None:
     for a in (alloc(0), alloc(0, uuids=False)):
         v = verify.verify(node((1, 20, 100)), {20: PodRef("a", "")}, pods(pod("a", a)))

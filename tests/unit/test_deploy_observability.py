@@ -165,6 +165,7 @@ def test_dashboard_covers_the_issue_panels() -> None:
         "gpupack_webhook_reviews_total",
         "gpupack_extender_namespace_quota_used",  # use against quota per namespace
         "gpupack_extender_namespace_quota_hard",
+        "gpupack_agent_gpu_memory_borrowed_mib",  # memory borrowed above requests per GPU (burstable)
     ):
         assert needed in exprs, needed
     assert any(p["type"] == "heatmap" for p in panels(dashboard()))

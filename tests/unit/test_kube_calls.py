@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -48,7 +49,16 @@ def test_allocation_json_patch_tests_resource_version_first_and_escapes_slashes(
     assert req.content_type == JSON_PATCH
     assert req.body[0] == {"op": "test", "path": "/metadata/resourceVersion", "value": "12"}
     assert req.body[1] == {"op": "add", "path": "/metadata/annotations/gpupack.io~1node", "value": "n1"}
-    assert len(req.body) == 1 + len(names.ALLOCATION_ANNOTATIONS)
+    # every allocation annotation but a burstable pod's hard limit, which this allocation has not
+    assert len(req.body) == len(names.ALLOCATION_ANNOTATIONS)
+    burstable = calls.allocation_json_patch(
+        "ns", "p", "12", replace(ALLOC, hard_limit_mib=ALLOC.memory_mib * 2)
+    )
+    assert burstable.body[-1] == {
+        "op": "add",
+        "path": "/metadata/annotations/gpupack.io~1memory-hard-limit-mib",
+        "value": str(ALLOC.memory_mib * 2),
+    }
 
 
 def test_binding_body_targets_node_and_carries_uid() -> None:

@@ -49,6 +49,37 @@ def test_allocation_without_uuids_round_trips() -> None:
     assert Allocation.from_annotations(alloc.to_annotations()) == alloc
 
 
+def test_a_burstable_allocation_records_its_hard_limit_and_mps_gets_the_cap() -> None:
+    alloc = replace(_alloc(), hard_limit_mib=8000)
+    ann = alloc.to_annotations()
+    assert ann[names.ALLOC_MEMORY_LIMIT_MIB] == "4000"  # the reservation stays the request
+    assert ann[names.ALLOC_MEMORY_HARD_LIMIT_MIB] == "8000"
+    assert ann[names.ALLOC_MPS_MEMORY_LIMIT] == "0=8000M,1=8000M"  # the legacy pinned limit is the cap
+    assert Allocation.from_annotations(ann) == alloc and alloc.cap_mib == 8000
+    assert names.ALLOC_MEMORY_HARD_LIMIT_MIB not in _alloc().to_annotations() and _alloc().cap_mib == 4000
+    with pytest.raises(ValueError, match=r"memory-hard-limit-mib='3999': must be an integer in \["):
+        Allocation.from_annotations(ann | {names.ALLOC_MEMORY_HARD_LIMIT_MIB: "3999"})  # below the request
+
+
+@pytest.mark.parametrize(
+    ("demand", "gpus", "cap"),
+    [
+        pytest.param(Demand(count=1, memory_mib=4096, memory_limit_mib=8192), (15109,), 8192, id="memory"),
+        pytest.param(
+            Demand(count=1, memory_mib=4096, memory_limit_mib=20000), (15109,), 15109, id="gpu-caps-it"
+        ),
+        # A fraction's request grows with the GPU; the cap never drops below it (an unlisted bigger model).
+        pytest.param(
+            Demand(count=1, milli=500, memory_limit_mib=30000), (81920,), 40960, id="fraction-request"
+        ),
+        pytest.param(Demand(count=2, milli=250, memory_limit_mib=30000), (40960, 81920), 30000, id="least"),
+        pytest.param(Demand(count=1, memory_mib=4096), (15109,), None, id="not-burstable"),
+    ],
+)
+def test_the_hard_limit_on_the_gpus_chosen(demand: Demand, gpus: tuple[int, ...], cap: int | None) -> None:
+    assert demand.hard_limit_on(gpus) == cap
+
+
 def test_pod_without_allocation_has_none() -> None:
     assert Allocation.from_annotations({"other": "x"}) is None
 

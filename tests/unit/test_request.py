@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+import yaml
 
-from app import names, request
+from app import names, podview, request
 from app.errors import RequestError
 from app.model import Demand
 from app.podview import ContainerView, Kind, PodView, ask_of
@@ -384,7 +386,7 @@ def test_a_memory_request_with_a_limit_is_burstable_and_placed_by_its_request() 
     assert (req.memory_mib, req.memory_limit_mib, req.count) == (4096, 8192, 2)
     # Placement and quota count the request; the limit is only the node's hard cap.
     assert req.resource == (names.RESOURCE_GPU_MEMORY_MIB, 8192)
-    assert req.demand() == Demand(count=2, memory_mib=4096)
+    assert req.demand() == Demand(count=2, memory_mib=4096, memory_limit_mib=8192)
 
 
 def test_a_limit_equal_to_the_request_and_one_for_a_fraction_are_accepted() -> None:
@@ -497,3 +499,9 @@ def test_limit_rules(annotations: dict[str, str], expected: list[str]) -> None:
 def test_a_limit_alone_asks_for_a_share_so_its_missing_request_is_refused() -> None:
     assert ask_of({LIMIT: "8Gi"}).wanted
     assert ask_of({LIMIT: "8Gi"}).memory_limit == "8Gi"
+
+
+def test_the_burstable_example_is_a_4gi_request_with_an_8gi_limit() -> None:
+    doc = yaml.safe_load((Path(__file__).parents[2] / "deploy/examples/burstable-pod.yaml").read_text())
+    req = request.parse(podview.read(doc))
+    assert isinstance(req, GpuRequest) and (req.memory_mib, req.memory_limit_mib) == (4096, 8192)
