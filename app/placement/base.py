@@ -1,4 +1,4 @@
-"""The one interface every placement policy implements, and the name -> policy registry."""
+"""The one interface every placement policy implements, and the registry of policies and their array forms."""
 
 from __future__ import annotations
 

@@ -373,7 +373,9 @@ class Engine:
         for (sid, node), got in zip(wanted.items(), answers, strict=True):
             if got is None:
                 continue  # the array form leaves this one to the policy
-            if isinstance(got, PlacementReason):
+            if not self.refusals:
+                memo[sid] = None if isinstance(got, PlacementReason) else got
+            elif isinstance(got, PlacementReason):
                 memo[sid] = self._refused(node, got)
             else:
                 memo[sid] = (Verdict(node, None, got), None)

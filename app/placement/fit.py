@@ -22,7 +22,11 @@ def memory_room(gpu: Gpu, margin_mib: int = FOREIGN_MARGIN_MIB) -> int:
 
 
 def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> bool:
-    """One GPU can take one device's worth of `demand` (model, health, milli and memory room)."""
+    """One GPU can take one device's worth of `demand` (model, health, milli and memory room).
+
+    Array forms of a policy's filter (`fragaware_array`) compute these same checks from numbers on the GPUs
+    `array_modelled` admits: a rule added here that reads anything else must keep those GPUs out there.
+    """
     if not gpu.healthy or (demand.models and gpu.model not in demand.models):
         return False
     # A share of a whole GPU (the usual case) targets every whole GPU; MIG asks Demand.targets.
@@ -33,6 +37,17 @@ def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> 
         return False
     foreign = gpu.foreign_mib  # memory_room, inlined: this runs per GPU per node per demand
     return mib <= gpu.memory_mib - gpu.memory_used_mib - foreign - (margin_mib if foreign > 0 else 0)
+
+
+def array_modelled(gpu: Gpu) -> bool:
+    """Whether `gpu_fits` on this GPU reads only health, model, milli and memory room (what an array form
+    computes from numbers); a node with any other GPU is left to the policy's own filter."""
+    return not gpu.mig_profile
+
+
+def host_fits(node: Node, demand: Demand) -> bool:
+    """The node-wide checks of `node_fits`: schedulable, host CPU and memory, MPS where a GPU pod asks."""
+    return _host_fits(node.schedulable, node.cpu_milli_free, node.memory_mib_free, node.mps, demand)
 
 
 def live_load(gpu: Gpu) -> tuple[int, int]:

@@ -23,6 +23,7 @@ import numpy.typing as npt
 from app.errors import PlacementReason, Shortfall
 from app.model import MILLI_PER_GPU, Demand, Node
 from app.placement.base import Judged, registry
+from app.placement.fit import array_modelled, host_fits
 from app.placement.fragaware import FragAware, score_of
 from app.placement.workload import TargetWorkload
 
@@ -53,14 +54,13 @@ class FragAwareArray:
         )
 
     def read(self, node: Node) -> Row | None:
-        """None unless every GPU is a whole GPU of one model and size (MIG devices, mixes: the policy's)."""
+        """None unless every GPU is one the arrays model (`fit.array_modelled`: whole GPUs, for now) and
+        all are of one model and size (MIG devices, mixes, GPUs under other rules: the policy's)."""
         gpus = node.gpus
         kinds = set(map(_kind, gpus))
-        if len(kinds) != 1:
-            return None  # no GPUs, or GPUs of several models or sizes
-        model, memory_mib, mig_profile = kinds.pop()
-        if mig_profile:
-            return None
+        if len(kinds) != 1 or not all(map(array_modelled, gpus)):
+            return None  # no GPUs, GPUs of several models or sizes, or a GPU under a rule arrays skip
+        _, model, memory_mib = kinds.pop()
         return (len(gpus), model, memory_mib), tuple(chain.from_iterable(map(_usage, gpus)))
 
     def judge(
@@ -86,7 +86,7 @@ def _array_form(policy: FragAware) -> FragAwareArray:
     return FragAwareArray(policy)
 
 
-_kind = attrgetter("model", "memory_mib", "mig_profile")
+_kind = attrgetter("mig_profile", "model", "memory_mib")
 _usage = attrgetter("milli_used", "healthy", "memory_used_mib", "foreign_mib")
 
 
@@ -119,12 +119,10 @@ class _Pass:
         # memory_room: total - reserved - foreign, less the margin where foreign processes run
         self.room: Ints = memory_mib - gpus[:, :, 2] - foreign - np.where(self.foreign, policy.margin_mib, 0)
         self.cpu, self.cpu_known = _column([n.cpu_milli_free for n in nodes])
-        mem, mem_known = _column([n.memory_mib_free for n in nodes])
-        host_ok = np.array([n.schedulable and (n.mps or not demand.needs_mps) for n in nodes], dtype=np.bool_)
+        # The node-wide rules are fit.py's own (one place for every feasibility rule), asked per node.
+        host_ok = np.fromiter((host_fits(n, demand) for n in nodes), dtype=np.bool_, count=len(nodes))
         # An over-committed GPU (reservations past its capacity) is the policy's to judge.
         host_ok &= ((self.free >= 0) & (self.free <= MILLI_PER_GPU)).all(axis=1)
-        host_ok &= ~self.cpu_known | (demand.cpu_milli <= self.cpu)
-        host_ok &= ~mem_known | (demand.host_memory_mib <= mem)
         self.host_ok = host_ok
         self.share_ok = self.healthy & (self.milli <= self.free)
         self.gpu_fit = self.share_ok & (self.mib <= self.room) & demand.accepts(model)

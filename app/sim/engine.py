@@ -68,14 +68,6 @@ def arrival_sequence(
     return seq, order
 
 
-def chooser(cluster: Cluster, policy: Policy) -> Engine:
-    """The placement engine over `cluster`'s positions: equal node states share their answers, and no
-    refusal is kept (the replay only needs where a pod goes). Tell it each change with `engine.set`."""
-    engine = Engine(policy, refusals=False, by_value=True)
-    engine.reset(cluster.nodes)
-    return engine
-
-
 class Cluster:
     """Mutable per-node bookkeeping; every decision is delegated to the policy."""
 
@@ -114,6 +106,14 @@ class Cluster:
         f = self._frag(node)
         self.frag_total += f - self.frag[i]
         self.frag[i] = f
+
+
+def chooser(cluster: Cluster, policy: Policy) -> Engine:
+    """The placement engine over `cluster`'s positions: equal node states share their answers, and no
+    refusal is kept (the replay only needs where a pod goes). Tell it each change with `engine.set`."""
+    engine = Engine(policy, refusals=False, by_value=True)
+    engine.reset(cluster.nodes)
+    return engine
 
 
 def simulate(
