@@ -477,6 +477,8 @@ class Engine:
 
     def verdict(self, node: Node, demand: Demand) -> Verdict:
         """The policy's verdict on `node` for `demand`, remembered per node state (refusals only)."""
+        if not self.refusals:
+            raise ValueError("verdicts carry refusals: build the engine with refusals=True")
         shape = self.shapes.get(demand)
         if shape is None:
             if self.max_shapes is not None and len(self.shapes) >= self.max_shapes:
@@ -490,8 +492,6 @@ class Engine:
 
     def place(self, nodes: Iterable[Node], demand: Demand) -> Placement | tuple[PlacementReason, ...]:
         """`place(nodes, demand, policy)`, answered from remembered verdicts for states seen before."""
-        if not self.refusals:
-            raise ValueError("place() answers refusals: build the engine with refusals=True")
         best: Node | None = None
         best_score = 0.0
         reasons: list[PlacementReason] = []

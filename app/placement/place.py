@@ -1,8 +1,9 @@
 """Choosing a node and GPUs for one demand with a policy, node by node: the reference chooser.
 
-The definition the placement engine (`app.placement.engine`) is tested against: the extender, the simulator,
-repack and autoscale choose through the engine, which must decide exactly as `place` does. `/explain` (and
-`gpupack explain`) and the simulator's unindexed replay (the oracle run) call `place` itself.
+The definition the placement engine (`app.placement.engine`) is tested against: the extender (/filter,
+/prioritize, /explain), `gpupack explain`, the simulator, repack and autoscale choose through the engine,
+which must decide exactly as `place` does. Only the tests and the simulator's unindexed replay (its oracle
+run) call `place` itself.
 """
 
 from __future__ import annotations

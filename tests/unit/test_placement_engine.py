@@ -121,4 +121,6 @@ def test_refusals_need_states_interned_by_identity() -> None:
     with pytest.raises(ValueError, match="refusal names its node"):
         Engine(registry.create("binpack"), by_value=True)
     with pytest.raises(ValueError, match="refusals=True"):
-        Engine(registry.create("binpack"), refusals=False).place([], DEMANDS[0])
+        Engine(registry.create("binpack"), refusals=False).place(
+            [random_node(random.Random(1), 0)], DEMANDS[0]
+        )
