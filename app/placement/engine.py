@@ -281,8 +281,8 @@ class Engine:
             todo = log[shape.seen - start :]
             shape.seen = end
             self._judge(shape, todo if len(todo) == 1 else sorted(set(todo)))
-        if len(shape.heap) > 2 * n + 64:  # stale entries of nodes that changed often: drop them
-            version = self.version
+        if len(shape.heap) > 2 * n + 64 and not shape.lazy:  # stale entries of nodes that changed often
+            version = self.version  # (a lazy shape's stale entries are bounds it still needs)
             shape.heap = [e for e in shape.heap if e[2] == version[e[1]]]
             heapq.heapify(shape.heap)
         return shape
@@ -432,7 +432,7 @@ class Engine:
     def best(self, shape: Shape, accept: Callable[[int], bool] | None = None) -> int | None:
         """The fitting position with the highest score (ties: the lowest position) that `accept`s."""
         heap, version, lazy, judged = shape.heap, self.version, shape.lazy, shape.judged
-        skipped: list[tuple[float, int, int]] = []
+        skipped: list[tuple[float, int, int]] = []  # valid entries `accept` passed over: pushed back
         found = None
         while heap:
             top = heap[0]

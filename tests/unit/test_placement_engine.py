@@ -124,3 +124,20 @@ def test_refusals_need_states_interned_by_identity() -> None:
         Engine(registry.create("binpack"), refusals=False).place(
             [random_node(random.Random(1), 0)], DEMANDS[0]
         )
+
+
+@pytest.mark.parametrize("policy_name", ["spread", "binpack"])
+def test_a_small_cluster_churning_long_keeps_every_node_in_reach(policy_name: str) -> None:
+    """Many departures on a few nodes: stale heap entries pile up and are dropped, except those a lazy
+    shape still needs as bounds (a node that only shrank keeps its old entry until it reaches the top)."""
+    rng = random.Random(policy_name)
+    policy = registry.create(policy_name)
+    engine = Engine(policy, refusals=False, by_value=True)
+    nodes: list[Node | None] = [random_node(rng, i) for i in range(6)]
+    engine.reset(nodes)
+    for step in range(3000):
+        k = rng.randrange(len(nodes))
+        node = nodes[k]
+        nodes[k] = node = changed(rng, node) if node is not None else random_node(rng, k)
+        engine.set(k, node)
+        agrees(engine, nodes, DEMANDS[step % 3])
