@@ -242,14 +242,19 @@ class Engine:
             self._trim()
 
     def _trim(self) -> None:
-        """Keep the log bounded (a long-lived extender): drop all but the last n logged changes; a shape
-        further behind judges every position again at its next catch-up (no more work than its backlog)."""
+        """Keep the log and the heaps bounded (a long-lived extender): drop all but the last n logged
+        changes, and the heap entries of states gone since; a shape further behind judges every position
+        again at its next catch-up (no more work than its backlog)."""
         n = len(self.nodes)
         keep = self.log_start + len(self.log) - n
         keep_grown = self.grown_start + len(self.grown) - n
+        version = self.version
         for shape in self.shapes.values():
             if shape.seen < (keep_grown if shape.lazy else keep):
                 shape.full = True
+            elif not shape.lazy:  # stale entries of nodes that changed since (a lazy shape's are its bounds)
+                shape.heap = [e for e in shape.heap if e[2] == version[e[1]]]
+                heapq.heapify(shape.heap)
         del self.log[: keep - self.log_start]
         self.log_start = keep
         if keep_grown > self.grown_start:
@@ -280,11 +285,7 @@ class Engine:
         if end > shape.seen:
             todo = log[shape.seen - start :]
             shape.seen = end
-            self._judge(shape, todo if len(todo) == 1 else sorted(set(todo)))
-        if len(shape.heap) > 2 * n + 64 and not shape.lazy:  # stale entries of nodes that changed often
-            version = self.version  # (a lazy shape's stale entries are bounds it still needs)
-            shape.heap = [e for e in shape.heap if e[2] == version[e[1]]]
-            heapq.heapify(shape.heap)
+            self._judge(shape, todo if len(todo) == 1 else set(todo))  # any order: the heap orders
         return shape
 
     def _new_shape(self, demand: Demand) -> Shape:

@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from app.model import Allocation, Demand, Node
+from app.model import Allocation, Demand, Gpu, Node
 from app.placement import Placement, place, registry
 from app.placement.engine import Engine
 from tests.unit.test_placement_fragaware_array import DEMANDS, random_node
@@ -135,9 +135,29 @@ def test_a_small_cluster_churning_long_keeps_every_node_in_reach(policy_name: st
     engine = Engine(policy, refusals=False, by_value=True)
     nodes: list[Node | None] = [random_node(rng, i) for i in range(6)]
     engine.reset(nodes)
-    for step in range(3000):
+    for step in range(13000):  # past the log bound (8n + 4096) three times: trimmed, heaps compacted
         k = rng.randrange(len(nodes))
         node = nodes[k]
         nodes[k] = node = changed(rng, node) if node is not None else random_node(rng, k)
         engine.set(k, node)
         agrees(engine, nodes, DEMANDS[step % 3])
+
+
+def test_nodes_that_only_fill_stay_in_reach_past_the_log_bound() -> None:
+    """Spread's stale entries are bounds while nodes only fill: dropping them with the log's old changes
+    would lose those nodes for good (nothing gives them room back)."""
+    rng = random.Random(7)
+    policy = registry.create("spread")
+    engine = Engine(policy, refusals=False, by_value=True)
+    gpus = tuple(Gpu(g, "A100-40GB", 40960) for g in range(8))
+    nodes: list[Node | None] = [Node(f"n{i}", gpus) for i in range(6)]
+    engine.reset(nodes)
+    demand = Demand(1, milli=100)
+    for step in range(8 * len(nodes) + 4096 + 500):
+        best = engine.choose(demand)
+        k = best if best is not None and step % 2 else rng.randrange(len(nodes))  # the choice fills too
+        node = nodes[k]
+        assert node is not None
+        nodes[k] = node = node.reserve((Allocation(node.name, (rng.randrange(8),), (), 1, 1),))
+        engine.set(k, node)
+        agrees(engine, nodes, demand)
