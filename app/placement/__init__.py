@@ -1,6 +1,6 @@
 """Placement policies behind one interface, the engine that chooses with them, and `place`, its reference."""
 
-from app.placement import binpack, fragaware, fragaware_array, spread
+from app.placement import binpack, fragaware, spread
 from app.placement.base import DEFAULT_POLICY, Policy, Registry, registry
 from app.placement.fit import FOREIGN_MARGIN_MIB, node_misfit
 from app.placement.place import Placement, normalize_scores, place, score_nodes, to_allocation
@@ -17,7 +17,6 @@ __all__ = [
     "binpack",
     "default_workload",
     "fragaware",
-    "fragaware_array",
     "node_misfit",
     "normalize_scores",
     "place",

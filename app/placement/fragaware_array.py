@@ -1,10 +1,10 @@
 """FragAware's array form: its filter and score on many nodes in one numpy pass, float for float (pure).
 
-Declared for the FragAware type in the registry (`Registry.array_form`); the engine hands it a new
-demand shape's nodes, or a batch of changed ones. Per node arrays hold each GPU's free milli, memory
-room and health; the fit mask, the "after" states (one per GPU for a share, the best-fit GPUs for whole and
-multi-GPU demands) and `TargetWorkload.node_frag`'s sum over the workload's shapes are array operations
-that add the same terms in the same order, so every float is the scalar path's. Only the sigmoid's exp may
+Declared for the FragAware type in the registry (in `fragaware`; found by `Registry.array_form`): the
+engine hands it a new demand shape's nodes, or a batch of changed ones. Per node arrays hold each GPU's
+free milli, memory room and health; the fit mask, the "after" states (one per GPU for a share, the best-fit
+GPUs for whole and multi-GPU demands) and `TargetWorkload.node_frag`'s sum over the workload's shapes are
+array operations that add the same terms in the same order, so every float is the scalar path's. Only the sigmoid's exp may
 differ by an ulp from `math.exp`: a node whose score lands next to an integer is scored again the scalar
 way. Nodes the pass does not model (MIG devices, GPUs of mixed models or sizes, an over-committed GPU) and
 refusals other than a GPU share or memory shortfall are left to the policy itself (None in the answer).
@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from app.errors import PlacementReason, Shortfall
 from app.model import MILLI_PER_GPU, Demand, Node
-from app.placement.base import Judged, registry
+from app.placement.base import Judged
 from app.placement.fit import array_modelled, host_fits
 from app.placement.fragaware import FragAware, score_of
 from app.placement.workload import TargetWorkload
@@ -79,11 +79,6 @@ class FragAwareArray:
         for (_, model, memory_mib), (idx, usage) in groups.items():
             _Pass(self.policy, demand, (model, memory_mib), [nodes[i] for i in idx], usage).fill(out, idx)
         return out
-
-
-@registry.register_array(FragAware)
-def _array_form(policy: FragAware) -> FragAwareArray:
-    return FragAwareArray(policy)
 
 
 _kind = attrgetter("mig_profile", "model", "memory_mib")
