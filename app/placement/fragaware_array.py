@@ -4,11 +4,12 @@ Declared for the FragAware type in the registry (in `fragaware`; found by `Regis
 engine hands it a new demand shape's nodes, or a batch of changed ones. Per node arrays hold each GPU's
 free milli, memory room and health; the fit mask, the "after" states (one per GPU for a share, the best-fit
 GPUs for whole and multi-GPU demands) and `TargetWorkload.node_frag`'s sum over the workload's shapes are
-array operations that add the same terms in the same order, so every float is the scalar path's. Only the sigmoid's exp may
-differ by an ulp from `math.exp`: a node whose score lands next to an integer is scored again the scalar
-way. Nodes the pass does not model (MIG devices, GPUs of mixed models or sizes, an over-committed GPU) and
-refusals other than a GPU share or memory shortfall are left to the policy itself (None in the answer).
-What the pass reads of a node (`read`) is kept by the engine per node state, so later shapes skip the GPUs.
+array operations that add the same terms in the same order, so every float is the scalar path's. Only the
+sigmoid's exp may differ by an ulp from `math.exp`: a node whose score lands next to an integer is scored
+again the scalar way. Nodes the pass does not model (MIG devices, GPUs of mixed models or sizes, an
+over-committed GPU, GPUs `fit.array_modelled` keeps out) and refusals other than a GPU share or memory
+shortfall are left to the policy itself (None in the answer). What the pass reads of a node (`read`) is
+kept by the engine per node state, so later shapes skip reading the GPUs.
 """
 
 from __future__ import annotations
