@@ -12,7 +12,8 @@ from typing import Any
 from app import request
 from app.errors import PlacementReason, share
 from app.model import Demand, Gpu, Node
-from app.placement import Placement, Policy, normalize_scores, place, score_nodes
+from app.placement import Placement, Policy, normalize_scores
+from app.placement.engine import Engine
 from app.placement.fit import FOREIGN_MARGIN_MIB, memory_room, mode_admits, mode_misfit
 
 NO_GPUNODE = "no GPUNode object for this node: the gpupack agent does not run here"
@@ -74,7 +75,10 @@ def explain(
         return {"demand": None, "error": request.render(demand), "choice": None, "nodes": []}
     skip = excluded or {}
     present = [n for name, n in nodes.items() if n is not None and name not in skip]
-    raw = score_nodes(present, demand, policy)
+    # The placement engine, as the extender decides: each node judged once for the rows and the choice.
+    engine = Engine(policy, describe=reason_text)
+    verdicts = {n.name: engine.verdict(n, demand) for n in present}
+    raw = {name: None if v.reason is not None else v.score for name, v in verdicts.items()}
     scaled = normalize_scores(raw)
     rows: list[dict[str, Any]] = []
     for name, node in nodes.items():
@@ -84,7 +88,7 @@ def explain(
         if node is None:
             rows.append({"node": name, "fits": False, "reason": NO_GPUNODE, "kind": "node"})
             continue
-        reason = policy.filter(node, demand)
+        reason = verdicts[name].reason
         row: dict[str, Any]
         if reason is not None:
             row = {"node": name, "fits": False, "reason": reason_text(reason), "kind": str(reason.kind)}
@@ -92,7 +96,7 @@ def explain(
             row = {"node": name, "fits": True, "score": raw[name], "priority": scaled[name]}
         row["gpus"] = gpu_rows(node, demand)
         rows.append(row)
-    chosen = place(present, demand, policy)
+    chosen = engine.place(present, demand)
     choice = {"node": chosen.node.name, "gpus": list(chosen.gpus)} if isinstance(chosen, Placement) else None
     return {
         "demand": {

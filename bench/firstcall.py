@@ -1,6 +1,6 @@
-"""How long the first filter of a new pod shape takes in-process: one Ranking brought up from nothing.
+"""How long the first filter of a new pod shape takes in-process: one engine shape judged from nothing.
 
-The extender's first request for a shape judges every node (`Ranking.update` with `full`). This runs that
+The extender's first request for a shape judges every node (`Engine.shape` after a `reset`). This runs that
 pass alone, in one process, on bench/extender.py's cluster (N nodes x 8 A100-40GB GPUs, 10 resident pods
 per GPU of 20/50/80/100 milli, so nearly every node state is distinct), for the bench's three new shapes
 (100/250/500 milli) under the default policy, and reports CPU time (time.process_time, so the other
@@ -34,13 +34,7 @@ sys.path.insert(0, str(REPO))
 from app.explain import reason_text  # noqa: E402
 from app.model import Demand  # noqa: E402
 from app.placement import TargetWorkload, default_workload, registry  # noqa: E402
-from app.placement.ranking import Ranking  # noqa: E402
-
-try:  # the array pass's row table; absent before it (this script measures that commit too: --before)
-    from app.placement.batch import Rows
-except ImportError:
-    Rows = None  # type: ignore[assignment,misc]
-
+from app.placement.engine import Engine  # noqa: E402
 from bench.extender import build_cache  # noqa: E402
 
 SHAPES = (100, 250, 500)
@@ -54,34 +48,33 @@ def measure(n_nodes: int, runs: int, policy_name: str) -> dict[str, Any]:
     gc.freeze()  # as the extender does once synced (extender.runtime.settle_heap)
     per_shape: dict[str, dict[str, float]] = {}
     fitting: dict[str, int] = {}
-    nodes = [n for n in frame.changed.values() if n is not None]
-    rows_ms = None
-    if Rows is not None:  # what Rankings.prepare does at Ready besides building the views
-        t0 = time.process_time()
-        table = Rows()
-        for node in nodes:
-            table.get(node)
-        rows_ms = round((time.process_time() - t0) * 1e3, 1)
+    order = sorted(frame.rank, key=frame.rank.__getitem__)
+    nodes = [frame.changed.get(name) for name in order]
+    # What Rankings.prepare does at Ready besides building the views: the array form's reads.
+    t0 = time.process_time()
+    warm = Engine(registry.create(policy_name))
+    for node in nodes:
+        if node is not None and warm.array is not None:
+            warm.read(node)
+    rows_ms = round((time.process_time() - t0) * 1e3, 1)
     for milli in SHAPES:
         demand = Demand(1, milli=milli)
         times: dict[str, list[float]] = {"fresh_rows": [], "shared_rows": []}
         for _ in range(runs):
             for key, samples in times.items():
-                extra = []
-                if Rows is not None:
-                    rows = Rows()
-                    if key == "shared_rows":  # another shape's pass read the nodes already
-                        for node in nodes:
-                            rows.get(node)
-                    extra.append(rows)
                 # A fresh workload: no fragmentation memo left from the previous run or shape.
                 policy = registry.create(policy_name, TargetWorkload(default_workload().shapes))
-                ranking = Ranking(demand, policy, reason_text, *extra)
+                engine = Engine(policy, describe=reason_text)
+                if key == "shared_rows" and engine.array is not None:  # another shape's pass read them
+                    for node in nodes:
+                        if node is not None:
+                            engine.read(node)
+                engine.reset(nodes)
                 t1 = time.process_time()
-                ranking.update(frame.token, frame.changed, frame.rank, frame.full)
+                shape = engine.shape(demand)
                 samples.append((time.process_time() - t1) * 1e3)
         per_shape[str(milli)] = {k: round(statistics.median(v), 2) for k, v in times.items()}
-        fitting[str(milli)] = len(ranking.verdicts) - len(ranking.refused)
+        fitting[str(milli)] = sum(v is not None for v in shape.verdicts) - len(shape.refused)
     return {
         "nodes": n_nodes,
         "policy": policy_name,

@@ -1,62 +1,86 @@
-"""Per demand shape, a Ranking of every node, brought up to date from the cluster cache on each request."""
+"""The placement engine over the cluster cache: each request's standings, brought up to date first."""
 
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
 from app.explain import reason_text
 from app.kube.cache import ClusterCache
-from app.model import Demand
+from app.model import Demand, Node
 from app.placement import Policy
-from app.placement.batch import Rows
-from app.placement.ranking import Ranking, Standings
+from app.placement.engine import Engine, Standings, judge
 
-# Shapes ranked at once. Each ranking holds one verdict per node; pods come in a handful of shapes,
-# so a table that fills up (many one-off shapes) is simply started over.
+# Shapes ranked at once. Each holds one verdict per node; pods come in a handful of shapes, so a table
+# that fills up (many one-off shapes) is simply started over.
 MAX_SHAPES = 32
 
 
 class Rankings:
-    """The rankings of one policy over one cache. One request at a time reads or updates them."""
+    """One policy's engine over one cache. One request at a time reads or updates it."""
 
     def __init__(self, cache: ClusterCache, policy: Policy, max_shapes: int = MAX_SHAPES) -> None:
         self.cache = cache
         self.policy = policy
-        self.max_shapes = max_shapes
+        self.engine = Engine(policy, describe=reason_text, max_shapes=max_shapes)
         self._lock = threading.Lock()
-        self._rankings: dict[Demand, Ranking] = {}
-        self._rows = Rows()  # what the array pass reads of each node, shared by every shape
+        self._token: int | None = None  # the cache's change-log position the engine reflects
+        self._rank: Mapping[str, int] = {}
 
     def quick(self, demand: Demand) -> bool:
-        """Whether `standings(demand)` now would be quick: the shape has a ranking (only the nodes that
-        changed are judged again), no other request holds the rankings (one may be judging every node)
+        """Whether `standings(demand)` now would be quick: the shape is ranked (only the nodes that
+        changed are judged again), no other request holds the engine (one may be judging every node)
         and no informer holds the cache (a relist)."""
-        return demand in self._rankings and not self._lock.locked() and not self.cache.busy()
+        return demand in self.engine.shapes and not self._lock.locked() and not self.cache.busy()
 
     def prepare(self) -> None:
         """Build every node's view and read its GPUs for the array pass now (when the replica turns
         Ready), not in the first request for a new shape: at 5 000 nodes about 0.25 s of CPU, several
-        times that request's own judging. Skipped if a request holds the rankings: it does the work."""
+        times that request's own judging. Skipped if a request holds the engine: it does the work."""
         if not self._lock.acquire(blocking=False):
             return
         try:
-            for node in self.cache.frame(None).changed.values():
-                if node is not None:
-                    self._rows.get(node)
+            self._sync("")
+            if self.engine.array is not None:
+                for node in self.engine.nodes:
+                    if node is not None:
+                        self.engine.read(node)
         finally:
             self._lock.release()
+
+    def _sync(self, exclude_uid: str) -> dict[str, Node | None]:
+        """Bring the engine's positions up to the cache; the nodes this request sees differently."""
+        frame = self.cache.frame(self._token, exclude_uid)
+        rank, engine = frame.rank, self.engine
+        stray = any(name not in rank and node is not None for name, node in frame.changed.items())
+        if frame.full or rank is not self._rank or stray:
+            nodes: list[Node | None] = [None] * len(rank)
+            views = frame.changed if frame.full else self.cache.frame(None).changed
+            for name, node in views.items():
+                i = rank.get(name)
+                if i is not None:
+                    nodes[i] = node
+            engine.reset(nodes)
+            self._rank = rank
+        else:
+            for name, node in frame.changed.items():
+                i = rank.get(name)
+                if i is not None:  # else a node without a GPUNode, and never ranked
+                    engine.set(i, node)
+        self._token = frame.token
+        return frame.adjusted
 
     @contextmanager
     def standings(self, demand: Demand, exclude_uid: str = "") -> Iterator[Standings]:
         """Every node's verdict on `demand` now, as `cache.nodes(exclude_uid=...)` would be judged."""
         with self._lock:
-            ranking = self._rankings.get(demand)
-            if ranking is None:
-                if len(self._rankings) >= self.max_shapes:
-                    self._rankings.clear()
-                ranking = self._rankings[demand] = Ranking(demand, self.policy, reason_text, self._rows)
-            frame = self.cache.frame(ranking.token, exclude_uid)
-            ranking.update(frame.token, frame.changed, frame.rank, frame.full)
-            yield ranking.standings(frame.adjusted)
+            adjusted = self._sync(exclude_uid)
+            shape = self.engine.shape(demand)
+            policy = self.policy
+            yield Standings(
+                self.engine,
+                shape,
+                self._rank,
+                {n: None if node is None else judge(node, demand, policy) for n, node in adjusted.items()},
+            )

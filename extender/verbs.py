@@ -1,4 +1,4 @@
-"""Filter and prioritize over a ranking's standings (pure); /explain is app.explain's."""
+"""Filter and prioritize over the placement engine's standings (pure); /explain is app.explain's."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from app import request
 from app.errors import ReasonKind, RequestError
 from app.explain import NO_GPUNODE
 from app.placement import normalize_scores
-from app.placement.ranking import Standings
+from app.placement.engine import Standings
 from extender.metrics import PendingReason
 
 # /explain is app.explain.explain, shared with `gpupack explain`.
@@ -88,7 +88,7 @@ SCANS = 4
 class Names(Collection[str]):
     """`in` over the node names of one request, without a set of them unless it pays.
 
-    The ranking asks about its best nodes first, and those are almost always among the names
+    The engine asks about its best nodes first, and those are almost always among the names
     kube-scheduler sends: scanning the list for a few (C string compares, 40 µs for 5 000 names at
     worst) costs less than building a set of every name (190 µs). Past `SCANS` lookups it builds the set.
     """

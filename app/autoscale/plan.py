@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from app import catalog
 from app.errors import PlacementReason
 from app.model import Demand, Gpu, Node
-from app.placement import Placement, Policy, place, to_allocation
-from app.placement.memo import MemoPolicy
+from app.placement import Placement, Policy, to_allocation
+from app.placement.engine import Engine
 
 VIRTUAL_PREFIX = "autoscale-virtual-"  # names of the nodes the planner imagines (never real ones)
 
@@ -91,7 +91,7 @@ def plan(
     the first pool whose model it accepts and whose nodes have enough GPUs for it; a pool's virtual nodes
     are filled by the policy before another one is imagined.
     """
-    policy = MemoPolicy(policy)  # a burst of pods shares a few shapes: unchanged nodes answer from the memo
+    engine = Engine(policy)  # a burst of pods shares a few shapes: unchanged nodes answer from memory
     real = {n.name: n for n in nodes}
     virtual: dict[str, Node] = {}
     pool_of: dict[str, Pool] = {}
@@ -99,7 +99,7 @@ def plan(
     fit_now: list[str] = []
     unplaceable: list[Unplaceable] = []
     for pod in pending:
-        got = place(real.values(), pod.demand, policy)
+        got = engine.place(real.values(), pod.demand)
         if isinstance(got, Placement):
             real[got.node.name] = _reserve(got, pod.demand)
             fit_now.append(pod.key)
@@ -109,11 +109,11 @@ def plan(
             unplaceable.append(Unplaceable(pod.key, _no_pool(pod.demand, pools)))
             continue
         mine = [n for name, n in virtual.items() if pool_of[name] == pool]
-        got = place(mine, pod.demand, policy)
+        got = engine.place(mine, pod.demand)
         if not isinstance(got, Placement):
             name = f"{VIRTUAL_PREFIX}{len(virtual)}"
             fresh = pool.empty_node(name)
-            got = place((fresh,), pod.demand, policy)
+            got = engine.place((fresh,), pod.demand)
             if not isinstance(got, Placement):
                 unplaceable.append(Unplaceable(pod.key, _refusal(got)))
                 continue

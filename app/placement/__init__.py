@@ -1,4 +1,4 @@
-"""Placement policies behind one interface, and `place`, the reference chooser the faster paths must match."""
+"""Placement policies behind one interface, the engine that chooses with them, and `place`, its reference."""
 
 from app.placement import binpack, fragaware, spread
 from app.placement.base import DEFAULT_POLICY, Policy, Registry, registry

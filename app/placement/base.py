@@ -1,10 +1,10 @@
-"""The one interface every placement policy implements, and the name -> policy registry."""
+"""The one interface every placement policy implements, and the registry of policies and their array forms."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from app.errors import PlacementReason
 from app.model import Demand, Node
@@ -30,7 +30,37 @@ class Policy(Protocol):
         ...
 
 
+@runtime_checkable
+class Evaluates(Protocol):
+    """A policy that finds its score and its GPUs in one evaluation (the engine keeps both per state)."""
+
+    def evaluate(self, node: Node, demand: Demand) -> tuple[float, tuple[int, ...]]:
+        """(score(node, demand), choose_gpus(node, demand)) for a node that passed filter."""
+        ...
+
+
+Judged = PlacementReason | float  # an array form's answer for one node: the refusal, or the score
+
+
+class ArrayForm(Protocol):
+    """A policy's own filter and score, on many nodes in one array pass, answer for answer the same."""
+
+    def covers(self, demand: Demand) -> bool:
+        """Whether `judge` answers for this demand (else every answer would be None)."""
+        ...
+
+    def read(self, node: Node) -> Any:
+        """What the pass reads of one node state (kept per state by the engine)."""
+        ...
+
+    def judge(self, nodes: Sequence[Node], reads: Sequence[Any], demand: Demand) -> list[Judged | None]:
+        """Per node (with `read(node)` beside it): the policy's refusal, else its score; None where the
+        pass leaves the node to the policy itself."""
+        ...
+
+
 PolicyFactory = Callable[[TargetWorkload], Policy]
+ArrayFactory = Callable[[Any], ArrayForm]
 
 
 class Registry:
@@ -38,6 +68,7 @@ class Registry:
 
     def __init__(self) -> None:
         self._factories: dict[str, PolicyFactory] = {}
+        self._arrays: dict[type, ArrayFactory] = {}
 
     def register(self, name: str) -> Callable[[PolicyFactory], PolicyFactory]:
         def add(factory: PolicyFactory) -> PolicyFactory:
@@ -45,6 +76,21 @@ class Registry:
             return factory
 
         return add
+
+    def register_array(self, policy_type: type) -> Callable[[ArrayFactory], ArrayFactory]:
+        """Declare the array form of `policy_type`'s scoring (for that exact type: a subclass may score
+        otherwise, and is judged one node at a time)."""
+
+        def add(factory: ArrayFactory) -> ArrayFactory:
+            self._arrays[policy_type] = factory
+            return factory
+
+        return add
+
+    def array_form(self, policy: Policy) -> ArrayForm | None:
+        """The array form declared for this policy's type, bound to it; None: judged node by node."""
+        factory = self._arrays.get(type(policy))
+        return None if factory is None else factory(policy)
 
     def names(self) -> tuple[str, ...]:
         return tuple(self._factories)

@@ -24,7 +24,11 @@ def memory_room(gpu: Gpu, margin_mib: int = FOREIGN_MARGIN_MIB) -> int:
 
 
 def gpu_fits(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> bool:
-    """One GPU can take one device's worth of `demand` (model, health, milli and memory room)."""
+    """One GPU can take one device's worth of `demand` (model, health, milli and memory room).
+
+    Array forms of a policy's filter (`fragaware_array`) compute these same checks from numbers on the GPUs
+    `array_modelled` admits: a rule added here that reads anything else must keep those GPUs out there.
+    """
     if not gpu.healthy or (demand.models and gpu.model not in demand.models):
         return False
     # `mode_admits`, asked only where it can say no (this runs per GPU per node per demand)
@@ -108,6 +112,19 @@ def mode_misfit(gpus: Sequence[Gpu], demand: Demand) -> str:
 
 def _indexes(indexes: Sequence[int]) -> str:
     return ", ".join(map(str, indexes))
+
+
+def array_modelled(gpu: Gpu) -> bool:
+    """Whether `gpu_fits` on this GPU reads only health, model, milli and memory room (what an array form
+    computes from numbers); a node with any other GPU is left to the policy's own filter. A CLOSED GPU
+    refuses every share (`mode_admits`), which the arrays do not model; demands with an isolation need
+    are left to the policy whole (`mode_neutral`)."""
+    return not gpu.mig_profile and gpu.sharing is not _CLOSED
+
+
+def host_fits(node: Node, demand: Demand) -> bool:
+    """The node-wide checks of `node_fits`: schedulable, host CPU and memory, MPS where a GPU pod asks."""
+    return _host_fits(node.schedulable, node.cpu_milli_free, node.memory_mib_free, node.mps, demand)
 
 
 def live_load(gpu: Gpu) -> tuple[int, int]:

@@ -3,19 +3,15 @@
 from __future__ import annotations
 
 import math
-import threading
 from dataclasses import dataclass
 
 from app.model import MILLI_PER_GPU, Demand, Node
 from app.placement import mig
-from app.placement.base import Policy, registry
+from app.placement.base import ArrayForm, Policy, registry
 from app.placement.fit import FitFilter, best_fit, gpu_fits, tie_order
-from app.placement.memo import NodeMemo
 from app.placement.workload import TargetWorkload
 
 Evaluation = tuple[float, tuple[int, ...]]  # (score, GPU indexes)
-# Evaluations a thread keeps for one demand: one scheduling pass over a large cluster.
-_RECENT_LIMIT = 8192
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,28 +50,15 @@ class FragAware(FitFilter):
             workload.settled_waste()
             for model, _ in workload.fleet:
                 workload.settled_for(model)
-        # score() evaluates a node; choose_gpus() on the node that won asks the same question again.
-        # Each thread (the extender shares a policy between threads) keeps its recent evaluations.
-        self._recent = threading.local()
 
     def score(self, node: Node, demand: Demand) -> float:
-        return self._remembered(node, demand)[0]
+        return self.evaluate(node, demand)[0]
 
     def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
-        return self._remembered(node, demand)[1]
+        return self.evaluate(node, demand)[1]
 
-    def _remembered(self, node: Node, demand: Demand) -> Evaluation:
-        """`_evaluate(node, demand)`, answered again without work for a node object this thread just
-        evaluated for this demand (nodes are immutable: the same object gives the same answer)."""
-        recent = self._recent.__dict__
-        memo: NodeMemo[Evaluation] | None = recent.get("memo")
-        last = recent.get("demand")
-        if memo is None or (last is not demand and last != demand):
-            memo = recent["memo"] = NodeMemo(lambda n: self._evaluate(n, demand), _RECENT_LIMIT)
-            recent["demand"] = demand
-        return memo(node)
-
-    def _evaluate(self, node: Node, demand: Demand) -> Evaluation:
+    def evaluate(self, node: Node, demand: Demand) -> Evaluation:
+        """The score and the GPUs in one evaluation (the engine keeps both per node state)."""
         frag = self.workload.node_frag
         model = node.model
         if demand.mig:
@@ -168,6 +151,15 @@ def _take(lefts: tuple[int, ...], free: int, milli: int) -> tuple[int, ...]:
 # full-coverage or GPU-weighted target workloads, steering CPU-only pods to busy nodes, applying the
 # settle term to GPU choice only, interpolating V for hole sizes the settle pool never visits.
 GPUPACK_OPTIONS = FragOptions(settle_weight=0.5, strand_weight=0.5, scarcity_weight=1.0)
+
+
+@registry.register_array(FragAware)
+def _array_form(policy: FragAware) -> ArrayForm:
+    # Imported on first use: numpy (~50 ms to import) stays out of processes that never judge in arrays
+    # (the simulator, the CLI's tools).
+    from app.placement.fragaware_array import FragAwareArray
+
+    return FragAwareArray(policy)
 
 
 @registry.register("fgd")

@@ -1,8 +1,9 @@
 """Choosing a node and GPUs for one demand with a policy, node by node: the reference chooser.
 
-`/explain` (and `gpupack explain`), repack's planners and the simulator's unindexed replay call `place`. The
-extender's filter (rankings over `app.placement.ranking`, with the array pass of `batch`) and the simulator's
-indexed replay do not; they are tested to decide exactly as `place` does.
+The definition the placement engine (`app.placement.engine`) is tested against: the extender (/filter,
+/prioritize, /explain), `gpupack explain`, the simulator, repack and autoscale choose through the engine,
+which must decide exactly as `place` does. Only the tests and the simulator's unindexed replay (its oracle
+run) call `place` itself.
 """
 
 from __future__ import annotations

@@ -15,8 +15,8 @@ from enum import StrEnum
 from typing import Any
 
 from app.model import MILLI_PER_GPU, Allocation, Demand, Node
-from app.placement import Placement, Policy, place, to_allocation
-from app.placement.memo import MemoPolicy
+from app.placement import Placement, Policy, to_allocation
+from app.placement.engine import Engine
 
 
 class Goal(StrEnum):
@@ -196,12 +196,12 @@ class State:
         return nodes
 
 
-def predict(state: State, pod: PodRef, policy: Policy) -> Allocation | None:
+def predict(state: State, pod: PodRef, engine: Engine) -> Allocation | None:
     """Where the extender puts the pod's replacement, if that does not depend on when the old pod goes."""
     after = state.take(pod)
     answers = []
     for nodes in (state.nodes, after):
-        got = place(state.ordered(nodes, pod.nodes), pod.demand, policy)
+        got = engine.place(state.ordered(nodes, pod.nodes), pod.demand)
         if not isinstance(got, Placement):
             return None
         answers.append((got.node.name, got.gpus))
@@ -222,7 +222,7 @@ def _target_helps(state: State, target: Allocation, drained: set[GpuRef], goal: 
 
 
 def _drain(
-    state: State, source: set[GpuRef], policy: Policy, goal: Goal, budgets: Mapping[str, int]
+    state: State, source: set[GpuRef], engine: Engine, goal: Goal, budgets: Mapping[str, int]
 ) -> tuple[State, list[Move]] | None:
     """Move every pod off `source`, or None when one of them cannot go somewhere that helps."""
     trial = state.copy()
@@ -242,7 +242,7 @@ def _drain(
             # back there, so neither does the prediction (else the best fit is often the hole just left).
             gone = {n for n, _ in source}
             pod = replace(pod, nodes=frozenset(n for n in (pod.nodes or trial.order) if n not in gone))
-        target = predict(trial, pod, policy)
+        target = predict(trial, pod, engine)
         if target is None or not _target_helps(trial, target, source, goal):
             return None
         moves.append(trial.relocate(pod, target))
@@ -283,7 +283,7 @@ def plan(
     `nodes` in placement order (the extender's natural name order), with every pod's share applied;
     `budgets` maps each PodDisruptionBudget (namespace/name) to its status.disruptionsAllowed.
     """
-    policy = MemoPolicy(policy)  # one place() per trial: unchanged nodes answer from the memo
+    engine = Engine(policy)  # one place() per trial: unchanged nodes answer from remembered verdicts
     state = State(nodes, pods)
     kept = state.pin_kept(budgets)
     used_before = {r for r in state.on_gpu if state.used(r)}
@@ -297,7 +297,7 @@ def plan(
             used = [r for r in source if state.used(r)]
             if not used or any(r in state.pinned for r in used):
                 continue  # an earlier drain of this pass emptied it or moved a replacement onto it
-            done = _drain(state, source, policy, goal, budgets)
+            done = _drain(state, source, engine, goal, budgets)
             if done is None:
                 continue
             trial, new = done

@@ -16,8 +16,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from app.model import Demand, Node
-from app.placement import Placement, Policy, place
-from app.placement.memo import MemoPolicy
+from app.placement import Placement, Policy
+from app.placement.engine import Engine
 from app.repack.plan import (
     Goal,
     GpuRef,
@@ -79,7 +79,7 @@ def _gpu_clearing(
 
 
 def _clearings(
-    state: State, movable: set[str], name: str, demand: Demand, *, policy: Policy, most: int
+    state: State, movable: set[str], name: str, demand: Demand, *, engine: Engine, most: int
 ) -> list[_Clearing]:
     """Ways to clear room for `demand` on one node with at most `most` moves."""
     node = state.nodes[name]
@@ -104,20 +104,20 @@ def _clearings(
         trial = node
         for uid in uids:
             trial = with_share(trial, state.pods[uid].alloc, state.pods[uid].demand, -1)
-        if policy.filter(trial, demand) is not None:
+        if not engine.verdict(trial, demand).fits:
             continue  # host CPU or memory, the model, MPS: moving these pods does not make it fit
         milli = sum(state.pods[u].alloc.milli * len(state.pods[u].alloc.gpu_indexes) for u in uids)
         out.append(_Clearing(name, frozenset((name, g) for g in gpus), uids, milli))
     return out
 
 
-def _carry_out(state: State, clearing: _Clearing, policy: Policy) -> tuple[State, list[Move]] | None:
+def _carry_out(state: State, clearing: _Clearing, engine: Engine) -> tuple[State, list[Move]] | None:
     """Move the clearing's pods, each where the extender puts it and off the room; None if one cannot."""
     trial = state.copy()
     moves = []
     for uid in clearing.uids:
         pod = trial.pods[uid]
-        target = predict(trial, pod, policy)
+        target = predict(trial, pod, engine)
         if target is None or any((target.node, i) in clearing.refs for i in target.gpu_indexes):
             return None
         moves.append(trial.relocate(pod, target))
@@ -128,7 +128,7 @@ def make_room(
     nodes: Sequence[Node],
     pods: Sequence[PodRef],
     budgets: Mapping[str, int],
-    policy: Policy,
+    policy: Policy | Engine,
     demand: Demand,
     *,
     allowed: frozenset[str] | None = None,
@@ -143,12 +143,13 @@ def make_room(
     `fits_now` answers as `place` would whether a running pod's shape fits somewhere as the cluster is
     (the simulator's incremental index; default: `place` over `nodes`).
     """
-    policy = policy if isinstance(policy, MemoPolicy) else MemoPolicy(policy)  # a caller's memo is kept
+    # A caller's engine is kept: its remembered verdicts on unchanged nodes carry over between calls.
+    engine = policy if isinstance(policy, Engine) else Engine(policy)
     state = State(nodes, pods)
     kept = state.pin_kept(budgets)
 
     def fits(s: State, d: Demand = demand, where: frozenset[str] | None = allowed) -> Placement | None:
-        got = place(s.ordered(s.nodes, where), d, policy)
+        got = engine.place(s.ordered(s.nodes, where), d)
         return got if isinstance(got, Placement) else None
 
     # A pod that fits nowhere else now cannot move: the room's own GPUs are no target, and every
@@ -166,7 +167,7 @@ def make_room(
     }
 
     def room(got: Placement, moves: Sequence[Move]) -> Room:
-        return Room(got.node.name, got.gpus, Plan(Goal.ROOM, policy.name, tuple(moves), (), (), kept))
+        return Room(got.node.name, got.gpus, Plan(Goal.ROOM, engine.name, tuple(moves), (), (), kept))
 
     now = fits(state)
     if now is not None:
@@ -177,10 +178,10 @@ def make_room(
         c
         for name in state.order
         if name in hosts and (allowed is None or name in allowed)
-        for c in _clearings(state, movable, name, demand, policy=policy, most=max_moves)
+        for c in _clearings(state, movable, name, demand, engine=engine, most=max_moves)
     ]
     for clearing in sorted(options, key=lambda c: c.rank(order)):
-        done = _carry_out(state, clearing, policy)
+        done = _carry_out(state, clearing, engine)
         if done is None:
             continue
         trial, moves = done

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from app.model import MILLI_PER_GPU, Allocation, Demand, Node
 from app.placement import Policy, TargetWorkload, to_allocation
 from app.repack.plan import Move, PodRef, plan
-from app.sim.engine import Cluster, IndexedChooser, arrival_sequence
+from app.sim.engine import Cluster, arrival_sequence, chooser
 from app.sim.loader import TracePod
 
 
@@ -53,7 +53,7 @@ class _Running:
 class Replay:
     def __init__(self, nodes: Sequence[Node], policy: Policy, workload: TargetWorkload, order: list[int]):
         self.cluster = Cluster([nodes[j] for j in order], workload)
-        self.chooser = IndexedChooser(self.cluster, policy)
+        self.chooser = chooser(self.cluster, policy)
         self.policy = policy
         self.running: dict[str, _Running] = {}
         self.capacity = MILLI_PER_GPU * sum(len(n.gpus) for n in nodes)
@@ -71,17 +71,17 @@ class Replay:
     def _put(self, uid: str, i: int, demand: Demand) -> tuple[int, ...]:
         """Reserve the pod on node i, on the GPUs the policy chooses there; returns them."""
         node = self.cluster.nodes[i]
-        gpus = self.policy.choose_gpus(node, demand)
+        gpus = self.chooser.gpus(i, demand)
         alloc = to_allocation(node, demand, gpus) if gpus else None
         self.cluster.apply(i, demand, gpus)
-        self.chooser.changed(i)
+        self.chooser.set(i, self.cluster.nodes[i])
         self.running[uid] = _Running(uid, i, gpus, demand, alloc)
         return gpus
 
     def depart(self, uid: str) -> None:
         pod = self.running.pop(uid)
         self.cluster.release(pod.node, pod.demand, pod.gpus)
-        self.chooser.changed(pod.node)
+        self.chooser.set(pod.node, self.cluster.nodes[pod.node])
 
     def idle_gpus(self) -> int:
         return sum(g.milli_used == 0 for n in self.cluster.nodes for g in n.gpus)

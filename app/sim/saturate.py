@@ -17,13 +17,11 @@ from enum import StrEnum
 
 from app.model import MILLI_PER_GPU, Node
 from app.placement import Policy, TargetWorkload
-from app.placement.memo import MemoPolicy
+from app.placement.engine import Engine
 from app.repack.room import DEFAULT_MAX_MOVES, make_room
 from app.sim.churn import Replay
 from app.sim.engine import arrival_sequence
 from app.sim.loader import TracePod
-
-SHAPES = 1024
 
 
 class Mode(StrEnum):
@@ -72,7 +70,7 @@ def saturate(
     seq, order = arrival_sequence(pods, len(nodes), capacity, seed, inflate)
     # The room planner's answers for unchanged nodes carry over between failures; it asks about every
     # pod shape of the trace (a few hundred), not the handful a live cluster has.
-    memo = MemoPolicy(policy, shapes=SHAPES)
+    engine = Engine(policy)
     sim = Replay(nodes, policy, workload, order)
     arrived = evictions = failed = rescued = 0
     at_100: list[float] = []
@@ -88,7 +86,7 @@ def saturate(
                 sim.cluster.nodes,
                 sim.pod_refs(),
                 {},
-                memo,
+                engine,
                 pod.demand,
                 max_moves=max_moves,
                 fits_now=lambda p: sim.chooser.choose(p.demand) is not None,

@@ -57,12 +57,12 @@ def test_top_renders_bars_and_totals() -> None:
     assert bar(1200) == "[####################]!"
 
 
-def test_memo_policy_answers_like_the_policy_and_never_reuses_a_changed_node() -> None:
+def test_the_engine_remembers_verdicts_per_node_state_and_never_reuses_a_changed_node() -> None:
     from dataclasses import replace
 
     from app.model import Demand
     from app.placement import registry
-    from app.placement.memo import MemoPolicy
+    from app.placement.engine import Engine
 
     calls: list[str] = []
     inner = registry.create("binpack")
@@ -81,14 +81,15 @@ def test_memo_policy_answers_like_the_policy_and_never_reuses_a_changed_node() -
         def choose_gpus(self, node: Node, demand: Demand) -> tuple[int, ...]:
             return inner.choose_gpus(node, demand)
 
-    memo = MemoPolicy(Counting())  # type: ignore[arg-type]
+    engine = Engine(Counting())  # type: ignore[arg-type]
     node = state((600, 0)).nodes["n0"]
     d = Demand(count=1, milli=500)
-    assert memo.filter(node, d) is None and memo.score(node, d) == inner.score(node, d)
-    assert memo.filter(node, d) is None and memo.score(node, d) == inner.score(node, d)
+    for _ in range(2):
+        v = engine.verdict(node, d)
+        assert v.fits and v.score == inner.score(node, d)
     assert calls == ["filter", "score"]
     full = replace(node, gpus=tuple(replace(g, milli_used=1000) for g in node.gpus))
-    reason = memo.filter(full, d)
+    reason = engine.verdict(full, d).reason
     assert reason is not None and reason.rule == "no GPU with 0.50 free: best has 0.00"
     assert calls == ["filter", "score", "filter"]
 

@@ -37,7 +37,7 @@ from app.kube.gpunode import (
     MpsStatus,
 )
 from app.model import Demand, Gpu, Node
-from app.placement import Placement, batch, place, registry
+from app.placement import Placement, place, registry
 from app.placement.fit import headroom, headroom_fits, is_share, node_fits, node_misfit
 from app.podview import ContainerView, Kind, PodView
 from app.request import GpuRequest
@@ -240,7 +240,7 @@ DEMANDS = (
 
 
 def test_the_fast_paths_agree_with_the_rule_on_random_modes() -> None:
-    """headroom (the simulator's replay) and the numpy pass (the extender's ranking) answer as node_fits
+    """headroom (the simulator's replay) and the policy's array form (the engine's many-node pass) answer as node_fits
     and the policy's filter do, wherever they answer, on nodes of every mode and level."""
     rng = random.Random(7)
     nodes = [
@@ -248,8 +248,10 @@ def test_the_fast_paths_agree_with_the_rule_on_random_modes() -> None:
         for k in range(300)
     ]
     policy = registry.create("fragaware")
+    form = registry.array_form(policy)
+    assert form is not None
     for demand in DEMANDS:
-        judged = batch.judge(nodes, demand, policy)
+        judged = form.judge(nodes, [form.read(n) for n in nodes], demand)
         for n, answer in zip(nodes, judged, strict=True):
             if is_share(demand):
                 assert headroom_fits(headroom(n), demand) == node_fits(n, demand), (n, demand)
@@ -257,11 +259,11 @@ def test_the_fast_paths_agree_with_the_rule_on_random_modes() -> None:
                 continue
             reason = policy.filter(n, demand)
             assert answer == (reason if reason is not None else policy.score(n, demand)), (n, demand)
-        if not batch.covers(policy, demand):
+        if not form.covers(demand):
             assert judged == [None] * len(nodes)
     # Only demands without an isolation need take the fast paths.
-    assert not is_share(HALF_NONE) and not batch.covers(policy, HALF_NONE)
-    assert is_share(HALF) and batch.covers(policy, HALF)
+    assert not is_share(HALF_NONE) and not form.covers(HALF_NONE)
+    assert is_share(HALF) and form.covers(HALF)
 
 
 # --- the GPUNode carries it to placement ---

@@ -14,7 +14,7 @@ from app.cli import main
 from app.model import Demand, Node
 from app.placement import Placement, TargetWorkload, place, registry
 from app.sim import command
-from app.sim.engine import Cluster, IndexedChooser, arrival_sequence, simulate
+from app.sim.engine import Cluster, arrival_sequence, chooser, simulate
 from app.sim.loader import TraceError, TracePod, load_nodes, load_pods, read_nodes, read_pods
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sim"
@@ -262,24 +262,25 @@ def test_the_chooser_agrees_with_place_while_pods_arrive_and_leave(name: str) ->
     rng = random.Random(name)
     policy = registry.create(name, wl)
     cluster = Cluster(list(nodes), wl)
-    chooser = IndexedChooser(cluster, policy)
+    engine = chooser(cluster, policy)
     running: list[tuple[int, Demand, tuple[int, ...]]] = []
     placed = 0
     for _ in range(1500):
         if running and rng.random() < 0.35:
             i, demand, gpus = running.pop(rng.randrange(len(running)))
             cluster.release(i, demand, gpus)
-            chooser.changed(i)
+            engine.set(i, cluster.nodes[i])
             continue
         demand = rng.choice(pods).demand
         expected = place(cluster.nodes, demand, policy)
-        i = chooser.choose(demand)
+        i = engine.choose(demand)
         if not isinstance(expected, Placement):
             assert i is None
             continue
         assert i is not None and cluster.nodes[i] is expected.node
+        assert engine.gpus(i, demand) == expected.gpus
         cluster.apply(i, demand, expected.gpus)
-        chooser.changed(i)
+        engine.set(i, cluster.nodes[i])
         running.append((i, demand, expected.gpus))
         placed += 1
     assert placed > 500 and len(running) < placed  # both arrivals and departures happened

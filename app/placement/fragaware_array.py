@@ -1,14 +1,16 @@
-"""FragAware's filter and score on many nodes in one numpy pass, float for float the scalar answer (pure).
+"""FragAware's array form: its filter and score on many nodes in one numpy pass, float for float (pure).
 
-A new demand shape is judged on every node at once. Per node arrays hold each GPU's free milli, memory
-room and health; the fit mask, the "after" states (one per GPU for a share, the best-fit GPUs for whole and
-multi-GPU demands) and `TargetWorkload.node_frag`'s sum over the workload's shapes are array operations
-that add the same terms in the same order, so every float is the scalar path's. Only the sigmoid's exp may
-differ by an ulp from `math.exp`: a node whose score lands next to an integer is scored again the scalar
-way. Nodes the pass does not model (MIG devices, GPUs of mixed models or sizes, an over-committed GPU, a
-CLOSED GPU), demands with an isolation need (`fit.mode_neutral`) and refusals other than a GPU share or
-memory shortfall are left to the policy itself (None in the answer).
-What the pass reads of a node is kept per node object (`Rows`), so later shapes skip reading the GPUs.
+Declared for the FragAware type in the registry (in `fragaware`; found by `Registry.array_form`): the
+engine hands it a new demand shape's nodes, or a batch of changed ones. Per node arrays hold each GPU's
+free milli, memory room and health; the fit mask, the "after" states (one per GPU for a share, the best-fit
+GPUs for whole and multi-GPU demands) and `TargetWorkload.node_frag`'s sum over the workload's shapes are
+array operations that add the same terms in the same order, so every float is the scalar path's. Only the
+sigmoid's exp may differ by an ulp from `math.exp`: a node whose score lands next to an integer is scored
+again the scalar way. Nodes the pass does not model (MIG devices, GPUs of mixed models or sizes, an
+over-committed GPU, GPUs `fit.array_modelled` keeps out, such as a CLOSED one), demands with an
+isolation need (`fit.mode_neutral`) and refusals other than a GPU share or memory
+shortfall are left to the policy itself (None in the answer). What the pass reads of a node (`read`) is
+kept by the engine per node state, so later shapes skip reading the GPUs.
 """
 
 from __future__ import annotations
@@ -21,88 +23,69 @@ import numpy as np
 import numpy.typing as npt
 
 from app.errors import PlacementReason, Shortfall
-from app.isolation import Sharing
 from app.model import MILLI_PER_GPU, Demand, Node
-from app.placement.base import Policy
-from app.placement.fit import mode_neutral
+from app.placement.base import Judged
+from app.placement.fit import array_modelled, host_fits, mode_neutral
 from app.placement.fragaware import FragAware, score_of
-from app.placement.memo import NodeMemo
 from app.placement.workload import TargetWorkload
 
 Ints = npt.NDArray[np.int64]
 Floats = npt.NDArray[np.float64]
 Bools = npt.NDArray[np.bool_]
-Judged = PlacementReason | float  # a refusal, or the fitting node's score
 # A sigmoid value this close to an integer may truncate differently with math.exp: score it again.
 _NEAR_INTEGER = 1e-9
 _NOT_FITTING = 2 * MILLI_PER_GPU  # sorts after every free share
 
-
-def covers(policy: Policy, demand: Demand) -> bool:
-    """Whether `judge` answers for this policy and demand (else every answer would be None)."""
-    return (
-        type(policy) is FragAware
-        and demand.count > 0
-        and not demand.mig
-        and not demand.mig_profile
-        and (demand.milli is not None or demand.memory_mib is not None)
-        and mode_neutral(demand)
-    )
-
-
 Group = tuple[int, str, int]  # GPUs, model, memory of each GPU
 # A node's group, and its GPUs' (milli used, healthy, memory used, foreign memory) one after another.
 Row = tuple[Group, tuple[int, ...]]
-# Node states whose rows are kept: a pass over 5 000 nodes reads 40 000 GPUs, a third of its time.
-ROWS_SIZE = 20_000
 
 
-class Rows(NodeMemo["Row | None"]):
-    """What the pass reads of each node object, kept across demands (a node's GPUs are one for every pod);
-    a changed node is a new object, read again. `get(node)` is None when the pass does not model it."""
+class FragAwareArray:
+    """`FragAware`'s filter and score for whole-GPU shares, in array passes (see the module docstring)."""
 
-    __slots__ = ()
+    def __init__(self, policy: FragAware) -> None:
+        self.policy = policy
 
-    def __init__(self, size: int = ROWS_SIZE) -> None:
-        super().__init__(_row, size)
+    def covers(self, demand: Demand) -> bool:
+        return (
+            demand.count > 0
+            and not demand.mig
+            and not demand.mig_profile
+            and (demand.milli is not None or demand.memory_mib is not None)
+            and mode_neutral(demand)
+        )
 
-    get = NodeMemo.__call__
+    def read(self, node: Node) -> Row | None:
+        """None unless every GPU is one the arrays model (`fit.array_modelled`: whole GPUs, for now) and
+        all are of one model and size (MIG devices, mixes, GPUs under other rules: the policy's)."""
+        gpus = node.gpus
+        kinds = set(map(_kind, gpus))
+        if len(kinds) != 1 or not all(map(array_modelled, gpus)):
+            return None  # no GPUs, GPUs of several models or sizes, or a GPU under a rule arrays skip
+        _, model, memory_mib = kinds.pop()
+        return (len(gpus), model, memory_mib), tuple(chain.from_iterable(map(_usage, gpus)))
 
-
-def _row(node: Node) -> Row | None:
-    """None unless every GPU is a whole GPU of one model and size (MIG devices and mixes: the policy's)."""
-    gpus = node.gpus
-    kinds = set(map(_kind, gpus))
-    if len(kinds) != 1:
-        return None  # no GPUs, or GPUs of several models or sizes
-    model, memory_mib, mig_profile = kinds.pop()
-    if mig_profile or any(g.sharing is Sharing.CLOSED for g in gpus):
-        return None
-    return (len(gpus), model, memory_mib), tuple(chain.from_iterable(map(_usage, gpus)))
-
-
-_kind = attrgetter("model", "memory_mib", "mig_profile")
-_usage = attrgetter("milli_used", "healthy", "memory_used_mib", "foreign_mib")
-
-
-def judge(
-    nodes: Sequence[Node], demand: Demand, policy: Policy, rows: Rows | None = None
-) -> list[Judged | None]:
-    """Per node: the refusal `policy.filter` gives, else `policy.score`; None where the caller must ask."""
-    out: list[Judged | None] = [None] * len(nodes)
-    if not isinstance(policy, FragAware) or not covers(policy, demand):
+    def judge(
+        self, nodes: Sequence[Node], reads: Sequence[Row | None], demand: Demand
+    ) -> list[Judged | None]:
+        """Per node: the refusal `policy.filter` gives, else `policy.score`; None where the policy must."""
+        out: list[Judged | None] = [None] * len(nodes)
+        if not self.covers(demand):
+            return out
+        groups: dict[Group, tuple[list[int], list[int]]] = {}
+        for i, row in enumerate(reads):
+            if row is not None:
+                idx, usage = groups.setdefault(row[0], ([], []))
+                idx.append(i)
+                usage += row[1]
+        for (_, model, memory_mib), (idx, usage) in groups.items():
+            _Pass(self.policy, demand, (model, memory_mib), [nodes[i] for i in idx], usage).fill(out, idx)
         return out
-    get = (rows if rows is not None else Rows()).get
-    groups: dict[Group, tuple[list[int], list[int]]] = {}
-    for i, node in enumerate(nodes):
-        row = get(node)
-        if row is not None:
-            idx, usage = groups.setdefault(row[0], ([], []))
-            idx.append(i)
-            usage += row[1]
-    for (_, model, memory_mib), (idx, usage) in groups.items():
-        _Pass(policy, demand, (model, memory_mib), [nodes[i] for i in idx], usage).fill(out, idx)
-    return out
+
+
+_kind = attrgetter("mig_profile", "model", "memory_mib")
+_usage = attrgetter("milli_used", "healthy", "memory_used_mib", "foreign_mib")
 
 
 def _column(values: list[int | None]) -> tuple[Ints, Bools]:
@@ -134,12 +117,10 @@ class _Pass:
         # memory_room: total - reserved - foreign, less the margin where foreign processes run
         self.room: Ints = memory_mib - gpus[:, :, 2] - foreign - np.where(self.foreign, policy.margin_mib, 0)
         self.cpu, self.cpu_known = _column([n.cpu_milli_free for n in nodes])
-        mem, mem_known = _column([n.memory_mib_free for n in nodes])
-        host_ok = np.array([n.schedulable and (n.mps or not demand.needs_mps) for n in nodes], dtype=np.bool_)
+        # The node-wide rules are fit.py's own (one place for every feasibility rule), asked per node.
+        host_ok = np.fromiter((host_fits(n, demand) for n in nodes), dtype=np.bool_, count=len(nodes))
         # An over-committed GPU (reservations past its capacity) is the policy's to judge.
         host_ok &= ((self.free >= 0) & (self.free <= MILLI_PER_GPU)).all(axis=1)
-        host_ok &= ~self.cpu_known | (demand.cpu_milli <= self.cpu)
-        host_ok &= ~mem_known | (demand.host_memory_mib <= mem)
         self.host_ok = host_ok
         self.share_ok = self.healthy & (self.milli <= self.free)
         self.gpu_fit = self.share_ok & (self.mib <= self.room) & demand.accepts(model)

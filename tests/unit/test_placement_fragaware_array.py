@@ -1,4 +1,4 @@
-"""The numpy pass judges every node exactly as the policy does one node at a time.
+"""FragAware's array form judges every node exactly as the policy does one node at a time.
 
 Random clusters mix what the pass models (whole GPUs of one kind: fractions, memory shares, whole and
 multi-GPU demands, unhealthy GPUs, CPU- and memory-limited hosts, foreign memory use) with what it hands
@@ -14,9 +14,10 @@ import pytest
 
 from app.explain import reason_text
 from app.model import Allocation, Demand, Gpu, Node
-from app.placement import batch, registry
+from app.placement import registry
+from app.placement.base import Judged, Policy
+from app.placement.engine import Engine
 from app.placement.fragaware import GPUPACK_OPTIONS, FragAware, FragOptions
-from app.placement.ranking import Ranking
 from app.placement.workload import PodShape, TargetWorkload, default_workload
 
 DEMANDS = (
@@ -34,6 +35,14 @@ DEMANDS = (
     Demand(1, milli=300, models=frozenset({"H100-80GB"})),
     Demand(1, milli=200, needs_mps=True),
 )
+
+
+def judge(nodes: list[Node], demand: Demand, policy: Policy) -> list[Judged | None]:
+    """The array form the registry finds for `policy` on `nodes` (all None where it declares none)."""
+    form = registry.array_form(policy)
+    if form is None:
+        return [None] * len(nodes)
+    return form.judge(nodes, [form.read(n) for n in nodes], demand)
 
 
 def random_gpu(rng: random.Random, index: int, model: str, memory: int) -> Gpu:
@@ -114,7 +123,7 @@ def test_the_pass_answers_as_the_policy(policy_name: str, seed: int) -> None:
     nodes = [random_node(rng, i) for i in range(300)]
     answered = 0
     for demand in DEMANDS:
-        got = batch.judge(nodes, demand, policy)
+        got = judge(nodes, demand, policy)
         for node, answer in zip(nodes, got, strict=True):
             if answer is None:
                 continue
@@ -139,7 +148,7 @@ def test_the_pass_scores_bench_like_nodes_exactly() -> None:
     for milli in (100, 250, 500, 1000):
         for count in (1, 2) if milli == 1000 else (1,):
             demand = Demand(count, milli=milli, cpu_milli=2000)
-            got = batch.judge(nodes, demand, policy)
+            got = judge(nodes, demand, policy)
             assert all(a is not None for a in got)
             want = [policy.filter(n, demand) or policy.score(n, demand) for n in nodes]
             assert got == want
@@ -147,52 +156,53 @@ def test_the_pass_scores_bench_like_nodes_exactly() -> None:
 
 def test_other_policies_and_mig_demands_are_left_to_the_policy() -> None:
     nodes = [random_node(random.Random(1), i) for i in range(20)]
-    assert set(batch.judge(nodes, Demand(1, milli=100), registry.create("binpack"))) == {None}
+    assert set(judge(nodes, Demand(1, milli=100), registry.create("binpack"))) == {None}
     mig = Demand(1, memory_mib=10240, mig=True)
-    assert set(batch.judge(nodes, mig, registry.create("fragaware"))) == {None}
+    assert set(judge(nodes, mig, registry.create("fragaware"))) == {None}
 
 
 class OneByOne(FragAware):
     """The same policy, which the pass does not cover (another type): judged node by node."""
 
 
-def test_a_ranking_from_the_pass_equals_one_judged_node_by_node() -> None:
+def test_the_engine_with_the_array_form_equals_one_judged_node_by_node() -> None:
     rng = random.Random(11)
-    nodes = {f"n{i}": random_node(rng, i) for i in range(400)}
-    rank = {name: i for i, name in enumerate(nodes)}
+    nodes = [random_node(rng, i) for i in range(400)]
     workload = default_workload()
     fast_policy = FragAware(workload, options=GPUPACK_OPTIONS)
     slow_policy = OneByOne(workload, options=GPUPACK_OPTIONS)
-    rows = batch.Rows()
+    fast, slow = Engine(fast_policy, describe=reason_text), Engine(slow_policy, describe=reason_text)
+    assert fast.array is not None and slow.array is None
     for demand in DEMANDS:
-        fast = Ranking(demand, fast_policy, reason_text, rows)
-        slow = Ranking(demand, slow_policy, reason_text)
-        assert batch.covers(fast_policy, demand) or demand.mig
-        assert not batch.covers(slow_policy, demand)
-        for r in (fast, slow):
-            r.update(1, nodes, rank, full=True)
-        assert {n: (v.reason, v.score) for n, v in fast.verdicts.items()} == {
-            n: (v.reason, v.score) for n, v in slow.verdicts.items()
-        }
-        assert fast.refused == slow.refused
-        assert fast.best(nodes.keys(), ()) == slow.best(nodes.keys(), ())
+        assert fast.array.covers(demand) or demand.mig
+        for e in (fast, slow):
+            e.reset(nodes)
+        a, b = fast.shape(demand), slow.shape(demand)
+        assert [(v.reason, v.score) if v else None for v in a.verdicts] == [
+            (v.reason, v.score) if v else None for v in b.verdicts
+        ]
+        assert a.refused == b.refused
+        assert fast.best(a) == slow.best(b)
         # Many nodes change at once (a relist): judged again in one pass, still the same answers.
-        changed = {n: node.reserve(()).charge_host(1000, 0) for n, node in list(nodes.items())[:100]}
-        for r in (fast, slow):
-            r.update(2, changed, rank, full=False)
-        assert fast.refused == slow.refused
-        assert fast.best(nodes.keys(), ()) == slow.best(nodes.keys(), ())
+        for e in (fast, slow):
+            for i in range(100):
+                e.set(i, nodes[i].reserve(()).charge_host(1000, 0))
+        a, b = fast.shape(demand), slow.shape(demand)
+        assert a.refused == b.refused
+        assert fast.best(a) == slow.best(b)
 
 
-def test_rows_kept_across_shapes_follow_changed_nodes() -> None:
-    """A node that took a pod is a new object: its GPUs are read again, never answered from the old row."""
+def test_reads_kept_per_node_state_follow_changed_nodes() -> None:
+    """A node that took a pod is a new object: its GPUs are read again, never answered from the old read."""
     rng = random.Random(5)
     policy = registry.create("fragaware")
-    rows = batch.Rows(size=50)  # small: the table also starts over while in use
+    engine = Engine(policy, states_size=50)  # small: the table also starts over while in use
+    form = engine.array
+    assert form is not None
     nodes = [random_node(rng, i) for i in range(40)]
     for step in range(6):
         demand = DEMANDS[step % len(DEMANDS)]
-        got = batch.judge(nodes, demand, policy, rows)
+        got = form.judge(nodes, [engine.read(n) for n in nodes], demand)
         for node, answer in zip(nodes, got, strict=True):
             if answer is not None:
                 assert answer == (policy.filter(node, demand) or policy.score(node, demand))

@@ -1,0 +1,163 @@
+"""The placement engine decides exactly as `place` over its positions, whatever happened to them.
+
+Random clusters (whole GPUs, MIG devices, mixed models, cordoned and MPS-less nodes) change position by
+position (pods taken and given back, nodes gone and back, whole resets); after every step the engine's choice,
+GPUs, verdicts and refusals are compared with `place` and the policy's own answers, in each of its modes:
+refusals kept (the extender), scores only (by identity, and by value as the simulator interns), and with a
+state table small enough to start over while in use.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from app.model import Allocation, Demand, Gpu, Node
+from app.placement import Placement, place, registry
+from app.placement.engine import Engine
+from tests.unit.test_placement_fragaware_array import DEMANDS, random_node
+
+POLICIES = ("binpack", "spread", "fgd", "fragaware")
+
+
+def changed(rng: random.Random, node: Node) -> Node:
+    """The node after a pod came or went: a share on one whole GPU, or host CPU taken or given back."""
+    whole = [g for g in node.gpus if not g.mig_profile]
+    if whole and rng.random() < 0.7:
+        g = rng.choice(whole)
+        milli = rng.choice((-200, -100, 100, 250)) if g.milli_used else rng.choice((100, 250, 500, 1000))
+        milli = max(-g.milli_used, min(milli, 1000 - g.milli_used))
+        mib = max(-g.memory_used_mib, milli * g.memory_mib // 1000)
+        return node.reserve((Allocation(node.name, (g.index,), (), milli, mib),))
+    cpu = rng.choice((-4000, 4000))
+    return replace(node, cpu_milli_free=None if node.cpu_milli_free is None else node.cpu_milli_free + cpu)
+
+
+def agrees(engine: Engine, nodes: list[Node | None], demand: Demand) -> None:
+    policy = engine.policy
+    present = [n for n in nodes if n is not None]
+    expected = place(present, demand, policy)
+    shape = engine.shape(demand)
+    i = engine.best(shape)
+    if not isinstance(expected, Placement):
+        assert i is None, (demand, nodes[i] if i is not None else None)
+        return
+    assert i is not None and nodes[i] is expected.node, demand
+    assert engine.gpus(i, demand) == expected.gpus
+    if engine.refusals:
+        for k, node in enumerate(nodes):
+            v = shape.verdicts[k]
+            if node is None:
+                assert v is None and k not in shape.refused
+                continue
+            assert v is not None
+            reason = policy.filter(node, demand)
+            assert v.reason == reason
+            if reason is None:
+                assert v.score == policy.score(node, demand) and k not in shape.refused
+            else:
+                assert shape.refused[k][0] == reason
+
+
+@pytest.mark.parametrize("mode", ["refusals", "scores", "by-value", "small"])
+@pytest.mark.parametrize("policy_name", POLICIES)
+def test_the_engine_chooses_as_place_while_positions_change(policy_name: str, mode: str) -> None:
+    rng = random.Random(f"{policy_name}-{mode}")
+    policy = registry.create(policy_name)
+    if mode == "by-value":
+        engine = Engine(policy, refusals=False, by_value=True)
+    elif mode == "scores":
+        engine = Engine(policy, refusals=False)
+    elif mode == "small":
+        engine = Engine(policy, states_size=40, max_shapes=3)
+    else:
+        engine = Engine(policy)
+    nodes: list[Node | None] = [random_node(rng, i) for i in range(60)]
+    engine.reset(nodes)
+    for step in range(300):
+        roll = rng.random()
+        if roll < 0.02:  # a relist: every position anew, most nodes the same objects as before
+            nodes = [n if n is None or rng.random() < 0.8 else changed(rng, n) for n in nodes]
+            engine.reset(nodes)
+        else:
+            for _ in range(rng.choice((1, 1, 2, 20))):  # sometimes a batch: the array pass
+                k = rng.randrange(len(nodes))
+                node = nodes[k]
+                if node is None:
+                    node = random_node(rng, k)
+                elif rng.random() < 0.03:
+                    node = None
+                else:
+                    node = changed(rng, node)
+                nodes[k] = node
+                engine.set(k, node)
+        agrees(engine, nodes, DEMANDS[step % len(DEMANDS)])
+
+
+def test_a_shape_far_behind_the_log_judges_every_position_again() -> None:
+    """The log keeps only the last n changes once it grows past its bound; a shape asked after more than
+    that judges every node again rather than trusting what it saw."""
+    rng = random.Random(3)
+    policy = registry.create("fragaware")
+    engine = Engine(policy)
+    nodes: list[Node | None] = [random_node(rng, i) for i in range(8)]
+    engine.reset(nodes)
+    rare, often = DEMANDS[0], DEMANDS[3]
+    agrees(engine, nodes, rare)
+    for _ in range(8 * len(nodes) + 4096 + 50):
+        k = rng.randrange(len(nodes))
+        node = nodes[k]
+        nodes[k] = node = changed(rng, node) if node is not None else random_node(rng, k)
+        engine.set(k, node)
+        if rng.random() < 0.01:
+            agrees(engine, nodes, often)
+    assert len(engine.log) <= 8 * len(nodes) + 4096
+    agrees(engine, nodes, rare)
+
+
+def test_refusals_need_states_interned_by_identity() -> None:
+    with pytest.raises(ValueError, match="refusal names its node"):
+        Engine(registry.create("binpack"), by_value=True)
+    with pytest.raises(ValueError, match="refusals=True"):
+        Engine(registry.create("binpack"), refusals=False).place(
+            [random_node(random.Random(1), 0)], DEMANDS[0]
+        )
+
+
+@pytest.mark.parametrize("policy_name", ["spread", "binpack"])
+def test_a_small_cluster_churning_long_keeps_every_node_in_reach(policy_name: str) -> None:
+    """Many departures on a few nodes: stale heap entries pile up and are dropped, except those a lazy
+    shape still needs as bounds (a node that only shrank keeps its old entry until it reaches the top)."""
+    rng = random.Random(policy_name)
+    policy = registry.create(policy_name)
+    engine = Engine(policy, refusals=False, by_value=True)
+    nodes: list[Node | None] = [random_node(rng, i) for i in range(6)]
+    engine.reset(nodes)
+    for step in range(13000):  # past the log bound (8n + 4096) three times: trimmed, heaps compacted
+        k = rng.randrange(len(nodes))
+        node = nodes[k]
+        nodes[k] = node = changed(rng, node) if node is not None else random_node(rng, k)
+        engine.set(k, node)
+        agrees(engine, nodes, DEMANDS[step % 3])
+
+
+def test_nodes_that_only_fill_stay_in_reach_past_the_log_bound() -> None:
+    """Spread's stale entries are bounds while nodes only fill: dropping them with the log's old changes
+    would lose those nodes for good (nothing gives them room back)."""
+    rng = random.Random(7)
+    policy = registry.create("spread")
+    engine = Engine(policy, refusals=False, by_value=True)
+    gpus = tuple(Gpu(g, "A100-40GB", 40960) for g in range(8))
+    nodes: list[Node | None] = [Node(f"n{i}", gpus) for i in range(6)]
+    engine.reset(nodes)
+    demand = Demand(1, milli=100)
+    for step in range(8 * len(nodes) + 4096 + 500):
+        best = engine.choose(demand)
+        k = best if best is not None and step % 2 else rng.randrange(len(nodes))  # the choice fills too
+        node = nodes[k]
+        assert node is not None
+        nodes[k] = node = node.reserve((Allocation(node.name, (rng.randrange(8),), (), 1, 1),))
+        engine.set(k, node)
+        agrees(engine, nodes, demand)
