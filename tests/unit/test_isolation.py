@@ -240,8 +240,8 @@ DEMANDS = (
 
 
 def test_the_fast_paths_agree_with_the_rule_on_random_modes() -> None:
-    """headroom (the simulator's replay) and the policy's array form (the engine's many-node pass) answer as node_fits
-    and the policy's filter do, wherever they answer, on nodes of every mode and level."""
+    """headroom (the simulator's replay) and the policy's array form (the engine's many-node pass) answer
+    as node_fits and the policy's filter do, wherever they answer, on nodes of every mode and level."""
     rng = random.Random(7)
     nodes = [
         replace(node(*(random_gpu(rng, i) for i in range(rng.choice((1, 2, 4))))), name=f"n{k}")
