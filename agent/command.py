@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from agent.settings import FLAGS, Settings
-from app import log
+from app.core import log
 from app.kube.calls import Request
-from app.settings import add_flag, default_of, from_args
+from app.service.settings import add_flag, default_of, from_args
 
 _log = log.get("gpupack.agent")
 

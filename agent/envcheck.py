@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app import names
-from app.pods import PodInfo
+from app.core import names
+from app.core.pods import PodInfo
 
 # Env var -> the allocation annotation the webhook's fieldRef reads it from.
 FROM_ANNOTATION: Mapping[str, str] = {

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from app import log
-from app.errors import KubeError
+from app.core import log
+from app.core.errors import KubeError
 from app.kube.calls import Request
 
 _log = log.get("gpupack.agent.handler")

@@ -1,7 +1,7 @@
 """What each GPU enforces between the pods sharing it, decided from facts the agent read (pure).
 
 The agent reports the answer per GPU in its GPUNode (`status.gpus[].isolation`); placement keeps pods
-off GPUs whose mode or level does not suit them (app.placement.fit.mode_admits). The levels claim only
+off GPUs whose mode or level does not suit them (app.core.placement.fit.mode_admits). The levels claim only
 what a pod cannot escape by its own doing: a limit a process can unset from its env is "client-env", not
 more. docs/node-side.md ("Isolation per GPU") is the user's table of the same rules.
 """
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from agent import memlimits
 from agent.nvml.base import ComputeMode
-from app.isolation import ComputeEnforcement, MemoryEnforcement, Sharing, compute_enforcement
+from app.core.isolation import ComputeEnforcement, MemoryEnforcement, Sharing, compute_enforcement
 from app.kube.gpunode import GpuIsolation
 
 # NVML's compute modes as the GPUNode writes them (short, for `kubectl get`).
@@ -67,7 +67,7 @@ def decide(facts: GpuFacts) -> GpuIsolation:
     - memory: per-cgroup where the node side sets each container's limit; else, under MPS, the daemon's
       cap where the GPU is exclusive (a process can neither raise its limit nor leave MPS) and the daemon
       has one, otherwise the client's env; without MPS, none.
-    - compute: MPS thread percentage only where the GPU is exclusive (app.isolation.compute_enforcement).
+    - compute: MPS thread percentage only where the GPU is exclusive (app.core.isolation.compute_enforcement).
     """
     mode = facts.compute_mode
     if mode is ComputeMode.PROHIBITED:

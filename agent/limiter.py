@@ -23,7 +23,7 @@ from pathlib import Path
 from agent.memlimits import Limits
 from agent.mpsv3 import Namespaces
 from agent.nvml.base import MEMORY_LIMIT_MAX, Nvml, NvmlCode, NvmlError
-from app import log
+from app.core import log
 
 _log = log.get("gpupack.agent.limiter")
 

@@ -14,11 +14,11 @@ from agent.cgroup import PodRef
 from agent.mps import Device, MpsState, MpsSupervisor
 from agent.nvml.base import ComputeMode, Nvml, NvmlCode, NvmlError
 from agent.sample import NodeSample, Sampler
-from app import log
-from app.errors import KubeError
+from app.core import log
+from app.core.errors import KubeError
+from app.core.pods import PodInfo, pod_info
 from app.kube.calls import Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus
-from app.pods import PodInfo, pod_info
 
 _log = log.get("gpupack.agent")
 

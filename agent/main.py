@@ -26,7 +26,7 @@ from agent.pipedirs import PipeDirs
 from agent.reporter import ReporterConfig
 from agent.settings import Settings
 from agent.simalloc import Allocator
-from app import log
+from app.core import log
 from app.kube.calls import Request
 
 _log = log.get("gpupack.agent")

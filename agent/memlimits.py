@@ -21,8 +21,8 @@ import re
 from dataclasses import dataclass
 
 from agent.nvml.base import MEMORY_LIMITS_DRIVER_MAJOR
-from app.model import Allocation
-from app.request import GpuRequest
+from app.core.model import Allocation
+from app.core.request import GpuRequest
 
 MIB = 1 << 20
 V2_ROOT = "/sys/fs/cgroup"  # where NVIDIA requires the cgroup v2 hierarchy

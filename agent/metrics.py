@@ -11,7 +11,7 @@ from prometheus_client import CollectorRegistry
 
 from agent.nvml.base import NvmlCode
 from agent.verify import Kind
-from app.metrics import component_registry, counter, gauge
+from app.service.metrics import component_registry, counter, gauge
 
 
 class AgentWrite(StrEnum):

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from app import log, names
+from app.core import log, names
 from app.kube.gpunode import ISOLATION_MPS, ISOLATION_NONE, MpsStatus
 
 _log = log.get("gpupack.agent.mps")

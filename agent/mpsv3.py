@@ -16,7 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from app import log, names
+from app.core import log, names
 
 _log = log.get("gpupack.agent.mpsv3")
 

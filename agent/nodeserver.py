@@ -32,8 +32,8 @@ from agent.limiter import Limiter, Record
 from agent.memlimits import Capability
 from agent.mpsv3 import Namespaces
 from agent.pipedirs import PipeDirs
-from app import log, podview
-from app.errors import KubeError
+from app.core import log, podview
+from app.core.errors import KubeError
 from app.kube import paths
 from app.kube.calls import Request
 

@@ -30,10 +30,10 @@ from typing import Any
 
 from agent import envcheck, memlimits
 from agent.memlimits import Limits
-from app import names, request
-from app.pods import info_of, is_gpupack
-from app.podview import PodView
-from app.request import GpuRequest, Isolation
+from app.core import names, request
+from app.core.pods import info_of, is_gpupack
+from app.core.podview import PodView
+from app.core.request import GpuRequest, Isolation
 
 MPS_ONLY = (names.ENV_MPS_THREAD_PERCENTAGE, names.ENV_MPS_MEMORY_LIMIT)
 # NVIDIA's memory-limit hook reads these (singular in the merged toolkit change, plural as KAI injects them;

@@ -22,7 +22,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from app import log
+from app.core import log
 
 _log = log.get("gpupack.agent.pipedirs")
 

@@ -8,8 +8,9 @@ from typing import Any
 
 from agent import isolation as iso
 from agent.sample import GpuSample, NodeSample
-from app import log
-from app.errors import KubeError
+from app.core import log
+from app.core.errors import KubeError
+from app.core.pods import PodInfo
 from app.kube import gpunode
 from app.kube.calls import Request
 from app.kube.gpunode import (
@@ -23,7 +24,6 @@ from app.kube.gpunode import (
     ProcessStatus,
     Summary,
 )
-from app.pods import PodInfo
 
 _log = log.get("gpupack.agent.reporter")
 

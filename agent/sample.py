@@ -10,7 +10,7 @@ from importlib import resources
 from typing import TypeVar
 
 from agent.nvml.base import FATAL_CODES, ComputeMode, MigDeviceInfo, Nvml, NvmlCode, NvmlError, ProcessInfo
-from app import catalog
+from app.core import catalog
 
 T = TypeVar("T")
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from app import names
-from app.errors import SettingError
-from app.settings import Checker, setting
+from app.core import names
+from app.core.errors import SettingError
+from app.service.settings import Checker, setting
 
 # Settings fields whose flag is not just the field name in kebab case.
 FLAGS = {

@@ -31,7 +31,7 @@ from agent import memlimits
 from agent.nvml.base import MEMORY_LIMIT_MAX, NvmlError
 from agent.nvml.simlimits import Refused
 from agent.nvml.simulated import SimulatedNvml
-from app import log
+from app.core import log
 
 _log = log.get("gpupack.agent.simalloc")
 MIB = 1 << 20

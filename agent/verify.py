@@ -9,12 +9,12 @@ from enum import StrEnum
 
 from agent.cgroup import PodRef
 from agent.sample import NodeSample
-from app import names
+from app.core import names
+from app.core.model import mig_index
+from app.core.pods import PodInfo
 from app.kube import calls, paths
 from app.kube.calls import Request
 from app.kube.gpunode import GpuStatus, format_time
-from app.model import mig_index
-from app.pods import PodInfo
 
 COMPONENT = "gpupack-agent"
 
@@ -83,7 +83,7 @@ def verify(sample: NodeSample, refs: Mapping[int, PodRef | None], pods: Mapping[
 
     `refs` maps pid → the pod its cgroup points into; `pods` are this node's gpupack pods by UID.
     A process on a MIG device is checked against that MIG device's UUID (and its node-wide index,
-    app.model.mig_index), as a process on a whole GPU against the GPU's.
+    app.core.model.mig_index), as a process on a whole GPU against the GPU's.
     """
     owners: dict[int, str] = {}
     foreign: list[int] = []

@@ -2,9 +2,9 @@
 without repack-driven scale-down, for an openb trace slice arriving in waves (bench/results/autoscale.json).
 
 Simulated (no cluster): the placement is the extender's (`place` with the chosen policy), the scale-up
-request is `app.autoscale.plan` (the extender's leader loop calls exactly it), the repack is
-`app.repack.plan` with goal `nodes` (as `gpupack repack --goal nodes`). The autoscaler is a model of what
-Karpenter documents: it packs the pending placeholder pods onto new nodes of the pool's instance type
+request is `app.core.autoscale.plan` (the extender's leader loop calls exactly it), the repack is
+`app.tools.repack.plan` with goal `nodes` (as `gpupack repack --goal nodes`). The autoscaler is a model of
+what Karpenter documents: it packs the pending placeholder pods onto new nodes of the pool's instance type
 (first fit, largest first) and removes a node once it is empty. For comparison, the same pending pods are
 also put to it the way an autoscaler sees them without gpupack's sizing: one placeholder per pod asking
 for its GPUs whole (KAI's node-scale-adjuster style).
@@ -41,12 +41,12 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from packing import _git_commit, _sha256, pod_file  # noqa: E402
 
-from app.autoscale.plan import PendingPod, Pool, plan  # noqa: E402
-from app.model import MILLI_PER_GPU, Allocation, Demand, Node  # noqa: E402
-from app.placement import DEFAULT_POLICY, Placement, Policy, place, registry, to_allocation  # noqa: E402
-from app.repack.plan import Goal, PodRef  # noqa: E402
-from app.repack.plan import plan as repack_plan  # noqa: E402
-from app.sim.loader import load_pods  # noqa: E402
+from app.core.autoscale.plan import PendingPod, Pool, plan  # noqa: E402
+from app.core.model import MILLI_PER_GPU, Allocation, Demand, Node  # noqa: E402
+from app.core.placement import DEFAULT_POLICY, Placement, Policy, place, registry, to_allocation  # noqa: E402
+from app.tools.repack.plan import Goal, PodRef  # noqa: E402
+from app.tools.repack.plan import plan as repack_plan  # noqa: E402
+from app.tools.sim.loader import load_pods  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,8 +206,8 @@ def live(arrivals: list[Arrival], waves: int, per_wave: int, model: str) -> dict
 
     from kubernetes import client, config
 
-    from app import names
-    from app.autoscale import placeholders as ph
+    from app.core import names
+    from app.core.autoscale import placeholders as ph
     from tests.devcluster import ensure_binaries, wait_for
     from tests.devcluster.karpenter import NODEPOOL_LABEL
 

@@ -1,10 +1,10 @@
 """Burstable GPU memory on openb: how many more pods fit at request/limit 0.75 and 0.5, at what exposure.
 
-Each trace pod's share is its limit (its peak); at ratio r shared pods request r x that (`app.sim.burst`).
-Every ratio of a seed replays the same arrivals (limits offered up to `--inflate` x capacity, failed pods
-dropped), with gpupack's default policy. Exposure, on the final state: GPUs whose pods' limits sum above
-the GPU, shared pods on them, the memory above the GPUs if every pod used its limit at once, and the fewest
-evictions that would leave the limits fitting. Writes bench/results/burstable.json.
+Each trace pod's share is its limit (its peak); at ratio r shared pods request r x that
+(`app.tools.sim.burst`). Every ratio of a seed replays the same arrivals (limits offered up to `--inflate` x
+capacity, failed pods dropped), with gpupack's default policy. Exposure, on the final state: GPUs whose pods'
+limits sum above the GPU, shared pods on them, the memory above the GPUs if every pod used its limit at once,
+and the fewest evictions that would leave the limits fitting. Writes bench/results/burstable.json.
 Run: .venv/bin/python bench/burstable.py [--traces default,gpushare40 --seeds 42-46 --ratios 1,0.75,0.5]
 """
 
@@ -26,10 +26,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from app.placement import DEFAULT_POLICY, TargetWorkload, registry  # noqa: E402
-from app.sim.burst import BurstResult, burst  # noqa: E402
-from app.sim.command import UsageError, parse_seeds  # noqa: E402
-from app.sim.loader import TracePod, load_nodes, load_pods  # noqa: E402
+from app.core.placement import DEFAULT_POLICY, TargetWorkload, registry  # noqa: E402
+from app.tools.sim.burst import BurstResult, burst  # noqa: E402
+from app.tools.sim.command import UsageError, parse_seeds  # noqa: E402
+from app.tools.sim.loader import TracePod, load_nodes, load_pods  # noqa: E402
 
 TRACES = ("default", "gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100")
 NODE_FILE = "openb_node_list_gpu_node.csv"
@@ -201,7 +201,8 @@ def main(argv: list[str] | None = None) -> int:
             "inflate": args.inflate,
             "policy": DEFAULT_POLICY,
             "workers": workers,
-            "method": "app.sim.burst: a trace pod's share is its limit; shared pods (< 1 GPU per device) "
+            "method": "app.tools.sim.burst: a trace pod's share is its limit; shared pods (< 1 GPU per "
+            "device) "
             "request ratio x limit (rounded up to a milli), whole-GPU pods unchanged; the same FGD arrival "
             "sequence for every ratio of a seed (limits offered up to inflate x capacity), failed pods "
             "dropped, no departures; exposure on the final state, a share of a GPU standing for that share "

@@ -37,7 +37,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app import names  # noqa: E402
+from app.core import names  # noqa: E402
 from tests.devcluster import Cluster, WaitTimeoutError, ensure_binaries, wait_for  # noqa: E402
 from tests.devcluster.faults import ExtenderRig, audit, publish_gpunodes  # noqa: E402
 

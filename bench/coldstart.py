@@ -29,9 +29,9 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app import catalog, names  # noqa: E402
+from app.core import catalog, names  # noqa: E402
+from app.core.model import Allocation  # noqa: E402
 from app.kube import gpunode, paths  # noqa: E402
-from app.model import Allocation  # noqa: E402
 
 MODEL = "A100-40GB"
 GPUS = 8
@@ -226,10 +226,10 @@ def _write_page(root: Path, name: str, n: int, items: list[dict[str, Any]], last
 def child(root: Path) -> dict[str, Any]:
     """In a fresh process: sync the three informers from the page files, then one filter."""
     t0 = time.perf_counter()
-    from app import podview, request
+    from app.core import podview, request
+    from app.core.placement import registry
     from app.kube.assume import AssumeCache
     from app.kube.cache import ClusterCache
-    from app.placement import registry
     from extender import verbs
     from extender.config import Settings
     from extender.rankings import Rankings

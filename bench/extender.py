@@ -41,12 +41,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app import catalog, names  # noqa: E402
+from app.core import catalog, names  # noqa: E402
+from app.core.model import Allocation, Demand  # noqa: E402
+from app.core.placement import registry  # noqa: E402
 from app.kube import gpunode  # noqa: E402
 from app.kube.assume import AssumeCache  # noqa: E402
 from app.kube.cache import ClusterCache  # noqa: E402
-from app.model import Allocation, Demand  # noqa: E402
-from app.placement import registry  # noqa: E402
 
 MODEL = "A100-40GB"
 GPUS = 8
@@ -249,9 +249,9 @@ def _served(app: Any) -> Iterator[Callable[[str, bytes], Any]]:
 
 def _assume_bound(cache: ClusterCache, policy: Any, pod: dict[str, Any], node_name: str) -> None:
     """What the watch delivers after a bind: the pod bound, with its allocation annotations."""
-    from app import podview
-    from app.placement import to_allocation
-    from app.request import pod_demand
+    from app.core import podview
+    from app.core.placement import to_allocation
+    from app.core.request import pod_demand
 
     node = cache.node(node_name)
     demand = pod_demand(podview.read(pod))

@@ -31,10 +31,10 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app.explain import reason_text  # noqa: E402
-from app.model import Demand  # noqa: E402
-from app.placement import TargetWorkload, default_workload, registry  # noqa: E402
-from app.placement.engine import Engine  # noqa: E402
+from app.core.explain import reason_text  # noqa: E402
+from app.core.model import Demand  # noqa: E402
+from app.core.placement import TargetWorkload, default_workload, registry  # noqa: E402
+from app.core.placement.engine import Engine  # noqa: E402
 from bench.extender import build_cache  # noqa: E402
 
 SHAPES = (100, 250, 500)

@@ -1,7 +1,7 @@
 """MIG vs whole GPUs on openb: how many physical GPUs the same pods need, with and without MIG devices.
 
 The openb `default` trace's GPU pods (CPU-only pods left out), in one seeded shuffled order, are placed
-by the simulator's engine (`app.sim.engine.replay`, the extender's placement code) on a cluster of
+by the simulator's engine (`app.tools.sim.engine.replay`, the extender's placement code) on a cluster of
 A100-80GB nodes, three ways:
   whole   every pod takes whole GPUs (a device plugin without sharing or MIG): the baseline;
   mig     a mixed cluster: nodes whose 8 GPUs are all partitioned into `--layouts` (enough for every
@@ -32,12 +32,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from app import catalog  # noqa: E402
-from app.model import Demand, Gpu, Node  # noqa: E402
-from app.placement import TargetWorkload, registry  # noqa: E402
-from app.sim.engine import replay  # noqa: E402
-from app.sim.loader import load_pods  # noqa: E402
-from app.sim.migvariant import as_mig, as_whole, partition, physical_gpus_used  # noqa: E402
+from app.core import catalog  # noqa: E402
+from app.core.model import Demand, Gpu, Node  # noqa: E402
+from app.core.placement import TargetWorkload, registry  # noqa: E402
+from app.tools.sim.engine import replay  # noqa: E402
+from app.tools.sim.loader import load_pods  # noqa: E402
+from app.tools.sim.migvariant import as_mig, as_whole, partition, physical_gpus_used  # noqa: E402
 
 MODEL = catalog.lookup("A100-80GB")
 GPUS_PER_NODE = 8
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             "cluster": f"{n_nodes} nodes x {GPUS_PER_NODE} {MODEL.name}",
             "mig_cluster": "MIG nodes (all 8 GPUs partitioned) first, then whole-GPU nodes",
             "layouts": list(layouts),
-            "method": "app.sim.engine.replay in one shuffled order, no departures; host CPU/memory "
+            "method": "app.tools.sim.engine.replay in one shuffled order, no departures; host CPU/memory "
             "untracked; gpus_used = whole GPUs holding a pod + partitioned GPUs with a MIG device "
             "holding a pod",
         },

@@ -1,10 +1,10 @@
 """Packing quality on the openb traces: every gpupack policy vs the published FGD and BestFit numbers.
 
-Replays each trace with the FGD (ATC'23) methodology through `app.sim` and compares unallocated GPU %
+Replays each trace with the FGD (ATC'23) methodology through `app.tools.sim` and compares unallocated GPU %
 at 100 % and 130 % arrived workload (mean over seeds) with the artifact's analysis_allo_discrete.csv.
 Besides the trace files, the `pinned` family is generated here: `pinned<share>-<seed>` is the default trace
-with <share> % of its GPU pods pinned to GPU models of the fleet (`app.sim.constrain`, drawn by <seed>), the
-kind of mixed-fleet workload of the paper's gpuspec traces; nothing is published for it.
+with <share> % of its GPU pods pinned to GPU models of the fleet (`app.tools.sim.constrain`, drawn by <seed>),
+the kind of mixed-fleet workload of the paper's gpuspec traces; nothing is published for it.
 Writes bench/results/packing.json. Run: .venv/bin/python bench/packing.py [--traces default --seeds 42-43]
 (the pinned family: --traces pinned --policies fgd,fragaware --out bench/results/packing-pinned.json)
 """
@@ -30,11 +30,11 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from app.placement import TargetWorkload, registry  # noqa: E402
-from app.sim.command import UsageError, parse_seeds  # noqa: E402
-from app.sim.constrain import pin_models  # noqa: E402
-from app.sim.engine import simulate  # noqa: E402
-from app.sim.loader import TracePod, load_nodes, load_pods  # noqa: E402
+from app.core.placement import TargetWorkload, registry  # noqa: E402
+from app.tools.sim.command import UsageError, parse_seeds  # noqa: E402
+from app.tools.sim.constrain import pin_models  # noqa: E402
+from app.tools.sim.engine import simulate  # noqa: E402
+from app.tools.sim.loader import TracePod, load_nodes, load_pods  # noqa: E402
 
 TRACES = ("default", "gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100")
 PINNED_SHARES = (5, 10, 20, 30, 40)  # % of GPU pods pinned to models
@@ -234,7 +234,11 @@ def main(argv: list[str] | None = None) -> int:
             "node_list": {"file": NODE_FILE, "sha256": _sha256(traces_dir / NODE_FILE)},
             "pod_lists": {
                 t: {"file": pod_file(t), "sha256": _sha256(traces_dir / pod_file(t))}
-                | ({"generated": "app.sim.constrain.pin_models(share, seed)"} if PINNED.fullmatch(t) else {})
+                | (
+                    {"generated": "app.tools.sim.constrain.pin_models(share, seed)"}
+                    if PINNED.fullmatch(t)
+                    else {}
+                )
                 for t in traces
             },
             "published": PUBLISHED_FILE,

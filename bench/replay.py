@@ -3,7 +3,7 @@
 A slice of the openb `default` trace (GPU pods with their real CPU, memory and GPU shapes, in one shuffled
 arrival order) is created through the real kube-apiserver, our webhook, kube-scheduler and extender on kwok
 nodes built from the openb node list; the same order is placed by the simulator's engine
-(`app.sim.engine.replay`). Reports the share of pods that landed on the same node and GPU(s) and both
+(`app.tools.sim.engine.replay`). Reports the share of pods that landed on the same node and GPU(s) and both
 runs' unallocated GPU %. One fresh control plane per policy. Writes bench/results/replay.json.
 
     .venv/bin/python bench/replay.py [--policies fragaware binpack] [--nodes 48] [--seed 42]
@@ -34,13 +34,13 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from app import catalog, names  # noqa: E402
+from app.core import catalog, names  # noqa: E402
+from app.core.model import MILLI_PER_GPU, Allocation, Demand, Gpu, Node  # noqa: E402
+from app.core.placement import default_workload, registry  # noqa: E402
 from app.kube import gpunode  # noqa: E402
 from app.kube.client import Kube  # noqa: E402
-from app.model import MILLI_PER_GPU, Allocation, Demand, Gpu, Node  # noqa: E402
-from app.placement import default_workload, registry  # noqa: E402
-from app.sim.engine import replay  # noqa: E402
-from app.sim.loader import TracePod, load_pods  # noqa: E402
+from app.tools.sim.engine import replay  # noqa: E402
+from app.tools.sim.loader import TracePod, load_pods  # noqa: E402
 from tests.devcluster import Cluster, ensure_binaries, node_body, wait_for  # noqa: E402
 from tests.devcluster.addons import (  # noqa: E402
     CRD_RELPATH,

@@ -38,7 +38,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from app import certs  # noqa: E402
+from app.service import certs  # noqa: E402
 
 OUT = REPO / "bench" / "results" / "webhook.json"
 

@@ -5,7 +5,7 @@ the plan needs (the cluster view built from GPUNodes and pod annotations, the po
 the lease that makes exactly one replica act: a separate component would rebuild the same view and elect
 its own leader. Only the leader writes, each write fenced like a bind (`can_write`); a new leader starts
 from the placeholders it lists, so nothing depends on memory but how long each pod has been pending.
-The decisions are `app.autoscale` (pure); this module reads the inputs and sends the calls.
+The decisions are `app.core.autoscale` (pure); this module reads the inputs and sends the calls.
 """
 
 from __future__ import annotations
@@ -15,16 +15,16 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from app import log
-from app.autoscale import placeholders
-from app.autoscale.plan import PendingPod, Pool, ScalePlan, plan
-from app.errors import KubeError
+from app.core import log
+from app.core.autoscale import placeholders
+from app.core.autoscale.plan import PendingPod, Pool, ScalePlan, plan
+from app.core.errors import KubeError
+from app.core.model import Demand
+from app.core.placement import Policy
 from app.kube import calls, paths
 from app.kube.cache import ClusterCache
 from app.kube.calls import Request
 from app.kube.informers import KubeApi
-from app.model import Demand
-from app.placement import Policy
 
 LOG = log.get("gpupack.extender.autoscaler")
 PRIORITY_CLASSES = "/apis/scheduling.k8s.io/v1/priorityclasses"

@@ -16,15 +16,15 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from app import log, podview, request
-from app.errors import KubeError
-from app.explain import NO_GPUNODE, reason_text
+from app.core import log, podview, request
+from app.core.errors import KubeError
+from app.core.explain import NO_GPUNODE, reason_text
+from app.core.model import Allocation, Demand
+from app.core.placement import Policy, to_allocation
+from app.core.pods import PodInfo
 from app.kube import calls
 from app.kube.cache import ClusterCache
 from app.kube.informers import KubeApi
-from app.model import Allocation, Demand
-from app.placement import Policy, to_allocation
-from app.pods import PodInfo
 from extender.metrics import BindOutcome
 from extender.verbs import invalid_request
 

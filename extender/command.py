@@ -6,7 +6,7 @@ import argparse
 import sys
 from functools import partial
 
-from app.settings import add_flag, from_args
+from app.service.settings import add_flag, from_args
 from extender.config import FLAGS, Settings
 from extender.workloads import SOURCES
 

@@ -6,10 +6,10 @@ import os
 import socket
 from dataclasses import dataclass
 
-from app.autoscale.plan import Pool
-from app.errors import SettingError
-from app.placement import DEFAULT_POLICY, registry
-from app.settings import Checker, setting
+from app.core.autoscale.plan import Pool
+from app.core.errors import SettingError
+from app.core.placement import DEFAULT_POLICY, registry
+from app.service.settings import Checker, setting
 from extender.workloads import LEARNED, SOURCES
 
 # Settings fields whose flag is not just the field name in kebab case.

@@ -10,8 +10,8 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 
+from app.core.placement import Policy
 from app.kube.cache import ClusterCache
-from app.placement import Policy
 from extender.binder import Binder
 from extender.runtime import Runtime
 

@@ -14,9 +14,9 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException
 
-from app import log, wire
+from app.core import log, wire
 from app.kube.client import Kube
-from app.tls import ReloadingContext
+from app.service.tls import ReloadingContext
 from extender import metrics
 from extender.config import Settings
 from extender.readings import Readings

@@ -10,8 +10,8 @@ from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from app.metrics import FAST_HANDLER_BUCKETS, component_registry, counter, precreate
-from app.quota import QuotaUse
+from app.core.quota import QuotaUse
+from app.service.metrics import FAST_HANDLER_BUCKETS, component_registry, counter, precreate
 
 
 class ExtenderVerb(StrEnum):

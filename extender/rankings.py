@@ -6,11 +6,11 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 
-from app.explain import reason_text
+from app.core.explain import reason_text
+from app.core.model import Demand, Node
+from app.core.placement import Policy
+from app.core.placement.engine import Engine, Standings, judge
 from app.kube.cache import ClusterCache
-from app.model import Demand, Node
-from app.placement import Policy
-from app.placement.engine import Engine, Standings, judge
 
 # Shapes ranked at once. Each holds one verdict per node; pods come in a handful of shapes, so a table
 # that fills up (many one-off shapes) is simply started over.

@@ -12,9 +12,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Final
 
-from app import managed, podview, request
-from app.objects import as_object
-from app.request import PodDemand
+from app.core import managed, podview, request
+from app.core.objects import as_object
+from app.core.request import PodDemand
 
 LIMIT: Final = 4096  # readings kept: far more pods than are pending at once; the oldest goes first
 

@@ -8,17 +8,17 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
-from app import log, names
-from app.autoscale.plan import Pool
+from app.core import log, names
+from app.core.autoscale.plan import Pool
+from app.core.placement import Policy, registry
+from app.core.placement.workload import TargetWorkload
+from app.core.pods import slim_pod
 from app.kube import paths
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.informers import Informer, InformerConfig, KubeApi
 from app.kube.lease import LeaderElector, LeaseConfig
 from app.kube.quotas import QuotaStore
-from app.placement import Policy, registry
-from app.placement.workload import TargetWorkload
-from app.pods import slim_pod
 from extender import stats
 from extender.autoscaler import AutoscaleConfig, Autoscaler
 from extender.binder import Binder

@@ -24,7 +24,7 @@ class _Wire(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
 
-# --- the parts of a Pod the extender reads (app.request.pod_demand): their types are checked here, so a
+# --- the parts of a Pod the extender reads (app.core.request.pod_demand): their types are checked here, so a
 # malformed pod is answered 422 naming the field instead of failing deep in the handler ---
 
 

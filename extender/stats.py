@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
-from app.fragmentation import fragmented_milli, typical_milli
-from app.model import Allocation, ClusterState
-from app.quota import QuotaUse
+from app.core.fragmentation import fragmented_milli, typical_milli
+from app.core.model import Allocation, ClusterState
+from app.core.quota import QuotaUse
 from extender.metrics import ExtenderGauges, GpuGauge, PendingReason
 
 

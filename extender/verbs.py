@@ -1,19 +1,19 @@
-"""Filter and prioritize over the placement engine's standings (pure); /explain is app.explain's."""
+"""Filter and prioritize over the placement engine's standings (pure); /explain is app.core.explain's."""
 
 from __future__ import annotations
 
 from collections.abc import Collection, Iterator, Sequence
 from dataclasses import dataclass, field
 
-from app import explain as app_explain
-from app import request
-from app.errors import ReasonKind, RequestError
-from app.explain import NO_GPUNODE
-from app.placement import normalize_scores
-from app.placement.engine import Standings
+from app.core import explain as app_explain
+from app.core import request
+from app.core.errors import ReasonKind, RequestError
+from app.core.explain import NO_GPUNODE
+from app.core.placement import normalize_scores
+from app.core.placement.engine import Standings
 from extender.metrics import PendingReason
 
-# /explain is app.explain.explain, shared with `gpupack explain`.
+# /explain is app.core.explain.explain, shared with `gpupack explain`.
 explain = app_explain.explain
 
 

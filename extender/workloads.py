@@ -11,11 +11,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass
 
+from app.core.model import Demand, Node
+from app.core.placement import TargetWorkload, default_workload
+from app.core.placement.workload import learned
+from app.core.pods import TERMINAL_PHASES
 from app.kube.cache import ClusterCache
-from app.model import Demand, Node
-from app.placement import TargetWorkload, default_workload
-from app.placement.workload import learned
-from app.pods import TERMINAL_PHASES
 
 LEARNED = "learned"
 BUILTIN = "builtin"

@@ -10,8 +10,9 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from app import certs, log
-from app.settings import add_flag, default_of, from_args
+from app.core import log
+from app.service import certs
+from app.service.settings import add_flag, default_of, from_args
 from webhook.settings import FLAGS, Settings
 
 # Idle keep-alive connections are kept longer than the apiserver keeps them (client-go's transport closes
@@ -91,7 +92,7 @@ def _run_server(settings: Settings, sock: socket.socket | None = None) -> None:
     """One uvicorn server on uvloop + httptools (HTTPS), on `sock` when a parent bound it for several."""
     import uvicorn
 
-    from app.tls import ReloadingContext
+    from app.service.tls import ReloadingContext
     from webhook.main import create_app
     from webhook.metrics import count_cert_reload
 

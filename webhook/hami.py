@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any, Final
 
-from app import names, units
-from app.errors import RequestError
-from app.jsonpointer import pointer
-from app.podview import WHOLE_GPU_RESOURCE, ContainerView, PodView
+from app.core import names, units
+from app.core.errors import RequestError
+from app.core.jsonpointer import pointer
+from app.core.podview import WHOLE_GPU_RESOURCE, ContainerView, PodView
 
 GPU: Final = WHOLE_GPU_RESOURCE
 MEMORY: Final = "nvidia.com/gpumem"

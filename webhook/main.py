@@ -15,7 +15,7 @@ from pydantic import ValidationError
 from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
-from app import log, wire
+from app.core import log, wire
 from webhook import metrics as webhook_metrics
 from webhook import mutate, podsecurity
 from webhook.metrics import WEBHOOK_REVIEW_SECONDS, WEBHOOK_REVIEWS, WebhookOutcome

@@ -8,7 +8,7 @@ from enum import StrEnum
 from prometheus_client import CollectorRegistry, Histogram
 from prometheus_client.multiprocess import MultiProcessCollector
 
-from app.metrics import FAST_HANDLER_BUCKETS, component_registry, counter
+from app.service.metrics import FAST_HANDLER_BUCKETS, component_registry, counter
 
 
 class WebhookOutcome(StrEnum):
@@ -43,7 +43,8 @@ WEBHOOK_CERT_RELOADS = counter(
 
 
 def count_cert_reload(result: str) -> None:
-    """app.tls.ReloadingContext's on_reload: one reload of the serving certificate, "ok" or "failed"."""
+    """app.service.tls.ReloadingContext's on_reload: one reload of the serving certificate, "ok" or
+    "failed"."""
     WEBHOOK_CERT_RELOADS.labels(result).inc()
 
 

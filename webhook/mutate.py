@@ -13,11 +13,11 @@ from typing import Any, Final
 
 import pydantic_core
 
-from app import managed, names, podview, quota, request, units
-from app.errors import RequestError
-from app.jsonpointer import pointer
-from app.podview import ContainerView, PodView
-from app.request import GpuRequest, Isolation
+from app.core import managed, names, podview, quota, request, units
+from app.core.errors import RequestError
+from app.core.jsonpointer import pointer
+from app.core.podview import ContainerView, PodView
+from app.core.request import GpuRequest, Isolation
 from webhook import disruption, hami, pipe, podsecurity
 from webhook.metrics import WebhookOutcome
 from webhook.schemas import AdmissionReview

@@ -21,9 +21,9 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any, Final
 
-from app import names
-from app.errors import RequestError
-from app.podview import ContainerView, PodView
+from app.core import names
+from app.core.errors import RequestError
+from app.core.podview import ContainerView, PodView
 
 VOLUME: Final = "gpupack-mps-pipe"  # the name of the volume we add, or the stem of a free one
 

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app import names
-from app.errors import RequestError
-from app.request import GpuRequest, Isolation
+from app.core import names
+from app.core.errors import RequestError
+from app.core.request import GpuRequest, Isolation
 from webhook.pipe import Writes
 
 ENFORCE_LABEL = "pod-security.kubernetes.io/enforce"

@@ -6,9 +6,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from app import names
-from app.errors import SettingError
-from app.settings import Checker, setting
+from app.core import names
+from app.core.errors import SettingError
+from app.service.settings import Checker, setting
 
 # Settings fields whose flag is not just the field name in kebab case.
 FLAGS = {"cert_file": "--cert", "key_file": "--key", "cert_check_interval_s": "--cert-check-interval"}

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, suppress
 from types import FrameType
 
-from app import log
+from app.core import log
 
 _log = log.get("gpupack.webhook")
 

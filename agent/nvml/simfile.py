@@ -14,8 +14,8 @@ from typing import Any
 import yaml
 
 from agent.nvml.base import ComputeMode, NvmlCode
-from app import catalog
-from app.errors import FieldError, InputError
+from app.core import catalog
+from app.core.errors import FieldError, InputError
 
 QUERIES = ("power", "temperature", "ecc", "utilization")
 _UUID_NS = uuidlib.UUID("6f1d3c52-2b7e-4d0a-9a51-1f0c7d6b9e10")  # fixed, so simulated UUIDs are stable

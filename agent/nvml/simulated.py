@@ -21,7 +21,7 @@ from agent.nvml.base import (
 )
 from agent.nvml.simfile import SimFileError, SimGpu, SimProcess, SimSet
 from agent.nvml.simlimits import LimitTable, Refused
-from app import log
+from app.core import log
 
 _log = log.get("gpupack.agent.nvml.sim")
 

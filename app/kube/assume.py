@@ -6,7 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 
-from app.model import Allocation
+from app.core.model import Allocation
 
 # Far above the informer's echo latency; an entry outliving it means the echo was lost, and the next
 # relist then carries the annotation anyway.

@@ -14,13 +14,13 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from app import hostres, log, podview
-from app.hostres import HostResources
+from app.core import hostres, log, podview
+from app.core.hostres import HostResources
+from app.core.model import Allocation, ClusterState, Node
+from app.core.pods import TERMINAL_PHASES, PodInfo, info_of, is_gpupack
 from app.kube import gpunode
 from app.kube.assume import AssumeCache
 from app.kube.calls import JsonDict
-from app.model import Allocation, ClusterState, Node
-from app.pods import TERMINAL_PHASES, PodInfo, info_of, is_gpupack
 
 LOG = log.get("gpupack.cache")
 

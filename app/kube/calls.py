@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Final
 
-from app import names
-from app.jsonpointer import pointer
+from app.core import names
+from app.core.jsonpointer import pointer
+from app.core.model import Allocation
 from app.kube import paths
-from app.model import Allocation
 
 JsonDict = dict[str, Any]
 

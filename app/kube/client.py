@@ -23,7 +23,7 @@ import kubernetes
 import urllib3
 from kubernetes.client.exceptions import ApiException
 
-from app.errors import KubeError
+from app.core.errors import KubeError
 from app.kube.calls import JsonDict, Request
 
 

@@ -31,12 +31,12 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from app import catalog, names
-from app.errors import FieldError, InputError
-from app.isolation import ComputeEnforcement, MemoryEnforcement, Sharing
+from app.core import catalog, names
+from app.core.errors import FieldError, InputError
+from app.core.isolation import ComputeEnforcement, MemoryEnforcement, Sharing
+from app.core.model import MILLI_PER_GPU, Gpu, Node, mig_index
 from app.kube import paths
 from app.kube.calls import MERGE_PATCH, Request, parse_time
-from app.model import MILLI_PER_GPU, Gpu, Node, mig_index
 
 API_VERSION = f"{names.GPUNODE_GROUP}/{names.GPUNODE_VERSION}"
 DEFAULT_HEARTBEAT_S = 30  # heartbeatIntervalSeconds of a status that does not say
@@ -121,7 +121,7 @@ class GpuSpec(_Wire):
 
     uuid: StrictStr
     index: StrictInt
-    model: StrictStr  # catalogue name (app.catalog), else NVML's product name
+    model: StrictStr  # catalogue name (app.core.catalog), else NVML's product name
     product_name: StrictStr = ""
     memory_mib: StrictInt
     mig_enabled: StrictBool = False
@@ -170,7 +170,7 @@ class GpuIsolation(_Wire):
 
     driver_version: StrictStr = ""
     compute_mode: StrictStr = ""  # NVML's: Default | ExclusiveProcess | Prohibited ("" could not be read)
-    mps_mode: Sharing = Sharing.UNKNOWN  # exclusive | shared | off | closed (app.isolation.Sharing)
+    mps_mode: Sharing = Sharing.UNKNOWN  # exclusive | shared | off | closed (app.core.isolation.Sharing)
     memory: MemoryEnforcement = MemoryEnforcement.NONE  # none | client-env | daemon-default | per-cgroup
     compute: ComputeEnforcement = ComputeEnforcement.TIME_SLICE  # time-slice | mps-percentage
 

@@ -14,8 +14,8 @@ from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from app import log
-from app.errors import KubeError
+from app.core import log
+from app.core.errors import KubeError
 from app.kube import calls
 from app.kube.calls import JsonDict, Request
 

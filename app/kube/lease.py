@@ -8,8 +8,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from app import log
-from app.errors import KubeError
+from app.core import log
+from app.core.errors import KubeError
 from app.kube import calls
 from app.kube.informers import KubeApi
 

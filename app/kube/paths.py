@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import quote
 
-from app import names
+from app.core import names
 
 
 def pods(namespace: str | None = None) -> str:

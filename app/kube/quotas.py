@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import threading
 
-from app import quota
+from app.core import quota
+from app.core.quota import QuotaUse
 from app.kube.cache import Handler
 from app.kube.calls import JsonDict
 from app.kube.informers import object_key
-from app.quota import QuotaUse
 
 
 class QuotaStore:
@@ -35,7 +35,7 @@ class QuotaStore:
             self._quotas.pop(object_key(obj), None)
 
     def uses(self) -> list[QuotaUse]:
-        """Every gpupack resource a quota caps, used against hard (app.quota.uses)."""
+        """Every gpupack resource a quota caps, used against hard (app.core.quota.uses)."""
         with self._lock:
             quotas = list(self._quotas.values())
         return quota.uses(quotas)

@@ -22,8 +22,8 @@ from fastapi import APIRouter, HTTPException, Request, Response
 from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 
-from app.model import Demand
-from app.request import PodDemand
+from app.core.model import Demand
+from app.core.request import PodDemand
 from extender import schemas, verbs
 from extender.deps import BinderDep, ReadyDep
 from extender.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb

@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, HTTPException, Query
 
-from app.isolation import compute_enforcement
+from app.core.isolation import compute_enforcement
 from extender import verbs
 from extender.deps import PolicyDep, StateDep
 
@@ -42,7 +42,7 @@ def state(cache: StateDep) -> dict[str, Any]:
                         "utilizationPercent": g.utilization_percent,
                         "migProfile": g.mig_profile,
                         "parent": g.parent,
-                        "mpsMode": g.sharing.value,  # "" unknown (app.isolation.Sharing)
+                        "mpsMode": g.sharing.value,  # "" unknown (app.core.isolation.Sharing)
                         "memoryEnforcement": g.memory_enforcement.value,
                         "computeEnforcement": compute_enforcement(g.sharing).value,
                         "pods": sorted(pods.get((name, g.index), [])),

@@ -24,8 +24,8 @@ import yaml
 from kubernetes import client
 from kubernetes.utils import parse_quantity
 
-from app import names
-from app.admission import webhook_configuration
+from app.core import names
+from app.core.admission import webhook_configuration
 from tests.devcluster import (
     GPUPACK_NAMESPACE,
     Cluster,

@@ -21,8 +21,8 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from kubernetes.client.rest import ApiException
 
-from app import names
-from app.model import Allocation
+from app.core import names
+from app.core.model import Allocation
 from tests.devcluster import wait_for
 from webhook import hami
 

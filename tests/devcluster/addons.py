@@ -40,9 +40,9 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import yaml
 
-from app import catalog, names
-from app.admission import webhook_configuration
-from app.errors import KubeError
+from app.core import catalog, names
+from app.core.admission import webhook_configuration
+from app.core.errors import KubeError
 from app.kube import calls, paths
 from app.kube.calls import JsonDict, Request
 from app.kube.client import Kube

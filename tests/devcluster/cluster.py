@@ -18,7 +18,7 @@ from typing import Any
 
 import yaml
 
-from app import log
+from app.core import log
 from app.kube import calls, paths
 from app.kube.client import Kube, api_client
 

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app import catalog
+from app.core import catalog
 
 from . import kubeletnode
 from .addons import DEV_ADDONS, Components, Definitions

@@ -25,9 +25,9 @@ from typing import Any
 
 import yaml
 
-from app import log, names
+from app.core import log, names
+from app.core.model import Allocation
 from app.kube import gpunode
-from app.model import Allocation
 
 from .addons import EXTENDER, gpupack_cli
 from .cluster import Cluster

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from app import catalog, names
-from app.errors import KubeError
+from app.core import catalog, names
+from app.core.errors import KubeError
 from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube
 
@@ -128,7 +128,7 @@ def node_pool(pool: GpuPool, consolidate_after: str = "10s") -> dict[str, Any]:
                 "metadata": {
                     # The model label the gpupack agent sets too: Karpenter needs it up front to know that
                     # this pool's nodes satisfy a placeholder's node selector. Not gpupack.io/enabled: its
-                    # absence is what marks a node still to come for a placeholder (app.autoscale).
+                    # absence is what marks a node still to come for a placeholder (app.core.autoscale).
                     "labels": {
                         names.NODE_LABEL_GPU_MODEL: spec.name,
                         names.NODE_LABEL_GPU_MEMORY_MAX_MIB: str(spec.memory_mib),

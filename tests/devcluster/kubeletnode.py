@@ -30,10 +30,11 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from app import certs, names
-from app.errors import KubeError
+from app.core import names
+from app.core.errors import KubeError
 from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube
+from app.service import certs
 
 from . import realnode
 from .pki import KUBELET_CLIENT_USER

@@ -25,8 +25,8 @@ from pathlib import Path
 from types import FrameType
 from typing import Any
 
-from app import catalog, log, names
-from app.errors import KubeError
+from app.core import catalog, log, names
+from app.core.errors import KubeError
 from app.kube import calls, paths
 from app.kube.calls import Request
 from app.kube.client import Kube

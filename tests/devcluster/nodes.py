@@ -6,7 +6,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app import catalog, names
+from app.core import catalog, names
 from app.kube import calls, paths
 from app.kube.client import Kube
 

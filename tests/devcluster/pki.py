@@ -2,7 +2,7 @@
 extender), the service-account key, and the extender's client CA with the one client certificate it signs: the
 kube-scheduler's, which the extender requires (mutual TLS).
 
-The certificates themselves come from `app.certs`, as `gpupack certs` makes the webhook's.
+The certificates themselves come from `app.service.certs`, as `gpupack certs` makes the webhook's.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from app import certs
+from app.service import certs
 
 from . import realnode
 

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app import log
+from app.core import log
 
 from .poll import WaitTimeoutError, wait_for
 

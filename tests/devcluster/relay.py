@@ -20,8 +20,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from app import log
-from app.errors import KubeError
+from app.core import log
+from app.core.errors import KubeError
 from app.kube.calls import Request
 from app.kube.client import Kube
 

@@ -15,9 +15,9 @@ from typing import Any
 
 from agent.nvml.base import Nvml, NvmlCode, NvmlError
 from agent.nvml.simfile import SimSet
-from app import names, podview
-from app.model import Allocation
-from app.request import GpuRequest, parse
+from app.core import names, podview
+from app.core.model import Allocation
+from app.core.request import GpuRequest, parse
 
 # The nvidia-smi query the inventory is checked against (field names from `nvidia-smi --help-query-gpu`).
 SMI_FIELDS = ("index", "uuid", "name", "memory.total", "mig.mode.current", "compute_mode", "compute_cap")

@@ -23,7 +23,7 @@ from gpuhelpers import allocation, fraction_request, pod_env, report_path
 
 from agent.mps import Device, MpsConfig, MpsState, MpsSupervisor
 from agent.nvml.base import Nvml
-from app import names
+from app.core import names
 from webhook.mutate import gpu_env
 
 

@@ -28,7 +28,7 @@ from gpuhelpers import (
     resolve_env,
 )
 
-from app import names
+from app.core import names
 from webhook.mutate import gpu_env
 
 FAKE_DIR = Path(__file__).with_name("fakecuda")

@@ -33,7 +33,7 @@ from gpuhost import (
 from gpumps import Daemon
 
 from agent.nvml.base import Nvml
-from app import names
+from app.core import names
 
 pytestmark = pytest.mark.gpu
 

@@ -23,7 +23,7 @@ from gpumps import Daemon, mps_processes
 
 from agent.mps import Device, MpsState
 from agent.nvml.base import Nvml
-from app import names
+from app.core import names
 
 pytestmark = pytest.mark.gpu
 

@@ -36,8 +36,8 @@ from agent.nvml.base import Nvml, NvmlCode, NvmlError
 from agent.nvml.simulated import SimulatedNvml
 from agent.sample import Sampler
 from agent.verify import Kind, verify
-from app.model import Allocation
-from app.pods import PodInfo
+from app.core.model import Allocation
+from app.core.pods import PodInfo
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -141,7 +141,7 @@ def test_agent_sampler_reads_every_field_of_a_real_gpu(real_nvml: Nvml, report: 
     assert sample.error == "" and sample.driver_version
     for g in sample.gpus:
         assert g.healthy, f"GPU {g.index}: {g.reason}"
-        assert g.model != g.product_name, f"{g.product_name!r} is not in the GPU catalogue (app/data)"
+        assert g.model != g.product_name, f"{g.product_name!r} is not in the GPU catalogue (app/core/data)"
         # MIG mode has no whole-GPU utilisation; other NOT_SUPPORTED codes are a surprise on a datacenter GPU.
         expected = {NvmlCode.NOT_SUPPORTED} if g.mig_enabled else set()
         assert set(g.errors) <= expected, f"GPU {g.index} errors: {g.errors}"

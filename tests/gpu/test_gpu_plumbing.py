@@ -29,7 +29,7 @@ from gpuhost import (
 from gpuquestions import QUESTIONS
 from test_gpu_tenancy import CHART_DAEMON_FLAGS
 
-from app import names
+from app.core import names
 
 HERE = Path(__file__).parent
 FAKE_DIR = HERE / "fakecuda"

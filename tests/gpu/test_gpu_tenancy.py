@@ -26,7 +26,7 @@ from gpumps import Daemon, control
 
 from agent.nvml.base import ComputeMode, Nvml, NvmlError
 from agent.pipedirs import PipeDirs
-from app import names
+from app.core import names
 
 pytestmark = pytest.mark.gpu
 

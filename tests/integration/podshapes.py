@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from app import names
+from app.core import names
 
 GPU_UUIDS_REF = {"fieldRef": {"fieldPath": f"metadata.annotations['{names.ALLOC_GPU_UUIDS}']"}}
 

@@ -14,9 +14,9 @@ from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 from simagents import SimAgents, write_sim
 
-from app import catalog, names
+from app.core import catalog, names
+from app.core.model import Allocation
 from app.kube.gpunode import GPUNode, read
-from app.model import Allocation
 from tests.devcluster import Cluster, wait_for
 from tests.devcluster.addons import install_rbac
 

@@ -24,9 +24,9 @@ from kubernetes.client.rest import ApiException
 from podshapes import webhook_pod
 from simagents import SimAgents, write_sim
 
-from app import catalog, names
+from app.core import catalog, names
+from app.core.model import Allocation
 from app.kube.gpunode import GPUNode, read
-from app.model import Allocation
 from tests.devcluster import (
     GPUPACK_NAMESPACE,
     Cluster,

@@ -22,8 +22,8 @@ from typing import Any
 import pytest
 from kubernetes import client, config
 
-from app import names
-from app.autoscale import placeholders as ph
+from app.core import names
+from app.core.autoscale import placeholders as ph
 from tests.devcluster import BinariesError, ensure_binaries, wait_for
 from tests.devcluster.karpenter import NODEPOOL_LABEL
 from tests.devcluster.processes import log_tail

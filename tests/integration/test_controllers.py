@@ -18,7 +18,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from podshapes import webhook_pod
 
-from app import names
+from app.core import names
 from tests.devcluster import Cluster, wait_for
 
 APP_LABEL = "gpupack.test/app"

@@ -26,7 +26,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from app.admission import webhook_configuration
+from app.core.admission import webhook_configuration
 from tests.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
 from tests.devcluster.addons import install_crd
 from tests.devcluster.ports import free_ports

@@ -19,7 +19,7 @@ import pytest
 import yaml
 from cryptography import x509
 
-from app import certs
+from app.service import certs
 from tests.devcluster import Cluster
 
 REPO = Path(__file__).resolve().parents[2]

@@ -25,7 +25,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import names
+from app.core import names
 from app.kube.gpunode import GPUNode, read
 from tests.devcluster import BinariesError, ensure_binaries, wait_for
 from tests.devcluster.components import CONTROL_PLANE

@@ -22,14 +22,14 @@ import yaml
 from kubernetes import client
 from podshapes import webhook_pod
 
-from app import catalog, names, podview, units
-from app.hostres import HostResources
+from app.core import catalog, names, podview, units
+from app.core.hostres import HostResources
+from app.core.model import Allocation, ClusterState, Demand
+from app.core.placement import Placement, place, registry, to_allocation
+from app.core.request import pod_demand
 from app.kube import gpunode
 from app.kube.cache import node_order_key
 from app.kube.client import Kube
-from app.model import Allocation, ClusterState, Demand
-from app.placement import Placement, place, registry, to_allocation
-from app.request import pod_demand
 from tests.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
 from tests.devcluster.addons import install_rbac
 from tests.devcluster.nodes import NODE_CPU, NODE_MEMORY

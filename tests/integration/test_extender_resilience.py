@@ -30,7 +30,7 @@ from test_extender import (
     scheduler_extender_url,
 )
 
-from app import catalog
+from app.core import catalog
 from app.kube.client import Kube
 from tests.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
 from tests.devcluster.addons import install_rbac

@@ -27,7 +27,7 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from podshapes import webhook_pod
 
-from app import catalog
+from app.core import catalog
 from tests.devcluster import Cluster, wait_for
 from tests.devcluster.addons import Definitions
 from tests.devcluster.faults import Audit, ExtenderRig, audit, publish_gpunodes

@@ -15,7 +15,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 
-from app import names
+from app.core import names
 from tests.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
 from tests.devcluster.processes import group_members, pid_alive
 

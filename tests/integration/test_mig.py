@@ -15,8 +15,8 @@ from podshapes import webhook_pod
 from simagents import SimAgents, write_sim
 from test_agent_extender import POOL, Extender, bound, explain_row, state_of, unschedulable
 
-from app import names
-from app.model import mig_index
+from app.core import names
+from app.core.model import mig_index
 from tests.devcluster import wait_for
 from tests.devcluster.addons import sim_document
 from tests.devcluster.nodes import MigLayout

@@ -25,7 +25,7 @@ from kubernetes.utils import parse_quantity
 from test_extender import POOL, create_gpunodes, setup, start_extender  # noqa: F401 (setup: fixture)
 from test_webhook import Webhook, webhook  # noqa: F401 (webhook: fixture)
 
-from app import names
+from app.core import names
 from app.kube.client import Kube
 from tests.devcluster import Cluster, wait_for
 from tests.devcluster.addons import MANIFEST_RELPATH, install_policies, policy_objects, scoped_binding

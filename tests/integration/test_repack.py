@@ -16,9 +16,9 @@ import pytest
 from kubernetes import client
 from test_extender import MODEL, POOL, create_gpunodes, extender, gpu_pod, outcome, setup
 
-from app import names
+from app.core import names
+from app.core.model import Allocation
 from app.kube.client import Kube
-from app.model import Allocation
 from tests.devcluster import Cluster, wait_for
 
 __all__ = ["extender", "setup"]  # fixtures shared with test_extender

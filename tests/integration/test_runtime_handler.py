@@ -22,10 +22,10 @@ from agent import mpsprep
 from agent.nodeserver import NodeServer
 from agent.nvml.base import ComputeMode
 from agent.pipedirs import PipeDirs
-from app import names
-from app.errors import KubeError
+from app.core import names
+from app.core.errors import KubeError
+from app.core.model import Allocation
 from app.kube.calls import Request
-from app.model import Allocation
 
 REPO = Path(__file__).resolve().parents[2]
 NODE = "gpu-1"

@@ -21,9 +21,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from test_extender import POOL, PROC, create_gpunodes, gpu_pod, outcome, start_extender
 
-from app import managed, names
+from app.core import managed, names
+from app.core.model import Allocation
 from app.kube.client import Kube
-from app.model import Allocation
 from tests.devcluster import GPUPACK_NAMESPACE, Cluster, wait_for
 from tests.devcluster.addons import (
     MANIFEST_RELPATH,

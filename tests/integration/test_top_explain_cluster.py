@@ -11,7 +11,7 @@ from typing import Any
 
 from test_extender import MODEL, POOL, create_gpunodes, extender, gpu_pod, outcome, setup
 
-from app import names
+from app.core import names
 from app.kube.client import Kube
 from tests.devcluster import Cluster, wait_for
 

@@ -19,8 +19,8 @@ from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import names
-from app.admission import webhook_configuration
+from app.core import names
+from app.core.admission import webhook_configuration
 from tests.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
 from tests.devcluster.ports import free_ports
 

@@ -18,7 +18,8 @@ import pytest
 from cryptography import x509
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import certs, names
+from app.core import names
+from app.service import certs
 from tests.devcluster import wait_for
 from tests.devcluster.ports import free_ports
 from webhook.schemas import AdmissionRequest, AdmissionReview, GroupVersionKind, GroupVersionResource

@@ -6,7 +6,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from app import names
+from app.core import names
 from app.kube.calls import Request
 from app.kube.client import Kube
 from tests.devcluster import kubeletnode, wait_for

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from app import names
+from app.core import names
 from app.kube.calls import Request
 from app.kube.client import Kube
 from tests.devcluster import Cluster, kubeletnode, wait_for

@@ -6,7 +6,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from app import names
+from app.core import names
 from app.kube.calls import Request
 from app.kube.client import Kube
 from tests.devcluster import Cluster, kubeletnode

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from app import names
+from app.core import names
 from app.kube import paths
 from app.kube.calls import Request
 from app.kube.client import Kube

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from app import names
+from app.core import names
 from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube
 from tests.devcluster import Cluster, kubeletnode, wait_for

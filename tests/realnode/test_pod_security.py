@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from app import names
-from app.errors import KubeError
+from app.core import names
+from app.core.errors import KubeError
 from app.kube.calls import Request
 from app.kube.client import Kube
 from tests.devcluster import Cluster, kubeletnode

@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from agent import mpsprep
-from app import names
+from app.core import names
 from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube
 from tests.devcluster import Cluster, kubeletnode, wait_for

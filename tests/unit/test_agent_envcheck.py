@@ -15,10 +15,10 @@ from agent.loop import Agent, AgentConfig
 from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.simulated import SimulatedNvml
 from agent.reporter import ReporterConfig
-from app import names
+from app.core import names
+from app.core.model import Allocation
+from app.core.pods import pod_info
 from app.kube.calls import Request
-from app.model import Allocation
-from app.pods import pod_info
 
 UID = "0b6c3c9e-6f1a-4a8e-9d55-1a2b3c4d5e6f"
 MAIN, SIDE, SANDBOX = "a" * 64, "b" * 64, "c" * 64

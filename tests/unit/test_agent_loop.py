@@ -19,8 +19,8 @@ from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.simulated import SimulatedNvml
 from agent.reporter import ReporterConfig
 from agent.settings import Settings
+from app.core.model import Allocation
 from app.kube.calls import Request
-from app.model import Allocation
 
 DEFAULT_CADENCE = reporter_config(Settings(node="n1"))  # the agent's settings' defaults
 

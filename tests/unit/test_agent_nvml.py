@@ -14,7 +14,7 @@ from agent.nvml import pynvml_backend, simfile
 from agent.nvml.base import NvmlCode, NvmlError
 from agent.nvml.pynvml_backend import PynvmlBackend, translate
 from agent.nvml.simulated import SimulatedNvml
-from app import catalog
+from app.core import catalog
 
 
 def write(path: Path, doc: object) -> Path:

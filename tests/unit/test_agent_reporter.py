@@ -10,8 +10,8 @@ import pytest
 from agent.main import reporter_config
 from agent.reporter import Reporter, capacity_grew, significant_change
 from agent.settings import Settings
-from app import names
-from app.errors import KubeError
+from app.core import names
+from app.core.errors import KubeError
 from app.kube import gpunode
 from app.kube.calls import Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus, MpsStatus, ProcessStatus

@@ -9,8 +9,8 @@ from agent.cgroup import PodRef
 from agent.nvml.base import MigDeviceInfo, ProcessInfo
 from agent.sample import GpuSample, NodeSample
 from agent.verify import Kind
-from app.model import Allocation, mig_index
-from app.pods import PodInfo, pod_info
+from app.core.model import Allocation, mig_index
+from app.core.pods import PodInfo, pod_info
 
 T0 = 1_700_000_000.0
 GPU0, GPU1 = "GPU-0000", "GPU-1111"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from app import names
-from app.autoscale import placeholders as ph
-from app.autoscale.plan import Pool, Request
+from app.core import names
+from app.core.autoscale import placeholders as ph
+from app.core.autoscale.plan import Pool, Request
 
 A100 = Pool("A100-80GB", 8)
 H100 = Pool("H100-80GB", 8)

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app.autoscale.plan import PendingPod, Pool, plan
-from app.model import Allocation, Demand, Gpu, Node
-from app.placement import registry
+from app.core.autoscale.plan import PendingPod, Pool, plan
+from app.core.model import Allocation, Demand, Gpu, Node
+from app.core.placement import registry
 
 A100 = "A100-80GB"
 H100 = "H100-80GB"

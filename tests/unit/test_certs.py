@@ -11,8 +11,9 @@ import pytest
 from cryptography import x509
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from app import certs, cli
-from app.tls import ReloadingContext
+from app import cli
+from app.service import certs
+from app.service.tls import ReloadingContext
 from webhook import metrics as webhook_metrics
 from webhook.metrics import count_cert_reload
 

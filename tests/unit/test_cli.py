@@ -29,7 +29,7 @@ def test_entry_points_come_in_name_order_and_name_a_register_function() -> None:
 
 
 def test_the_parser_holds_only_the_commands_it_is_given() -> None:
-    only_top = [EntryPoint(name="top", value="app.top:register", group=cli.ENTRY_POINT_GROUP)]
+    only_top = [EntryPoint(name="top", value="app.tools.top:register", group=cli.ENTRY_POINT_GROUP)]
     parser = cli.build_parser(only_top)
     assert _choices(parser) == {"top"}
     with pytest.raises(SystemExit):
@@ -62,7 +62,7 @@ def test_a_command_whose_module_this_install_lacks_says_so(
     absent = EntryPoint(
         name="dev", value="no_such_pkg.devcluster.command:register", group=cli.ENTRY_POINT_GROUP
     )
-    top = EntryPoint(name="top", value="app.top:register", group=cli.ENTRY_POINT_GROUP)
+    top = EntryPoint(name="top", value="app.tools.top:register", group=cli.ENTRY_POINT_GROUP)
     monkeypatch.setattr(cli, "command_entry_points", lambda: [absent, top])
     assert _choices(cli.build_parser()) == {"dev", "top"}
     for argv in (["dev", "up", "--nodes", "2"], ["dev", "--help"], ["dev"]):

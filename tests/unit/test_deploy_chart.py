@@ -17,8 +17,8 @@ from typing import Any
 import pytest
 import yaml
 
-from app import names
 from app.cli import build_parser
+from app.core import names
 from tests.devcluster import schedconfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -381,7 +381,7 @@ def _enums(schema: Any, path: str = "") -> Iterator[tuple[str, list[Any]]]:
 def test_the_gpunode_crd_enums_are_the_values_the_agent_writes() -> None:
     # YAML 1.1 reads an unquoted off/on/yes/no as a boolean: the apiserver would then refuse the agent's
     # "off" with a 422 and the node's status would never be written.
-    from app.isolation import ComputeEnforcement, MemoryEnforcement, Sharing
+    from app.core.isolation import ComputeEnforcement, MemoryEnforcement, Sharing
 
     crd = load(REPO / "deploy/crds/gpunodes.gpupack.io.yaml")
     enums = dict(_enums(crd))

@@ -14,7 +14,7 @@ import yaml
 from prometheus_client.metrics import MetricWrapperBase
 
 from agent import metrics as agent_metrics
-from app.quota import QuotaUse
+from app.core.quota import QuotaUse
 from extender import metrics
 from webhook import metrics as webhook_metrics
 

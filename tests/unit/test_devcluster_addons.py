@@ -11,7 +11,8 @@ import pytest
 import yaml
 
 from agent.nvml import simfile
-from app import admission, catalog, cli, names, podview, request
+from app import cli
+from app.core import admission, catalog, names, podview, request
 from tests.devcluster import addons, command
 from tests.devcluster.cluster import Cluster
 from tests.devcluster.identities import IDENTITIES

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app import catalog, cli
+from app import cli
+from app.core import catalog
 from tests.devcluster.__main__ import main
 
 

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-from app import names
+from app.core import names
 from tests.devcluster import components, identities, ports, schedconfig
 from tests.devcluster.binaries import repo_root
 from tests.devcluster.layout import Layout, Ports

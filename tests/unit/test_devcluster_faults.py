@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from app import names
+from app.core import names
 from tests.devcluster import ComponentSpec, processes, wait_for
 from tests.devcluster.faults import ExtenderRig, ReadyPicker, TcpProxy, audit, fixed, kubeconfig_via
 

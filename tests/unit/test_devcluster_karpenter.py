@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from app import names
+from app.core import names
 from tests.devcluster import karpenter as k
 from tests.devcluster.nodeagents import owned_anchor_pod, shape, standin_daemonset
 

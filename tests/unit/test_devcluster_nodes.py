@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from app import catalog, names
+from app.core import catalog, names
 from tests.devcluster import node_body
 from tests.devcluster.nodes import is_ready
 

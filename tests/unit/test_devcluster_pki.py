@@ -14,7 +14,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
-from app.tls import ReloadingContext
+from app.service.tls import ReloadingContext
 from tests.devcluster import pki
 
 
@@ -138,7 +138,7 @@ def test_write_creates_every_path(written: pki.Pki) -> None:
 
 
 def _mutual(written: pki.Pki, client: pki.CertPaths | None) -> str:
-    """The extender's context (app.tls) against a client presenting `client`, over a socketpair."""
+    """The extender's context (app.service.tls) against a client presenting `client`, over a socketpair."""
     tls = ReloadingContext(
         written.extender.cert, written.extender.key, client_ca=written.extender_client_ca.cert
     )

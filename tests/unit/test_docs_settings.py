@@ -21,7 +21,7 @@ import pytest
 import yaml
 
 from app.cli import build_parser
-from app.settings import flag_of
+from app.service.settings import flag_of
 
 REPO = Path(__file__).resolve().parents[2]
 SETTINGS_DOC = REPO / "docs/operator/settings.md"

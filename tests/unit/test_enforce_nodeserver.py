@@ -26,8 +26,8 @@ from agent.nodeserver import NodeServer
 from agent.nvml.simulated import SimulatedNvml
 from agent.pipedirs import PipeDirs
 from agent.simalloc import Allocator
-from app import names
-from app.model import Allocation
+from app.core import names
+from app.core.model import Allocation
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin" / "mps_control.py"
 CLIENT = Path(__file__).resolve().parents[1] / "standin" / "gpu_alloc.py"

@@ -11,15 +11,15 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app import names, podview
-from app.errors import KubeError, PlacementReason
+from app.core import names, podview
+from app.core.errors import KubeError, PlacementReason
+from app.core.model import Allocation, Demand, Node
+from app.core.placement import Placement, Policy, TargetWorkload, place, registry
+from app.core.request import pod_demand
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict, Request
 from app.kube.gpunode import GPUNode, GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.model import Allocation, Demand, Node
-from app.placement import Placement, Policy, TargetWorkload, place, registry
-from app.request import pod_demand
 from extender.binder import Binder
 from extender.config import Settings
 from extender.main import create_app

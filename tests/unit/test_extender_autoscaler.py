@@ -5,12 +5,12 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from app.autoscale import placeholders as ph
-from app.autoscale.plan import Pool
-from app.errors import KubeError
+from app.core.autoscale import placeholders as ph
+from app.core.autoscale.plan import Pool
+from app.core.errors import KubeError
+from app.core.placement import registry
 from app.kube.cache import ClusterCache
 from app.kube.calls import Request
-from app.placement import registry
 from extender.autoscaler import PRIORITY_CLASSES, AutoscaleConfig, Autoscaler
 from tests.unit.test_kube_cache import NOW, alloc, gpunode, pod
 

@@ -17,10 +17,10 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from app.core.placement import registry
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.calls import Request
-from app.placement import registry
 from extender.binder import Binder
 from extender.config import Settings
 from extender.main import create_app

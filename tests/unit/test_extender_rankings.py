@@ -14,11 +14,19 @@ from typing import Any
 
 import pytest
 
-from app.errors import PlacementReason
-from app.explain import NO_GPUNODE, reason_text
+from app.core.errors import PlacementReason
+from app.core.explain import NO_GPUNODE, reason_text
+from app.core.model import Demand, Node
+from app.core.placement import (
+    Placement,
+    Policy,
+    normalize_scores,
+    place,
+    registry,
+    score_nodes,
+    to_allocation,
+)
 from app.kube.cache import ClusterCache
-from app.model import Demand, Node
-from app.placement import Placement, Policy, normalize_scores, place, registry, score_nodes, to_allocation
 from extender import verbs
 from extender.rankings import Rankings
 from extender.verbs import PENDING_REASON, FilterOutcome

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from app import names
-from app.model import Demand
+from app.core import names
+from app.core.model import Demand
 from extender.readings import Readings
 
 

@@ -6,7 +6,7 @@ import copy
 import threading
 from collections.abc import Iterator, Mapping
 
-from app.errors import KubeError
+from app.core.errors import KubeError
 from app.kube.calls import JsonDict, Request
 from extender.config import Settings
 from extender.runtime import KubeRuntime

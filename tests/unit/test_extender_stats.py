@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from app.model import Allocation, ClusterState, Gpu, Node
-from app.top import bar, render
+from app.core.model import Allocation, ClusterState, Gpu, Node
+from app.tools.top import bar, render
 from extender.metrics import ExtenderStateCollector, PendingReason
 from extender.stats import gauges, typical_milli
 
@@ -60,9 +60,9 @@ def test_top_renders_bars_and_totals() -> None:
 def test_the_engine_remembers_verdicts_per_node_state_and_never_reuses_a_changed_node() -> None:
     from dataclasses import replace
 
-    from app.model import Demand
-    from app.placement import registry
-    from app.placement.engine import Engine
+    from app.core.model import Demand
+    from app.core.placement import registry
+    from app.core.placement.engine import Engine
 
     calls: list[str] = []
     inner = registry.create("binpack")

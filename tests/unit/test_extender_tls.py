@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 import uvicorn
 
-from app import certs
+from app.core.placement import registry
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
-from app.placement import registry
+from app.service import certs
 from extender.binder import Binder
 from extender.config import Settings
 from extender.main import create_app, run, servers

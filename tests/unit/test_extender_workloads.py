@@ -7,12 +7,12 @@ import random
 
 import pytest
 
+from app.core.model import Demand
+from app.core.placement import default_workload, registry
+from app.core.placement.workload import MIN_LEARNED_PODS, WEIGHT_STEP, learned
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict, Request
-from app.model import Demand
-from app.placement import default_workload, registry
-from app.placement.workload import MIN_LEARNED_PODS, WEIGHT_STEP, learned
 from extender.binder import Binder
 from extender.config import Settings
 from extender.runtime import KubeRuntime, StaticRuntime

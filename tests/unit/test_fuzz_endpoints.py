@@ -18,17 +18,17 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from test_deploy_chart import REQUEST_KEYS
 
-from app import names
-from app.errors import KubeError
+from app.core import names
+from app.core.errors import KubeError
+from app.core.model import Demand
+from app.core.placement import registry
+from app.core.pods import pod_info
+from app.core.podview import read
+from app.core.request import pod_demand
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict, Request
 from app.kube.gpunode import GPUNode, GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.model import Demand
-from app.placement import registry
-from app.pods import pod_info
-from app.podview import read
-from app.request import pod_demand
 from extender.binder import Binder
 from extender.config import Settings as ExtenderSettings
 from extender.main import create_app as extender_app

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from app.errors import FieldError
+from app.core.errors import FieldError
 from app.kube import gpunode
 from app.kube.cache import gpunode_to_node
 from app.kube.calls import MERGE_PATCH

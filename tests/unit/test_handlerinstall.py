@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from agent import handlerinstall as hi
-from app.errors import KubeError
+from app.core.errors import KubeError
 from app.kube.calls import Request
 
 

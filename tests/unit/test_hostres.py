@@ -6,8 +6,8 @@ from typing import Any
 
 import pytest
 
-from app import podview
-from app.hostres import HostResources, node_allocatable
+from app.core import podview
+from app.core.hostres import HostResources, node_allocatable
 
 
 def c(

@@ -24,9 +24,14 @@ from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.base import ComputeMode
 from agent.nvml.simulated import SimulatedNvml
 from agent.reporter import ReporterConfig
-from app import explain, names, request
-from app.errors import Shortfall
-from app.isolation import ComputeEnforcement, MemoryEnforcement, Sharing
+from app.core import explain, names, request
+from app.core.errors import Shortfall
+from app.core.isolation import ComputeEnforcement, MemoryEnforcement, Sharing
+from app.core.model import Demand, Gpu, Node
+from app.core.placement import Placement, place, registry
+from app.core.placement.fit import headroom, headroom_fits, is_share, node_fits, node_misfit
+from app.core.podview import ContainerView, Kind, PodView
+from app.core.request import GpuRequest
 from app.kube.gpunode import (
     GpuIsolation,
     GPUNode,
@@ -36,11 +41,6 @@ from app.kube.gpunode import (
     GpuStatus,
     MpsStatus,
 )
-from app.model import Demand, Gpu, Node
-from app.placement import Placement, place, registry
-from app.placement.fit import headroom, headroom_fits, is_share, node_fits, node_misfit
-from app.podview import ContainerView, Kind, PodView
-from app.request import GpuRequest
 
 EXCL, DEFAULT, PROHIBITED = (
     ComputeMode.EXCLUSIVE_PROCESS,
@@ -143,7 +143,7 @@ def test_per_cgroup_is_fine_without_mps() -> None:
     assert isinstance(got, GpuRequest) and got.demand().memory_enforcement is M.PER_CGROUP
 
 
-# --- placement (app.placement.fit) ---
+# --- placement (app.core.placement.fit) ---
 
 
 def gpu(i: int, sharing: Sharing, memory: MemoryEnforcement = M.NONE, milli: int = 0) -> Gpu:

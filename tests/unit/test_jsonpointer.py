@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.jsonpointer import pointer
+from app.core.jsonpointer import pointer
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from app.core.model import Allocation
 from app.kube.assume import AssumeCache
-from app.model import Allocation
 
 
 def alloc(node: str = "n1", gpu: int = 0) -> Allocation:

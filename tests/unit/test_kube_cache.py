@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from app import names, podview
-from app.errors import RequestError
+from app.core import names, podview
+from app.core.errors import RequestError
+from app.core.model import Allocation, Demand
+from app.core.pods import pod_info
+from app.core.request import pod_demand
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache, node_order_key
 from app.kube.gpunode import GPUNode, GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
-from app.model import Allocation, Demand
-from app.pods import pod_info
-from app.request import pod_demand
 
 NOW = 1_700_000_000.0
 

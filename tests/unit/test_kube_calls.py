@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from app import names
+from app.core import names
+from app.core.model import Allocation
 from app.kube import calls
 from app.kube.calls import JSON_PATCH, MERGE_PATCH
-from app.model import Allocation
 
 ALLOC = Allocation(node="n1", gpu_indexes=(0, 3), gpu_uuids=("GPU-a", "GPU-b"), milli=250, memory_mib=4096)
 

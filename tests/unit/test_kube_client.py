@@ -15,7 +15,7 @@ import kubernetes
 import pytest
 import urllib3
 
-from app.errors import KubeError
+from app.core.errors import KubeError
 from app.kube.calls import Request
 from app.kube.client import Kube, Timeouts, transport_error
 

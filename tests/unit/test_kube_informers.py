@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from app.errors import KubeError
+from app.core.errors import KubeError
 from app.kube.calls import JsonDict, Request
 from app.kube.informers import Informer, InformerConfig, object_key
 from extender.config import Settings as ExtenderSettings

@@ -7,7 +7,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 
-from app.errors import KubeError
+from app.core.errors import KubeError
 from app.kube.calls import JsonDict, Request
 from app.kube.lease import LeaderElector, LeaseConfig
 

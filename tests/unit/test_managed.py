@@ -1,4 +1,4 @@
-"""app.managed: the extender's check that a pod carries the webhook's marks (label, allocation env)."""
+"""app.core.managed: the extender's check that a pod carries the webhook's marks (label, allocation env)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from app import managed, names, podview
-from app.errors import RequestError
+from app.core import managed, names, podview
+from app.core.errors import RequestError
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "webhook"
 # Every pod the webhook mutated in the golden cases, exactly as its patch leaves it.

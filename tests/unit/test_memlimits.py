@@ -6,8 +6,8 @@ import pytest
 
 from agent import memlimits
 from agent.memlimits import Capability, Limits
-from app.model import Allocation
-from app.request import GpuRequest
+from app.core.model import Allocation
+from app.core.request import GpuRequest
 
 UID = "0b7e6a3c-1111-2222-3333-444455556666"
 CID = "4f" * 32

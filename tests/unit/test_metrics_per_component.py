@@ -18,10 +18,10 @@ from agent.main import reporter_config
 from agent.mps import MpsConfig, MpsSupervisor
 from agent.nvml.simulated import SimulatedNvml
 from agent.settings import Settings as AgentSettings
+from app.core.placement import registry
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
 from app.kube.calls import Request
-from app.placement import registry
 from extender.binder import Binder
 from extender.config import Settings as ExtenderSettings
 from extender.main import create_app as extender_app

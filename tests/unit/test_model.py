@@ -6,9 +6,9 @@ from dataclasses import fields, replace
 
 import pytest
 
-from app import names
-from app.isolation import MemoryEnforcement, Sharing
-from app.model import Allocation, ClusterState, Demand, Gpu, Node
+from app.core import names
+from app.core.isolation import MemoryEnforcement, Sharing
+from app.core.model import Allocation, ClusterState, Demand, Gpu, Node
 
 
 def test_fraction_reserves_floor_of_memory_so_shares_summing_to_one_fit() -> None:

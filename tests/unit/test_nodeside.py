@@ -10,8 +10,8 @@ import pytest
 
 from agent import mpsprep, nodeside
 from agent.nvml.base import ComputeMode
-from app import names, podview
-from app.model import Allocation
+from app.core import names, podview
+from app.core.model import Allocation
 
 NODE = "gpu-1"
 UID = "0b7e6a3c-1111-2222-3333-444455556666"

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from app import names, request
-from app.podview import ContainerView, Kind, PodView, ask_of
-from app.request import GpuRequest, Isolation
+from app.core import names, request
+from app.core.podview import ContainerView, Kind, PodView, ask_of
+from app.core.request import GpuRequest, Isolation
 
 REQ = "nvidia.com/container.gpu-workload.gpu-memory.request"
 LIM = "nvidia.com/container.gpu-workload.gpu-memory.limit"

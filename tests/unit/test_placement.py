@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from app.errors import PlacementReason, ReasonKind, Shortfall
-from app.model import Demand, Gpu, Node
-from app.placement import (
+from app.core.errors import PlacementReason, ReasonKind, Shortfall
+from app.core.model import Demand, Gpu, Node
+from app.core.placement import (
     Placement,
     Policy,
     Registry,
@@ -21,8 +21,8 @@ from app.placement import (
     score_nodes,
     to_allocation,
 )
-from app.placement.fit import node_misfit
-from app.placement.workload import PodShape, default_workload
+from app.core.placement.fit import node_misfit
+from app.core.placement.workload import PodShape, default_workload
 
 T4_MIB = 15109
 POLICIES = ("binpack", "spread", "fgd", "fragaware")
@@ -267,7 +267,7 @@ def test_registry_can_be_replaced_in_tests() -> None:
 
 
 def test_default_workload_loads_and_is_a_distribution() -> None:
-    from app.placement import default_workload
+    from app.core.placement import default_workload
 
     wl = default_workload()
     assert len(wl.shapes) > 10
@@ -552,8 +552,8 @@ SHARED_STATES = [([0, 0], 40000), ([500, 0], 40000), ([0, 530], 9000), ([750, 75
 
 def _share_choice_by_definition(policy: Policy, node: Node, demand: Demand) -> tuple[float, tuple[int, ...]]:
     """FragAware's single-GPU share choice, literally: fitting GPUs in tie order, the first best wins."""
-    from app.placement.fit import fitting_gpus
-    from app.placement.fragaware import score_of
+    from app.core.placement.fit import fitting_gpus
+    from app.core.placement.fragaware import score_of
 
     wl, lefts, cpu = CPU_STEPS, node.whole_lefts, node.cpu_milli_free
     cpu_after = None if cpu is None else cpu - demand.cpu_milli

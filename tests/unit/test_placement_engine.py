@@ -14,9 +14,9 @@ from dataclasses import replace
 
 import pytest
 
-from app.model import Allocation, Demand, Gpu, Node
-from app.placement import Placement, place, registry
-from app.placement.engine import Engine
+from app.core.model import Allocation, Demand, Gpu, Node
+from app.core.placement import Placement, place, registry
+from app.core.placement.engine import Engine
 from tests.unit.test_placement_fragaware_array import DEMANDS, random_node
 
 POLICIES = ("binpack", "spread", "fgd", "fragaware")

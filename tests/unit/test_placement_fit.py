@@ -7,10 +7,10 @@ import random
 
 import pytest
 
-from app.errors import ForeignUse, PlacementReason, ReasonKind, Shortfall
-from app.model import Demand, Gpu, Node
-from app.placement import Placement, place, registry
-from app.placement.fit import (
+from app.core.errors import ForeignUse, PlacementReason, ReasonKind, Shortfall
+from app.core.model import Demand, Gpu, Node
+from app.core.placement import Placement, place, registry
+from app.core.placement.fit import (
     FOREIGN_MARGIN_MIB,
     FitFilter,
     fits_check,

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from app.model import Demand, Gpu, Node
-from app.placement import Placement, place, registry
-from app.placement.fragaware import GPUPACK_OPTIONS, FragAware
-from app.placement.workload import PodShape, TargetWorkload
+from app.core.model import Demand, Gpu, Node
+from app.core.placement import Placement, place, registry
+from app.core.placement.fragaware import GPUPACK_OPTIONS, FragAware
+from app.core.placement.workload import PodShape, TargetWorkload
 
 T4, G2 = frozenset({"T4"}), frozenset({"G2"})
 

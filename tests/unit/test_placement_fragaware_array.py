@@ -12,13 +12,13 @@ import random
 
 import pytest
 
-from app.explain import reason_text
-from app.model import Allocation, Demand, Gpu, Node
-from app.placement import registry
-from app.placement.base import Judged, Policy
-from app.placement.engine import Engine
-from app.placement.fragaware import GPUPACK_OPTIONS, FragAware, FragOptions
-from app.placement.workload import PodShape, TargetWorkload, default_workload
+from app.core.explain import reason_text
+from app.core.model import Allocation, Demand, Gpu, Node
+from app.core.placement import registry
+from app.core.placement.base import Judged, Policy
+from app.core.placement.engine import Engine
+from app.core.placement.fragaware import GPUPACK_OPTIONS, FragAware, FragOptions
+from app.core.placement.workload import PodShape, TargetWorkload, default_workload
 
 DEMANDS = (
     Demand(1, milli=100),

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import random
 
-from app.model import Demand, Gpu, Node
-from app.placement import registry, to_allocation
-from app.placement.fit import HeadroomScore, headroom, headroom_fits, is_share, node_fits, within
+from app.core.model import Demand, Gpu, Node
+from app.core.placement import registry, to_allocation
+from app.core.placement.fit import HeadroomScore, headroom, headroom_fits, is_share, node_fits, within
 
 MEMORY = (0, 15_109, 16_384, 32_510, 40_960)  # odd sizes make the floor in Demand.on bite
 

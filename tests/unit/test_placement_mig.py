@@ -6,11 +6,11 @@ from collections.abc import Sequence
 
 import pytest
 
-from app import catalog
-from app.errors import ReasonKind, Shortfall
-from app.model import Demand, Gpu, Node, mig_index
-from app.placement import Placement, place, registry, to_allocation
-from app.placement.fit import node_misfit
+from app.core import catalog
+from app.core.errors import ReasonKind, Shortfall
+from app.core.model import Demand, Gpu, Node, mig_index
+from app.core.placement import Placement, place, registry, to_allocation
+from app.core.placement.fit import node_misfit
 
 POLICIES = ("binpack", "spread", "fgd", "fragaware")
 A100 = catalog.lookup("A100-80GB")

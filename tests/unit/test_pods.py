@@ -1,4 +1,4 @@
-"""One reading of a pod for the extender's cache and the agent's verification (app.pods)."""
+"""One reading of a pod for the extender's cache and the agent's verification (app.core.pods)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from app import names, podview
-from app.hostres import HostResources
-from app.model import Allocation, Demand
-from app.pods import is_gpupack, pod_info, slim_pod
+from app.core import names, podview
+from app.core.hostres import HostResources
+from app.core.model import Allocation, Demand
+from app.core.pods import is_gpupack, pod_info, slim_pod
 
 ALLOC = Allocation("n1", (0,), ("GPU-a",), 500, 7554)
 

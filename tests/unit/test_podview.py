@@ -1,4 +1,4 @@
-"""app.podview: the one reading of a pod that every part of gpupack takes."""
+"""app.core.podview: the one reading of a pod that every part of gpupack takes."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app import names, podview
-from app.hostres import HostResources
-from app.podview import ContainerView, Kind, Mount, PodView, Volume
+from app.core import names, podview
+from app.core.hostres import HostResources
+from app.core.podview import ContainerView, Kind, Mount, PodView, Volume
 
 
 def pod(

@@ -1,4 +1,4 @@
-"""app.quota: the conservative quota charge of every request kind, and reading ResourceQuota objects."""
+"""app.core.quota: the conservative quota charge of every request kind, and reading ResourceQuota objects."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from app import catalog, names, podview, quota, request
-from app.quota import Charge, QuotaUse
-from app.request import GpuRequest
+from app.core import catalog, names, podview, quota, request
+from app.core.quota import Charge, QuotaUse
+from app.core.request import GpuRequest
 
 
 def parse(annotations: dict[str, str]) -> GpuRequest | tuple[object, ...]:
@@ -27,7 +27,7 @@ def req(annotations: dict[str, str]) -> GpuRequest:
     return parsed
 
 
-# Expected values worked out by hand from app/data/gpu_models.json: the smallest GPU is a T4 (15109 MiB),
+# Expected values worked out by hand from app/core/data/gpu_models.json: the smallest GPU is a T4 (15109 MiB),
 # the largest an A100-80GB (81920 MiB); G2 has 20000 MiB, A100-40GB 40960 MiB.
 @pytest.mark.parametrize(
     ("annotations", "expected"),

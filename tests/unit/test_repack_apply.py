@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from app import names
-from app.errors import KubeError
+from app.core import names
+from app.core.errors import KubeError
+from app.core.model import Allocation
 from app.kube.calls import JsonDict, Request
-from app.model import Allocation
-from app.repack.apply import Executor, Outcome
-from app.repack.plan import Goal, Move, Plan
+from app.tools.repack.apply import Executor, Outcome
+from app.tools.repack.plan import Goal, Move, Plan
 
 SRC = Allocation("n1", (3,), ("GPU-n1-3",), 250, 10240)
 DST = Allocation("n0", (0,), ("GPU-n0-0",), 250, 10240)
@@ -144,7 +144,7 @@ def test_max_evictions_cuts_the_plan() -> None:
 
 
 def test_the_human_output_names_each_step_and_where_it_stopped() -> None:
-    from app.repack.command import render_plan, render_report, render_step
+    from app.tools.repack.command import render_plan, render_report, render_step
 
     elsewhere = Allocation("n1", (1,), ("GPU-n1-1",), 250, 10240)
     report = executor(FakeKube(lands=elsewhere)).run(the_plan())

@@ -6,9 +6,9 @@ from typing import Any
 
 import pytest
 
-from app import names
-from app.repack import candidates
-from app.repack.selectors import matches, node_allows
+from app.core import names
+from app.tools.repack import candidates
+from app.tools.repack.selectors import matches, node_allows
 
 
 def pod(

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from app.errors import KubeError
+from app.core.errors import KubeError
 from app.kube.calls import JsonDict, Request
-from app.repack import drain
-from app.repack.plan import Goal, Move, Plan
+from app.tools.repack import drain
+from app.tools.repack.plan import Goal, Move, Plan
 from tests.unit.test_repack_apply import DST, SRC, FakeKube, executor
 
 
@@ -102,7 +102,7 @@ def test_gpus_goal_and_dry_run_taint_nothing() -> None:
 
 
 def test_a_tainted_node_is_no_target_unless_the_pod_tolerates_it() -> None:
-    from app.repack.selectors import scheduler_refusal
+    from app.tools.repack.selectors import scheduler_refusal
 
     node = {"metadata": {"name": "n1", "labels": {}}, "spec": {"taints": [drain.taint()]}}
     assert drain.change(node, draining=True) is None  # already there: no write
@@ -123,9 +123,9 @@ def test_a_tainted_node_is_no_target_unless_the_pod_tolerates_it() -> None:
 
 def test_the_node_being_emptied_is_no_target_for_its_own_pods() -> None:
     """n1's 0.75 share would best go back into the hole it leaves; the taint keeps it out, so n1 empties."""
-    from app.model import Allocation, Demand, Gpu, Node
-    from app.placement import registry
-    from app.repack.plan import PodRef, plan
+    from app.core.model import Allocation, Demand, Gpu, Node
+    from app.core.placement import registry
+    from app.tools.repack.plan import PodRef, plan
 
     shares = {"n0": [(0, 750)], "n1": [(0, 750), (1, 500)], "n2": [(0, 500), (1, 300), (1, 300)]}
     nodes, pods = [], []

@@ -6,9 +6,9 @@ from collections.abc import Sequence
 
 import pytest
 
-from app.model import MILLI_PER_GPU, Allocation, Demand, Gpu, Node
-from app.placement import Placement, place, registry, to_allocation
-from app.repack.plan import Goal, Move, Plan, PodRef, plan, with_share
+from app.core.model import MILLI_PER_GPU, Allocation, Demand, Gpu, Node
+from app.core.placement import Placement, place, registry, to_allocation
+from app.tools.repack.plan import Goal, Move, Plan, PodRef, plan, with_share
 
 MODEL = "A100-40GB"
 QUARTER = Demand(1, milli=250, cpu_milli=1000, host_memory_mib=1024)

@@ -7,10 +7,10 @@ from collections.abc import Sequence
 import pytest
 from test_repack_plan import QUARTER, empty_nodes, fragmented, layout, replay
 
-from app.model import Demand, Node
-from app.placement import Placement, place, registry
-from app.repack.plan import Goal, Plan, PodRef
-from app.repack.room import Room, make_room
+from app.core.model import Demand, Node
+from app.core.placement import Placement, place, registry
+from app.tools.repack.plan import Goal, Plan, PodRef
+from app.tools.repack.room import Room, make_room
 
 WHOLE = Demand(1, milli=1000)
 HALF = Demand(1, milli=500)
@@ -140,7 +140,7 @@ def test_a_room_plan_survives_its_json_form() -> None:
 
 
 def test_the_room_table_says_where_the_pod_goes() -> None:
-    from app.repack.command import render_room
+    from app.tools.repack.command import render_room
 
     nodes, pods = fragmented(2, 2)
     pods[0] = PodRef(pods[0].key, pods[0].uid, pods[0].alloc, pods[0].demand, "bare pod")
@@ -157,9 +157,9 @@ def test_the_room_table_says_where_the_pod_goes() -> None:
 def test_repack_for_refuses_a_pod_it_cannot_make_room_for_naming_the_flag() -> None:
     from test_kube_cache import pod
 
-    from app import names
+    from app.core import names
     from app.kube.snapshot import Snapshot
-    from app.repack.command import compute_room
+    from app.tools.repack.command import compute_room
 
     bound = pod("bound", "uid-b", node="node-0")
     pending = pod("waiting", "uid-w")

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from app import names, podview, request
-from app.errors import RequestError
-from app.model import Demand
-from app.podview import ContainerView, Kind, PodView, ask_of
-from app.request import GpuRequest, Isolation
+from app.core import names, podview, request
+from app.core.errors import RequestError
+from app.core.model import Demand
+from app.core.podview import ContainerView, Kind, PodView, ask_of
+from app.core.request import GpuRequest, Isolation
 
 FRACTION_RULE = "must be a decimal in (0, 1] with at most 2 decimals"
 MEMORY_RULE = (

@@ -12,8 +12,8 @@ from agent.command import register as agent_register
 from agent.command import settings_from as agent_settings_from
 from agent.settings import FLAGS as AGENT_FLAGS
 from agent.settings import Settings as AgentSettings
-from app.errors import SettingError
-from app.settings import Checker, default_of, flag_rows, help_of
+from app.core.errors import SettingError
+from app.service.settings import Checker, default_of, flag_rows, help_of
 from extender.config import FLAGS as EXTENDER_FLAGS
 from extender.config import Settings as ExtenderSettings
 from webhook.main import create_app as webhook_app

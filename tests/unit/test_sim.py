@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from app.model import Demand, Node
-from app.placement import Placement, TargetWorkload, place, registry
-from app.sim import command
-from app.sim.engine import Cluster, arrival_sequence, chooser, simulate
-from app.sim.loader import TraceError, TracePod, load_nodes, load_pods, read_nodes, read_pods
+from app.core.model import Demand, Node
+from app.core.placement import Placement, TargetWorkload, place, registry
+from app.tools.sim import command
+from app.tools.sim.engine import Cluster, arrival_sequence, chooser, simulate
+from app.tools.sim.loader import TraceError, TracePod, load_nodes, load_pods, read_nodes, read_pods
 
 FIXTURES = Path(__file__).parent / "fixtures" / "sim"
 NODES = FIXTURES / "tiny_nodes.csv"
@@ -317,8 +317,8 @@ def test_a_trace_with_nothing_to_replay_is_a_usage_error_not_a_crash(
 
 def test_every_input_error_of_the_simulator_has_the_one_shape() -> None:
     # Flags and trace files alike: [where: ]field=value: rule, the value in Python notation.
-    from app.errors import FieldError, InputError
-    from app.sim.command import UsageError, parse_seeds
+    from app.core.errors import FieldError, InputError
+    from app.tools.sim.command import UsageError, parse_seeds
 
     with pytest.raises(UsageError) as usage:
         parse_seeds("9-1")

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 from test_sim import synthetic
 
-from app.model import Demand, Gpu, Node
-from app.placement import TargetWorkload, registry
-from app.sim.burst import burst, burstable
-from app.sim.loader import TracePod
+from app.core.model import Demand, Gpu, Node
+from app.core.placement import TargetWorkload, registry
+from app.tools.sim.burst import burst, burstable
+from app.tools.sim.loader import TracePod
 
 
 def one_gpu(*shares: int) -> tuple[tuple[Node, ...], tuple[TracePod, ...], TargetWorkload]:

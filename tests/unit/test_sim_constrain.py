@@ -6,9 +6,9 @@ from collections import Counter
 
 import pytest
 
-from app.model import Demand, Gpu, Node
-from app.sim.constrain import model_choices, pin_models
-from app.sim.loader import TracePod
+from app.core.model import Demand, Gpu, Node
+from app.tools.sim.constrain import model_choices, pin_models
+from app.tools.sim.loader import TracePod
 
 
 def fleet() -> list[Node]:

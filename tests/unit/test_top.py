@@ -7,10 +7,10 @@ from typing import Any
 
 import pytest
 
-from app import top
-from app.errors import KubeError
+from app.core.errors import KubeError
+from app.core.quota import QuotaUse
 from app.kube import calls
-from app.quota import QuotaUse
+from app.tools import top
 
 MILLI = "requests.gpupack.io/quota-gpu-milli"
 MEMORY = "requests.gpupack.io/quota-gpu-memory-mib"

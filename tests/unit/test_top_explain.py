@@ -6,13 +6,13 @@ import argparse
 
 import pytest
 
-from app import explain
-from app.explain_command import _pod_key, scheduler_exclusions
-from app.explain_command import render as render_explain
-from app.fragmentation import fragmented_milli
-from app.model import ClusterState, Demand, Gpu, Node
-from app.placement import registry
-from app.top import render
+from app.core import explain
+from app.core.fragmentation import fragmented_milli
+from app.core.model import ClusterState, Demand, Gpu, Node
+from app.core.placement import registry
+from app.tools.explain_command import _pod_key, scheduler_exclusions
+from app.tools.explain_command import render as render_explain
+from app.tools.top import render
 
 
 def cluster() -> ClusterState:

@@ -7,7 +7,7 @@ from fractions import Fraction
 
 import pytest
 
-from app import units
+from app.core import units
 
 # Inputs that Python's float() or Decimal() accept (or that look numeric) but no gpupack grammar may.
 HOSTILE = [

@@ -13,7 +13,7 @@ import schemathesis
 from fastapi.testclient import TestClient
 from hypothesis import HealthCheck, settings
 
-from app import names
+from app.core import names
 from webhook import metrics as webhook_metrics
 from webhook import mutate
 from webhook.main import create_app

@@ -8,7 +8,7 @@ import pytest
 from test_webhook_mutate import apply_patch, decide, decoded, review_of
 from test_webhook_pod_validity import apiserver_errors
 
-from app import managed, names, podview
+from app.core import managed, names, podview
 from webhook import mutate
 from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings

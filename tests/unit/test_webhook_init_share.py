@@ -1,5 +1,6 @@
 """A GPU share on an init container or a sidecar: node-level numbers (what kube-scheduler's NodeResourcesFit
-counts of our extended resource) and the extender's demand (app.request.pod_demand) agree with the request."""
+counts of our extended resource) and the extender's demand (app.core.request.pod_demand) agree with the
+request."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ from typing import Any
 import pytest
 from test_webhook_mutate import apply_patch, decoded, review_of
 
-from app import managed, names, podview, request, units
-from app.model import Demand
+from app.core import managed, names, podview, request, units
+from app.core.model import Demand
 from webhook import mutate
 from webhook.settings import Settings
 

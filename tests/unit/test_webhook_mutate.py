@@ -13,7 +13,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from app import names, podview, request, units
+from app.core import names, podview, request, units
 from webhook import mutate
 from webhook.metrics import WebhookOutcome
 from webhook.schemas import AdmissionReview

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from test_webhook_mutate import apply_patch, decide, decoded, review_of
 
-from app import managed, names, podview
+from app.core import managed, names, podview
 from webhook import mutate
 from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings

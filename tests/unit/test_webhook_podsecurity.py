@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from app import names
+from app.core import names
 from webhook.main import create_app
 from webhook.settings import Settings
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from test_webhook_mutate import apply_patch, as_apiserver_stores, decide, decoded, pod, review_of
 
-from app import names
+from app.core import names
 from webhook.metrics import WebhookOutcome
 from webhook.settings import Settings
 

@@ -1,0 +1,599 @@
+"""The one incremental chooser: a policy's verdicts on a changing list of nodes, per demand shape (pure).
+
+The extender (the cluster cache's node views at their natural-order positions), the simulator (its
+shuffled cluster) and the planners of repack and autoscale (`Engine.place`: `place` over any nodes in
+any order) choose through an Engine. Between two choices only the nodes that took or gave back a pod
+change, and pods come in a few shapes, so:
+
+- each node state is interned once, by identity where the caller hands out one object per state (the
+  cluster cache, the planners), by value where it builds new objects for equal states (the simulator);
+  what is known of a state is kept with it: each shape's verdict, the GPUs the policy would use there,
+  what the policy's array form reads of it;
+- each shape keeps a heap of its fitting positions by (-score, position) and judges again only the
+  positions logged as changed since it was last asked (one log, so a change costs nothing per shape);
+- a shape's first pass, and any batch of changes, goes to the policy's array form where the registry
+  has one for it (`Registry.array_form`, e.g. FragAware's in `fragaware_array`);
+- where no refusal is needed (the simulator), a share demand is judged from each state's `fit.Headroom`,
+  and for a policy whose score falls with the headroom a node that only took pods keeps its stale entry
+  as an upper bound, judged again only when that entry reaches the top.
+
+`place` is the definition: ties on score go to the lowest position, and every answer is the policy's own
+(the oracle tests compare the engine with `place` on random clusters).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from app.core.errors import PlacementReason
+from app.core.model import Demand, Node
+from app.core.placement.base import ArrayForm, Evaluates, Policy, registry
+from app.core.placement.fit import (
+    Headroom,
+    HeadroomScore,
+    fits_check,
+    headroom,
+    headroom_fits,
+    is_share,
+    uses_fit_filter,
+    within,
+)
+from app.core.placement.place import Placement
+
+# Changed nodes from which a catch-up judges them in one array pass (numpy's per-call cost is ~0.1 ms).
+BATCH_MIN = 16
+# Interned node states kept (each pins its node): a few passes over a 5 000-node cluster. A table that
+# fills up is started over, with every shape's remembered verdicts; live states come back in one pass.
+STATES_SIZE = 20_000
+Refusal = tuple[PlacementReason, str]  # a refusal and its text, rendered once per node state
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The policy's answer for one node state: a refusal, or the node's raw score."""
+
+    node: Node
+    reason: PlacementReason | None
+    score: float = 0.0  # meaningful only without a reason
+
+    @property
+    def fits(self) -> bool:
+        return self.reason is None
+
+
+def _rule(reason: PlacementReason) -> str:
+    return reason.rule
+
+
+_UNJUDGED = math.nan  # memo default: no score is NaN (None is a real answer, "does not fit")
+
+
+def _unset(_: int) -> object:
+    raise AssertionError("judged through the engine's refusals path")
+
+
+@dataclass(slots=True)
+class Shape:
+    """One demand's standing over the engine's positions."""
+
+    demand: Demand
+    # Judged from headroom (a share demand where no refusal is needed): memo keyed by headroom state.
+    by_room: bool
+    # A share demand that did not fit a node keeps not fitting while the node only shrinks.
+    share: bool
+    # Stale entries are upper bounds: a node is judged again when its entry reaches the top, or when it
+    # appears in the growth log (a change that gave it room).
+    lazy: bool
+    array: ArrayForm | None  # the policy's array form, where it covers this demand
+    judge: Callable[[int], object] = _unset  # without refusals: position -> score, None when unfit
+    keys: list[int] = field(default_factory=list)  # position -> memo key (the engine's list, kept current)
+    seen: int = 0  # log position (absolute) up to which changes are on the heap
+    full: bool = True  # judge every position at the next catch-up (new, reset or too far behind)
+    heap: list[tuple[float, int, int]] = field(default_factory=list)  # (-score, position, version)
+    # State id (headroom state id where `by_room`) -> (Verdict, Refusal | None) with refusals, else the
+    # score, None when the node does not fit.
+    memo: dict[int, object] = field(default_factory=dict)
+    gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)  # state id -> GPUs the policy uses
+    unfit: list[int] = field(default_factory=list)  # position -> version it last did not fit (share)
+    judged: list[int] = field(default_factory=list)  # lazy: position -> version last judged
+    # With refusals: the current verdict per position, and the refusals by position.
+    verdicts: list[Verdict | None] = field(default_factory=list)
+    refused: dict[int, Refusal] = field(default_factory=dict)
+
+
+class Engine:
+    """One policy's choices over positions 0..n-1 (the tie-break order), kept current by `reset`/`set`.
+
+    `refusals`: keep each node's verdict (refusal and text, or score) current, as the extender reports
+    them; without, only the fitting nodes' scores are kept (the simulator). `by_value`: intern node states
+    by value, for callers that build a new object for an equal state; the policy's answers must then not
+    depend on the node's name (no refusals: a refusal names its node).
+    """
+
+    def __init__(
+        self,
+        policy: Policy,
+        *,
+        refusals: bool = True,
+        describe: Callable[[PlacementReason], str] = _rule,
+        by_value: bool = False,
+        max_shapes: int | None = None,
+        states_size: int = STATES_SIZE,
+    ) -> None:
+        if by_value and refusals:
+            raise ValueError("states interned by value cannot carry refusals (a refusal names its node)")
+        self.policy = policy
+        self.name = policy.name
+        self.refusals = refusals
+        self.describe = describe
+        self.by_value = by_value
+        self.max_shapes = max_shapes
+        self.states_size = states_size
+        # The policy's array form pays on a pass over many distinct node states: the extender's first
+        # pass for a shape, a relist. By value, equal states already collapse such a pass to a few dozen
+        # (the simulator's fleet), too few for the array's per-call cost: judged one by one there.
+        self.array = registry.array_form(policy) if not by_value else None
+        self.evaluate = policy.evaluate if isinstance(policy, Evaluates) else None
+        self.fits = fits_check(policy)
+        self.margin = policy.margin_mib if uses_fit_filter(policy) and not refusals else None
+        self.scorer = policy if isinstance(policy, HeadroomScore) else None
+        # Positions.
+        self.nodes: list[Node | None] = []
+        self.version: list[int] = []
+        self.state: list[int] = []  # position -> state id (-1: none, or no shape reads state ids yet)
+        # Whether positions carry state ids: always with refusals; without, from the first shape not
+        # judged from headroom (a replay whose shapes all are skips interning every change).
+        self.interning = refusals
+        self.log: list[int] = []  # positions changed, oldest first (from absolute index `log_start`)
+        self.log_start = 0
+        self.grown: list[int] = []  # changes that left a node's headroom not `within` the old one
+        self.grown_start = 0
+        self.grown_at: list[int] = []  # position -> its version after the last such change
+        self.rooms: list[Headroom] = []
+        self.room_states: dict[Headroom, int] = {}
+        self.room_state: list[int] = []
+        # Node states.
+        self._interned: dict[object, tuple[Node, int] | int] = {}
+        self._next_state = 0
+        self.reads: dict[int, object] = {}  # state id -> what the array form reads of it
+        self.shapes: dict[Demand, Shape] = {}
+
+    # --- node states ---
+
+    def intern(self, node: Node) -> int:
+        """The state id of `node`: equal for the same object (by value: for equal states)."""
+        table = self._interned
+        if self.by_value:
+            key: object = _signature(node)
+            sid = table.get(key)
+            if isinstance(sid, int):
+                return sid
+        else:
+            key = id(node)
+            hit = table.get(key)
+            if hit is not None and not isinstance(hit, int) and hit[0] is node:
+                return hit[1]
+        if len(table) >= self.states_size:
+            self._forget_states()
+        sid = self._next_state
+        self._next_state += 1
+        table[key] = sid if self.by_value else (node, sid)
+        return sid
+
+    def _forget_states(self) -> None:
+        """Start the state table over: ids are never reused, so remembered answers just go."""
+        self._interned.clear()
+        self.reads.clear()
+        for shape in self.shapes.values():
+            shape.memo.clear()
+            shape.gpus.clear()
+
+    def read(self, node: Node) -> object:
+        """What the policy's array form reads of `node`'s state (kept per state)."""
+        assert self.array is not None
+        sid = self.intern(node)
+        out = self.reads.get(sid, _MISSING)
+        if out is _MISSING:
+            out = self.reads[sid] = self.array.read(node)
+        return out
+
+    # --- positions ---
+
+    def reset(self, nodes: Sequence[Node | None]) -> None:
+        """Every position anew (None: no node there); remembered verdicts on unchanged states stay."""
+        n = len(nodes)
+        # Refilled in place: the shapes' judging closures hold these lists.
+        self.nodes[:] = nodes
+        self.version[:] = [0] * n
+        self.state[:] = self._states(nodes)
+        self.log_start += len(self.log)
+        self.log.clear()
+        self.grown_start += len(self.grown)
+        self.grown.clear()
+        self.grown_at[:] = [0] * n
+        if self.margin is not None:
+            self.rooms[:] = [headroom(node, self.margin) if node is not None else _NO_ROOM for node in nodes]
+            self.room_state[:] = [self.room_states.setdefault(r, len(self.room_states)) for r in self.rooms]
+        for shape in self.shapes.values():
+            shape.full = True
+
+    def _states(self, nodes: Sequence[Node | None]) -> list[int]:
+        intern = self.intern
+        return [-1 if node is None or not self.interning else intern(node) for node in nodes]
+
+    def set(self, i: int, node: Node | None) -> None:
+        """Position `i` now holds `node` (None: gone)."""
+        v = self.version[i] = self.version[i] + 1
+        self.nodes[i] = node
+        if self.interning:
+            self.state[i] = -1 if node is None else self.intern(node)
+        self.log.append(i)
+        if self.margin is not None:
+            before = self.rooms[i]
+            room = self.rooms[i] = headroom(node, self.margin) if node is not None else _NO_ROOM
+            self.room_state[i] = self.room_states.setdefault(room, len(self.room_states))
+            if not within(room, before):
+                self.grown.append(i)
+                self.grown_at[i] = v
+        if len(self.log) > 8 * len(self.nodes) + 4096:
+            self._trim()
+
+    def _trim(self) -> None:
+        """Keep the log and the heaps bounded (a long-lived extender): drop all but the last n logged
+        changes, and the heap entries of states gone since; a shape further behind judges every position
+        again at its next catch-up (no more work than its backlog)."""
+        n = len(self.nodes)
+        keep = self.log_start + len(self.log) - n
+        keep_grown = self.grown_start + len(self.grown) - n
+        version = self.version
+        for shape in self.shapes.values():
+            if shape.seen < (keep_grown if shape.lazy else keep):
+                shape.full = True
+            elif not shape.lazy:  # stale entries of nodes that changed since (a lazy shape's are its bounds)
+                shape.heap = [e for e in shape.heap if e[2] == version[e[1]]]
+                heapq.heapify(shape.heap)
+        del self.log[: keep - self.log_start]
+        self.log_start = keep
+        if keep_grown > self.grown_start:
+            del self.grown[: keep_grown - self.grown_start]
+            self.grown_start = keep_grown
+
+    # --- shapes ---
+
+    def shape(self, demand: Demand) -> Shape:
+        """`demand`'s standing, brought up to date with every change."""
+        shape = self.shapes.get(demand)
+        if shape is None:
+            if self.max_shapes is not None and len(self.shapes) >= self.max_shapes:
+                self.shapes.clear()  # many one-off shapes: start over rather than grow
+            shape = self.shapes[demand] = self._new_shape(demand)
+        n = len(self.nodes)
+        if shape.full:
+            shape.full = False
+            shape.heap = []
+            shape.unfit, shape.judged = [-1] * n, [-1] * n
+            if self.refusals:
+                shape.verdicts, shape.refused = [None] * n, {}
+            shape.seen = self.grown_start + len(self.grown) if shape.lazy else self.log_start + len(self.log)
+            self._judge(shape, range(n))
+            return shape
+        log, start = (self.grown, self.grown_start) if shape.lazy else (self.log, self.log_start)
+        end = start + len(log)
+        if end > shape.seen:
+            todo = log[shape.seen - start :]
+            shape.seen = end
+            self._judge(shape, todo if len(todo) == 1 else set(todo))  # any order: the heap orders
+        return shape
+
+    def _new_shape(self, demand: Demand) -> Shape:
+        share = self.margin is not None and is_share(demand)
+        by_room = share and self.scorer is not None
+        lazy = by_room and self.scorer is not None and self.scorer.score_falls_with_room
+        array = self.array if self.array is not None and self.array.covers(demand) else None
+        shape = Shape(demand, by_room, share, lazy, None if by_room else array)
+        if not by_room and not self.interning:
+            self.interning = True
+            self.state[:] = self._states(self.nodes)
+        shape.keys = self.room_state if by_room else self.state
+        if self.refusals:
+            return shape
+        # Without refusals: fits and scores only, each position judged by a closure over the lists
+        # (reset() refills them in place), as cheap per call as the simulator needs.
+        nodes, rooms, policy, fits, state = self.nodes, self.rooms, self.policy, self.fits, self.state
+        if by_room:
+            assert self.scorer is not None
+            score_room = self.scorer.score_headroom
+
+            def by_headroom(i: int) -> object:
+                room = rooms[i]
+                return score_room(room, demand) if headroom_fits(room, demand) else None
+
+            shape.judge = by_headroom
+            return shape
+        evaluate = self.evaluate
+        gpus = shape.gpus
+
+        def by_node(i: int) -> object:
+            node = nodes[i]
+            assert node is not None
+            if not (headroom_fits(rooms[i], demand) if share else fits(node, demand)):
+                return None
+            if evaluate is None:
+                return policy.score(node, demand)
+            score, gpus[state[i]] = evaluate(node, demand)
+            return score
+
+        shape.judge = by_node
+        return shape
+
+    def _judge(self, shape: Shape, todo: Iterable[int]) -> None:
+        """Judge the positions of `todo` for `shape` at their current versions."""
+        nodes, version, heap, push = self.nodes, self.version, shape.heap, heapq.heappush
+        if self.refusals:
+            todo = [i for i in todo if nodes[i] is not None or self._gone(shape, i)]
+            if shape.array is not None and len(todo) >= BATCH_MIN:
+                self._judge_array(shape, todo)
+            refusing = self._refusing
+            for i in todo:
+                s = refusing(shape, i)
+                if s is not None:
+                    push(heap, (-s, i, version[i]))
+            return
+        unfit, grown_at, answer = shape.unfit, self.grown_at, self._answer
+        for i in todo:
+            # Skipped: no node, or a share it did not fit while the node has only shrunk since.
+            if unfit[i] < grown_at[i] and nodes[i] is not None:
+                s = answer(shape, i)
+                if s is not None:
+                    push(heap, (-s, i, version[i]))
+
+    def _gone(self, shape: Shape, i: int) -> bool:
+        """Position `i` holds no node: forget its verdict (False: nothing to judge)."""
+        shape.verdicts[i] = None
+        shape.refused.pop(i, None)
+        return False
+
+    def _judge_array(self, shape: Shape, todo: list[int]) -> None:
+        """Fill the memo for the states of `todo` that it lacks, in one array pass."""
+        assert shape.array is not None
+        memo, state, nodes = shape.memo, self.state, self.nodes
+        wanted: dict[int, Node] = {}
+        for i in todo:
+            sid = state[i]
+            if sid not in memo and sid not in wanted:
+                node = nodes[i]
+                assert node is not None
+                wanted[sid] = node
+        if len(wanted) < BATCH_MIN:
+            return
+        batch = list(wanted.values())
+        answers = shape.array.judge(batch, [self.read(node) for node in batch], shape.demand)
+        for (sid, node), got in zip(wanted.items(), answers, strict=True):
+            if got is None:
+                continue  # the array form leaves this one to the policy
+            if not self.refusals:
+                memo[sid] = None if isinstance(got, PlacementReason) else got
+            elif isinstance(got, PlacementReason):
+                memo[sid] = self._refused(node, got)
+            else:
+                memo[sid] = (Verdict(node, None, got), None)
+
+    def _answer(self, shape: Shape, i: int) -> float | None:
+        """Position i's score for `shape` at its current version (None: it does not fit); no refusals."""
+        memo = shape.memo
+        key = shape.keys[i]
+        got = memo.get(key, _UNJUDGED)
+        if got is _UNJUDGED:
+            got = memo[key] = shape.judge(i)
+        v = self.version[i]
+        if got is None and shape.share:
+            shape.unfit[i] = v
+        if shape.lazy:
+            shape.judged[i] = v
+        return got  # type: ignore[return-value]  # a score (an int for the integer scores) or None
+
+    def _refusing(self, shape: Shape, i: int) -> float | None:
+        """`_answer` keeping position i's verdict and refusal current (the extender reports them)."""
+        sid = self.state[i]
+        got = shape.memo.get(sid)
+        if got is None:
+            node = self.nodes[i]
+            assert node is not None
+            got = shape.memo[sid] = self._judge_one(shape, node, sid)
+        verdict: Verdict
+        refusal: Refusal | None
+        verdict, refusal = got  # type: ignore[misc]
+        shape.verdicts[i] = verdict
+        if refusal is not None:
+            shape.refused[i] = refusal
+            return None
+        shape.refused.pop(i, None)
+        return verdict.score
+
+    def _judge_one(self, shape: Shape, node: Node, sid: int) -> tuple[Verdict, Refusal | None]:
+        """The policy's verdict on `node` for `shape`, with the refusal's text (rendered once per state)."""
+        reason = self.policy.filter(node, shape.demand)
+        if reason is not None:
+            return self._refused(node, reason)
+        return Verdict(node, None, self._score(shape, node, sid)), None
+
+    def _refused(self, node: Node, reason: PlacementReason) -> tuple[Verdict, Refusal]:
+        return Verdict(node, reason), (reason, self.describe(reason))
+
+    def _score(self, shape: Shape, node: Node, sid: int) -> float:
+        if self.evaluate is None:
+            return self.policy.score(node, shape.demand)
+        score, gpus = self.evaluate(node, shape.demand)
+        shape.gpus[sid] = gpus
+        return score
+
+    def best(self, shape: Shape, accept: Callable[[int], bool] | None = None) -> int | None:
+        """The fitting position with the highest score (ties: the lowest position) that `accept`s."""
+        heap, version, lazy, judged = shape.heap, self.version, shape.lazy, shape.judged
+        skipped: list[tuple[float, int, int]] = []  # valid entries `accept` passed over: pushed back
+        found = None
+        while heap:
+            top = heap[0]
+            i = top[1]
+            v = version[i]
+            if top[2] == v:
+                if accept is None or accept(i):
+                    found = i
+                    break
+                skipped.append(heapq.heappop(heap))
+                continue
+            if lazy and judged[i] != v:  # its stale entry was the best bound left: judge it again
+                s = self._answer(shape, i)
+                if s is not None:
+                    heapq.heapreplace(heap, (-s, i, v))  # one sift for the pop and the push
+                    continue
+            heapq.heappop(heap)
+        for entry in skipped:
+            heapq.heappush(heap, entry)
+        return found
+
+    def choose(self, demand: Demand) -> int | None:
+        """The position `place` would choose for `demand` now (None: no node fits)."""
+        return self.best(self.shape(demand))
+
+    def gpus(self, i: int, demand: Demand) -> tuple[int, ...]:
+        """The GPUs the policy uses for `demand` on position i's node (remembered per state)."""
+        node = self.nodes[i]
+        assert node is not None
+        return self._gpus(node, self.state[i], demand)
+
+    def _gpus(self, node: Node, sid: int, demand: Demand) -> tuple[int, ...]:
+        shape = self.shapes.get(demand)
+        if shape is None or self.evaluate is None or sid < 0:
+            return self.policy.choose_gpus(node, demand)
+        got = shape.gpus.get(sid)
+        if got is None:
+            got = shape.gpus[sid] = self.evaluate(node, demand)[1]
+        return got
+
+    # --- place() over any nodes, with remembered verdicts (the planners) ---
+
+    def verdict(self, node: Node, demand: Demand) -> Verdict:
+        """The policy's verdict on `node` for `demand`, remembered per node state (refusals only)."""
+        if not self.refusals:
+            raise ValueError("verdicts carry refusals: build the engine with refusals=True")
+        shape = self.shapes.get(demand)
+        if shape is None:
+            if self.max_shapes is not None and len(self.shapes) >= self.max_shapes:
+                self.shapes.clear()
+            shape = self.shapes[demand] = self._new_shape(demand)
+        sid = self.intern(node)
+        got = shape.memo.get(sid)
+        if got is None:
+            got = shape.memo[sid] = self._judge_one(shape, node, sid)
+        return got[0]  # type: ignore[no-any-return,index]  # interned by identity: given on this node
+
+    def place(self, nodes: Iterable[Node], demand: Demand) -> Placement | tuple[PlacementReason, ...]:
+        """`place(nodes, demand, policy)`, answered from remembered verdicts for states seen before."""
+        best: Node | None = None
+        best_score = 0.0
+        reasons: list[PlacementReason] = []
+        for node in nodes:
+            v = self.verdict(node, demand)
+            if v.reason is not None:
+                reasons.append(v.reason)
+            elif best is None or v.score > best_score:
+                best, best_score = node, v.score
+        if best is None:
+            return tuple(reasons)
+        return Placement(best, self._gpus(best, self.intern(best), demand))
+
+
+@dataclass(frozen=True, slots=True)
+class Standings:
+    """What one extender request sees: the engine's verdicts by node name, overridden by `adjusted`'s
+    (nodes this request sees other than their view: holds, the pod's own share, a stale heartbeat)."""
+
+    engine: Engine
+    shape: Shape
+    rank: Mapping[str, int]  # natural-order position of every node that has one: the tie-break order
+    adjusted: Mapping[str, Verdict | None]
+
+    def verdict(self, name: str) -> Verdict | None:
+        """None: no node by that name."""
+        if name in self.adjusted:
+            return self.adjusted[name]
+        i = self.rank.get(name)
+        return None if i is None else self.shape.verdicts[i]
+
+    def refusals(self, names: Collection[str]) -> dict[str, Refusal]:
+        """Why each node of `names` that does not fit refuses, with the text."""
+        refused, adjusted, nodes = self.shape.refused, self.adjusted, self.engine.nodes
+        out: dict[str, Refusal] = {}
+        if len(refused) <= len(names):
+            for at, refusal in refused.items():
+                node = nodes[at]
+                if node is not None and node.name in names and node.name not in adjusted:
+                    out[node.name] = refusal
+        else:
+            rank = self.rank
+            for n in names:
+                i = rank.get(n)
+                if i is not None and n not in adjusted and (r := refused.get(i)) is not None:
+                    out[n] = r
+        describe = self.engine.describe
+        for n, v in adjusted.items():
+            if v is not None and v.reason is not None and n in names:
+                out[n] = (v.reason, describe(v.reason))
+        return out
+
+    def best(self, names: Collection[str]) -> str | None:
+        """`place`'s node among `names`: the highest score, ties to the lowest rank; None if none fits."""
+        nodes, adjusted = self.engine.nodes, self.adjusted
+
+        def accept(i: int) -> bool:
+            node = nodes[i]
+            return node is not None and node.name in names and node.name not in adjusted
+
+        i = self.engine.best(self.shape, accept)
+        top = None
+        if i is not None:
+            v = self.shape.verdicts[i]
+            node = nodes[i]
+            assert v is not None and node is not None
+            top = (-v.score, i, node.name)
+        for n, v in adjusted.items():
+            if v is not None and v.reason is None and n in names:
+                entry = (-v.score, self.rank[n], n)
+                if top is None or entry < top:
+                    top = entry
+        return None if top is None else top[2]
+
+
+def judge(node: Node, demand: Demand, policy: Policy) -> Verdict:
+    """The policy's verdict on one node, not remembered (a node one request sees differently)."""
+    reason = policy.filter(node, demand)
+    return Verdict(node, reason) if reason is not None else Verdict(node, None, policy.score(node, demand))
+
+
+def _signature(node: Node) -> tuple[object, ...]:
+    """What the policies read of a node, for interning states by value (the name is left out)."""
+    gpus = tuple(
+        (
+            g.index,
+            g.model,
+            g.memory_mib,
+            g.milli_used,
+            g.memory_used_mib,
+            g.foreign_mib,
+            g.live_free_mib,
+            g.utilization_percent,
+            g.healthy,
+            g.mig_profile,
+            g.parent,
+        )
+        for g in node.gpus
+    )
+    return (node.cpu_milli_free, node.memory_mib_free, node.schedulable, node.mps, gpus)
+
+
+_MISSING = object()
+_NO_ROOM = Headroom(False, False, None, None, (), 0, 0, False)  # a position without a node fits nothing

@@ -1,0 +1,290 @@
+"""FragAware's array form: its filter and score on many nodes in one numpy pass, float for float (pure).
+
+Declared for the FragAware type in the registry (in `fragaware`; found by `Registry.array_form`): the
+engine hands it a new demand shape's nodes, or a batch of changed ones. Per node arrays hold each GPU's
+free milli, memory room and health; the fit mask, the "after" states (one per GPU for a share, the best-fit
+GPUs for whole and multi-GPU demands) and `TargetWorkload.node_frag`'s sum over the workload's shapes are
+array operations that add the same terms in the same order, so every float is the scalar path's. Only the
+sigmoid's exp may differ by an ulp from `math.exp`: a node whose score lands next to an integer is scored
+again the scalar way. Nodes the pass does not model (MIG devices, GPUs of mixed models or sizes, an
+over-committed GPU, GPUs `fit.array_modelled` keeps out, such as a CLOSED one), demands with an
+isolation need (`fit.mode_neutral`) and refusals other than a GPU share or memory
+shortfall are left to the policy itself (None in the answer). What the pass reads of a node (`read`) is
+kept by the engine per node state, so later shapes skip reading the GPUs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import chain
+from operator import attrgetter
+
+import numpy as np
+import numpy.typing as npt
+
+from app.core.errors import PlacementReason, Shortfall
+from app.core.model import MILLI_PER_GPU, Demand, Node
+from app.core.placement.base import Judged
+from app.core.placement.fit import array_modelled, host_fits, mode_neutral
+from app.core.placement.fragaware import FragAware, score_of
+from app.core.placement.workload import TargetWorkload
+
+Ints = npt.NDArray[np.int64]
+Floats = npt.NDArray[np.float64]
+Bools = npt.NDArray[np.bool_]
+# A sigmoid value this close to an integer may truncate differently with math.exp: score it again.
+_NEAR_INTEGER = 1e-9
+_NOT_FITTING = 2 * MILLI_PER_GPU  # sorts after every free share
+
+Group = tuple[int, str, int]  # GPUs, model, memory of each GPU
+# A node's group, and its GPUs' (milli used, healthy, memory used, foreign memory) one after another.
+Row = tuple[Group, tuple[int, ...]]
+
+
+class FragAwareArray:
+    """`FragAware`'s filter and score for whole-GPU shares, in array passes (see the module docstring)."""
+
+    def __init__(self, policy: FragAware) -> None:
+        self.policy = policy
+
+    def covers(self, demand: Demand) -> bool:
+        return (
+            demand.count > 0
+            and not demand.mig
+            and not demand.mig_profile
+            and (demand.milli is not None or demand.memory_mib is not None)
+            and mode_neutral(demand)
+        )
+
+    def read(self, node: Node) -> Row | None:
+        """None unless every GPU is one the arrays model (`fit.array_modelled`: whole GPUs, for now) and
+        all are of one model and size (MIG devices, mixes, GPUs under other rules: the policy's)."""
+        gpus = node.gpus
+        kinds = set(map(_kind, gpus))
+        if len(kinds) != 1 or not all(map(array_modelled, gpus)):
+            return None  # no GPUs, GPUs of several models or sizes, or a GPU under a rule arrays skip
+        _, model, memory_mib = kinds.pop()
+        return (len(gpus), model, memory_mib), tuple(chain.from_iterable(map(_usage, gpus)))
+
+    def judge(
+        self, nodes: Sequence[Node], reads: Sequence[Row | None], demand: Demand
+    ) -> list[Judged | None]:
+        """Per node: the refusal `policy.filter` gives, else `policy.score`; None where the policy must."""
+        out: list[Judged | None] = [None] * len(nodes)
+        if not self.covers(demand):
+            return out
+        groups: dict[Group, tuple[list[int], list[int]]] = {}
+        for i, row in enumerate(reads):
+            if row is not None:
+                idx, usage = groups.setdefault(row[0], ([], []))
+                idx.append(i)
+                usage += row[1]
+        for (_, model, memory_mib), (idx, usage) in groups.items():
+            _Pass(self.policy, demand, (model, memory_mib), [nodes[i] for i in idx], usage).fill(out, idx)
+        return out
+
+
+_kind = attrgetter("mig_profile", "model", "memory_mib")
+_usage = attrgetter("milli_used", "healthy", "memory_used_mib", "foreign_mib")
+
+
+def _column(values: list[int | None]) -> tuple[Ints, Bools]:
+    """Values with None as 0, and where they are known."""
+    known = np.array([v is not None for v in values], dtype=np.bool_)
+    return np.array([0 if v is None else v for v in values], dtype=np.int64), known
+
+
+class _Pass:
+    """One group of nodes (same GPU count, model and memory) judged together."""
+
+    def __init__(
+        self,
+        policy: FragAware,
+        demand: Demand,
+        kind: tuple[str, int],
+        nodes: list[Node],
+        usage: list[int],
+    ):
+        model, memory_mib = kind  # of every GPU of these nodes
+        self.policy, self.demand, self.model, self.nodes = policy, demand, model, nodes
+        self.workload: TargetWorkload = policy.workload
+        self.milli, self.mib = demand.on(memory_mib)
+        gpus = np.fromiter(usage, dtype=np.int64, count=len(usage)).reshape(len(nodes), -1, 4)
+        self.free: Ints = MILLI_PER_GPU - gpus[:, :, 0]
+        self.healthy: Bools = gpus[:, :, 1] != 0
+        foreign = gpus[:, :, 3]
+        self.foreign: Bools = foreign > 0
+        # memory_room: total - reserved - foreign, less the margin where foreign processes run
+        self.room: Ints = memory_mib - gpus[:, :, 2] - foreign - np.where(self.foreign, policy.margin_mib, 0)
+        self.cpu, self.cpu_known = _column([n.cpu_milli_free for n in nodes])
+        # The node-wide rules are fit.py's own (one place for every feasibility rule), asked per node.
+        host_ok = np.fromiter((host_fits(n, demand) for n in nodes), dtype=np.bool_, count=len(nodes))
+        # An over-committed GPU (reservations past its capacity) is the policy's to judge.
+        host_ok &= ((self.free >= 0) & (self.free <= MILLI_PER_GPU)).all(axis=1)
+        self.host_ok = host_ok
+        self.share_ok = self.healthy & (self.milli <= self.free)
+        self.gpu_fit = self.share_ok & (self.mib <= self.room) & demand.accepts(model)
+        self.fits = host_ok & (self.gpu_fit.sum(axis=1) >= demand.count)
+        # The shares the workload's shapes ask, where node_frag splits a node's free shares.
+        shares = sorted({milli for _, milli, count, _ in self.workload.plan(model) if count})
+        self.thresholds: Ints = np.array(shares, dtype=np.int64)
+        self.threshold_index = {milli: i for i, milli in enumerate(shares)}
+
+    def fill(self, out: list[Judged | None], idx: list[int]) -> None:
+        fitting = np.flatnonzero(self.fits)
+        if len(fitting):
+            for k, s in zip(fitting.tolist(), self._scores(fitting).tolist(), strict=True):
+                out[idx[k]] = s
+        if self.demand.accepts(self.model):
+            refused = np.flatnonzero(~self.fits & self.host_ok & self.healthy.any(axis=1))
+            for k, reason in zip(refused.tolist(), self._shortfalls(refused), strict=True):
+                out[idx[k]] = reason
+
+    # --- refusals ---
+
+    def _shortfalls(self, refused: Ints) -> list[PlacementReason | None]:
+        """`_gpu_shortfall`'s share or memory refusal per node of `refused` (host checks passed, a healthy
+        GPU); None where the refusal names foreign processes: the policy builds that one."""
+        count = self.demand.count
+        healthy, share_ok = self.healthy[refused], self.share_ok[refused]
+        room = self.room[refused]
+        passing = share_ok.sum(axis=1).tolist()
+        best_free = np.where(healthy, self.free[refused], -MILLI_PER_GPU).max(axis=1).tolist()
+        foreign = (self.foreign[refused] & share_ok).any(axis=1).tolist()
+        best_room = np.where(share_ok, room, np.iinfo(np.int64).min).max(axis=1).tolist()
+        fit = (share_ok & (room >= self.mib)).sum(axis=1).tolist()
+        out: list[PlacementReason | None] = []
+        for j, k in enumerate(refused.tolist()):
+            name = self.nodes[k].name
+            if passing[j] < count:
+                out.append(
+                    PlacementReason(
+                        name, None, Shortfall.GPU_SHARE, self.milli, best_free[j], count, passing[j]
+                    )
+                )
+            elif foreign[j]:
+                out.append(None)
+            else:
+                out.append(
+                    PlacementReason(name, None, Shortfall.GPU_MEMORY, self.mib, best_room[j], count, fit[j])
+                )
+        return out
+
+    # --- scores ---
+
+    def _scores(self, fitting: Ints) -> Floats:
+        """FragAware's score per node of `fitting` (nodes that fit)."""
+        options, workload, demand = self.policy.options, self.workload, self.demand
+        free, healthy, fit = self.free[fitting], self.healthy[fitting], self.gpu_fit[fitting]
+        cpu, known = self.cpu[fitting], self.cpu_known[fitting]
+        lefts = np.where(healthy, free, 0)  # an unhealthy GPU adds nothing to any frag sum
+        cpu_after = cpu - demand.cpu_milli
+        small, at_least, below = self._below(lefts)
+        total = lefts.sum(axis=1)
+        before = self._accumulate(small, at_least, total, self._cpu_ok(cpu, known))
+        strand = options.strand_weight
+        stranded_before = self._stranded(lefts, healthy, cpu, known) if strand else None
+        if demand.count == 1 and not demand.is_whole:
+            # One "after" state per GPU: that GPU's free share less the demand. The sums below each
+            # shape's share move by that one GPU's terms, so no after state is summed from scratch.
+            taken = lefts - self.milli
+            taken_below = taken < self.thresholds[:, None, None]
+            after_small = small[:, :, None] - np.where(below, lefts, 0) + np.where(taken_below, taken, 0)
+            after_at_least = at_least[:, :, None] + below - taken_below
+            cpu_ok = {c: ok[:, None] for c, ok in self._cpu_ok(cpu_after, known).items()}
+            frag_after = self._accumulate(after_small, after_at_least, (total - self.milli)[:, None], cpu_ok)
+            delta = before[:, None] - frag_after
+            if strand and stranded_before is not None:
+                n, g = lefts.shape
+                after = np.repeat(lefts[:, None, :], g, axis=1)
+                cols = np.arange(g)
+                after[:, cols, cols] = taken
+                stranded_after = self._stranded(
+                    after.reshape(n * g, g),
+                    np.repeat(healthy[:, None, :], g, axis=1).reshape(n * g, g),
+                    np.repeat(cpu_after, g),
+                    np.repeat(known, g),
+                ).reshape(n, g)
+                delta = delta + strand * (stranded_before[:, None] - stranded_after)
+            else:
+                delta = delta + 0.0
+            if options.settle_weight:
+                settled = np.asarray(workload.settled_for(self.model), dtype=np.float64)
+                rest = np.clip(free - self.milli, 0, MILLI_PER_GPU)  # GPUs that do not fit are masked
+                delta = delta + options.settle_weight * (settled[free] - settled[rest])
+            scarce = self.policy.scarce(self.model, demand)
+            if scarce:
+                delta = delta - scarce * self.milli
+            scores = self._sigmoid(delta)
+            best: Floats = np.where(fit, scores, -1.0).max(axis=1)
+            return best
+        # Whole and multi-GPU: the best-fit GPUs (least free first) each lose the demand's share.
+        order = np.argsort(np.where(fit, free, _NOT_FITTING), axis=1, kind="stable")
+        after = lefts.copy()
+        after[np.arange(len(after))[:, None], order[:, : demand.count]] -= self.milli
+        after_small, after_at_least, _ = self._below(after)
+        cpu_ok = self._cpu_ok(cpu_after, known)
+        delta = before - self._accumulate(after_small, after_at_least, after.sum(axis=1), cpu_ok)
+        if strand and stranded_before is not None:
+            stranded_after = self._stranded(after, healthy, cpu_after, known)
+            delta = delta + strand * (stranded_before - stranded_after)
+        else:
+            delta = delta + 0.0
+        scarce = self.policy.scarce(self.model, demand)
+        if scarce:
+            delta = delta - scarce * (self.milli * demand.count)
+        return self._sigmoid(delta)
+
+    def _below(self, lefts: Ints) -> tuple[Floats, Floats, Bools]:
+        """Per threshold (a shape's share) and row: the free shares below it summed, how many GPUs have
+        at least it, and which GPUs are below it (thresholds first). Sums of integers: exact as floats."""
+        below = lefts < self.thresholds[:, None, None]
+        ones = np.ones(lefts.shape[1], dtype=np.float64)
+        small: Floats = np.where(below, lefts, 0).astype(np.float64) @ ones
+        at_least: Floats = lefts.shape[1] - below.astype(np.float64) @ ones
+        return small, at_least, below
+
+    def _cpu_ok(self, cpu: Ints, known: Bools) -> dict[int, Bools]:
+        """Per CPU request of the workload's shapes: whether each node has that much CPU free."""
+        return {c: ~known | (cpu >= c) for _, _, count, c in self.workload.plan(self.model) if count}
+
+    def _accumulate(
+        self, small: Floats, at_least: Floats, total: Ints | Floats, cpu_ok: dict[int, Bools]
+    ) -> Floats:
+        """`node_frag` per element from `_below`'s sums and `_cpu_ok`'s answers."""
+        frag = np.zeros(small.shape[1:], dtype=np.float64)
+        # Shape order and one multiply-add per shape, as node_frag: the same float in every element.
+        for weight, milli, count, shape_cpu in self.workload.plan(self.model):
+            if count:
+                t = self.threshold_index[milli]
+                ok = (at_least[t] >= count) & cpu_ok[shape_cpu]
+                frag = frag + weight * np.where(ok, small[t], total)
+            else:
+                frag = frag + weight * total
+        return frag
+
+    def _stranded(self, lefts: Ints, healthy: Bools, cpu: Ints, known: Bools) -> Floats:
+        """`TargetWorkload.cpu_stranded` per row: free shares summed in ascending order, as the scalar sum."""
+        ratio = self.workload.cpu_per_milli_for(self.model)
+        if ratio is None:
+            return np.zeros(len(lefts), dtype=np.float64)
+        # x - V[x] per free share x, and 0.0 at index -1 for GPUs left out (adding 0.0 changes no sum).
+        settled = np.asarray(self.workload.settled_for(self.model), dtype=np.float64)
+        usable_of = np.append(np.arange(len(settled)) - settled, 0.0)
+        keyed = np.sort(np.where(healthy, np.clip(lefts, 0, MILLI_PER_GPU), -1), axis=1)
+        terms = usable_of[keyed].T.copy()  # one contiguous row per position in the ascending order
+        usable = terms[0]
+        for term in terms[1:]:
+            usable = usable + term
+        stranded = np.maximum(0.0, usable - cpu / ratio)
+        return np.where(known, stranded, 0.0)
+
+    def _sigmoid(self, delta: Floats) -> Floats:
+        """`score_of` per element; values next to an integer are computed again with math.exp."""
+        value = 100.0 / (1.0 + np.exp(-delta / MILLI_PER_GPU))
+        out = np.floor(value)
+        near = np.flatnonzero(((value - out) < _NEAR_INTEGER) | ((out + 1.0 - value) < _NEAR_INTEGER))
+        flat_out, flat_delta = out.reshape(-1), delta.reshape(-1)
+        for i in near.tolist():
+            flat_out[i] = score_of(float(flat_delta[i]))
+        return out

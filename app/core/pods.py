@@ -1,0 +1,137 @@
+"""What gpupack reads off one pod: identity, phase, recorded allocation, demand and containers (pure).
+
+One reading serves the extender's cache (which allocations count on which node) and the agent's
+verification (which container got which GPU), so both see a pod the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from app.core import hostres, names, objects, podview, request
+from app.core.hostres import HostResources
+from app.core.model import Allocation
+from app.core.podview import PodView
+
+TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
+
+
+@dataclass(frozen=True, slots=True)
+class PodInfo:
+    """One pod as gpupack sees it."""
+
+    uid: str
+    namespace: str
+    name: str
+    resource_version: str = ""  # of the object this was read from: a write's precondition
+    node_name: str = ""  # spec.nodeName, "" while pending
+    phase: str = "Pending"
+    allocation: Allocation | None = None  # as recorded in the pod's annotations
+    allocation_error: str = ""  # why the recorded allocation cannot be read ("" when it can, or is absent)
+    demand: request.PodDemand = ()  # what it asks for, or every rule its request breaks
+    deleting: bool = False
+    host: HostResources = hostres.ZERO  # CPU and memory it requests (charged to its node once bound)
+    gpu_container: str = ""  # the container that gets the GPU
+    containers: Mapping[str, str] = field(default_factory=dict)  # runtime container ID -> name (init too)
+
+    @property
+    def key(self) -> str:
+        return f"{self.namespace}/{self.name}"
+
+    @property
+    def pending(self) -> bool:
+        return not self.node_name and self.phase not in TERMINAL_PHASES and not self.deleting
+
+    @property
+    def alloc(self) -> Allocation | None:
+        """The allocation that counts on its node now: only while the pod may hold its GPU.
+
+        Finished pods free their share; an annotation naming another node than the binding is stale. An
+        annotated pod that is not bound yet still counts: its bind may be in flight in a replica that just
+        lost leadership, or its extender died between the patch and the Binding. Counting it can only
+        delay a placement, never hand a GPU out twice; its own next bind overwrites it.
+        """
+        a = self.allocation
+        if a is None or self.phase in TERMINAL_PHASES or (self.node_name and self.node_name != a.node):
+            return None
+        return a
+
+
+def pod_info(pod: Mapping[str, Any]) -> PodInfo:
+    """Read a pod dict; entries of the wrong type read as empty (the informer hands over what it got)."""
+    return info_of(podview.read(pod))
+
+
+def info_of(view: PodView) -> PodInfo:
+    """The record of a pod already read."""
+    allocation: Allocation | None = None
+    error = ""
+    try:
+        allocation = Allocation.from_annotations(view.annotations)
+    except ValueError as exc:
+        error = str(exc)
+    return PodInfo(
+        uid=view.uid,
+        namespace=view.namespace,
+        name=view.name,
+        resource_version=view.resource_version,
+        node_name=view.node_name,
+        phase=view.phase,
+        allocation=allocation,
+        allocation_error=error,
+        demand=request.pod_demand(view),
+        deleting=view.deleting,
+        host=view.host,
+        gpu_container=view.gpu_container or "",
+        containers=view.container_ids,
+    )
+
+
+# What app.core.podview reads for pod_info and is_gpupack; everything else of a pod is dropped.
+_META_KEYS = ("name", "namespace", "uid", "resourceVersion", "annotations", "labels", "deletionTimestamp")
+_CONTAINER_KEYS = ("name", "resources", "restartPolicy")
+
+
+def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+    """The parts of a pod gpupack reads (identity, annotations, labels, node, phase, container resources
+    and IDs): a listed pod without managedFields, images, env, volumes and conditions, about a fifth of it.
+    """
+    meta = objects.as_object(pod.get("metadata"))
+    spec = objects.as_object(pod.get("spec"))
+    status = objects.as_object(pod.get("status"))
+
+    def containers(items: Any) -> list[Any]:
+        return [_keep(c, _CONTAINER_KEYS) if isinstance(c, Mapping) else c for c in objects.as_list(items)]
+
+    def statuses(items: Any) -> list[Any]:
+        return [
+            _keep(c, ("name", "containerID")) if isinstance(c, Mapping) else c for c in objects.as_list(items)
+        ]
+
+    out_spec = _keep(spec, ("nodeName", "overhead"))
+    for key in ("containers", "initContainers"):
+        if key in spec:
+            out_spec[key] = containers(spec[key])
+    out_status = _keep(status, ("phase",))
+    for key in ("containerStatuses", "initContainerStatuses"):
+        if key in status:
+            out_status[key] = statuses(status[key])
+    return {"metadata": _keep(meta, _META_KEYS), "spec": out_spec, "status": out_status}
+
+
+def _keep(obj: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    return {k: obj[k] for k in keys if k in obj}
+
+
+def is_gpupack(pod: PodView) -> bool:
+    """The pod is ours to account: managed, carrying an allocation, or asking for a gpupack resource.
+
+    Not the label alone: a label anyone could remove must not make a share be forgotten.
+    """
+    if pod.labels.get(names.LABEL_MANAGED) == "true":
+        return True
+    if names.ALLOC_NODE in pod.annotations or pod.ask.wanted:
+        return True
+    return any(c.ours for c in pod.containers)

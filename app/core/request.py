@@ -1,0 +1,572 @@
+"""The request model: a pod's view (app.core.podview) → GpuRequest, or every rule its annotations break
+(pure).
+
+Each rule is one function over `_Reading`, which holds the pod's view and each unit-valued annotation
+parsed once (its value, or the error its rule reports); `_build` takes the parsed values as they are.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Final, TypeVar
+
+from app.core import catalog, names, nvfractions, units
+from app.core.errors import RequestError
+from app.core.isolation import MemoryEnforcement, memory_levels
+from app.core.model import MILLI_PER_GPU, Demand
+from app.core.podview import WHOLE_GPU_RESOURCE, ContainerView, PodView
+
+MAX_DEVICES: Final = 16  # more GPUs than any node we know of carries; a typo guard, not a policy
+
+PodDemand = Demand | tuple[RequestError, ...]  # what a pod asks for, or every rule its request breaks
+
+# A Kubernetes label value (the node label gpupack.io/gpu-model is matched with `In`).
+_LABEL_VALUE: Final = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9._-]{0,61}[A-Za-z0-9])?")
+
+
+class Isolation(StrEnum):
+    """How co-located pods are kept apart on a GPU."""
+
+    MPS = "mps"  # MPS client limits (thread share, pinned memory); inert where no MPS daemon runs
+    NONE = "none"  # co-location only
+    MIG = "mig"  # hardware isolation: a whole MIG device (gpu-memory picks the smallest that fits), no MPS
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRequest:
+    """A valid GPU request: `count` GPUs, each giving `milli` compute share or `memory_mib` memory."""
+
+    container: str  # the container that gets the GPU (a regular or an init container)
+    count: int
+    milli: int | None  # set for a gpu-fraction request
+    memory_mib: int | None  # set for a gpu-memory request
+    mig_profile: str = ""  # set for a gpupack.io/mig-profile request (neither milli nor memory_mib)
+    models: tuple[str, ...] = ()  # acceptable GPU models (node label values); empty = any
+    # The hard cap on GPU memory per GPU the pod may use when it bursts above its request (MiB, set by
+    # gpupack.io/gpu-memory-limit or KAI's NvFractions limit); None: no burst, the cap is the share itself.
+    memory_limit_mib: int | None = None
+    isolation: Isolation = Isolation.MPS
+    isolation_explicit: bool = False  # written by the pod: then MPS is required, not best effort
+    memory_enforcement: MemoryEnforcement = MemoryEnforcement.NONE  # the least a GPU must enforce
+    warnings: tuple[str, ...] = ()  # accepted, but the user should know (e.g. rounding)
+
+    @property
+    def resource(self) -> tuple[str, int]:
+        """The extended resource and amount the GPU container requests (all devices together)."""
+        if self.milli is not None:
+            return names.RESOURCE_GPU_MILLI, self.milli * self.count
+        if self.mig_profile:  # the least memory a device of that profile has on any model
+            return names.RESOURCE_GPU_MEMORY_MIB, catalog.mig_profile_memory(self.mig_profile) * self.count
+        assert self.memory_mib is not None
+        return names.RESOURCE_GPU_MEMORY_MIB, self.memory_mib * self.count
+
+    def demand(self) -> Demand:
+        return Demand(
+            count=self.count,
+            milli=self.milli,
+            memory_mib=self.memory_mib,
+            models=frozenset(self.models),
+            needs_mps=self.isolation_explicit and self.isolation is Isolation.MPS,
+            mig=self.isolation is Isolation.MIG,
+            mig_profile=self.mig_profile,
+            timeslice=self.isolation_explicit and self.isolation is Isolation.NONE,
+            memory_enforcement=self.memory_enforcement,
+            memory_limit_mib=self.memory_limit_mib,
+        )
+
+
+def unannotated_errors(pod: PodView) -> tuple[RequestError, ...]:
+    """For a pod without gpu-fraction/gpu-memory: one error per gpupack resource a container asks for.
+
+    Those resources are the webhook's output, not an input: without the annotations the pod would get
+    no allocation env (a CUDA image's default NVIDIA_VISIBLE_DEVICES=all exposes every GPU of the node)
+    and the extender would not track its share.
+    """
+    return tuple(
+        RequestError(
+            resource,
+            raw,
+            f"requested by {_kind(c)} {c.name!r} without a GPU-share annotation; gpupack resources are "
+            f"set by the gpupack webhook: remove {resource} and annotate the pod with "
+            f'{names.GPU_FRACTION} (e.g. "0.5") or {names.GPU_MEMORY} (e.g. "4Gi") instead',
+        )
+        for c in pod.containers
+        for resource, raw in c.ours
+    )
+
+
+def _kind(c: ContainerView) -> str:
+    return "init container" if c.init else "container"
+
+
+def parse(pod: PodView) -> GpuRequest | tuple[RequestError, ...]:
+    """Check every rule; return the request, or all errors in rule order."""
+    reading = _Reading.of(pod)
+    errors = tuple(err for rule in RULES for err in rule(reading))
+    if errors:
+        return errors
+    return _build(reading)
+
+
+def pod_demand(pod: PodView) -> PodDemand:
+    """What a pod asks of a node, or every rule its request breaks.
+
+    The GPU share comes from the annotations (`parse`, the webhook's rules); a pod without them is read
+    from the gpupack resources its containers request. CPU and memory are the pod's host request, so
+    placement scores exactly as the simulator does.
+    """
+    if pod.ask.wanted:
+        parsed = parse(pod)
+        if not isinstance(parsed, GpuRequest):
+            return parsed
+        demand = parsed.demand()
+    else:
+        from_resources = _resource_demand(pod)
+        if not isinstance(from_resources, Demand):
+            return from_resources
+        demand = from_resources
+    return replace(demand, cpu_milli=pod.host.cpu_milli, host_memory_mib=pod.host.memory_mib)
+
+
+def _resource_demand(pod: PodView) -> PodDemand:
+    """A pod's GPU demand from the gpupack resources of its regular containers (limits = requests)."""
+    raw_count = pod.ask.num_devices if pod.ask.num_devices is not None else "1"
+    try:
+        count = units.positive_int(raw_count, MAX_DEVICES)
+    except units.UnitError as err:
+        return (RequestError(names.GPU_FRACTION_NUM_DEVICES, raw_count, err.rule),)
+    totals: dict[str, int] = {}
+    errors: list[RequestError] = []
+    for c in pod.containers:
+        for resource, raw in c.ours if not c.init else ():
+            if resource not in (names.RESOURCE_GPU_MILLI, names.RESOURCE_GPU_MEMORY_MIB):
+                continue
+            # The apiserver stores quantities canonically ("1000" comes back as "1k"): parse, don't match.
+            value = units.quantity_value(raw)
+            if value is None or value < 0 or value.denominator != 1:
+                rule = f"must be a whole, non-negative quantity (container {c.name!r})"
+                errors.append(RequestError(resource, raw, rule))
+            else:
+                totals[resource] = totals.get(resource, 0) + int(value)
+    if errors:
+        return tuple(errors)
+    milli = totals.get(names.RESOURCE_GPU_MILLI, 0)
+    memory = totals.get(names.RESOURCE_GPU_MEMORY_MIB, 0)
+    if milli and memory:
+        rule = f"must not be requested together with {names.RESOURCE_GPU_MILLI}; pick one"
+        return (RequestError(names.RESOURCE_GPU_MEMORY_MIB, str(memory), rule),)
+    resource, total = (names.RESOURCE_GPU_MILLI, milli) if milli else (names.RESOURCE_GPU_MEMORY_MIB, memory)
+    if not total:
+        rule = f"the pod requests neither {names.RESOURCE_GPU_MILLI} nor {names.RESOURCE_GPU_MEMORY_MIB}"
+        return (RequestError(names.RESOURCE_GPU_MILLI, "", rule),)
+    if total % count:
+        return (RequestError(resource, str(total), f"does not split evenly over {count} devices"),)
+    models = frozenset(gpu_models(pod.ask.model))
+    if not milli:
+        return Demand(count=count, memory_mib=total // count, models=models)
+    if total // count > MILLI_PER_GPU:
+        rule = f"is more than {MILLI_PER_GPU} per device over {count} devices"
+        return (RequestError(resource, str(total), rule),)
+    return Demand(count=count, milli=total // count, models=models)
+
+
+def render(errors: Iterable[RequestError]) -> str:
+    """Errors as one line, in rule order: what a user reads in a denial or a scheduling event."""
+    return "; ".join(str(e) for e in errors)
+
+
+_T = TypeVar("_T")
+
+
+def _parsed(key: str, raw: str | None, parser: Callable[[str], _T]) -> _T | RequestError | None:
+    """A unit-valued annotation: its value, why it is invalid (the error its rule reports), or absent."""
+    if raw is None:
+        return None
+    try:
+        return parser(raw)
+    except units.UnitError as err:
+        return RequestError(key, raw, err.rule)
+
+
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """What the rules read: the pod's view and each unit-valued annotation parsed once."""
+
+    pod: PodView
+    milli: int | RequestError | None
+    memory: units.Memory | RequestError | None
+    limit: units.Memory | RequestError | None
+    count: int | RequestError | None
+    nv: nvfractions.NvAsk
+    # Where the memory request and limit were written: gpupack's names, or KAI's NvFractions ones.
+    memory_at: tuple[str, str | None] = (names.GPU_MEMORY, None)  # (key, raw)
+    limit_at: tuple[str, str | None] = (names.GPU_MEMORY_LIMIT, None)
+
+    @classmethod
+    def of(cls, pod: PodView) -> _Reading:
+        ask = pod.ask
+        nv = nvfractions.read(ask.nv_fractions)
+        memory_at: tuple[str, str | None] = (names.GPU_MEMORY, ask.memory)
+        limit_at: tuple[str, str | None] = (names.GPU_MEMORY_LIMIT, ask.memory_limit)
+        parser = units.memory_mib
+        # KAI's names: quantities of bytes; a limit alone is also the request, parsed (and reported) once.
+        if nv.memory is not None:
+            memory_at, parser = nv.memory, units.quantity_mib
+            limit_at = nv.limit if nv.request is not None and nv.limit is not None else (limit_at[0], None)
+        return cls(
+            pod,
+            milli=_parsed(names.GPU_FRACTION, ask.fraction, units.fraction_milli),
+            memory=_parsed(*memory_at, parser),
+            limit=_parsed(*limit_at, parser),
+            count=_parsed(
+                names.GPU_FRACTION_NUM_DEVICES,
+                ask.num_devices,
+                lambda raw: units.positive_int(raw, MAX_DEVICES),
+            ),
+            nv=nv,
+            memory_at=memory_at,
+            limit_at=limit_at,
+        )
+
+
+# --- rules: one function per rule, each yields errors naming the annotation, raw value and rule ---
+
+
+def _one_of_fraction_or_memory(r: _Reading) -> Iterable[RequestError]:
+    fraction, memory, profile = r.pod.ask.fraction, r.pod.ask.memory, r.pod.ask.mig_profile
+    if r.nv.memory is not None:
+        return  # KAI's names ask for memory; _nv_fractions refuses gpupack's request names beside them
+    if profile is not None and (fraction is not None or memory is not None):
+        other = names.GPU_FRACTION if fraction is not None else names.GPU_MEMORY
+        yield RequestError(
+            names.MIG_PROFILE,
+            profile,
+            f"must not be set together with {other}: a MIG device of a profile is taken whole "
+            f"(for the smallest MIG device with some memory, use {names.GPU_MEMORY} with "
+            f"{names.ISOLATION}: mig)",
+        )
+    elif profile is not None:
+        return
+    if fraction is None and memory is None:
+        yield RequestError(
+            names.GPU_FRACTION, "", f"one of {names.GPU_FRACTION} or {names.GPU_MEMORY} is required"
+        )
+    elif fraction is not None and memory is not None:
+        yield RequestError(
+            names.GPU_MEMORY, memory, f"must not be set together with {names.GPU_FRACTION}; use one"
+        )
+
+
+def _no_whole_gpus(r: _Reading) -> Iterable[RequestError]:
+    ask = r.pod.ask
+    key, raw = next(
+        (
+            (k, v)
+            for k, v in (
+                (names.GPU_FRACTION, ask.fraction),
+                r.memory_at,
+                (names.MIG_PROFILE, ask.mig_profile),
+            )
+            if v is not None
+        ),
+        (names.GPU_MEMORY, None),
+    )
+    # An explicit 0 asks for no whole GPU, so charts that template `nvidia.com/gpu: 0` still work.
+    offenders = [c.name for c in r.pod.containers if c.whole_gpus not in (None, "0")]
+    if raw is not None and offenders:
+        which = ", ".join(repr(n) for n in offenders)
+        yield RequestError(
+            key, raw, f"must not be combined with {WHOLE_GPU_RESOURCE} (requested by container {which})"
+        )
+
+
+def _fraction_value(r: _Reading) -> Iterable[RequestError]:
+    if isinstance(r.milli, RequestError):
+        yield r.milli
+
+
+def _memory_value(r: _Reading) -> Iterable[RequestError]:
+    if isinstance(r.memory, RequestError):
+        yield r.memory
+
+
+def _num_devices(r: _Reading) -> Iterable[RequestError]:
+    if isinstance(r.count, RequestError):
+        yield r.count
+
+
+def _container_name(r: _Reading) -> Iterable[RequestError]:
+    """Any container may get the share, init containers (sidecars included) too, as in KAI-Scheduler."""
+    raw = r.pod.ask.container
+    every = tuple(c.name for c in r.pod.containers)
+    if r.pod.gpu_container is None or not r.pod.regular:
+        yield RequestError(
+            names.GPU_FRACTION_CONTAINER_NAME, raw or "", "the pod has no container to give the GPU to"
+        )
+    elif raw is not None and raw not in every:
+        known = ", ".join(repr(n) for n in every)
+        yield RequestError(
+            names.GPU_FRACTION_CONTAINER_NAME,
+            raw,
+            f"must name one of the pod's containers or init containers ({known})",
+        )
+
+
+def _gpu_models(r: _Reading) -> Iterable[RequestError]:
+    raw = r.pod.ask.model
+    if raw is None:
+        return
+    models = raw.split("|")
+    if "" in models:
+        yield RequestError(
+            names.GPU_MODEL, raw, "must be a |-separated list of GPU model names with no empty entry"
+        )
+    for model in models:
+        if model and _canonical_model(model) is None:
+            yield RequestError(
+                names.GPU_MODEL,
+                raw,
+                f"model {model!r} must be a known GPU model or a node label value "
+                "(at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)",
+            )
+
+
+def _gpupack_resources_only_on_the_gpu_container(r: _Reading) -> Iterable[RequestError]:
+    """The webhook writes our resource on the GPU container; one elsewhere would be an unaccounted share."""
+    target = r.pod.gpu_container
+    for c in r.pod.containers:
+        if c.name != target:
+            for resource, raw in c.ours:
+                yield RequestError(
+                    resource,
+                    raw,
+                    f"requested by {_kind(c)} {c.name!r}, which is not the GPU container "
+                    f"({target!r}); remove it: the gpupack webhook sets {resource} on the GPU container "
+                    f"from {names.GPU_FRACTION} or {names.GPU_MEMORY}",
+                )
+
+
+def _isolation(r: _Reading) -> Iterable[RequestError]:
+    raw = r.pod.ask.isolation
+    if raw is not None and raw not in {i.value for i in Isolation}:
+        yield RequestError(names.ISOLATION, raw, "must be one of 'mps', 'none', 'mig'")
+    elif raw is None:
+        return
+    elif raw == Isolation.MIG and r.pod.ask.fraction is not None:
+        yield RequestError(
+            names.ISOLATION,
+            raw,
+            f"needs {names.GPU_MEMORY} or {names.MIG_PROFILE}, not {names.GPU_FRACTION}: a MIG device is "
+            "taken whole, never shared",
+        )
+    elif raw != Isolation.MIG and r.pod.ask.mig_profile is not None:
+        yield RequestError(
+            names.ISOLATION, raw, f"must be 'mig' or absent with {names.MIG_PROFILE}: a MIG device has no MPS"
+        )
+
+
+def _memory_enforcement(r: _Reading) -> Iterable[RequestError]:
+    raw = r.pod.ask.memory_enforcement
+    if raw is not None and raw not in {m.value for m in MemoryEnforcement}:
+        yield RequestError(
+            names.MEMORY_ENFORCEMENT,
+            raw,
+            f"must be one of {memory_levels()} (weakest first): the least a GPU must enforce",
+        )
+    elif raw in _MPS_LEVELS and r.pod.ask.isolation == Isolation.NONE:
+        yield RequestError(
+            names.MEMORY_ENFORCEMENT,
+            raw,
+            f"is an MPS limit, and {names.ISOLATION}: none makes the pod no MPS client: ask "
+            f"'{MemoryEnforcement.PER_CGROUP.value}', or drop {names.ISOLATION}: none",
+        )
+
+
+_MPS_LEVELS: Final = frozenset({MemoryEnforcement.CLIENT_ENV.value, MemoryEnforcement.DAEMON_DEFAULT.value})
+
+
+def _mig_profile_value(r: _Reading) -> Iterable[RequestError]:
+    raw = r.pod.ask.mig_profile
+    known = catalog.mig_profile_names()
+    if raw is not None and raw not in known:
+        yield RequestError(
+            names.MIG_PROFILE, raw, f"must be a MIG profile gpupack knows ({', '.join(known)})"
+        )
+
+
+def _memory_fits_a_gpu(r: _Reading) -> Iterable[RequestError]:
+    key, raw = r.memory_at
+    if raw is None or not isinstance(r.memory, units.Memory):
+        return  # absent, or already reported by _memory_value
+    mib = r.memory.mib
+    if r.pod.ask.isolation == Isolation.MIG:
+        profile = max(
+            (p for m in catalog.models().values() for p in m.mig_profiles), key=lambda p: p.memory_mib
+        )
+        if mib > profile.memory_mib:
+            yield RequestError(
+                key,
+                raw,
+                f"is {mib} MiB, more than any MIG device gpupack knows "
+                f"({profile.name} has {profile.memory_mib} MiB)",
+            )
+        return
+    largest, scope = _largest_gpu(r.pod.ask.model)
+    if mib > largest.memory_mib:
+        yield RequestError(
+            key, raw, f"is {mib} MiB, more than any GPU{scope} ({largest.name} has {largest.memory_mib} MiB)"
+        )
+
+
+def _memory_limit(r: _Reading) -> Iterable[RequestError]:
+    """The limit is the most the pod may use on each GPU, its request the least it is guaranteed there;
+    a fraction's request is its share of the GPU it lands on, so it is judged on the largest GPU it may
+    land on (the webhook cannot know which)."""
+    ask, limit = r.pod.ask, r.limit
+    if isinstance(limit, RequestError):
+        yield limit
+        return
+    if limit is None:
+        return
+    (key, raw), mib = r.limit_at, limit.mib
+    if ask.mig_profile is not None or ask.isolation == Isolation.MIG:
+        yield RequestError(
+            key, raw, "must not be set with MIG: a MIG device's memory is fixed and cannot be borrowed above"
+        )
+        return
+    largest, scope = _largest_gpu(ask.model)
+    if mib > largest.memory_mib:
+        rule = f"is {mib} MiB, more than any GPU{scope} ({largest.name} has {largest.memory_mib} MiB)"
+        yield RequestError(key, raw, rule)
+    if isinstance(r.memory, units.Memory) and mib < r.memory.mib:
+        rule = f"is {mib} MiB, less than {r.memory_at[0]} ({r.memory.mib} MiB): the limit must be at least "
+        rule += "the request"
+        yield RequestError(key, raw, rule)
+    elif isinstance(r.milli, int) and mib < (share := r.milli * largest.memory_mib // MILLI_PER_GPU):
+        yield RequestError(
+            key,
+            raw,
+            f"is {mib} MiB, less than {names.GPU_FRACTION}={ask.fraction} of {largest.name} ({share} MiB), "
+            f"the largest GPU{scope}: the limit must be at least the request on every GPU the pod may "
+            f"land on (raise it, or narrow the GPUs with {names.GPU_MODEL})",
+        )
+
+
+def _nv_fractions(r: _Reading) -> Iterable[RequestError]:
+    """KAI's NvFractions names: one container, which the pod has; not beside gpupack's own request names
+    (both would say how much, and a silent winner would ignore what the user wrote); sm-sharing needs MPS."""
+    nv, ask = r.nv, r.pod.ask
+    yield from nv.errors
+    every = tuple(c.name for c in r.pod.containers)
+    key, value = next(((k, v) for k, v in ask.nv_fractions if k != names.KAI_POD_COMPUTE_MODE), ("", ""))
+    if nv.container is not None and nv.container not in every:
+        rule = (
+            f"names container {nv.container!r}, which the pod does not have ({', '.join(map(repr, every))})"
+        )
+        yield RequestError(key, value, rule)
+    if nv.container is not None and ask.container is not None and ask.container != nv.container:
+        rule = f"must name the container {key} names ({nv.container!r}), or be left out"
+        yield RequestError(names.GPU_FRACTION_CONTAINER_NAME, ask.container, rule)
+    if nv.memory is not None:
+        for other, raw in (
+            (names.GPU_FRACTION, ask.fraction),
+            (names.GPU_MEMORY, ask.memory),
+            (names.GPU_MEMORY_LIMIT, ask.memory_limit),
+            (names.MIG_PROFILE, ask.mig_profile),
+        ):
+            if raw is not None:
+                rule = (
+                    f"must not be set together with {other}: both ask for the GPU share; use one of the two"
+                )
+                yield RequestError(nv.memory[0], nv.memory[1], rule)
+    if _sm_sharing(nv) and ask.isolation not in (None, Isolation.MPS):
+        assert nv.mode is not None
+        rule = f"needs MPS (SMs shared at once by MPS clients), but {names.ISOLATION} is {ask.isolation!r}"
+        yield RequestError(nv.mode[0], nv.mode[1], rule)
+
+
+RULES: Final[tuple[Callable[[_Reading], Iterable[RequestError]], ...]] = (
+    _one_of_fraction_or_memory,
+    _nv_fractions,
+    _no_whole_gpus,
+    _fraction_value,
+    _memory_value,
+    _num_devices,
+    _container_name,
+    _gpu_models,
+    _isolation,
+    _memory_enforcement,
+    _mig_profile_value,
+    _memory_fits_a_gpu,
+    _memory_limit,
+    _gpupack_resources_only_on_the_gpu_container,
+)
+
+
+# --- helpers ---
+
+
+def _canonical_model(name: str) -> str | None:
+    """The catalogue name for a known model or NVML alias; else the name itself if it is a label value."""
+    try:
+        return catalog.lookup(name).name
+    except KeyError:
+        return name if _LABEL_VALUE.fullmatch(name) else None
+
+
+def gpu_models(raw: str | None) -> tuple[str, ...]:
+    """The acceptable models a |-separated list names, canonical, in the user's order, repeats dropped."""
+    if raw is None:
+        return ()
+    out: dict[str, None] = {}  # ordered set: keep the user's order, drop repeats
+    for model in raw.split("|"):
+        canonical = _canonical_model(model)
+        if canonical is not None:
+            out[canonical] = None
+    return tuple(out)
+
+
+def _largest_gpu(raw_models: str | None) -> tuple[catalog.GpuModel, str]:
+    """The largest GPU a request may land on: among the listed models when all are known, else any."""
+    table = catalog.models()
+    listed = gpu_models(raw_models)
+    if listed and all(m in table for m in listed):
+        return max((table[m] for m in listed), key=lambda g: g.memory_mib), f" allowed by {names.GPU_MODEL}"
+    return max(table.values(), key=lambda g: g.memory_mib), " gpupack knows"
+
+
+def _sm_sharing(nv: nvfractions.NvAsk) -> bool:
+    return nv.mode is not None and nv.mode[1] == nvfractions.ComputeMode.SM_SHARING
+
+
+def _build(r: _Reading) -> GpuRequest:
+    """The request, from a pod that passed every rule (so every parsed value is a value)."""
+    ask = r.pod.ask
+    assert not isinstance(r.milli, RequestError) and not isinstance(r.memory, RequestError)
+    assert not isinstance(r.count, RequestError) and r.pod.gpu_container is not None
+    assert not isinstance(r.limit, RequestError)
+    warnings: list[str] = []
+    for (key, raw), memory in ((r.memory_at, r.memory), (r.limit_at, r.limit)):
+        if memory is not None and memory.rounded_from is not None:
+            warnings.append(f"{key}={raw!r} is {memory.rounded_from} MiB; rounded up to {memory.mib} MiB")
+    for model in ask.model.split("|") if ask.model else ():
+        if (canonical := _canonical_model(model)) != model:
+            warnings.append(f"{names.GPU_MODEL}: {model!r} is read as {canonical!r}")
+    return GpuRequest(
+        container=r.pod.gpu_container,
+        count=r.count if r.count is not None else 1,
+        milli=r.milli,
+        memory_mib=None if r.memory is None else r.memory.mib,
+        mig_profile=ask.mig_profile or "",
+        models=gpu_models(ask.model),
+        memory_limit_mib=None if r.limit is None else r.limit.mib,
+        isolation=Isolation.MIG if ask.mig_profile else Isolation(ask.isolation or Isolation.MPS),
+        # KAI's sm-sharing runs SMs at once through MPS, so it requires MPS like an explicit isolation: mps;
+        # time-slicing asks for nothing more than gpupack's default.
+        isolation_explicit=ask.isolation is not None or _sm_sharing(r.nv),
+        memory_enforcement=MemoryEnforcement(ask.memory_enforcement or MemoryEnforcement.NONE),
+        warnings=tuple(warnings),
+    )

@@ -1,0 +1,1 @@
+"""The operator tools: `gpupack simulate`, `top`, `explain` and `repack`."""

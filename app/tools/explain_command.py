@@ -1,0 +1,142 @@
+"""`gpupack explain NAMESPACE/POD`: per node and per GPU, why a gpupack pod went (or would go) there."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from app.core import explain, names
+from app.core.errors import FieldError, KubeError
+from app.core.isolation import MemoryEnforcement
+from app.core.model import MILLI_PER_GPU, Demand
+from app.core.objects import as_object
+from app.core.placement import DEFAULT_POLICY, registry
+from app.core.pods import pod_info
+from app.kube import snapshot
+from app.kube.client import Kube
+from app.tools.repack.command import pod_key_arg, seconds_arg
+from app.tools.repack.selectors import scheduler_refusal
+
+_pod_key = pod_key_arg("POD")
+
+
+def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "explain",
+        help="why a gpupack pod was (or would be) placed on each node and GPU",
+        description="Reads the cluster and runs the extender's placement code for the pod, its own share "
+        "left out: every node and GPU with the reason it fits or not, node selector, affinity and cordon "
+        "included.",
+    )
+    p.add_argument("pod", type=_pod_key, metavar="NAMESPACE/POD")
+    p.add_argument("--policy", choices=registry.names(), default=DEFAULT_POLICY, help="the extender's policy")
+    p.add_argument("--json", action="store_true", help="the /explain document instead of a table")
+    p.add_argument(
+        "--heartbeat-timeout",
+        type=seconds_arg("--heartbeat-timeout"),
+        help="the extender's --heartbeat-timeout (seconds)",
+    )
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: in-cluster, then ~/.kube/config)")
+    p.set_defaults(func=run)
+
+
+def scheduler_exclusions(
+    pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], gpunodes: Iterable[str] = ()
+) -> dict[str, str]:
+    """Nodes kube-scheduler removes before asking the extender: cordoned, selector/affinity mismatch, or
+    no Node object at all (a GPUNode can outlive its Node; the scheduler only offers nodes that exist)."""
+    spec = as_object(pod.get("spec"))
+    existing = {str(as_object(n.get("metadata")).get("name") or "") for n in nodes}
+    out = {
+        name: "no Node object of that name (only its GPUNode is left)"
+        for name in gpunodes
+        if name not in existing
+    }
+    for node in nodes:
+        refusal = scheduler_refusal(spec, node)
+        if refusal is not None:
+            out[str(as_object(node.get("metadata")).get("name") or "")] = refusal
+    return out
+
+
+def _demand_text(d: Demand) -> str:
+    what = f"{d.milli / MILLI_PER_GPU:.2f} of a GPU" if d.milli is not None else f"{d.memory_mib} MiB"
+    models = "|".join(sorted(d.models)) or "any model"
+    needs = [f"{names.ISOLATION}=none"] if d.timeslice else []
+    if d.memory_enforcement is not MemoryEnforcement.NONE:
+        needs.append(f"memory enforcement >= {d.memory_enforcement.value}")
+    return f"{d.count} x {what} ({models})" + "".join(f", {n}" for n in needs)
+
+
+def render(key: str, doc: Mapping[str, Any]) -> str:
+    if doc.get("demand") is None:
+        return f"{key}: {doc.get('error')}"
+    d = doc["demand"]
+    demand = Demand(
+        d["count"],
+        d["milli"],
+        d["memoryMiB"],
+        frozenset(d["models"]),
+        timeslice=d.get("timeSlice", False),
+        memory_enforcement=MemoryEnforcement(d.get("memoryEnforcement", MemoryEnforcement.NONE)),
+    )
+    lines = [f"pod {key}: {_demand_text(demand)}, policy {doc['policy']}"]
+    alloc = doc.get("allocation")
+    if doc.get("boundTo"):
+        gpus = (alloc or {}).get("gpupack.io/gpu-indexes", "?")
+        lines.append(f"bound to {doc['boundTo']}, GPU {gpus}")
+    choice = doc.get("choice")
+    where = (
+        f"{choice['node']}, GPU {','.join(map(str, choice['gpus']))}" if choice else "nowhere: no node fits"
+    )
+    lines.append(f"placed now it would go to {where}")
+    lines.append("")
+    lines.append(f"{'NODE / GPU':<28} {'FITS':<4} {'SCORE':>7}  WHY")
+    for row in doc["nodes"]:
+        score = f"{row['score']:.1f}" if row.get("score") is not None else ""
+        why = row.get("reason") or ""
+        lines.append(f"{row['node']:<28} {'yes' if row['fits'] else 'no':<4} {score:>7}  {why}")
+        for g in row.get("gpus", ()):
+            free = f"{g['milliFree'] / MILLI_PER_GPU:.2f} free, {g['memoryRoomMiB']} MiB room"
+            if g.get("mpsMode"):
+                free += f"; MPS {g['mpsMode']}, memory enforced: {g['memoryEnforcement']}"
+            lines.append(
+                f"  gpu{g['gpu']:<23} {'yes' if g['fits'] else 'no':<4} {'':>7}  {g['reason'] or free}"
+            )
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        snap = snapshot.read(Kube.connect(args.kubeconfig))
+    except KubeError as exc:
+        print(f"gpupack explain: {exc}", file=sys.stderr)
+        return 1
+    ns, name = args.pod.split("/", 1)
+    pod = next(
+        (
+            p
+            for p in snap.pods
+            if as_object(p.get("metadata")).get("namespace") == ns
+            and as_object(p.get("metadata")).get("name") == name
+        ),
+        None,
+    )
+    if pod is None:
+        rule = f"must name a gpupack pod (label {names.LABEL_MANAGED})"
+        print(f"gpupack explain: {FieldError('POD', args.pod, rule)}", file=sys.stderr)
+        return 1
+    info = pod_info(pod)
+    cache = snap.cache(args.heartbeat_timeout)
+    nodes = cache.nodes(exclude_uid=info.uid)
+    doc = explain.explain(
+        nodes, info.demand, registry.create(args.policy), scheduler_exclusions(pod, snap.nodes, nodes)
+    )
+    doc["pod"] = args.pod
+    doc["boundTo"] = info.node_name or None
+    doc["allocation"] = info.alloc.to_annotations() if info.alloc else None
+    print(json.dumps(doc, indent=2) if args.json else render(args.pod, doc))
+    return 0
