@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from app.core import log
 from app.core.autoscale import placeholders
-from app.core.autoscale.plan import PendingPod, Pool, ScalePlan, plan
+from app.core.autoscale.plan import Coming, PendingPod, Pool, ScalePlan, plan
 from app.core.errors import KubeError
 from app.core.model import Demand
 from app.core.placement import Policy
@@ -94,12 +94,19 @@ class Autoscaler:
         self.last_tick_at = now
         nodes = [n for n in self.cache.nodes().values() if n is not None]
         published = {n.name for n in nodes}
-        wanted = plan(nodes, self.pending(now), self.config.pools, self.policy)
         listed = self.kube.send(
             calls.list_request(paths.pods(self.config.namespace), f"{placeholders.LABEL_PLACEHOLDER}=true")
         )
         have = [p for p in map(placeholders.read, listed.get("items") or []) if p is not None]
-        changes = placeholders.reconcile(have, wanted.requests, published)
+        pools = {pool.model: pool for pool in self.config.pools}
+        # Nodes already asked for count before new ones (two placeholders bound to one node: one node).
+        coming = {
+            p.coming: Coming(p.coming, pools[p.model])
+            for p in have
+            if p.node not in published and p.model in pools
+        }
+        wanted = plan(nodes, self.pending(now), self.config.pools, self.policy, tuple(coming.values()))
+        changes = placeholders.reconcile(have, wanted.requests, published, frozenset(wanted.awaited))
         deleted = []
         for name in changes.delete:
             if self._send(Request("DELETE", paths.pod(self.config.namespace, name)), (404,)):

@@ -96,3 +96,10 @@ def test_a_placeholder_only_binds_where_gpupack_does_not_run_yet() -> None:
         "requiredDuringSchedulingIgnoredDuringExecution"
     ]["nodeSelectorTerms"]
     assert terms == [{"matchExpressions": [{"key": names.NODE_LABEL_ENABLED, "operator": "DoesNotExist"}]}]
+
+
+def test_a_placeholder_whose_node_the_plan_awaits_is_kept_whatever_its_shape() -> None:
+    have = [ph.Placeholder("waiting", "A100-80GB", 3, ""), ph.Placeholder("unneeded", "A100-80GB", 2, "")]
+    got = ph.reconcile(have, [req(A100, 5)], awaited={"waiting"})
+    assert got.delete == ("unneeded",)
+    assert [r.gpus for r in got.create] == [5]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from app.core.autoscale.plan import PendingPod, Pool, plan
+from app.core.autoscale.plan import Coming, PendingPod, Pool, plan
 from app.core.model import Allocation, Demand, Gpu, Node
 from app.core.placement import registry
 
@@ -131,3 +131,16 @@ def test_pool_parse_names_value_and_rule(raw: str, rule: str) -> None:
 
 def test_pool_parse_canonical_model() -> None:
     assert Pool.parse("A100-80GB:8") == Pool(A100, 8)
+
+
+def test_a_node_on_its_way_takes_pending_pods_before_another_is_imagined(policy) -> None:  # type: ignore[no-untyped-def]
+    pending = [share(f"ns/w{i}", 1000) for i in range(13)]
+    on_its_way = Coming("placeholder-a", Pool(A100, 8))
+    got = plan([full_node("n0")], pending, [Pool(A100, 8)], policy, coming=(on_its_way,))
+    assert got.awaited == ("placeholder-a",)
+    assert [(r.pool.model, r.gpus) for r in got.requests] == [(A100, 5)]  # 8 on the way, 5 more
+    assert len(got.requests[0].pods) == 5
+    nothing_more = plan([full_node("n0")], pending[:6], [Pool(A100, 8)], policy, coming=(on_its_way,))
+    assert nothing_more.requests == () and nothing_more.awaited == ("placeholder-a",)
+    unused = plan([Pool(A100, 8).empty_node("n1")], pending[:2], [Pool(A100, 8)], policy, (on_its_way,))
+    assert unused.awaited == () and unused.requests == () and set(unused.fit_now) == {"ns/w0", "ns/w1"}

@@ -123,6 +123,31 @@ def test_a_second_wave_of_the_same_shape_asks_again_once_the_first_node_is_publi
     assert first not in api.pods and api.shapes() == [8]
 
 
+def test_a_node_on_its_way_is_filled_before_another_is_asked_for() -> None:
+    """Pods that arrive while the first placeholder's node comes up: they go on that node in the plan, and
+    only what overflows it is asked for (not a fresh node for every pod pending in each round)."""
+    api, cache, scaler, clock = setup()
+    for i in range(3):
+        cache.upsert_pod(pod(f"a{i}", f"a{i}", milli=1000))
+    scaler.tick()
+    clock[0] = 6.0
+    scaler.tick()
+    (first,) = api.pods
+    assert api.shapes() == [3]
+    for i in range(10):  # a second wave while that node is on its way: 5 fit beside the 3, 5 overflow
+        cache.upsert_pod(pod(f"b{i}", f"wave-{i}", milli=1000))
+    clock[0] = 12.0
+    scaler.tick()  # the second wave is seen; it waits its grace period
+    clock[0] = 18.0
+    scaler.tick()
+    assert first in api.pods  # still awaited: the plan puts pending pods on its node
+    assert sorted(api.shapes()) == [3, 5]  # 3 + 5 on the way, 5 more asked for: 13 GPUs, 2 nodes
+    api.bind(first, "n1")  # its node registers; its GPUs are not published yet
+    clock[0] = 24.0
+    scaler.tick()
+    assert first in api.pods and sorted(api.shapes()) == [3, 5]  # the same two nodes, nothing added
+
+
 def test_deleted_pending_pods_withdraw_their_placeholder() -> None:
     api, cache, scaler, clock = setup()
     cache.upsert_pod(pod("p", "u1", milli=1000, count=3))

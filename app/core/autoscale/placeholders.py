@@ -44,6 +44,11 @@ class Placeholder:
     def shape(self) -> tuple[str, int]:
         return self.model, self.gpus
 
+    @property
+    def coming(self) -> str:
+        """The name of the capacity it stands for while that is on its way (plan.Coming.name)."""
+        return self.node or self.name
+
 
 @dataclass(frozen=True, slots=True)
 class Changes:
@@ -63,14 +68,19 @@ def read(pod: Mapping[str, Any]) -> Placeholder | None:
 
 
 def reconcile(
-    have: Sequence[Placeholder], want: Sequence[Request], published: Set[str] = frozenset()
+    have: Sequence[Placeholder],
+    want: Sequence[Request],
+    published: Set[str] = frozenset(),
+    awaited: Set[str] = frozenset(),
 ) -> Changes:
-    """Placeholders to create and to delete so that there is exactly one per wanted (model, GPUs).
+    """Placeholders to create and to delete so that there is exactly one per wanted (model, GPUs), beside
+    the ones whose capacity the plan awaits.
 
     A placeholder bound to a node whose GPUs are `published` (the plan already counts them) has served its
-    purpose and is always withdrawn: the plan's requests are for GPUs beyond those. One bound to a node
-    still coming up stands for capacity on its way. Of several of one shape, a bound one is withdrawn
-    first: its node is there; a pending one still waits for its node.
+    purpose and is always withdrawn: the plan's requests are for GPUs beyond those. Any other stands for
+    capacity on its way (`coming`, named by its node or, while it waits, by itself): kept while the plan
+    puts pending pods there (`awaited`). Of several of one shape, a bound one is withdrawn first: its node
+    is there; a pending one still waits for its node.
     """
     wanted = Counter((r.pool.model, r.gpus) for r in want if r.gpus > 0)
     keep: Counter[tuple[str, int]] = Counter()
@@ -78,6 +88,8 @@ def reconcile(
     for p in sorted(have, key=lambda p: (p.node == "", p.name), reverse=True):
         if p.node in published:
             delete.append(p.name)
+        elif p.coming in awaited:
+            continue
         elif keep[p.shape] < wanted[p.shape]:
             keep[p.shape] += 1
         else:

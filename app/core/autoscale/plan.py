@@ -50,6 +50,15 @@ class Pool:
 
 
 @dataclass(frozen=True, slots=True)
+class Coming:
+    """Capacity on its way: a node the autoscaler is adding for a placeholder asked for earlier, of `pool`'s
+    shape (`name`: the node the placeholder is bound to, or the placeholder itself while it waits)."""
+
+    name: str
+    pool: Pool
+
+
+@dataclass(frozen=True, slots=True)
 class PendingPod:
     key: str  # namespace/name
     demand: Demand
@@ -76,6 +85,7 @@ class ScalePlan:
     requests: tuple[Request, ...]  # new capacity wanted, one entry per imagined node
     fit_now: tuple[str, ...]  # pending pods the nodes there are already have room for
     unplaceable: tuple[Unplaceable, ...]
+    awaited: tuple[str, ...] = ()  # the capacity on its way (Coming.name) that pending pods are planned on
 
     @property
     def gpus(self) -> int:
@@ -83,9 +93,15 @@ class ScalePlan:
 
 
 def plan(
-    nodes: Iterable[Node], pending: Sequence[PendingPod], pools: Sequence[Pool], policy: Policy
+    nodes: Iterable[Node],
+    pending: Sequence[PendingPod],
+    pools: Sequence[Pool],
+    policy: Policy,
+    coming: Sequence[Coming] = (),
 ) -> ScalePlan:
-    """The GPUs `pending` (in scheduling order) needs on top of `nodes`, packed by `policy`.
+    """The GPUs `pending` (in scheduling order) needs on top of `nodes` and of the nodes `coming`, packed by
+    `policy`. A node on its way is filled before another one is imagined: asking again for the pods it will
+    take would add a node per round while earlier ones still come up.
 
     Pods are placed in the order given, as kube-scheduler's queue hands them to the extender. A pod goes on
     the first pool whose model it accepts and whose nodes have enough GPUs for it; a pool's virtual nodes
@@ -93,8 +109,8 @@ def plan(
     """
     engine = Engine(policy)  # a burst of pods shares a few shapes: unchanged nodes answer from memory
     real = {n.name: n for n in nodes}
-    virtual: dict[str, Node] = {}
-    pool_of: dict[str, Pool] = {}
+    virtual: dict[str, Node] = {c.name: c.pool.empty_node(c.name) for c in coming}
+    pool_of: dict[str, Pool] = {c.name: c.pool for c in coming}
     pods_on: dict[str, list[str]] = {}
     fit_now: list[str] = []
     unplaceable: list[Unplaceable] = []
@@ -120,11 +136,14 @@ def plan(
             pool_of[name] = pool
         virtual[got.node.name] = _reserve(got, pod.demand)
         pods_on.setdefault(got.node.name, []).append(pod.key)
+    on_its_way = {c.name for c in coming}
     requests = tuple(
         Request(pool_of[name], sum(1 for g in node.gpus if g.milli_used > 0), tuple(pods_on[name]))
         for name, node in virtual.items()
+        if name not in on_its_way
     )
-    return ScalePlan(requests, tuple(fit_now), tuple(unplaceable))
+    awaited = tuple(name for name in virtual if name in on_its_way and name in pods_on)
+    return ScalePlan(requests, tuple(fit_now), tuple(unplaceable), awaited)
 
 
 def _reserve(got: Placement, demand: Demand) -> Node:
