@@ -1,5 +1,7 @@
 """Enforced GPU memory on a real kubelet + containerd 1.6 node: per-cgroup limits set by the node side on each
-container's own cgroup before its first process, held against a containerized allocator, cleared on delete.
+container's own cgroup before its first process, held against a containerized allocator, cleared on delete:
+a burstable pod (gpu-memory 4Gi, gpu-memory-limit 8Gi), a half share and a pod written with KAI's NvFractions
+request/limit annotations, on one GPU.
 
 No GPU here: the GPU is simulated (its driver reports r615, so per-cgroup limits are available) and keeps
 its per-cgroup limits and allocations in the simulated driver's state (agent/nvml/simlimits.py, a file per
@@ -96,11 +98,21 @@ def test_limits_on_each_containers_own_cgroup_before_its_first_process_held_and_
             busybox_pod("whole", whole, {"main": ("sleep", "3600")}, node.name),
         )
     )
-    shares = {
+    shares: dict[str, tuple[dict[str, str], int, int, tuple[int, int]]] = {
         # request 4Gi, limit 8Gi: soft 4096 MiB, hard 8192 MiB; it can take 4096 + 4096, not 1 MiB more
         "burstable": ({names.GPU_MEMORY: "4Gi", names.GPU_MEMORY_LIMIT: "8Gi"}, 4096, 8192, (4096, 4096)),
         # half an A100-40GB (40960 MiB): soft = hard = 20480 MiB
         "half": ({names.GPU_FRACTION: "0.5"}, 20480, 20480, (16384, 4096)),
+        # KAI's NvFractions request/limit example, for the container `main`: soft 2048 MiB, hard 4096 MiB
+        "kai": (
+            {
+                "nvidia.com/container.main.gpu-memory.request": "2048Mi",
+                "nvidia.com/container.main.gpu-memory.limit": "4096Mi",
+            },
+            2048,
+            4096,
+            (2048, 2048),
+        ),
     }
     for name, (wanted, _soft, _hard, (first, second)) in shares.items():
         pod = busybox_pod(name, wanted, {"main": ("sh", "-c", script(first, second))}, node.name)
@@ -155,9 +167,9 @@ def test_limits_on_each_containers_own_cgroup_before_its_first_process_held_and_
         assert allocs[3].startswith("refused CUDA_ERROR_OUT_OF_MEMORY: hard limit"), log
         (after,) = [e for e in allocs[4].split("; ") if e.startswith(uuid)]
         assert fields(after)["used"] == str((first + second) * MIB), log  # currentUsed: what it holds
-    assert len(keys) == 2 and set(held["limits"]) >= keys
+    assert len(keys) == len(shares) and set(held["limits"]) >= keys
 
-    for name in ("burstable", "half", "whole"):
+    for name in (*shares, "whole"):
         kube.send(Request("DELETE", f"/api/v1/namespaces/{ns}/pods/{name}", {"gracePeriodSeconds": 0}))
 
     def gone() -> bool:
