@@ -10,16 +10,20 @@ state table small enough to start over while in use.
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Sequence
 from dataclasses import replace
 
 import pytest
 
+from app.core.isolation import MemoryEnforcement, Sharing
 from app.core.model import Allocation, Demand, Gpu, Node
-from app.core.placement import Placement, place, registry
+from app.core.placement import Placement, Policy, place, registry
 from app.core.placement.engine import Engine
 from tests.unit.test_placement_fragaware_array import DEMANDS, random_node
 
 POLICIES = ("binpack", "spread", "fgd", "fragaware")
+MODES = ("refusals", "scores", "by-value", "small")
+NewNode = Callable[[random.Random, int], Node]
 
 
 def changed(rng: random.Random, node: Node) -> Node:
@@ -61,20 +65,19 @@ def agrees(engine: Engine, nodes: list[Node | None], demand: Demand) -> None:
                 assert shape.refused[k][0] == reason
 
 
-@pytest.mark.parametrize("mode", ["refusals", "scores", "by-value", "small"])
-@pytest.mark.parametrize("policy_name", POLICIES)
-def test_the_engine_chooses_as_place_while_positions_change(policy_name: str, mode: str) -> None:
-    rng = random.Random(f"{policy_name}-{mode}")
-    policy = registry.create(policy_name)
+def engine_in(mode: str, policy: Policy) -> Engine:
     if mode == "by-value":
-        engine = Engine(policy, refusals=False, by_value=True)
-    elif mode == "scores":
-        engine = Engine(policy, refusals=False)
-    elif mode == "small":
-        engine = Engine(policy, states_size=40, max_shapes=3)
-    else:
-        engine = Engine(policy)
-    nodes: list[Node | None] = [random_node(rng, i) for i in range(60)]
+        return Engine(policy, refusals=False, by_value=True)
+    if mode == "scores":
+        return Engine(policy, refusals=False)
+    if mode == "small":
+        return Engine(policy, states_size=40, max_shapes=3)
+    return Engine(policy)
+
+
+def churn(engine: Engine, rng: random.Random, new_node: NewNode, demands: Sequence[Demand]) -> None:
+    """Positions change for 300 steps (pods, nodes gone and back, relists); the engine agrees after each."""
+    nodes: list[Node | None] = [new_node(rng, i) for i in range(60)]
     engine.reset(nodes)
     for step in range(300):
         roll = rng.random()
@@ -86,14 +89,65 @@ def test_the_engine_chooses_as_place_while_positions_change(policy_name: str, mo
                 k = rng.randrange(len(nodes))
                 node = nodes[k]
                 if node is None:
-                    node = random_node(rng, k)
+                    node = new_node(rng, k)
                 elif rng.random() < 0.03:
                     node = None
                 else:
                     node = changed(rng, node)
                 nodes[k] = node
                 engine.set(k, node)
-        agrees(engine, nodes, DEMANDS[step % len(DEMANDS)])
+        agrees(engine, nodes, demands[step % len(demands)])
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("policy_name", POLICIES)
+def test_the_engine_chooses_as_place_while_positions_change(policy_name: str, mode: str) -> None:
+    rng = random.Random(f"{policy_name}-{mode}")
+    churn(engine_in(mode, registry.create(policy_name)), rng, random_node, DEMANDS)
+
+
+def node_with_modes(rng: random.Random, i: int) -> Node:
+    """A random node whose GPUs report sharing modes and memory enforcement, as agents do."""
+    node = random_node(rng, i)
+    gpus = tuple(
+        replace(
+            g, sharing=rng.choice(tuple(Sharing)), memory_enforcement=rng.choice(tuple(MemoryEnforcement))
+        )
+        for g in node.gpus
+    )
+    return replace(node, gpus=gpus)
+
+
+# Pods that ask for an isolation (time-slicing, a memory enforcement level) beside plain shares.
+ISOLATED = (
+    Demand(1, milli=250, timeslice=True),
+    Demand(1, milli=500, memory_enforcement=MemoryEnforcement.PER_CGROUP),
+    Demand(1, memory_mib=4096, memory_enforcement=MemoryEnforcement.CLIENT_ENV),
+    Demand(2, milli=1000, timeslice=True),
+    Demand(1, milli=100),
+    Demand(1, milli=810),
+)
+
+
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("policy_name", POLICIES)
+def test_the_engine_chooses_as_place_on_gpus_of_every_sharing_mode(policy_name: str, mode: str) -> None:
+    """Equal GPUs in other modes are other node states: a closed or exclusive GPU, or one enforcing less
+    than a pod requires, never answers for one that suits it (nor the other way round), by value too."""
+    rng = random.Random(f"modes-{policy_name}-{mode}")
+    churn(engine_in(mode, registry.create(policy_name)), rng, node_with_modes, ISOLATED + DEMANDS)
+
+
+def test_states_interned_by_value_differ_by_gpu_mode() -> None:
+    """Two nodes alike but for one GPU's sharing mode: a time-slicing pod fits only the one not exclusive."""
+    policy = registry.create("binpack")
+    engine = Engine(policy, refusals=False, by_value=True)
+    gpus = (Gpu(0, "A100-40GB", 40960, sharing=Sharing.EXCLUSIVE),)
+    exclusive = Node("a", gpus)
+    shared = Node("b", (replace(gpus[0], sharing=Sharing.SHARED),))
+    engine.reset([exclusive, shared])
+    assert engine.choose(Demand(1, milli=300, timeslice=True)) == 1
+    assert engine.choose(Demand(1, milli=300)) == 0  # both fit: the first position
 
 
 def test_a_shape_far_behind_the_log_judges_every_position_again() -> None:

@@ -342,13 +342,24 @@ class Engine:
                 if s is not None:
                     push(heap, (-s, i, version[i]))
             return
-        unfit, grown_at, answer = shape.unfit, self.grown_at, self._answer
+        # Without refusals: the memoized score (None: unfit, remembered for a share until the node grows),
+        # inlined rather than a call per position, as this is the replay's hottest loop.
+        unfit, grown_at, memo, keys, judge = shape.unfit, self.grown_at, shape.memo, shape.keys, shape.judge
+        share, judged = shape.share, (shape.judged if shape.lazy else None)
         for i in todo:
             # Skipped: no node, or a share it did not fit while the node has only shrunk since.
             if unfit[i] < grown_at[i] and nodes[i] is not None:
-                s = answer(shape, i)
-                if s is not None:
-                    push(heap, (-s, i, version[i]))
+                key = keys[i]
+                got = memo.get(key, _UNJUDGED)
+                if got is _UNJUDGED:
+                    got = memo[key] = judge(i)
+                v = version[i]
+                if judged is not None:
+                    judged[i] = v
+                if got is not None:
+                    push(heap, (-got, i, v))  # type: ignore[operator]  # a score
+                elif share:
+                    unfit[i] = v
 
     def _gone(self, shape: Shape, i: int) -> bool:
         """Position `i` holds no node: forget its verdict (False: nothing to judge)."""
@@ -381,22 +392,9 @@ class Engine:
             else:
                 memo[sid] = (Verdict(node, None, got), None)
 
-    def _answer(self, shape: Shape, i: int) -> float | None:
-        """Position i's score for `shape` at its current version (None: it does not fit); no refusals."""
-        memo = shape.memo
-        key = shape.keys[i]
-        got = memo.get(key, _UNJUDGED)
-        if got is _UNJUDGED:
-            got = memo[key] = shape.judge(i)
-        v = self.version[i]
-        if got is None and shape.share:
-            shape.unfit[i] = v
-        if shape.lazy:
-            shape.judged[i] = v
-        return got  # type: ignore[return-value]  # a score (an int for the integer scores) or None
-
     def _refusing(self, shape: Shape, i: int) -> float | None:
-        """`_answer` keeping position i's verdict and refusal current (the extender reports them)."""
+        """Position i's score for `shape` (None: it does not fit), keeping its verdict and refusal current
+        (the extender reports them)."""
         sid = self.state[i]
         got = shape.memo.get(sid)
         if got is None:
@@ -433,6 +431,8 @@ class Engine:
     def best(self, shape: Shape, accept: Callable[[int], bool] | None = None) -> int | None:
         """The fitting position with the highest score (ties: the lowest position) that `accept`s."""
         heap, version, lazy, judged = shape.heap, self.version, shape.lazy, shape.judged
+        memo, keys, judge, unfit = shape.memo, shape.keys, shape.judge, shape.unfit
+        pop, replace = heapq.heappop, heapq.heapreplace
         skipped: list[tuple[float, int, int]] = []  # valid entries `accept` passed over: pushed back
         found = None
         while heap:
@@ -443,14 +443,20 @@ class Engine:
                 if accept is None or accept(i):
                     found = i
                     break
-                skipped.append(heapq.heappop(heap))
+                skipped.append(pop(heap))
                 continue
             if lazy and judged[i] != v:  # its stale entry was the best bound left: judge it again
-                s = self._answer(shape, i)
+                # as `_judge` does (a lazy shape is a share judged without refusals)
+                judged[i] = v
+                key = keys[i]
+                s = memo.get(key, _UNJUDGED)
+                if s is _UNJUDGED:
+                    s = memo[key] = judge(i)
                 if s is not None:
-                    heapq.heapreplace(heap, (-s, i, v))  # one sift for the pop and the push
+                    replace(heap, (-s, i, v))  # type: ignore[operator]  # one sift for the pop and the push
                     continue
-            heapq.heappop(heap)
+                unfit[i] = v
+            pop(heap)
         for entry in skipped:
             heapq.heappush(heap, entry)
         return found
@@ -466,12 +472,13 @@ class Engine:
         return self._gpus(node, self.state[i], demand)
 
     def _gpus(self, node: Node, sid: int, demand: Demand) -> tuple[int, ...]:
-        shape = self.shapes.get(demand)
-        if shape is None or self.evaluate is None or sid < 0:
+        evaluate = self.evaluate
+        shape = None if evaluate is None or sid < 0 else self.shapes.get(demand)
+        if shape is None or evaluate is None:
             return self.policy.choose_gpus(node, demand)
         got = shape.gpus.get(sid)
         if got is None:
-            got = shape.gpus[sid] = self.evaluate(node, demand)[1]
+            got = shape.gpus[sid] = evaluate(node, demand)[1]
         return got
 
     # --- place() over any nodes, with remembered verdicts (the planners) ---
@@ -575,8 +582,10 @@ def judge(node: Node, demand: Demand, policy: Policy) -> Verdict:
 
 
 def _signature(node: Node) -> tuple[object, ...]:
-    """What the policies read of a node, for interning states by value (the name is left out)."""
-    gpus = tuple(
+    """What the policies read of a node, for interning states by value (the name is left out): every Gpu
+    field but the UUID, which differs between equal states. A list comprehension over the fields: this runs
+    on every change in a replay."""
+    gpus = [
         (
             g.index,
             g.model,
@@ -589,10 +598,12 @@ def _signature(node: Node) -> tuple[object, ...]:
             g.healthy,
             g.mig_profile,
             g.parent,
+            g.sharing,
+            g.memory_enforcement,
         )
         for g in node.gpus
-    )
-    return (node.cpu_milli_free, node.memory_mib_free, node.schedulable, node.mps, gpus)
+    ]
+    return (node.cpu_milli_free, node.memory_mib_free, node.schedulable, node.mps, tuple(gpus))
 
 
 _MISSING = object()

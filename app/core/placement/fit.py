@@ -188,25 +188,39 @@ class Headroom:
 
 
 def headroom(node: Node, margin_mib: int = FOREIGN_MARGIN_MIB) -> Headroom:
-    healthy = [g for g in node.gpus if g.healthy and not g.mig_profile]
+    # One pass over the GPUs, the cap inlined: this runs on every change of every node in a replay.
+    caps: list[int] = []
+    milli_free_total = 0
+    whole = False
+    for g in node.gpus:
+        if g.mig_profile:
+            continue
+        whole = True
+        if not g.healthy:
+            continue
+        free = MILLI_PER_GPU - g.milli_used
+        milli_free_total += free
+        caps.append(_share_cap(g, free, margin_mib))
+    caps.sort(reverse=True)
     return Headroom(
         schedulable=node.schedulable,
         mps=node.mps,
         cpu_milli_free=node.cpu_milli_free,
         memory_mib_free=node.memory_mib_free,
-        caps=tuple(sorted([_share_cap(g, margin_mib) for g in healthy], reverse=True)),
-        milli_free_total=node.milli_free_total,
-        healthy=len(healthy),
-        whole=bool(healthy) or any(not g.mig_profile for g in node.gpus),
+        caps=tuple(caps),
+        milli_free_total=milli_free_total,
+        healthy=len(caps),
+        whole=whole,
     )
 
 
-def _share_cap(gpu: Gpu, margin_mib: int) -> int:
-    """The largest m with m + milli_used <= 1000 and m * memory // 1000 <= memory room (-1: no m >= 0)."""
-    room = memory_room(gpu, margin_mib)
-    if room < 0 or gpu.sharing is Sharing.CLOSED:  # a CLOSED GPU takes no share (`mode_admits`)
+def _share_cap(gpu: Gpu, free: int, margin_mib: int) -> int:
+    """The largest m with m <= `free` (1000 - milli_used) and m * memory // 1000 <= memory room (-1: no
+    m >= 0)."""
+    foreign = gpu.foreign_mib  # memory_room, inlined
+    room = gpu.memory_mib - gpu.memory_used_mib - foreign - (margin_mib if foreign > 0 else 0)
+    if room < 0 or gpu.sharing is _CLOSED:  # a CLOSED GPU takes no share (`mode_admits`)
         return -1
-    free = MILLI_PER_GPU - gpu.milli_used
     if not gpu.memory_mib:
         return max(free, -1)
     # m * M // 1000 <= room  <=>  m * M < (room + 1) * 1000; the memory term is monotone in m.
@@ -225,9 +239,16 @@ def is_share(demand: Demand) -> bool:
 
 def headroom_fits(room: Headroom, demand: Demand) -> bool:
     """`node_fits(node, demand)` for a share demand (`is_share`), from `headroom(node)`."""
-    if not _host_fits(room.schedulable, room.cpu_milli_free, room.memory_mib_free, room.mps, demand):
+    # `_host_fits`, inlined: this is the replay's check per node state per shape (tests/unit/
+    # test_placement_headroom.py holds it to `node_fits`).
+    if not room.schedulable:
         return False
-    wanted, caps = demand.count, room.caps
+    wanted, cpu, mem = demand.count, room.cpu_milli_free, room.memory_mib_free
+    if (cpu is not None and demand.cpu_milli > cpu) or (mem is not None and demand.host_memory_mib > mem):
+        return False
+    if wanted and demand.needs_mps and not room.mps:
+        return False
+    caps = room.caps
     return not wanted or (len(caps) >= wanted and caps[wanted - 1] >= (demand.milli or 0))
 
 

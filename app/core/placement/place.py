@@ -66,11 +66,14 @@ def to_allocation(node: Node, demand: Demand, gpu_indexes: tuple[int, ...]) -> A
         raise ValueError("an allocation needs at least one GPU")
     gpus = [node.gpu(i) for i in gpu_indexes]
     per_device = [demand.on(g.memory_mib) for g in gpus]
+    uuids = tuple([g.uuid for g in gpus])  # lists, not generators: once per placement in a replay
     return Allocation(
         node=node.name,
         gpu_indexes=tuple(gpu_indexes),
-        gpu_uuids=tuple(g.uuid for g in gpus) if all(g.uuid for g in gpus) else (),
-        milli=max(m for m, _ in per_device),
-        memory_mib=min(mib for _, mib in per_device),
-        hard_limit_mib=demand.hard_limit_on(g.memory_mib for g in gpus),
+        gpu_uuids=uuids if all(uuids) else (),
+        milli=max([m for m, _ in per_device]),
+        memory_mib=min([mib for _, mib in per_device]),
+        hard_limit_mib=None
+        if demand.memory_limit_mib is None
+        else demand.hard_limit_on(g.memory_mib for g in gpus),
     )
