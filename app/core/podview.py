@@ -259,13 +259,14 @@ class PodView:
     def regular(self) -> tuple[ContainerView, ...]:
         return tuple(c for c in self.containers if c.kind is Kind.REGULAR)
 
-    @property
+    @cached_property
     def gpu_container(self) -> str | None:
         """The name of the container that gets the GPU: the one gpu-fraction-container-name or else an
         NvFractions annotation names, else the first regular container; None for a pod with neither.
         (Whether that name exists is a rule's business.)"""
-        if self.ask.container or self.ask.nv_container:
-            return self.ask.container or self.ask.nv_container
+        named = self.ask.container or self.ask.nv_container
+        if named:
+            return named
         return next((c.name for c in self.containers if c.kind is Kind.REGULAR), None)
 
     def with_takeover(self, annotations: Mapping[str, str], container: ContainerView) -> PodView:
