@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import platform
 import statistics
@@ -26,14 +25,12 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from packing import MAX_WORKERS, NODE_FILE, TRACES, run_jobs  # noqa: E402
+
 from app.core.placement import DEFAULT_POLICY, TargetWorkload, registry  # noqa: E402
 from app.tools.sim.burst import BurstResult, burst  # noqa: E402
 from app.tools.sim.command import UsageError, parse_seeds  # noqa: E402
 from app.tools.sim.loader import TracePod, load_nodes, load_pods  # noqa: E402
-
-TRACES = ("default", "gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100")
-NODE_FILE = "openb_node_list_gpu_node.csv"
-MAX_WORKERS = 2  # the bench machine has 2 shared cores
 
 Job = tuple[str, str, float, int, float]  # traces_dir, trace, ratio, seed, inflate
 
@@ -175,19 +172,15 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(str(traces_dir), t, r, s, args.inflate) for t in traces for r in ratios for s in seeds]
     loadavg_at_start = [round(x, 1) for x in os.getloadavg()]
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    workers = max(1, min(args.workers, MAX_WORKERS))
-    with multiprocessing.Pool(workers) as pool:
-        for row in pool.imap_unordered(run_job, jobs):
-            rows.append(row)
-            print(
-                f"\r[{len(rows)}/{len(jobs)}] {row['trace']} ratio {row['ratio']:g} seed {row['seed']}: "
-                f"{row['placed_gpu']} GPU pods ({row['seconds']:.1f} s)   ",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
-    print(file=sys.stderr)
+    rows = run_jobs(
+        run_job,
+        jobs,
+        args.workers,
+        lambda row: (
+            f"{row['trace']} ratio {row['ratio']:g} seed {row['seed']}: "
+            f"{row['placed_gpu']} GPU pods ({row['seconds']:.1f} s)"
+        ),
+    )
     ours = summarise(rows)
     print(format_table(ours))
     doc = {
@@ -200,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
             "ratios": ratios,
             "inflate": args.inflate,
             "policy": DEFAULT_POLICY,
-            "workers": workers,
+            "workers": max(1, min(args.workers, MAX_WORKERS)),
             "method": "app.tools.sim.burst: a trace pod's share is its limit; shared pods (< 1 GPU per "
             "device) "
             "request ratio x limit (rounded up to a milli), whole-GPU pods unchanged; the same FGD arrival "

@@ -23,6 +23,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Callable, Sequence
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -177,6 +178,22 @@ def format_table(ours: dict[str, Any], pub: dict[str, Any], policies: list[str])
     return "\n".join(lines)
 
 
+def run_jobs(
+    fn: Callable[[Any], dict[str, Any]],
+    jobs: Sequence[Any],
+    workers: int,
+    line: Callable[[dict[str, Any]], str],
+) -> list[dict[str, Any]]:
+    """Every job's row, run in a pool of at most MAX_WORKERS processes, as they finish; one progress line
+    per row on stderr (the benches that replay traces share it)."""
+    rows: list[dict[str, Any]] = []
+    with multiprocessing.Pool(max(1, min(workers, MAX_WORKERS))) as pool:
+        for row in pool.imap_unordered(fn, jobs):
+            rows.append(row)
+            print(f"[{len(rows)}/{len(jobs)}] {line(row)}", file=sys.stderr, flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     ap.add_argument("--traces-dir", default=str(REPO.parent / "shared" / "traces"))
@@ -211,19 +228,15 @@ def main(argv: list[str] | None = None) -> int:
     # Slow jobs first so the two workers finish together.
     jobs.sort(key=lambda j: j[1][1] != "spread")
     started = time.perf_counter()
-    rows: list[dict[str, Any]] = []
-    workers = max(1, min(args.workers, MAX_WORKERS))
-    with multiprocessing.Pool(workers) as pool:
-        for row in pool.imap_unordered(run_job, jobs):
-            rows.append(row)
-            print(
-                f"\r[{len(rows)}/{len(jobs)}] {row['trace']} {row['policy']} seed {row['seed']}: "
-                f"{row['unallocated_pct_at_100']:.2f} % unallocated at 100 % ({row['seconds']:.1f} s)   ",
-                end="",
-                file=sys.stderr,
-                flush=True,
-            )
-    print(file=sys.stderr)
+    rows = run_jobs(
+        run_job,
+        jobs,
+        args.workers,
+        lambda row: (
+            f"{row['trace']} {row['policy']} seed {row['seed']}: "
+            f"{row['unallocated_pct_at_100']:.2f} % unallocated at 100 % ({row['seconds']:.1f} s)"
+        ),
+    )
     ours = summarise(rows)
     pub = published(traces_dir, traces, seeds)
     print(format_table(ours, pub, policies))
@@ -245,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
             "seeds": list(seeds),
             "inflate": args.inflate,
             "policies": policies,
-            "workers": workers,
+            "workers": max(1, min(args.workers, MAX_WORKERS)),
             "method": "FGD/openb: shuffled arrival, inflated to inflate x GPU capacity, failed pods dropped, "
             "no departures; unallocated % = 100 - allocation % at arrived = 100 % / 130 % (discretised bins)",
         },

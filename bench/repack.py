@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import platform
 import statistics
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +23,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from packing import MAX_WORKERS, NODE_FILE, _git_commit, _sha256, _trace, pod_file  # noqa: E402
+from packing import MAX_WORKERS, NODE_FILE, _git_commit, _sha256, _trace, pod_file, run_jobs  # noqa: E402
 
 from app.core.placement import DEFAULT_POLICY, registry  # noqa: E402
 from app.tools.sim.churn import churn  # noqa: E402
@@ -106,21 +105,6 @@ def common_flags(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--policy", default=DEFAULT_POLICY, choices=registry.names())
     ap.add_argument("--workers", type=int, default=MAX_WORKERS, help=f"processes, at most {MAX_WORKERS}")
     ap.add_argument("--out", default=str(REPO / "bench" / "results" / "repack.json"))
-
-
-def run_jobs(
-    fn: Callable[[Any], dict[str, Any]],
-    jobs: Sequence[Any],
-    workers: int,
-    line: Callable[[dict[str, Any]], str],
-) -> list[dict[str, Any]]:
-    """Every job's row, run in a pool of at most MAX_WORKERS processes; one progress line per row."""
-    rows: list[dict[str, Any]] = []
-    with multiprocessing.Pool(max(1, min(workers, MAX_WORKERS))) as pool:
-        for row in pool.imap_unordered(fn, jobs):
-            rows.append(row)
-            print(f"[{len(rows)}/{len(jobs)}] {line(row)}", flush=True)
-    return rows
 
 
 def provenance(
