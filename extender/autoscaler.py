@@ -57,6 +57,7 @@ class Autoscaler:
         config: AutoscaleConfig,
         *,
         can_write: Callable[[], bool],
+        views_live: Callable[[], tuple[bool, str]] = lambda: (True, ""),
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube
@@ -64,6 +65,10 @@ class Autoscaler:
         self.policy = policy
         self.config = config
         self.can_write = can_write
+        # Whether the cluster view is current (every informer live): a plan from a stale view would ask
+        # for nodes for pods already bound, or withdraw what pods still wait for.
+        self.views_live = views_live
+        self._paused = ""  # why the last tick did not plan (logged once per reason)
         self._clock = clock
         self._first_pending: dict[str, float] = {}  # pod uid -> when this replica first saw it pending
         self._priority_class_ok = False
@@ -86,10 +91,21 @@ class Autoscaler:
         return [pod for _, pod in sorted(out, key=lambda t: (t[0], t[1].key))]
 
     def tick(self) -> TickResult | None:
-        """Plan and reconcile once; None when this replica may not write now."""
+        """Plan and reconcile once; None when this replica may not write now or its view is not live."""
         if not self.can_write():
             self._first_pending.clear()  # a standby's clock of who waits how long would be stale
             return None
+        live, why = self.views_live()
+        if not live:
+            # Placeholders stay as they are until the view is back; so does the pending clock (a pod seen
+            # pending before the outage has waited at least that long).
+            if why != self._paused:
+                LOG.warning("autoscale paused: the cluster view is not live", extra={"why": why})
+            self._paused = why
+            return None
+        if self._paused:
+            LOG.info("autoscale resumed: the cluster view is live again")
+            self._paused = ""
         now = self._clock()
         self.last_tick_at = now
         nodes = [n for n in self.cache.nodes().values() if n is not None]

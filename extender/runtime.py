@@ -153,7 +153,13 @@ class StaticRuntime:
 
 
 def autoscaler_of(
-    kube: KubeApi, cache: ClusterCache, policy: Policy, settings: Settings, can_write: Callable[[], bool]
+    kube: KubeApi,
+    cache: ClusterCache,
+    policy: Policy,
+    settings: Settings,
+    *,
+    can_write: Callable[[], bool],
+    views_live: Callable[[], tuple[bool, str]],
 ) -> Autoscaler | None:
     """The scale-up loop when node pools are configured (`--autoscale-pool`), else None."""
     if not settings.autoscale_pools:
@@ -165,7 +171,7 @@ def autoscaler_of(
         interval_s=settings.autoscale_interval_s,
         grace_s=settings.autoscale_grace_s,
     )
-    return Autoscaler(kube, cache, policy, config, can_write=can_write)
+    return Autoscaler(kube, cache, policy, config, can_write=can_write, views_live=views_live)
 
 
 class KubeRuntime:
@@ -209,7 +215,14 @@ class KubeRuntime:
             clock=clock,
         )
         self.binder = Binder(kube, self.cache, self.policy, can_write=self.elector.can_write)
-        self.autoscaler = autoscaler_of(kube, self.cache, self.policy, settings, self.elector.can_write)
+        self.autoscaler = autoscaler_of(
+            kube,
+            self.cache,
+            self.policy,
+            settings,
+            can_write=self.elector.can_write,
+            views_live=self.views_live,
+        )
         self.workload_clock = WorkloadClock(settings.workload)
         self._threads: list[threading.Thread] = []
         self._stopping = threading.Event()
@@ -233,10 +246,9 @@ class KubeRuntime:
         problems = []
         if not self.elector.is_leader or self._leader_since is None:
             problems.append("not the leader")
-        for inf in self.informers:
-            live, why = inf.live()
-            if not live:
-                problems.append(why)
+        live, why = self.views_live()
+        if not live:
+            problems.append(why)
         if problems:
             self._settled = False
             return False, "; ".join(problems)
@@ -248,6 +260,11 @@ class KubeRuntime:
             settle_heap()
             self._settled = True
         return True, "ready"
+
+    def views_live(self) -> tuple[bool, str]:
+        """Whether every informer's view is live; otherwise why not, "; "-joined."""
+        problems = [why for live, why in (inf.live() for inf in self.informers) if not live]
+        return not problems, "; ".join(problems)
 
     def _refresh_workload(self) -> TargetWorkload | None:
         """`refresh_workload` on this replica; the scale-up planner follows the new policy too."""

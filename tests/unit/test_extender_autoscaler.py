@@ -54,7 +54,10 @@ class Apiserver:
         self.pods[name]["spec"]["nodeName"] = node
 
 
-def setup(leading: list[bool] | None = None) -> tuple[Apiserver, ClusterCache, Autoscaler, list[float]]:
+def setup(
+    leading: list[bool] | None = None, live: list[str] | None = None
+) -> tuple[Apiserver, ClusterCache, Autoscaler, list[float]]:
+    """`live`: why the view is not live ("" when it is), changed by the test as informers go stale."""
     api = Apiserver()
     cache = ClusterCache(wall=lambda: NOW)
     full = gpunode("n0", gpus=8, mem=81_920, model=MODEL)
@@ -66,8 +69,15 @@ def setup(leading: list[bool] | None = None) -> tuple[Apiserver, ClusterCache, A
     clock = [0.0]
     lead = leading if leading is not None else [True]
     config = AutoscaleConfig(pools=(Pool(MODEL, 8),), namespace=NS, grace_s=5.0)
+    why = live if live is not None else [""]
     scaler = Autoscaler(
-        api, cache, registry.create("binpack"), config, can_write=lambda: lead[0], clock=lambda: clock[0]
+        api,
+        cache,
+        registry.create("binpack"),
+        config,
+        can_write=lambda: lead[0],
+        views_live=lambda: (not why[0], why[0]),
+        clock=lambda: clock[0],
     )
     return api, cache, scaler, clock
 
@@ -180,3 +190,28 @@ def test_stale_placeholders_left_by_an_old_leader_are_withdrawn() -> None:
     api.send(Request("POST", f"/api/v1/namespaces/{NS}/pods", body))
     scaler.tick()
     assert api.pods == {}
+
+
+def test_a_stale_view_neither_asks_for_nodes_nor_withdraws_what_pods_wait_for() -> None:
+    """Watches cut while leading: the pods the view shows pending may be bound by now, and the placeholders
+    it would withdraw may still be needed; the loop waits for a live view and then plans from it."""
+    stale = [""]
+    api, cache, scaler, clock = setup(live=stale)
+    cache.upsert_pod(pod("p", "u1", milli=1000, count=3))
+    scaler.tick()
+    clock[0] = 10.0
+    scaler.tick()
+    assert api.shapes() == [3]
+    stale[0] = "pods informer not live: no event for 40s (last error: connection refused)"
+    cache.upsert_pod(pod("q", "u2", milli=1000, count=2))
+    cache.delete_pod(pod("p", "u1", milli=1000, count=3))
+    clock[0] = 30.0
+    before = dict(api.pods)
+    assert scaler.tick() is None
+    assert api.pods == before  # nothing created, nothing withdrawn
+    stale[0] = ""
+    assert scaler.tick() is not None  # live again: p's placeholder goes; q's wait starts now
+    assert api.pods == {}
+    clock[0] = 36.0
+    scaler.tick()
+    assert api.shapes() == [2]
