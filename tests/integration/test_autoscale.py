@@ -24,12 +24,14 @@ from kubernetes import client, config
 
 from app.core import names
 from app.core.autoscale import placeholders as ph
-from tests.devcluster import BinariesError, ensure_binaries, wait_for
+from tests.devcluster import GPUPACK_NAMESPACE, BinariesError, Cluster, ensure_binaries, wait_for
+from tests.devcluster.addons import EXTENDER
 from tests.devcluster.karpenter import NODEPOOL_LABEL
 from tests.devcluster.processes import log_tail
 
 MODEL = "A100-80GB"
 NS = "autoscale"
+PLACEHOLDER_NS = GPUPACK_NAMESPACE  # the extender's lease namespace, where its placeholders live
 # 40 pods: (deployment, share, replicas). Packed: 10 x (0.75 + 0.25), 5 x (0.5 + 0.5), 10 x 0.3 on 4 GPUs.
 SHARES = [("q3", "0.75", 10), ("q1", "0.25", 10), ("half", "0.5", 10), ("third", "0.3", 10)]
 Run = Callable[..., subprocess.CompletedProcess[str]]
@@ -67,12 +69,12 @@ def api(dev: tuple[Path, dict[str, str]]) -> Iterator[Any]:
         yield c
 
 
-def deployment(name: str, share: str, replicas: int) -> dict[str, Any]:
+def deployment(name: str, share: str, replicas: int, namespace: str = NS) -> dict[str, Any]:
     labels = {"app": name}
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": name, "namespace": NS},
+        "metadata": {"name": name, "namespace": namespace},
         "spec": {
             "replicas": replicas,
             "selector": {"matchLabels": labels},
@@ -225,3 +227,98 @@ def test_scale_up_as_asked_then_repack_and_scale_down(
     except BaseException:
         print(logs(d))
         raise
+
+
+def test_a_scale_up_that_loses_the_apiserver_midway_asks_for_no_node_twice(
+    dev: tuple[Path, dict[str, str]], api: Any
+) -> None:
+    """The apiserver crashes (SIGKILL, restarted on the same data) while gpupack's placeholders wait for
+    Karpenter: the extender's watches and lease break, its view goes stale. Afterwards every pod is bound
+    on the nodes asked for before the crash (no second set of nodes for the same pods), nothing
+    over-committed, and the placeholders are withdrawn."""
+    d, _env = dev
+    cluster = Cluster.load(d)
+    assert cluster is not None
+    core, apps = client.CoreV1Api(api), client.AppsV1Api(api)
+    ns = "autoscale-restart"
+    core.create_namespace({"metadata": {"name": ns}})
+    try:
+        # Whole GPUs: every free GPU of the nodes there now is taken first, then 16 more need 2 new nodes.
+        free = sum(1 for _node, gpu in free_whole_gpus(core))
+        before = set(karpenter_nodes(core))
+        wanted = free + 16
+        apps.create_namespaced_deployment(ns, deployment("whole", "1.0", wanted, ns))
+        wait_for(
+            lambda: bool(
+                core.list_namespaced_pod(PLACEHOLDER_NS, label_selector=f"{ph.LABEL_PLACEHOLDER}=true").items
+            ),
+            90,
+            "gpupack asking for nodes",
+            interval=0.5,
+        )
+        cluster.restart_process("kube-apiserver")  # SIGKILL; same port, certificates and etcd data
+        t0 = time.monotonic()
+
+        def bound() -> int:
+            return sum(1 for p in core.list_namespaced_pod(ns).items if p.spec.node_name)
+
+        wait_for(lambda: bound() == wanted, 240, f"all {wanted} pods bound after the restart", interval=1.0)
+        added = set(karpenter_nodes(core)) - before
+        print(f"{free} GPUs free before; {wanted} pods bound {time.monotonic() - t0:.1f}s after the restart")
+        print(
+            f"Karpenter added {len(added)} nodes; the extender said {Counter(extender_says(d, 'autoscale'))}"
+        )
+        assert 2 <= len(added) <= 3, sorted(added)  # the plan's 2 nodes; one more while a node boots at most
+        everyone = [p for p in core.list_pod_for_all_namespaces().items if not p.metadata.deletion_timestamp]
+        assert not over_committed(everyone)
+        wait_for(
+            lambda: (
+                not core.list_namespaced_pod(
+                    PLACEHOLDER_NS, label_selector=f"{ph.LABEL_PLACEHOLDER}=true"
+                ).items
+            ),
+            60,
+            "placeholders withdrawn",
+        )
+    except BaseException:
+        print(logs(d))
+        raise
+    finally:
+        apps.delete_namespaced_deployment("whole", ns)
+        core.delete_namespace(ns)
+
+
+def extender_says(d: Path, prefix: str) -> list[str]:
+    """The messages of the extender's structured log lines that start with `prefix`, in order."""
+    out = []
+    for line in (d / "logs" / f"{EXTENDER}.log").read_text(errors="replace").splitlines():
+        try:
+            msg = json.loads(line).get("msg", "")
+        except ValueError:
+            continue  # the harness's own header lines
+        if isinstance(msg, str) and msg.startswith(prefix):
+            out.append(msg)
+    return out
+
+
+def free_whole_gpus(core: Any) -> list[tuple[str, str]]:
+    """(node, GPU index) of every GPU of a node with a published GPUNode that no pod holds any share of."""
+    custom = client.CustomObjectsApi(core.api_client)
+    gpunodes = custom.list_cluster_custom_object(
+        names.GPUNODE_GROUP, names.GPUNODE_VERSION, names.GPUNODE_PLURAL
+    )["items"]
+    used = {
+        (ann[names.ALLOC_NODE], i)
+        for p in core.list_pod_for_all_namespaces().items
+        if not p.metadata.deletion_timestamp
+        for ann in [p.metadata.annotations or {}]
+        if ann.get(names.ALLOC_NODE)
+        for i in ann.get(names.ALLOC_GPU_INDEXES, "").split(",")
+        if i
+    }
+    return [
+        (g["metadata"]["name"], str(gpu["index"]))
+        for g in gpunodes
+        for gpu in (g.get("status") or {}).get("gpus") or []
+        if (g["metadata"]["name"], str(gpu["index"])) not in used
+    ]
