@@ -255,3 +255,28 @@ def test_an_allocator_outside_the_callers_pid_namespace_sees_pid_0_and_enforces_
 
 def test_the_client_says_when_no_allocator_listens(where: Path) -> None:
     assert ask_allocator(where / "none.sock", "whoami")[0].startswith("no allocator at")
+
+
+def test_an_agent_restarted_between_create_and_hook_and_again_before_delete_loses_nothing(
+    where: Path,
+) -> None:
+    """The agent restarts (a rollout, a crash) after the handler's create and before its createRuntime
+    hook, and again while the container runs: the new agent still sets the container's limits, and the one
+    after it still clears them and the record on delete (each restart: a new server, NVML initialised anew
+    on the same driver state)."""
+    nvml = gpu(where)
+    uuid = nvml.uuid(0)
+    pod = the_pod(uuid, {**BURST, names.ISOLATION: "none"})
+    created = server(where, nvml, pod, CAN).reply(line())
+    assert created.allowed and created.hook
+    restarted = gpu(where)
+    assert server(where, restarted, pod, CAN).reply(start()).allowed
+    assert nvml.limits.limited(uuid)[ROOT + LEAF]["hard"] == 8192 * MIB
+    again = gpu(where)
+    assert list((where / "records").iterdir()) != []
+    assert (
+        server(where, again, pod, CAN)
+        .reply(json.dumps({"op": "delete", "container_id": "c1"}).encode())
+        .allowed
+    )
+    assert again.limits.limited(uuid) == {} and list((where / "records").iterdir()) == []
