@@ -82,9 +82,7 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
             daemon_memory_cap=settings.mps_pinned_mem_limit_mib is not None,
             # Limits are set by the node side (--node-socket); each GPU's driver is judged as it reports.
             per_cgroup_memory=settings.node_socket is not None
-            and memlimits.host_capability(
-                bool(getattr(nvml, "limits_bound", True)), root, simulated=settings.sim is not None
-            ).available,
+            and host_memory_capability(settings, nvml).available,
         ),
     )
     mps = MpsSupervisor(
@@ -115,9 +113,15 @@ def memory_capability(settings: Settings, agent: Agent) -> memlimits.Capability:
         driver = agent.nvml.driver_version()
     except NvmlError as exc:
         return memlimits.Capability(False, f"NVML: {exc}")
-    bound = bool(getattr(agent.nvml, "limits_bound", True))
+    return memlimits.capability(driver, host_memory_capability(settings, agent.nvml))
+
+
+def host_memory_capability(settings: Settings, nvml: Nvml) -> memlimits.Capability:
+    """What this node offers per-cgroup GPU memory limits whatever its driver: the NVML binding's calls and
+    cgroup v2 where the driver reads it (agent.memlimits.host_capability)."""
+    bound = bool(getattr(nvml, "limits_bound", True))  # only the real binding can lack the calls
     root = host_cgroup2_root(settings.proc_root)
-    return memlimits.capability(driver, bound, root, simulated=settings.sim is not None)
+    return memlimits.host_capability(bound, root, simulated=settings.sim is not None)
 
 
 def node_server(

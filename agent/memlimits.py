@@ -133,22 +133,22 @@ def host_capability(bound: bool, mount: str, simulated: bool = False) -> Capabil
     return Capability(True, "", mount)
 
 
-def capability(driver_version: str, bound: bool, mount: str, simulated: bool = False) -> Capability:
-    """Per-cgroup limits need driver r615+, an NVML binding with the calls, and cgroup v2 at /sys/fs/cgroup
-    (NVIDIA's requirement). A simulated GPU also accepts a hybrid node's /sys/fs/cgroup/unified (the test
-    bed: no real driver reads it)."""
+def capability(driver_version: str, host: Capability) -> Capability:
+    """Per-cgroup limits need driver r615+ on top of what the node offers (`host_capability`: an NVML binding
+    with the calls, and cgroup v2 at /sys/fs/cgroup, NVIDIA's requirement; a simulated GPU also accepts a
+    hybrid node's /sys/fs/cgroup/unified, the test bed: no real driver reads it)."""
     if not driver_supports(driver_version):
         return Capability(
             False, f"driver {driver_version or '?'} is older than r{MEMORY_LIMITS_DRIVER_MAJOR}"
         )
-    return host_capability(bound, mount, simulated)
+    return host
 
 
 def per_cgroup_memory_limits(
     driver_version: str, bound: bool, mountinfo: str, simulated: bool = False
 ) -> bool:
     """The GPUNode fact "per-cgroup memory limits available" from the agent's NVML and the host's mounts."""
-    return capability(driver_version, bound, cgroup2_mount(mountinfo), simulated).available
+    return capability(driver_version, host_capability(bound, cgroup2_mount(mountinfo), simulated)).available
 
 
 NAMESPACE_ID_CHARS = 24  # of the container ID: unique on a node, short enough for socket paths

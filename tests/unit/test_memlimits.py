@@ -94,7 +94,9 @@ def test_where_cgroup_v2_is_mounted() -> None:
 def test_a_node_can_carry_limits_only_with_r615_the_binding_and_cgroup_v2(
     driver: str, bound: bool, mountinfo: str, simulated: bool, expect: Capability | str
 ) -> None:
-    got = memlimits.capability(driver, bound, memlimits.cgroup2_mount(mountinfo), simulated)
+    got = memlimits.capability(
+        driver, memlimits.host_capability(bound, memlimits.cgroup2_mount(mountinfo), simulated)
+    )
     if isinstance(expect, Capability):
         assert got == expect
     else:
