@@ -114,3 +114,44 @@ def test_alive_reports_a_dead_worker_thread() -> None:
     rt.informers[1].thread = None
     rt.elector.thread = dead
     assert rt.alive() == (False, "lease thread is dead")
+
+
+def test_a_stale_view_pauses_the_scale_up_loop_while_the_lease_holds() -> None:
+    """The leader keeps its lease but its watches time out: it plans no scale-up from the old view, and
+    plans again once the views are live."""
+    api, now = Apiserver(), [0.0]
+    settings = Settings(
+        lease_namespace="sys",
+        identity="me",
+        watch_timeout_s=45,
+        live_within_s=60.0,
+        autoscale_pools=("A100-80GB:8",),
+    )
+    rt = KubeRuntime(api, settings, clock=lambda: now[0])
+    step_all(rt)
+    step_all(rt)
+    assert rt.autoscaler is not None
+    assert rt.autoscaler.tick() is not None  # live: it plans (nothing pending, nothing asked)
+    timeout = KubeError(0, "Timeout", "read timed out")
+    real_send = api.send
+
+    def only_leases(req: Request) -> JsonDict:
+        if "/leases" not in req.path:
+            return real_send(req)
+        down, api.down = api.down, None
+        try:
+            return real_send(req)
+        finally:
+            api.down = down
+
+    api.send = only_leases  # type: ignore[method-assign]
+    api.down = timeout
+    now[0] = 61.0
+    step_all(rt)
+    assert rt.elector.can_write()  # still the leader: the lease renews
+    assert rt.autoscaler.tick() is None
+    api.down = None
+    now[0] = 62.0
+    step_all(rt)
+    assert rt.ready() == (True, "ready")
+    assert rt.autoscaler.tick() is not None
