@@ -13,7 +13,7 @@ with every rule that needs only the annotations; `app.core.request` turns the va
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -52,8 +52,10 @@ class NvAsk:
         return tuple(e for e in (self.request, self.limit) if e is not None)
 
 
-def read(entries: Iterable[Entry]) -> NvAsk:
+def read(entries: Sequence[Entry]) -> NvAsk:
     """The NvFractions ask among (key, value) entries (those `podview.GpuAsk.nv_fractions` holds)."""
+    if not entries:  # most pods: no KAI keys (one shared answer, as each pod read asks)
+        return _NONE
     fields: dict[str, Entry] = {}
     pod_mode: Entry | None = None
     container: tuple[str, str] | None = None  # (name, the key that named it first)
@@ -91,3 +93,6 @@ def read(entries: Iterable[Entry]) -> NvAsk:
         mode=mode or pod_mode,
         errors=tuple(errors),
     )
+
+
+_NONE = NvAsk()
