@@ -15,7 +15,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from functools import cache
@@ -25,7 +24,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from packing import MAX_WORKERS, NODE_FILE, TRACES, run_jobs  # noqa: E402
+from packing import MAX_WORKERS, NODE_FILE, TRACES, _git_commit, run_jobs  # noqa: E402
 
 from app.core.placement import DEFAULT_POLICY, TargetWorkload, registry  # noqa: E402
 from app.tools.sim.burst import BurstResult, burst  # noqa: E402
@@ -132,16 +131,6 @@ def format_table(ours: dict[str, Any]) -> str:
                 f"{e['exposed_pods_pct']:>10.1f}{e['over_soft_pct']:>12.1f}{e['evictions_if_all_burst_pct']:>9.1f}"
             )
     return "\n".join(lines)
-
-
-def _git_commit() -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-        )
-    except OSError:
-        return None
-    return out.stdout.strip() or None
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -57,7 +57,7 @@ class Autoscaler:
         config: AutoscaleConfig,
         *,
         can_write: Callable[[], bool],
-        views_live: Callable[[], tuple[bool, str]] = lambda: (True, ""),
+        views_live: Callable[[], tuple[bool, str]],
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.kube = kube

@@ -244,7 +244,7 @@ def test_a_scale_up_that_loses_the_apiserver_midway_asks_for_no_node_twice(
     core.create_namespace({"metadata": {"name": ns}})
     try:
         # Whole GPUs: every free GPU of the nodes there now is taken first, then 16 more need 2 new nodes.
-        free = sum(1 for _node, gpu in free_whole_gpus(core))
+        free = len(free_whole_gpus(core))
         before = set(karpenter_nodes(core))
         wanted = free + 16
         apps.create_namespaced_deployment(ns, deployment("whole", "1.0", wanted, ns))

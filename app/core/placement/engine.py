@@ -473,8 +473,7 @@ class Engine:
 
     def _gpus(self, node: Node, sid: int, demand: Demand) -> tuple[int, ...]:
         evaluate = self.evaluate
-        shape = None if evaluate is None or sid < 0 else self.shapes.get(demand)
-        if shape is None or evaluate is None:
+        if evaluate is None or sid < 0 or (shape := self.shapes.get(demand)) is None:
             return self.policy.choose_gpus(node, demand)
         got = shape.gpus.get(sid)
         if got is None:
