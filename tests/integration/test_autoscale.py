@@ -233,9 +233,11 @@ def test_a_scale_up_that_loses_the_apiserver_midway_asks_for_no_node_twice(
     dev: tuple[Path, dict[str, str]], api: Any
 ) -> None:
     """The apiserver crashes (SIGKILL, restarted on the same data) while gpupack's placeholders wait for
-    Karpenter: the extender's watches and lease break, its view goes stale. Afterwards every pod is bound
-    on the nodes asked for before the crash (no second set of nodes for the same pods), nothing
-    over-committed, and the placeholders are withdrawn."""
+    Karpenter: the extender's watches and lease break, its view goes stale. Afterwards every pod is bound,
+    gpupack asked for the 16 GPUs once (no second set of placeholders for the same pods), nothing is
+    over-committed, and the placeholders are withdrawn. How many nodes Karpenter adds is Karpenter's
+    business after such a crash (it has been seen to add two more, empty, for the placeholders it had
+    already served): printed, not asserted."""
     d, _env = dev
     cluster = Cluster.load(d)
     assert cluster is not None
@@ -246,16 +248,15 @@ def test_a_scale_up_that_loses_the_apiserver_midway_asks_for_no_node_twice(
         # Whole GPUs: every free GPU of the nodes there now is taken first, then 16 more need 2 new nodes.
         free = len(free_whole_gpus(core))
         before = set(karpenter_nodes(core))
+        log_at = (d / "logs" / f"{EXTENDER}.log").stat().st_size
         wanted = free + 16
         apps.create_namespaced_deployment(ns, deployment("whole", "1.0", wanted, ns))
-        wait_for(
-            lambda: bool(
-                core.list_namespaced_pod(PLACEHOLDER_NS, label_selector=f"{ph.LABEL_PLACEHOLDER}=true").items
-            ),
-            90,
-            "gpupack asking for nodes",
-            interval=0.5,
-        )
+
+        def placeholder_gpus() -> int:
+            return sum(int(p.metadata.labels[ph.LABEL_GPUS]) for p in placeholders(core))
+
+        wait_for(lambda: placeholder_gpus() >= 16, 90, "gpupack asking for the 16 GPUs", interval=0.5)
+        crash_at = (d / "logs" / f"{EXTENDER}.log").stat().st_size
         cluster.restart_process("kube-apiserver")  # SIGKILL; same port, certificates and etcd data
         t0 = time.monotonic()
 
@@ -264,22 +265,14 @@ def test_a_scale_up_that_loses_the_apiserver_midway_asks_for_no_node_twice(
 
         wait_for(lambda: bound() == wanted, 240, f"all {wanted} pods bound after the restart", interval=1.0)
         added = set(karpenter_nodes(core)) - before
+        rounds, after = reconciled(d, log_at), reconciled(d, crash_at)
         print(f"{free} GPUs free before; {wanted} pods bound {time.monotonic() - t0:.1f}s after the restart")
-        print(
-            f"Karpenter added {len(added)} nodes; the extender said {Counter(extender_says(d, 'autoscale'))}"
-        )
-        assert 2 <= len(added) <= 3, sorted(added)  # the plan's 2 nodes; one more while a node boots at most
+        print(f"Karpenter added {len(added)} nodes; gpupack's rounds: {rounds}")
+        assert all(e["gpus_wanted"] <= 16 for e in rounds), rounds  # never more than the pods need
+        assert sum(e["placeholders_created"] for e in after) == 0, after  # not asked again after the crash
         everyone = [p for p in core.list_pod_for_all_namespaces().items if not p.metadata.deletion_timestamp]
         assert not over_committed(everyone)
-        wait_for(
-            lambda: (
-                not core.list_namespaced_pod(
-                    PLACEHOLDER_NS, label_selector=f"{ph.LABEL_PLACEHOLDER}=true"
-                ).items
-            ),
-            60,
-            "placeholders withdrawn",
-        )
+        wait_for(lambda: not placeholders(core), 60, "placeholders withdrawn")
     except BaseException:
         print(logs(d))
         raise
@@ -288,16 +281,28 @@ def test_a_scale_up_that_loses_the_apiserver_midway_asks_for_no_node_twice(
         core.delete_namespace(ns)
 
 
-def extender_says(d: Path, prefix: str) -> list[str]:
-    """The messages of the extender's structured log lines that start with `prefix`, in order."""
+def placeholders(core: Any) -> list[Any]:
+    return list(core.list_namespaced_pod(PLACEHOLDER_NS, label_selector=f"{ph.LABEL_PLACEHOLDER}=true").items)
+
+
+def reconciled(d: Path, since: int) -> list[dict[str, Any]]:
+    """The extender's "placeholders reconciled" records (what it asked, created and deleted) after `since`."""
+    return [e for e in extender_events(d, since) if e.get("msg") == "autoscale placeholders reconciled"]
+
+
+def extender_events(d: Path, since: int) -> list[dict[str, Any]]:
+    """The extender's structured log records written after byte `since` of its log, in order."""
+    with (d / "logs" / f"{EXTENDER}.log").open("rb") as f:
+        f.seek(since)
+        lines = f.read().decode(errors="replace").splitlines()
     out = []
-    for line in (d / "logs" / f"{EXTENDER}.log").read_text(errors="replace").splitlines():
+    for line in lines:
         try:
-            msg = json.loads(line).get("msg", "")
+            record = json.loads(line)
         except ValueError:
             continue  # the harness's own header lines
-        if isinstance(msg, str) and msg.startswith(prefix):
-            out.append(msg)
+        if isinstance(record, dict):
+            out.append(record)
     return out
 
 
