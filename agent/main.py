@@ -149,6 +149,7 @@ def node_server(
         pipe_dirs,
         send,
         mps_not_ready=mps_not_ready,
+        daemon_not_ready=agent.mps.not_ready if settings.mps else (lambda: ""),
         limiter=limiter,
         capability=lambda: memory_capability(settings, agent),
         namespaces=namespaces,

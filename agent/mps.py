@@ -15,13 +15,12 @@ to new pods, and only the pods on it are told (agent.loop).
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from agent.mpscontrol import Control, number
 from app.core import log, names
 from app.kube.gpunode import ISOLATION_MPS, ISOLATION_NONE, MpsStatus
 
@@ -29,7 +28,7 @@ _log = log.get("gpupack.agent.mps")
 
 
 class MpsState(StrEnum):
-    RUNNING = "running"  # the daemon answers on the control pipe and has this agent's defaults
+    RUNNING = "running"  # the daemon answers on the control pipe and has this agent's defaults, read back
     # No daemon answers (its pod is starting, restarting or absent). The GPUNode CRD's older name for it:
     # Helm never upgrades a CRD, so a new agent must write only values the installed schema accepts.
     STARTING = "starting"
@@ -59,7 +58,10 @@ class MpsSupervisor:
 
     A daemon instance is told apart by its control socket (inode and change time): a restarted daemon
     makes a new one, and gets the defaults again; the same daemon seen by a new agent gets them once more,
-    which changes nothing (setting a default to its value).
+    which changes nothing (setting a default to its value). Each default is read back after it is set: the
+    control binary exits 0 when the daemon refuses (measured), so only the daemon's words and the value it
+    then reports say that a default holds. A refusal keeps the daemon out of RUNNING with the daemon's
+    words as the message: the GPUNode reports MPS not running and the node side starts no MPS client.
     """
 
     def __init__(self, config: MpsConfig) -> None:
@@ -71,10 +73,22 @@ class MpsSupervisor:
         self._configured: set[str] = set()  # devices whose pinned-memory default this instance has
         self._binary: str | None = None
         self._said: str = ""
+        self.control = Control(config.binary, config.pipe_dir, config.command_timeout_s)
 
     def available(self) -> bool:
         """Whether MPS can serve this node's GPUs (enabled and the binary exists)."""
         return self.config.enabled and self._find_binary() is not None
+
+    def not_ready(self) -> str:
+        """Why no MPS client may start now ("" when one may): the daemon this agent configured (defaults
+        applied and read back) is the one behind the control socket now. Called by the node side for each
+        MPS container; a daemon replaced since the last cycle waits for the next one to configure it."""
+        if self.state is not MpsState.RUNNING:
+            why = self.message or "not checked yet"
+            return f"the MPS control daemon is not ready ({self.state.value}: {why})"
+        if self._instance is None or self._instance_id() != self._instance:
+            return "the MPS control daemon restarted and has not been given gpupack's defaults yet"
+        return ""
 
     def status(self) -> MpsStatus:
         isolation = ISOLATION_MPS if self.state is MpsState.RUNNING else ISOLATION_NONE
@@ -117,7 +131,7 @@ class MpsSupervisor:
 
     def _find_binary(self) -> str | None:
         if self._binary is None:
-            self._binary = shutil.which(self.config.binary)
+            self._binary = self.control.found()
         return self._binary
 
     def _instance_id(self) -> tuple[int, int] | None:
@@ -127,48 +141,35 @@ class MpsSupervisor:
             return None
         return st.st_ino, st.st_ctime_ns
 
-    def _control(self, command: str) -> subprocess.CompletedProcess[str] | None:
-        binary = self._find_binary()
-        if binary is None:
-            return None
-        env = dict(os.environ, **{names.ENV_MPS_PIPE_DIRECTORY: str(self.config.pipe_dir)})
-        try:
-            return subprocess.run(
-                [binary],
-                input=command + "\n",
-                env=env,
-                capture_output=True,
-                text=True,
-                timeout=self.config.command_timeout_s,
-                check=False,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            _log.warning("MPS control command failed", extra={"command": command, "error": str(exc)})
-            return None
-
     def _probe(self) -> bool:
-        out = self._control("get_server_list")
-        return out is not None and out.returncode == 0
+        return isinstance(self.control.server_list(), list)
 
     def _apply_defaults(self, devices: tuple[Device, ...]) -> str:
-        """The configured defaults on this daemon instance: the thread share once, each device's memory
-        cap once (a GPU that joins later gets its own then; one that leaves keeps its harmless default)."""
-        commands: list[str] = []
+        """The configured defaults on this daemon instance, each read back: the thread share once, each
+        device's memory cap once (a GPU that joins later gets its own then; one that leaves keeps its
+        harmless default). "" when all hold, else what the daemon said."""
+        steps: list[tuple[str, str, float]] = []
         if not self._configured:
-            commands.append(f"set_default_active_thread_percentage {self.config.default_thread_percentage}")
+            pct = self.config.default_thread_percentage
+            steps.append(
+                (f"set_default_active_thread_percentage {pct}", "get_default_active_thread_percentage", pct)
+            )
         limit = self.config.default_pinned_mem_limit_mib
         for d in devices:
             if d.uuid not in self._configured and limit is not None:
-                commands.append(f"set_default_device_pinned_mem_limit {d.uuid} {limit}M")
-        for cmd in commands:
-            out = self._control(cmd)
-            if out is None or out.returncode != 0:
-                return f"{cmd!r} failed: {_text(out)}"
+                steps.append((
+                    f"set_default_device_pinned_mem_limit {d.uuid} {limit}M",
+                    f"get_default_device_pinned_mem_limit {d.uuid}",
+                    limit,
+                ))  # fmt: skip
+        for set_, get, want in steps:
+            done = self.control.command(set_)
+            if not done.ok:
+                return f"{set_!r} refused: {done}"
+            back = self.control.command(get)
+            got = number(back.text) if back.ok else None
+            if got is None or abs(got - want) > 0.5:
+                said = back.text if back.ok else str(back)
+                return f"{set_!r} did not hold: {get!r} says {said[:200]!r}"
         self._configured |= {"", *(d.uuid for d in devices)}
         return ""
-
-
-def _text(out: subprocess.CompletedProcess[str] | None) -> str:
-    if out is None:
-        return "no answer"
-    return (out.stderr or out.stdout).strip()[:200] or f"exit {out.returncode}"

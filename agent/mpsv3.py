@@ -6,17 +6,19 @@ created with the container's thread percentage and pinned memory limit (a named 
 from its server, so both are always set), mounted into the container as its whole MPS directory
 (`<pipe>/<server>/<namespace>`, whose `control` socket routes clients to that namespace), and deleted when
 the container ends. Commands are r615's CLI as NVIDIA documents it (`namespace create <ns> --server=<s>`,
-...); the node's control binary is run once per command with the daemon's pipe directory.
+...); the node's control binary is run once per command with the daemon's pipe directory
+(agent.mpscontrol: an answer is judged by its words, as the legacy binary exits 0 when it refuses), and a
+namespace's limits are read back from `namespace list` before its container may start. The v3 CLI's answers
+are UNVERIFIED on r615 (docs/node-side.md).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from app.core import log, names
+from agent.mpscontrol import Control, number
+from app.core import log
 
 _log = log.get("gpupack.agent.mpsv3")
 
@@ -31,16 +33,8 @@ class Namespaces:
     timeout_s: float = 5.0
 
     def _run(self, *argv: str) -> tuple[bool, str]:
-        env = dict(os.environ, **{names.ENV_MPS_PIPE_DIRECTORY: str(self.pipe_dir)})
-        try:
-            done = subprocess.run(
-                [self.binary, *argv], env=env, capture_output=True, text=True,
-                timeout=self.timeout_s, check=False, stdin=subprocess.DEVNULL,
-            )  # fmt: skip
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return False, str(exc)
-        text = (done.stdout if done.returncode == 0 else done.stderr or done.stdout).strip()
-        return done.returncode == 0, text[:300] or f"exit {done.returncode}"
+        reply = Control(self.binary, self.pipe_dir, self.timeout_s).args(*argv)
+        return reply.ok, reply.text
 
     def directory(self, namespace: str) -> Path:
         return self.pipe_dir / self.server / namespace
@@ -71,6 +65,13 @@ class Namespaces:
         if not ok:
             self.delete(namespace)
             return f"MPS v3 `namespace set {namespace}` failed: {text}"
+        held = self.limits(namespace)
+        if held != (float(pinned_mib), float(thread_percentage)):
+            self.delete(namespace)
+            return (
+                f"MPS v3 namespace {namespace} did not keep its limits: asked {pinned_mib}M and "
+                f"{thread_percentage} %, `namespace list` says {held}"
+            )
         directory = self.directory(namespace)
         if not (directory / "control").exists():
             self.delete(namespace)
@@ -85,10 +86,20 @@ class Namespaces:
             return text
         return ""
 
-    def listed(self) -> list[str]:
-        """Namespaces of this server (`namespace list --format=csv,noheader`)."""
+    def _rows(self) -> list[list[str]]:
+        """`namespace list --format=csv,noheader`: server, namespace, pinned limit, thread percentage."""
         ok, text = self._run("namespace", "list", "--format=csv,noheader")
         if not ok:
             return []
-        rows = [line.split(",") for line in text.splitlines() if line.strip()]
-        return [r[1] for r in rows if len(r) > 1 and r[0] == self.server and r[1] != "default"]
+        return [line.split(",") for line in text.splitlines() if line.strip()]
+
+    def listed(self) -> list[str]:
+        """Namespaces of this server."""
+        return [r[1] for r in self._rows() if len(r) > 1 and r[0] == self.server and r[1] != "default"]
+
+    def limits(self, namespace: str) -> tuple[float | None, float | None] | None:
+        """(pinned MiB, thread percentage) of a namespace of this server as the daemon reports them."""
+        for r in self._rows():
+            if len(r) > 3 and r[0] == self.server and r[1] == namespace:
+                return number(r[2]), number(r[3])
+        return None

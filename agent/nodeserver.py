@@ -62,6 +62,7 @@ class NodeServer:
         *,
         maintenance_s: float = MAINTENANCE_S,
         mps_not_ready: Callable[[Sequence[str]], str] = nodeside.always_ready,
+        daemon_not_ready: Callable[[], str] = lambda: "",
         limiter: Limiter | None = None,
         capability: Callable[[], Capability] = lambda: Capability(False, "not configured"),
         namespaces: Namespaces | None = None,
@@ -73,6 +74,10 @@ class NodeServer:
         self.send = send
         self.maintenance_s = maintenance_s
         self.mps_not_ready = mps_not_ready
+        # Why the MPS daemon may serve no new client now (agent.mps.MpsSupervisor.not_ready): its defaults
+        # not applied and read back on the daemon behind the socket. A client started then would run
+        # without them.
+        self.daemon_not_ready = daemon_not_ready
         self.limiter = limiter
         self.capability = capability
         self.namespaces = namespaces  # MPS v3: a namespace per GPU container (None: the pod's own dir)
@@ -116,6 +121,10 @@ class NodeServer:
 
     def _create(self, ask: nodeside.Ask, grant: nodeside.Grant) -> nodeside.Answer:
         mps_dir: str | None = None
+        if grant.mps and (why := self.daemon_not_ready()):
+            return nodeside.refuse(
+                f"container {ask.container!r} of {ask.where} would be an MPS client: {why}"
+            )
         if grant.mps and self.namespaces is not None and self.limiter is not None and grant.limits:
             ns = memlimits.namespace_name(ask.container_id)
             made = self.namespaces.create(ns, grant.thread_percentage, grant.limits.hard_mib)

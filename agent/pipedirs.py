@@ -43,8 +43,11 @@ class PipeDirs:
         return self.pipe_dir / CONTROL
 
     def backend_down(self) -> str:
-        """Why no MPS client could reach the daemon now ("" when its control socket accepts a connection)."""
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        """Why no MPS client could reach the daemon now ("" when its control socket accepts a connection).
+
+        The daemon's `control` is a SOCK_SEQPACKET socket (measured: a stream connect fails with EPROTOTYPE,
+        which would read as a daemon that never answers)."""
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
             s.settimeout(self.connect_timeout_s)
             try:
                 s.connect(str(self.control))

@@ -147,7 +147,7 @@ def node(built: Path) -> Iterator[Node]:
             return {"items": [the_pod()]}
         raise KubeError(404, "NotFound", f"{req.path} not found")
 
-    daemon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)  # stand-in MPS control daemon socket
+    daemon = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)  # the MPS control daemon's socket type
     daemon.bind(str(pipe / "control"))
     daemon.listen(8)
     server = NodeServer(sock, NODE, PipeDirs(pipe), send)

@@ -9,15 +9,20 @@ can add it for tests (`deploy/image/build.sh --standins` installs it as
 Modes (the first three are nvidia-cuda-mps-control's own):
   mps_control.py -d [-M]      start the control daemon in the background and return once it answers
   mps_control.py -f [-M]      run the control daemon in the foreground (what a daemon pod runs)
-  mps_control.py              control client: one command per stdin line, each answer on stdout; exit 1
-                              if the daemon cannot be reached or refused a command
-  mps_control.py client [--hold] [--timeout S]
+  mps_control.py              control client: one command per stdin line, each answer on stdout (a
+                              daemon-side error on stderr); exit 0 whenever the daemon answered, refusals
+                              included (as measured); exit 1 only if no daemon can be reached
+  mps_control.py client [--hold] [--work S] [--memory] [--timeout S]
                               a stand-in CUDA client: attaches to a server (the daemon picks or starts one
-                              for the caller's uid) and prints `server <pid> uid <uid>`; with --hold it
-                              keeps the connection (a long-lived CUDA context) until SIGTERM (exit 0) or
-                              until the daemon or its server goes away (prints `lost server <pid>`, exit 1).
-                              No answer within --timeout S (default 30): prints `waiting`, exit 4. No
-                              daemon: prints `no MPS daemon`, exit 3 (a real client would run without MPS).
+                              for the caller's uid) and prints `server <pid> uid <uid> pinned <defaults>
+                              threads <pct>`; --memory then prints `usable <MiB>` (what it could allocate);
+                              --hold keeps the connection (an idle CUDA context) until SIGTERM (exit 0) or
+                              until the daemon or its server goes away (prints `lost server <pid> ...`,
+                              exit 1); --work S keeps work in flight for S seconds, then prints `done`
+                              (exit 0), or `error <CUDA error>` (exit 1) when its server faults, ends it or
+                              goes. No answer within --timeout S (default 30): prints `waiting`, exit 4.
+                              No daemon: prints `direct context: no MPS, whole GPU, no limits` and runs
+                              (exit 0), as a real client does.
   `-M` (also `--multiuser-server`): one server, run as root, serves clients of every uid at once.
   `-p 3` (or CUDA_MPS_PROTOCOL_VERSION=3, which wins): MPS v3 (driver r615) named servers and namespaces;
   `-m`/`--multiuser` is v3's spelling of multi-user.
@@ -30,6 +35,7 @@ CUDA_MPS_LOG_DIRECTORY (default /var/log/nvidia-mps; the daemon appends to `cont
 Control commands answered (names and arguments as nvidia-cuda-mps-control documents them):
   get_server_list                         server pids, one a line
   get_client_list <server pid>            that server's client pids, one a line
+  terminate_client <server pid> <client pid>   end that client (it sees cudaErrorMpsClientTerminated)
   start_server -uid <uid>                 start a server for uid (refused while another uid's server runs)
   shutdown_server <pid> [-f]              stop a server once its clients are gone (-f: now, dropping them)
   set_default_active_thread_percentage <1..100> / get_default_active_thread_percentage
@@ -53,7 +59,25 @@ server: without its own limits it reports the whole GPU ("unlimited", 100). Each
 `<pipe>/<server>/<namespace>/control` (the default one also at `<pipe>/<server>/control`): a client attached
 there belongs to that namespace and is told its limits.
 
-What it models:
+What it models, each point following a row of the measured table (docs/node-side.md, "MPS as measured": H100,
+driver 580); tests/contract/mps_contract.py asserts the same of this stand-in and of the real binary:
+- "The control socket": `<pipe>/control` and `<pipe>/control_privileged` are SOCK_SEQPACKET sockets (a stream
+  connect fails with EPROTOTYPE); `control` is srw-rw-rw-, `control_privileged` srwxr-xr-x for root. The
+  control client uses `control_privileged` where it can connect (root on the host's pipe dir), else `control`.
+  Through `control` only reading commands are served: a setting, `quit`, starting/stopping servers or ending
+  clients are refused with the real daemon's words ("Insufficient privileges for UID N. ...", "Not enough
+  privilege to execute quit command") and the control client exits 0, as the real one does. Every other answer
+  of the daemon (errors too) also exits 0; only a daemon that cannot be reached exits 1 (the real binary's
+  status for non-privilege errors is unmeasured: nothing in gpupack may trust it).
+- "Lifetimes": SIGKILL or SIGTERM of the daemon takes its servers down (each server exits once its daemon is
+  gone) and every client sees CUDA_ERROR_MPS_RPC_FAILURE. A client with no daemon to reach runs without MPS:
+  a direct context on the whole GPU, no limits, no error. A client killed while its work is in flight
+  (`client --work`) makes every other client of its server fail with cudaErrorIllegalAddress, unless it was
+  ended first with `terminate_client <server> <client>` (it fails with cudaErrorMpsClientTerminated, the
+  others finish); a client that ends its work and exits harms nobody; the server is not wedged after either.
+- "Limits": a client's pinned limit is the smaller of its CUDA_MPS_PINNED_DEVICE_MEM_LIMIT and the daemon's
+  default for the device, and the CUDA context's 514 MiB counts against it (3000M gave 2 486 MiB of
+  allocations, 2000M gave 1 486 MiB): `client --memory` prints what the client could allocate.
 - A client is identified by the pid in its socket's peer credentials (SO_PEERCRED), as memory accounting
   does: seen from a daemon outside the client's pid namespace without hostPID, that pid is 0.
 - One server per uid without -M (a real forked process, run as that uid when the daemon is root): a client of
@@ -89,6 +113,27 @@ DEFAULT_PIPE = "/tmp/nvidia-mps"
 DEFAULT_LOG = "/var/log/nvidia-mps"
 CLIENT_HELLO = "gpupack-standin-client"  # the first line a stand-in CUDA client sends
 OK, ERR = "0", "1"  # status line of every control answer (the stand-in's own framing)
+PRIVILEGED = "control_privileged"
+# Measured (mps-measured.md, "The control socket"): what the daemon says when a command needs privilege.
+QUIT_REFUSED = "Not enough privilege to execute quit command"
+SETTING_REFUSED = (
+    "Insufficient privileges for UID {uid}. Control deamon settings can only be modified by the user who "
+    "started it or by the root user."
+)
+# Commands served through the unprivileged `control` socket (reading only); measured for get_server_list.
+UNPRIVILEGED = (
+    "get_server_list",
+    "get_client_list",
+    "get_default_active_thread_percentage",
+    "get_default_device_pinned_mem_limit",
+    "get_server_uid",
+    "get_client_uid",
+)
+CONTEXT_RESERVE_MIB = 514  # measured: the CUDA context's share of a pinned limit (driver API client)
+RPC_FAILURE = "CUDA_ERROR_MPS_RPC_FAILURE"
+ILLEGAL_ADDRESS = "cudaErrorIllegalAddress"
+TERMINATED = "cudaErrorMpsClientTerminated"
+MSG = 65536  # one SEQPACKET message at most
 PROTOCOL_ENV = "CUDA_MPS_PROTOCOL_VERSION"
 V3_NAME = re.compile(r"[a-z0-9_]{1,64}")
 V3_FIELDS = ("pinned-memory-limit", "active-thread-percentage", "client-priority")
@@ -101,6 +146,21 @@ def pipe_dir() -> Path:
 
 def control_path() -> Path:
     return pipe_dir() / "control"
+
+
+def seqpacket() -> socket.socket:
+    return socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+
+
+def _recv(conn: socket.socket) -> str | None:
+    """One message; None at the end of the connection."""
+    data = conn.recv(MSG)
+    return data.decode(errors="replace").strip() if data else None
+
+
+def _send(conn: socket.socket, text: str) -> None:
+    with contextlib.suppress(OSError):
+        conn.send(text.encode())
 
 
 def peer_credentials(conn: socket.socket) -> tuple[int, int, int]:
@@ -123,6 +183,8 @@ class Server:
     namespaces: dict[str, dict[str, str]] = field(default_factory=dict)
     listeners: dict[str, socket.socket] = field(default_factory=dict)  # namespace -> its control socket
     client_ns: dict[int, str] = field(default_factory=dict)  # client pid -> its namespace
+    busy: set[int] = field(default_factory=set)  # clients with work in flight
+    ended: set[int] = field(default_factory=set)  # clients ended through terminate_client
 
 
 class Daemon:
@@ -139,6 +201,7 @@ class Daemon:
         self.stopping = threading.Event()
         self.log_path = Path(os.environ.get(LOG_ENV) or DEFAULT_LOG) / "control.log"
         self.listener: socket.socket | None = None
+        self.privileged = seqpacket()
 
     def log(self, message: str) -> None:
         line = f"[{time.strftime('%Y-%m-%d %H:%M:%S')}] {message}\n"
@@ -152,12 +215,10 @@ class Daemon:
     def serve(self) -> None:
         path = control_path()
         path.parent.mkdir(parents=True, exist_ok=True)
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()  # a socket file left by a daemon that died
-        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        listener.bind(str(path))
-        os.chmod(path, 0o777)  # clients of every uid must reach it
-        listener.listen(64)
+        listener = self._listen(path, 0o666)  # clients of every uid must reach it
+        self.privileged = self._listen(pipe_dir() / PRIVILEGED, 0o755)  # root only
+        threading.Thread(target=self._accept_privileged, daemon=True).start()
+        (pipe_dir() / "nvidia-cuda-mps-control.pid").write_text(f"{os.getpid()}\n")
         self.listener = listener
         self.log(
             f"Startup (stand-in, protocol {self.protocol}, multiuser={self.multiuser}, pid {os.getpid()})"
@@ -172,6 +233,24 @@ class Daemon:
             threading.Thread(target=self.handle, args=(conn,), daemon=True).start()
         self.log("Shutdown")
 
+    @staticmethod
+    def _listen(path: Path, mode: int) -> socket.socket:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()  # a socket file left by a daemon that died
+        listener = seqpacket()
+        listener.bind(str(path))
+        os.chmod(path, mode)
+        listener.listen(64)
+        return listener
+
+    def _accept_privileged(self) -> None:
+        while not self.stopping.is_set():
+            try:
+                conn, _ = self.privileged.accept()
+            except OSError:
+                return
+            threading.Thread(target=self.handle, args=(conn, None, True), daemon=True).start()
+
     def quit(self) -> None:
         with self.lock:
             if self.stopping.is_set():
@@ -180,8 +259,11 @@ class Daemon:
             for s in list(self.servers):
                 self._stop_server(s)
             self.lock.notify_all()
+        for name in ("control", PRIVILEGED):
+            with contextlib.suppress(OSError):
+                (pipe_dir() / name).unlink()
         with contextlib.suppress(OSError):
-            control_path().unlink()
+            self.privileged.close()
         if self.listener is not None:
             with contextlib.suppress(OSError):
                 self.listener.shutdown(socket.SHUT_RDWR)
@@ -189,9 +271,11 @@ class Daemon:
 
     # --- connections ---
 
-    def handle(self, conn: socket.socket, route: tuple[Server, str] | None = None) -> None:
+    def handle(
+        self, conn: socket.socket, route: tuple[Server, str] | None = None, privileged: bool = False
+    ) -> None:
         with conn:
-            line = _read_line(conn)
+            line = _recv(conn)
             if line is None:
                 return
             if line == CLIENT_HELLO:
@@ -200,9 +284,15 @@ class Daemon:
                 else:
                     self.attach(conn)
                 return
+            words = line.split()
+            if not privileged and words and words[0] not in UNPRIVILEGED:
+                uid = peer_credentials(conn)[1]
+                said = QUIT_REFUSED if words[0] == "quit" else SETTING_REFUSED.format(uid=uid)
+                self.log(f"Refused through the unprivileged socket (uid {uid}): {line}")
+                _send(conn, f"{OK}\n{said}\n")  # measured: the control client exits 0 on a refusal
+                return
             status, text = self.command(line)
-            with contextlib.suppress(OSError):
-                conn.sendall(f"{status}\n{text}".encode())
+            _send(conn, f"{status}\n{text}")
 
     def attach(self, conn: socket.socket) -> None:
         pid, uid, _ = peer_credentials(conn)
@@ -216,19 +306,47 @@ class Daemon:
                 return
             server.clients[pid] = conn
             self.client_uids[pid] = uid
-        with contextlib.suppress(OSError):
-            conn.sendall(f"server {server.pid} uid {server.uid}\n".encode())
-        with contextlib.suppress(OSError):  # held until the client goes (EOF) or the server is stopped
-            while conn.recv(4096):
-                pass
+        pinned = " ".join(f"{d}={v}" for d, v in sorted(self.pinned_limits.items())) or UNLIMITED
+        threads = self.thread_percentage
+        _send(conn, f"server {server.pid} uid {server.uid} pinned {pinned} threads {threads}\n")
+        self._follow(conn, server, pid)
         with self.lock:
-            if server.clients.get(pid) is conn:
-                del server.clients[pid]
-                self.client_uids.pop(pid, None)
-                self.log(f"Client {pid} disconnected")
             if server.draining and not server.clients:
                 self._stop_server(server)
             self.lock.notify_all()
+
+    def _follow(self, conn: socket.socket, server: Server, pid: int) -> None:
+        """The client's messages until it goes: `busy` (work in flight), `idle` (its work synchronized),
+        `bye` (a normal exit). Gone while busy, and not ended through terminate_client first, it breaks
+        every other client of its server (measured: 4 of 4 tries)."""
+        clean = False
+        with contextlib.suppress(OSError):  # held until the client goes (EOF) or the server is stopped
+            while (message := _recv(conn)) is not None:
+                with self.lock:
+                    if message == "busy":
+                        server.busy.add(pid)
+                    elif message == "idle":
+                        server.busy.discard(pid)
+                    elif message == "bye":
+                        clean = True
+        with self.lock:
+            killed_busy = pid in server.busy and pid not in server.ended and not clean
+            server.busy.discard(pid)
+            server.ended.discard(pid)
+            if server.clients.get(pid) is conn:
+                del server.clients[pid]
+                server.client_ns.pop(pid, None)
+                self.client_uids.pop(pid, None)
+                self.log(f"Client {pid} disconnected")
+            if killed_busy and server in self.servers:
+                self.log(f"Client {pid} died with work in flight: the server's other clients fault")
+                for other, c in list(server.clients.items()):
+                    _send(c, f"fault {ILLEGAL_ADDRESS}\n")
+                    with contextlib.suppress(OSError):
+                        c.shutdown(socket.SHUT_RDWR)
+                    server.clients.pop(other, None)
+                    server.client_ns.pop(other, None)
+                    server.busy.discard(other)
 
     def attach_v3(self, conn: socket.socket, server: Server, ns: str) -> None:
         """A client that came through `<pipe>/<server>/<ns>/control`: a client of that namespace."""
@@ -238,8 +356,7 @@ class Daemon:
                 return
             if not self.multiuser and uid != server.uid:
                 self.log(f"Client {pid} (uid {uid}) refused by server {server.name} (uid {server.uid})")
-                with contextlib.suppress(OSError):
-                    conn.sendall(b"refused CUDA_ERROR_NOT_PERMITTED\n")
+                _send(conn, "refused CUDA_ERROR_NOT_PERMITTED\n")
                 return
             limits = server.namespaces[ns]
             server.clients[pid], server.client_ns[pid] = conn, ns
@@ -247,20 +364,12 @@ class Daemon:
         self.log(f"New client {pid} (uid {uid}) in namespace {server.name}/{ns}")
         pinned = limits.get("pinned-memory-limit", UNLIMITED)
         threads = limits.get("active-thread-percentage", "100")
-        with contextlib.suppress(OSError):
-            conn.sendall(
-                f"server {server.pid} uid {server.uid} namespace {server.name}/{ns} "
-                f"pinned {pinned} threads {threads}\n".encode()
-            )
-        with contextlib.suppress(OSError):
-            while conn.recv(4096):
-                pass
-        with self.lock:
-            if server.clients.get(pid) is conn:
-                del server.clients[pid]
-                server.client_ns.pop(pid, None)
-                self.client_uids.pop(pid, None)
-                self.log(f"Client {pid} disconnected")
+        _send(
+            conn,
+            f"server {server.pid} uid {server.uid} namespace {server.name}/{ns} "
+            f"pinned {pinned} threads {threads}\n",
+        )
+        self._follow(conn, server, pid)
 
     def _server_for(self, uid: int) -> Server | None:
         """The server a client of `uid` attaches to now, started if needed; None: it must wait (lock held)."""
@@ -285,6 +394,7 @@ class Daemon:
         pid = os.fork()
         if pid == 0:  # pragma: no cover - the child only exists until it is signalled
             try:
+                parent = os.getppid()
                 os.closerange(3, 65536)
                 for sig in (signal.SIGTERM, signal.SIGINT):
                     signal.signal(sig, signal.SIG_DFL)
@@ -293,8 +403,8 @@ class Daemon:
                     os.setgroups([])
                     os.setgid(uid)
                     os.setuid(uid)
-                while True:
-                    signal.pause()
+                while os.getppid() == parent:  # measured: a server exits once its daemon is gone
+                    time.sleep(0.2)
             finally:
                 os._exit(0)
         server = Server(uid, pid)
@@ -361,6 +471,16 @@ class Daemon:
                 raise ValueError("a server of another user is running")
             existing = [s for s in self.servers if s.uid == uid]
             return f"{(existing[0] if existing else self._start_server(uid)).pid}\n"
+        if name == "terminate_client":
+            server, pid = self._find(args[0]), int(args[1])
+            conn = server.clients.get(pid)
+            if conn is None:
+                raise ValueError(f"no client {pid} of server {server.pid}")
+            server.ended.add(pid)
+            _send(conn, f"terminated {TERMINATED}\n")
+            with contextlib.suppress(OSError):
+                conn.shutdown(socket.SHUT_RDWR)
+            return ""
         if name == "shutdown_server":
             server = self._find(args[0])
             if "-f" in args[1:] or not server.clients:
@@ -407,7 +527,7 @@ class Daemon:
             os.chmod(path.parent, 0o755)
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
-            listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            listener = seqpacket()
             listener.bind(str(path))
             os.chmod(path, 0o777)
             listener.listen(64)
@@ -528,80 +648,134 @@ class Daemon:
         raise ValueError(f"unknown namespace command {verb!r}")
 
 
-def _read_line(conn: socket.socket) -> str | None:
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = conn.recv(1)
-        if not chunk:
-            return None if not data else data.decode(errors="replace").strip()
-        data += chunk
-    return data.decode(errors="replace").strip()
-
-
-def _connect(timeout: float | None) -> socket.socket | None:
-    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+def _connect(timeout: float | None, path: Path | None = None) -> socket.socket | None:
+    conn = seqpacket()
     conn.settimeout(timeout)
     try:
-        conn.connect(str(control_path()))
+        conn.connect(str(path or control_path()))
     except OSError:
         conn.close()
         return None
     return conn
 
 
+def _control_connection() -> socket.socket | None:
+    """`control_privileged` where this caller may connect (root on the daemon's own pipe dir), else
+    `control` (a pod's directory holds only that link)."""
+    return _connect(10, pipe_dir() / PRIVILEGED) or _connect(10)
+
+
 def control_client(lines: list[str] | None = None) -> int:
-    """Each stdin line (or each of `lines`) as one command; prints the answers. 1 if the daemon is
-    unreachable or refused one."""
-    rc = 0
+    """Each stdin line (or each of `lines`) as one command; prints the answers. Exit 1 only when the daemon
+    cannot be reached: an answer, a refusal or an error, is exit 0 (measured for refusals)."""
     for line in sys.stdin if lines is None else lines:
         if not line.strip():
             continue
-        conn = _connect(10)
+        conn = _control_connection()
         if conn is None:
             where = control_path()
             print(f"Cannot find MPS control daemon process (stand-in; socket {where})", file=sys.stderr)
             return 1
         with conn:
-            conn.sendall(line.strip().encode() + b"\n")
-            answer = b""
-            while chunk := conn.recv(65536):
-                answer += chunk
-        status, _, text = answer.decode(errors="replace").partition("\n")
-        if status == OK:
-            sys.stdout.write(text)
-        else:
-            sys.stderr.write(text or "no answer\n")
-            rc = 1
+            conn.send(line.strip().encode() + b"\n")
+            answer = _recv(conn) or ""
+        status, _, text = answer.partition("\n")
+        text = text + "\n" if text else ""
+        (sys.stdout if status == OK else sys.stderr).write(text or ("" if status == OK else "no answer\n"))
     sys.stdout.flush()
-    return rc
+    return 0
 
 
-def client(hold: bool, timeout: float) -> int:
-    """A stand-in CUDA client: attach, print the server, optionally hold the connection."""
+def pinned_mib(value: str) -> int | None:
+    """`2048M`, `2G`, `512K`, `2048` (MiB) as MiB; None for `unlimited` or nonsense."""
+    value = value.strip()
+    units = {"K": 1 / 1024, "M": 1, "G": 1024}
+    if value[-1:].upper() in units and value[:-1].isdigit():
+        return int(int(value[:-1]) * units[value[-1].upper()])
+    return int(value) if value.isdigit() else None
+
+
+def usable_mib(attach_line: str, env_limit: str, device: str) -> int | None:
+    """What this client could allocate on `device` ("0" or a UUID): the smaller of its env's pinned limit
+    and the daemon's default, less the context (None: no limit applies)."""
+    words = attach_line.split()
+    daemon = words[words.index("pinned") + 1] if "pinned" in words else UNLIMITED
+    caps = []
+    for part in [*env_limit.split(","), *daemon.split()]:
+        key, _, value = part.partition("=")
+        if key in (device, "0") and (mib := pinned_mib(value)) is not None:
+            caps.append(mib)
+    return min(caps) - CONTEXT_RESERVE_MIB if caps else None
+
+
+def client(hold: bool, timeout: float, work_s: float = 0.0, memory: bool = False) -> int:
+    """A stand-in CUDA client: attach, print the server, optionally hold the connection or do work."""
     conn = _connect(timeout)
     if conn is None:
-        print("no MPS daemon", flush=True)
-        return 3
-    conn.sendall(f"{CLIENT_HELLO}\n".encode())
+        # Measured: with no daemon behind the pipe dir CUDA makes a direct context on the whole GPU.
+        print("direct context: no MPS, whole GPU, no limits", flush=True)
+        if memory:
+            print("usable unlimited", flush=True)
+        if work_s:
+            time.sleep(work_s)
+            print("done", flush=True)
+        elif hold:
+            signal.signal(signal.SIGTERM, lambda *_: os._exit(0))
+            signal.pause()
+        return 0
+    conn.send(f"{CLIENT_HELLO}\n".encode())
     try:
-        line = _read_line(conn)
+        line = _recv(conn)
     except TimeoutError:
         print("waiting", flush=True)
         return 4
     if not line:
-        print("lost server", flush=True)
+        print(f"lost server {RPC_FAILURE}", flush=True)
         return 1
     print(line, flush=True)
+    if memory:
+        device = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
+        got = usable_mib(line, os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", ""), device)
+        print(f"usable {'unlimited' if got is None else got}", flush=True)
+    conn.settimeout(None)
+    if work_s:
+        return _work(conn, line, work_s)
     if not hold:
+        conn.send(b"bye\n")
         conn.close()
         return 0
     signal.signal(signal.SIGTERM, lambda *_: os._exit(0))  # a held context ends with its process
-    conn.settimeout(None)
     with contextlib.suppress(OSError):
-        while conn.recv(4096):
-            pass
-    print(f"lost {line.split(' uid ')[0]}", flush=True)
+        while (message := _recv(conn)) is not None:
+            if message.split()[0] in ("fault", "terminated"):
+                print(f"error {message.split()[-1]}", flush=True)
+                return 1
+    print(f"lost {line.split(' uid ')[0]} {RPC_FAILURE}", flush=True)
     return 1
+
+
+def _work(conn: socket.socket, line: str, seconds: float) -> int:
+    """Kernels in flight for `seconds`, then synchronize and exit normally. A signal meanwhile kills the
+    process with its work in flight (SIGTERM's default action, as for a CUDA program that does not catch
+    it); the daemon then sees a busy client vanish."""
+    conn.send(b"busy\n")
+    said: list[str] = []
+
+    def listen() -> None:
+        with contextlib.suppress(OSError):
+            message = _recv(conn)
+            said.append(message.split()[-1] if message else RPC_FAILURE)
+
+    t = threading.Thread(target=listen, daemon=True)
+    t.start()
+    t.join(seconds)
+    if said:
+        print(f"error {said[0]}", flush=True)
+        return 1
+    conn.send(b"idle\n")
+    conn.send(b"bye\n")
+    print("done", flush=True)
+    return 0
 
 
 def daemonize(multiuser: bool, protocol: int) -> int:
@@ -640,8 +814,10 @@ def main(argv: list[str]) -> int:
         p = argparse.ArgumentParser(prog="mps_control.py client")
         p.add_argument("--hold", action="store_true")
         p.add_argument("--timeout", type=float, default=30.0)
+        p.add_argument("--work", type=float, default=0.0, help="seconds of work in flight, then exit 0")
+        p.add_argument("--memory", action="store_true", help="print what the client could allocate")
         args = p.parse_args(argv[1:])
-        return client(args.hold, args.timeout)
+        return client(args.hold, args.timeout, args.work, args.memory)
     multiuser = any(a in ("-M", "--multiuser-server", "-multiuser-server", "-m", "--multiuser") for a in argv)
     protocol = protocol_of(argv)
     if "-f" in argv:

@@ -147,3 +147,56 @@ def test_disabled_or_no_shared_gpus(cfg: MpsConfig) -> None:
     assert sup.tick([], 5.0).message == "no shared GPUs"
     assert run(cfg, "get_server_list") == ""  # still answering: the daemon was left running
     assert (cfg.pipe_dir / "control").exists()
+
+
+def test_a_refused_default_is_an_error_with_the_daemons_words_and_no_mps_client_may_start(
+    cfg: MpsConfig,
+) -> None:
+    """The control binary exits 0 when the daemon refuses (docs/node-side.md, "MPS as measured": "exit
+    status of nvidia-cuda-mps-control when it refuses a command"). An agent that can reach only `control`
+    (as through a pod's directory) is refused its defaults: it must say so, not report MPS running."""
+    daemon(cfg)
+    linked = cfg.pipe_dir.parent / "only-control"
+    linked.mkdir()
+    os.link(cfg.pipe_dir / "control", linked / "control")  # no control_privileged beside it
+    sup = MpsSupervisor(MpsConfig(binary=cfg.binary, pipe_dir=linked, default_thread_percentage=40))
+    st = sup.tick(DEVS, 0.0)
+    assert (st.state, st.isolation) == ("starting", "none")
+    assert (
+        "Insufficient privileges for UID" in st.message
+        and "set_default_active_thread_percentage" in st.message
+    )
+    assert "Insufficient privileges" in sup.not_ready()
+    assert run(cfg, "get_default_active_thread_percentage") == "100.0"  # the daemon kept its own
+
+
+def test_a_default_the_daemon_does_not_keep_is_an_error(cfg: MpsConfig, tmp_path: Path) -> None:
+    """Exit 0 and no words of refusal are not enough: the value read back must be the one set."""
+    daemon(cfg)
+    forgetful = tmp_path / "forgetful-control"
+    forgetful.write_text(
+        "#!/bin/sh\n"
+        'read -r line; case "$line" in set_*) exit 0 ;; get_default_active*) echo 100.0 ;; '
+        f'*) echo "$line" | {sys.executable} {STANDIN} ;; esac\n'
+    )
+    forgetful.chmod(0o755)
+    sup = MpsSupervisor(MpsConfig(binary=str(forgetful), pipe_dir=cfg.pipe_dir, default_thread_percentage=40))
+    st = sup.tick(DEVS, 0.0)
+    assert st.state == "starting"
+    assert "did not hold" in st.message and "'100.0'" in st.message, st.message
+
+
+def test_the_node_side_may_start_mps_clients_only_on_the_daemon_it_configured(cfg: MpsConfig) -> None:
+    sup = MpsSupervisor(cfg)
+    assert "not ready" in sup.not_ready()  # never checked
+    daemon(cfg)
+    assert sup.tick(DEVS, 0.0).state == "running"
+    assert sup.not_ready() == ""
+    run(cfg, "quit")
+    deadline = time.monotonic() + 5
+    while (cfg.pipe_dir / "control").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    daemon(cfg)  # replaced between two cycles: it has none of the agent's defaults yet
+    assert "restarted" in sup.not_ready()
+    assert sup.tick(DEVS, 5.0).state == "running"
+    assert sup.not_ready() == ""

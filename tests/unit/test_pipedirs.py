@@ -17,10 +17,11 @@ def pipe(tmp_path: Path) -> Path:
     return tmp_path / "mps"
 
 
-def listen(path: Path) -> socket.socket:
-    """A stand-in for the MPS control daemon's socket: it accepts connections and serves nothing."""
+def listen(path: Path, kind: int = socket.SOCK_SEQPACKET) -> socket.socket:
+    """A stand-in for the MPS control daemon's socket: it accepts connections and serves nothing. Its type
+    is the daemon's, SOCK_SEQPACKET (docs/node-side.md, "MPS as measured": "`control` socket type")."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s = socket.socket(socket.AF_UNIX, kind)
     s.bind(str(path))
     s.listen(8)
     return s
@@ -34,7 +35,7 @@ def daemon(pipe: Path) -> Iterator[socket.socket]:
 
 
 def reaches(path: Path) -> bool:
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as c:
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as c:
         try:
             c.connect(str(path))
         except OSError:
@@ -56,6 +57,23 @@ def test_each_pod_gets_its_own_directory(pipe: Path, daemon: socket.socket) -> N
     a, b = dirs.ensure("uid-a"), dirs.ensure("uid-b")
     assert isinstance(a, Path) and isinstance(b, Path) and a != b
     assert not (a / "uid-b").exists() and a.parent == b.parent
+
+
+def test_a_seqpacket_daemon_is_up_and_a_stream_socket_is_not_the_daemon(pipe: Path) -> None:
+    """The probe speaks the daemon's socket type: against a SOCK_SEQPACKET `control` it finds the daemon up
+    (a stream probe gets EPROTOTYPE there, and every MPS pod would wait for ever)."""
+    seq = listen(pipe / "control")
+    try:
+        assert PipeDirs(pipe).backend_down() == ""
+        assert isinstance(PipeDirs(pipe).ensure("uid-1"), Path)
+    finally:
+        seq.close()
+    (pipe / "control").unlink()
+    stream = listen(pipe / "control", socket.SOCK_STREAM)
+    try:
+        assert "Protocol wrong type for socket" in PipeDirs(pipe).backend_down()
+    finally:
+        stream.close()
 
 
 def test_no_daemon_is_a_reason_not_a_directory(pipe: Path) -> None:

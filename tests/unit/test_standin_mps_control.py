@@ -102,15 +102,15 @@ def test_control_client_answers_and_keeps_defaults(pipe: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == ["50.0", "50.0", "2048M"]
     refused = control("set_default_device_pinned_mem_limit 0 lots")
-    assert refused.returncode == 1
+    assert refused.returncode == 0  # the daemon answered: only its words tell an error (as measured)
     assert "'lots' must be a number with K, M or G" in refused.stderr
 
 
-def test_no_daemon_means_exit_1_for_control_and_3_for_a_client(pipe: Path) -> None:
+def test_no_daemon_means_exit_1_for_control_and_a_client_without_mps(pipe: Path) -> None:
     assert control("get_server_list").returncode == 1
     c = Client(os.geteuid(), hold=False)
-    assert c.line() == "no MPS daemon"
-    assert c.wait() == 3
+    assert c.line() == "direct context: no MPS, whole GPU, no limits"
+    assert c.wait() == 0
 
 
 def test_a_held_client_is_listed_by_its_peer_pid_until_it_exits(pipe: Path) -> None:
@@ -132,7 +132,7 @@ def test_quit_ends_servers_and_drops_held_clients(pipe: Path) -> None:
     c = Client(os.geteuid())
     server = int(c.line().split()[1])
     control("quit")
-    assert c.line() == f"lost server {server}"
+    assert c.line() == f"lost server {server} CUDA_ERROR_MPS_RPC_FAILURE"
     assert c.wait() == 1
 
 
@@ -180,7 +180,8 @@ def attach(directory: Path) -> subprocess.Popen[str]:
 
 def test_v3_named_namespaces_have_their_own_limits_directory_and_clients(pipe: Path) -> None:
     start("-m", "-p", "3")
-    assert v3("server", "create", "gpupack", "--uid=1000").returncode == 1  # multi-user: root servers only
+    wrong_uid = v3("server", "create", "gpupack", "--uid=1000")  # multi-user: root servers only
+    assert "runs as --uid=0 only" in wrong_uid.stderr and v3("server", "list").stdout == ""
     assert v3("server", "create", "gpupack").returncode == 0
     assert v3("namespace", "create", "c_1", "--server=gpupack").returncode == 0
     # a named namespace inherits nothing: without its own limits it has the whole GPU
@@ -199,7 +200,7 @@ def test_v3_named_namespaces_have_their_own_limits_directory_and_clients(pipe: P
     line = client.stdout.readline().strip()
     assert line.endswith("namespace gpupack/c_1 pinned 8192M threads 50"), line
     refused = v3("namespace", "delete", "c_1", "--server=gpupack")
-    assert refused.returncode == 1 and "has clients" in refused.stderr
+    assert "has clients" in refused.stderr
     assert v3("namespace", "delete", "c_1", "--server=gpupack", "--force").returncode == 0
     assert client.wait(10) == 1  # its connection dropped with the namespace
     assert not directory.exists()
@@ -232,7 +233,7 @@ def test_v3_commands_are_checked_with_the_rule_named(pipe: Path, argv: tuple[str
     assert v3("server", "create", "gpupack").returncode == 0
     assert v3("namespace", "create", "c_1", "--server=gpupack").returncode == 0
     done = v3(*argv)
-    assert done.returncode == 1 and said in done.stderr, done.stderr
+    assert done.returncode == 0 and said in done.stderr, done.stderr  # answered: exit 0
 
 
 def test_v3_commands_need_a_v3_daemon_and_the_env_var_wins(
