@@ -66,6 +66,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     flag("mps_thread_percentage", type=int)
     flag("mps_pinned_mem_limit_mib", type=int)
     flag("mps_protocol", type=int)
+    flag("mps_drain_timeout_s", type=duration)
     flag("sim_allocator", type=Path)
     flag("node_socket", type=Path)
     flag("log_level")

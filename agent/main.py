@@ -18,6 +18,7 @@ from agent.isolation import NodeFacts
 from agent.limiter import Limiter
 from agent.loop import Agent, AgentConfig, Resolver
 from agent.mps import MpsConfig, MpsSupervisor
+from agent.mpscontrol import Control
 from agent.mpsv3 import Namespaces
 from agent.nodeserver import NodeServer
 from agent.nvml.base import ComputeMode, Nvml, NvmlError
@@ -154,6 +155,8 @@ def node_server(
         capability=lambda: memory_capability(settings, agent),
         namespaces=namespaces,
         gpu_mounts=mounts,
+        mps_control=Control(settings.mps_binary, settings.mps_pipe_dir) if settings.mps else None,
+        drain_timeout_s=settings.mps_drain_timeout_s,
     )
 
 

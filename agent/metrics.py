@@ -40,6 +40,15 @@ class EnvCheck(StrEnum):
     MISMATCH = "mismatch"
 
 
+class DrainOutcome(StrEnum):
+    """What the drain before a stop of an MPS container did (agent.drain)."""
+
+    DRAINED = "drained"  # its clients were ended through the daemon before the signal
+    NO_CLIENTS = "no_clients"  # none of its processes was an MPS client
+    INCOMPLETE = "incomplete"  # the daemon did not end them in time, or did not answer: stopped anyway
+    OFF = "off"  # draining turned off (--mps-drain-timeout 0)
+
+
 _GPU = ("gpu", "uuid")  # the NVML index and UUID (bounded by the node's GPUs); Prometheus adds the node
 _POD = ("namespace", "pod", "gpu")  # pods on this node only, removed when the pod's processes go
 
@@ -89,11 +98,18 @@ ENV_CHECKS = counter(
     result=EnvCheck,
 )
 
+MPS_STOP_DRAINS = counter(
+    "gpupack_agent_mps_stop_drains_total",
+    "Stops of MPS containers seen by the runtime handler, by what ending their clients through the MPS "
+    "daemon first did.",
+    outcome=DrainOutcome,
+)
+
 COLLECTORS = (
     GPU_MEMORY_USED_MIB, GPU_MEMORY_TOTAL_MIB, GPU_UTILIZATION_RATIO, GPU_HEALTHY, GPU_PROCESSES,
     GPU_MEMORY_BORROWED_MIB,
     POD_MEMORY_USED_MIB, POD_MEMORY_LIMIT_MIB, HEARTBEAT_AGE_SECONDS, MPS_UP, NVML_ERRORS, WRITES, VIOLATIONS,
-    ENV_CHECKS,
+    ENV_CHECKS, MPS_STOP_DRAINS,
 )  # fmt: skip
 
 

@@ -13,6 +13,11 @@ first process has not run) is answered once the limits are set on that cgroup fo
 allocation, or refused (the container does not start); `delete` clears them. With MPS v3
 (agent.mpsv3) each GPU container gets a namespace of its own at create, deleted with it.
 
+A stop of a running container (`runc kill`, `runc delete --force`, seen by the handler before it passes
+them on) is a `stop` carrying the container's host pids: its MPS clients are ended through the daemon first
+(agent.drain), within `drain_timeout_s`, and the handler's stop goes on whatever the outcome; a drain that
+did not finish is logged, counted and told to the pod with an Event (`GPUStopNotDrained`).
+
 A maintenance thread renews the pods' links to the MPS daemon, removes the directories of pods that left
 the node, and clears limits and namespaces of containers whose pod has left (a delete the agent missed).
 """
@@ -23,13 +28,17 @@ import json
 import os
 import socketserver
 import threading
+import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from agent import memlimits, nodeside, verify
+from agent.drain import Drained, drain
 from agent.limiter import Limiter, Record
 from agent.memlimits import Capability
+from agent.metrics import MPS_STOP_DRAINS, WRITES, AgentWrite, AgentWriteResult, DrainOutcome
+from agent.mpscontrol import Control
 from agent.mpsv3 import Namespaces
 from agent.pipedirs import PipeDirs
 from app.core import log, podview
@@ -42,6 +51,8 @@ _log = log.get("gpupack.agent.nodeside")
 MAX_LINE = 64 * 1024
 READ_TIMEOUT_S = 5.0
 MAINTENANCE_S = 30.0
+DRAIN_TIMEOUT_S = 5.0
+NOT_DRAINED = "GPUStopNotDrained"
 
 
 def read_pod(namespace: str, name: str) -> Request:
@@ -67,6 +78,9 @@ class NodeServer:
         capability: Callable[[], Capability] = lambda: Capability(False, "not configured"),
         namespaces: Namespaces | None = None,
         gpu_mounts: Sequence[nodeside.Mount] = (),
+        mps_control: Control | None = None,
+        drain_timeout_s: float = DRAIN_TIMEOUT_S,
+        clock: Callable[[], float] = time.time,
     ) -> None:
         self.socket_path = socket_path
         self.node = node
@@ -82,6 +96,9 @@ class NodeServer:
         self.capability = capability
         self.namespaces = namespaces  # MPS v3: a namespace per GPU container (None: the pod's own dir)
         self.gpu_mounts = tuple(gpu_mounts)  # e.g. the simulated allocator's socket directory
+        self.mps_control = mps_control  # the daemon's control client (None: no MPS on this node)
+        self.drain_timeout_s = drain_timeout_s  # 0: stops are not drained
+        self.clock = clock
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -97,6 +114,8 @@ class NodeServer:
             return nodeside.refuse(message)
         if isinstance(message, nodeside.Ended):
             return self._ended(message)
+        if isinstance(message, nodeside.Stopping):
+            return self._stopping(message)
         ask = message.ask if isinstance(message, nodeside.Start) else message
         grant = self._grant(ask)
         if isinstance(grant, nodeside.Answer):
@@ -162,6 +181,42 @@ class NodeServer:
         if why:
             return nodeside.refuse(why)
         return nodeside.Answer(True)
+
+    def _stopping(self, stop: nodeside.Stopping) -> nodeside.Answer:
+        """End the stopping container's MPS clients through the daemon before the handler signals them.
+        Refused (allowed=False) only to tell the handler the drain did not finish: it stops anyway."""
+        if self.mps_control is None or self.drain_timeout_s <= 0:
+            MPS_STOP_DRAINS.labels(outcome=DrainOutcome.OFF).inc()
+            return nodeside.Answer(True, "not drained: draining is off")
+        control = Control(self.mps_control.binary, self.mps_control.pipe_dir, self.drain_timeout_s)
+        done = drain(control, stop.pids, self.drain_timeout_s)
+        ask = stop.ask
+        fields = {"container_id": ask.container_id, "pod": f"{ask.namespace}/{ask.name}",
+                  "ended": len(done.ended), "seconds": round(done.seconds, 3)}  # fmt: skip
+        if done.complete:
+            outcome = DrainOutcome.DRAINED if done.ended else DrainOutcome.NO_CLIENTS
+            MPS_STOP_DRAINS.labels(outcome=outcome).inc()
+            if done.ended:
+                _log.info("MPS clients ended through the daemon before the stop", extra=fields)
+            return nodeside.Answer(True)
+        MPS_STOP_DRAINS.labels(outcome=DrainOutcome.INCOMPLETE).inc()
+        why = _not_drained(stop, done)
+        _log.warning("stop not drained", extra={**fields, "error": why})
+        self._tell(stop.ask, why)
+        return nodeside.refuse(why)
+
+    def _tell(self, ask: nodeside.Ask, message: str) -> None:
+        event = verify.pod_event(
+            namespace=ask.namespace, name=ask.name, uid=ask.pod_uid, reason=NOT_DRAINED, message=message,
+            node=self.node, now=self.clock(),
+        )  # fmt: skip
+        try:
+            self.send(event)
+        except KubeError as exc:
+            WRITES.labels(kind=AgentWrite.EVENT, result=AgentWriteResult.ERROR).inc()
+            _log.warning("Event not written", extra={"reason": NOT_DRAINED, "error": exc.message})
+            return
+        WRITES.labels(kind=AgentWrite.EVENT, result=AgentWriteResult.OK).inc()
 
     def _ended(self, ended: nodeside.Ended) -> nodeside.Answer:
         if self.limiter is not None:
@@ -239,3 +294,11 @@ class NodeServer:
                 self.maintain_once()
             except Exception:
                 _log.exception("node-side maintenance failed")
+
+
+def _not_drained(stop: nodeside.Stopping, done: Drained) -> str:
+    clients = ", ".join(str(c) for _, c in done.left) or "unknown"
+    return (
+        f"container {stop.ask.container!r} was stopped before its MPS clients ({clients}) were ended "
+        f"through the MPS daemon ({done.problem}): GPU work of other pods on its GPU may have failed"
+    )

@@ -47,6 +47,8 @@ NVIDIA_MEMORY_LIMIT_ENV = (
 ASK_FIELDS = ("pod_uid", "namespace", "name", "container", "container_id")
 # The createRuntime hook's message adds where the new container instance runs.
 START_FIELDS = ("pid", "cgroups_path", "cgroup", "cgroup_root")
+# A stop (`runc kill`, `runc delete --force`) adds the host pids of the container's processes.
+STOP_FIELDS = ("pids",)
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,6 +79,15 @@ class Start:
     cgroups_path: str
     cgroup: str
     cgroup_root: str
+
+
+@dataclass(frozen=True, slots=True)
+class Stopping:
+    """`runc kill` or `runc delete --force` of a running container, before any signal: its MPS clients are
+    to be ended through the daemon first (agent.drain). `pids`: its processes, as host pids."""
+
+    ask: Ask
+    pids: tuple[int, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,24 +147,32 @@ def refuse(reason: str) -> Answer:
 def parse_ask(raw: object) -> Ask | str:
     """The handler's JSON line for a `create`, or what is wrong with it (every field named)."""
     parsed = parse_message(raw)
-    if isinstance(parsed, (Start, Ended)):
+    if isinstance(parsed, (Start, Stopping, Ended)):
         return "malformed request: a create carries no op"
     return parsed
 
 
-def parse_message(raw: object) -> Ask | Start | Ended | str:
-    """One line of the handler: a create (no `op`), the hook's `start`, or a `delete`; or what is wrong
-    with it (every field named)."""
+def parse_message(raw: object) -> Ask | Start | Stopping | Ended | str:
+    """One line of the handler: a create (no `op`), the hook's `start`, a `stop` or a `delete`; or what is
+    wrong with it (every field named)."""
     if not isinstance(raw, Mapping):
         return f"the request must be a JSON object, not {type(raw).__name__}"
     op = raw.get("op", "create")
-    if op not in ("create", "start", "delete"):
-        return f"malformed request: op {op!r} must be create, start or delete"
-    need = {"create": ASK_FIELDS, "start": ASK_FIELDS + START_FIELDS, "delete": ("container_id",)}[op]
+    if op not in ("create", "start", "stop", "delete"):
+        return f"malformed request: op {op!r} must be create, start, stop or delete"
+    need = {
+        "create": ASK_FIELDS,
+        "start": ASK_FIELDS + START_FIELDS,
+        "stop": ASK_FIELDS + STOP_FIELDS,
+        "delete": ("container_id",),
+    }[op]
     problems = []
     for k in need:
         v = raw.get(k)
-        if k == "pid":
+        if k == "pids":
+            if not isinstance(v, list) or not all(type(p) is int and p > 0 for p in v):
+                problems.append(f"pids must be a list of positive integers (got {v!r})")
+        elif k == "pid":
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
                 problems.append(f"pid must be a positive integer (got {v!r})")
         elif k in ("cgroup", "cgroup_root"):  # "" is a fact here (no cgroup v2), not a missing field
@@ -169,6 +188,8 @@ def parse_message(raw: object) -> Ask | Start | Ended | str:
     ask = Ask(*(str(raw[k]) for k in ASK_FIELDS))
     if op == "create":
         return ask
+    if op == "stop":
+        return Stopping(ask, tuple(raw["pids"]))
     return Start(ask, int(raw["pid"]), str(raw["cgroups_path"]), str(raw["cgroup"]), str(raw["cgroup_root"]))
 
 

@@ -15,6 +15,7 @@ FLAGS = {
     "interval_s": "--interval",
     "min_write_interval_s": "--min-write-interval",
     "mps": "--no-mps",
+    "mps_drain_timeout_s": "--mps-drain-timeout",
 }
 
 
@@ -58,6 +59,12 @@ class Settings:
     mps_protocol: int = setting(
         2, "the MPS daemon's protocol: 3 = MPS v3 (r615+), a namespace per GPU container; 2 = legacy"
     )
+    mps_drain_timeout_s: float = setting(
+        5.0,
+        "at each stop of an MPS container, end its clients through the MPS daemon first, waiting at most "
+        "this long (then the stop goes on); 0: no drain, and a busy neighbour on its GPU may fail",
+        unit="s",
+    )
     sim_allocator: Path | None = setting(
         None, "serve the simulated GPUs' allocator on this unix socket (with --sim; docs/node-side.md)"
     )
@@ -90,6 +97,8 @@ class Settings:
             check.bad(
                 "mps_time_slice_gpus", ",".join(map(str, self.mps_time_slice_gpus)), "indexes must be >= 0"
             )
+        if self.mps_drain_timeout_s < 0 or self.mps_drain_timeout_s > 60:
+            check.bad("mps_drain_timeout_s", self.mps_drain_timeout_s, "must be from 0 (no drain) to 60 s")
         if self.mps_protocol not in (2, 3):
             check.bad("mps_protocol", self.mps_protocol, "must be 2 (legacy MPS) or 3 (MPS v3)")
         if self.sim_allocator is not None and (self.sim is None or not self.sim_allocator.is_absolute()):

@@ -197,20 +197,31 @@ def _pids(pids: tuple[int, ...]) -> str:
 
 def event(v: Violation, node: str, now: float) -> Request:
     """A Warning Event on the pod (core/v1 Event, so `kubectl describe pod` shows it)."""
+    pod = v.pod
+    return pod_event(
+        namespace=pod.namespace, name=pod.name, uid=pod.uid, reason=REASONS[v.kind], message=v.message,
+        node=node, now=now,
+    )  # fmt: skip
+
+
+def pod_event(
+    *, namespace: str, name: str, uid: str, reason: str, message: str, node: str, now: float
+) -> Request:
+    """A Warning Event from this node's agent on a pod."""
     t = format_time(now)
     body = {
         "apiVersion": "v1",
         "kind": "Event",
-        "metadata": {"generateName": f"{v.pod.name}.", "namespace": v.pod.namespace},
+        "metadata": {"generateName": f"{name}.", "namespace": namespace},
         "involvedObject": {
             "apiVersion": "v1",
             "kind": "Pod",
-            "name": v.pod.name,
-            "namespace": v.pod.namespace,
-            "uid": v.pod.uid,
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
         },
-        "reason": REASONS[v.kind],
-        "message": v.message,
+        "reason": reason,
+        "message": message,
         "type": "Warning",
         "source": {"component": COMPONENT, "host": node},
         "reportingComponent": COMPONENT,
@@ -219,7 +230,7 @@ def event(v: Violation, node: str, now: float) -> Request:
         "lastTimestamp": t,
         "count": 1,
     }
-    return Request("POST", paths.events(v.pod.namespace), body)
+    return Request("POST", paths.events(namespace), body)
 
 
 def eviction(v: Violation) -> Request:

@@ -11,11 +11,14 @@ import (
 
 // invocation is what the handler needs from a runc command line; the line itself is passed on as is.
 type invocation struct {
-	Command   string // the runc subcommand ("create", "start", "delete", ...); "" when none was found
-	ID        string // the container ID (the last positional argument of create/run/delete)
-	Bundle    string // create/run: --bundle (default: the working directory)
-	Log       string // global --log: where containerd's shim reads runc's error from
-	LogFormat string // global --log-format: "json" (the shim's choice) or "text"
+	Command    string   // the runc subcommand ("create", "start", "delete", ...); "" when none was found
+	ID         string   // the container ID (create/run/delete: the last positional argument; kill: the first)
+	Global     []string // the arguments before the subcommand (--root, --log, ...), for a `state` of our own
+	Force      bool     // delete --force / -f: a running container is killed
+	Positional []string
+	Bundle     string // create/run: --bundle (default: the working directory)
+	Log        string // global --log: where containerd's shim reads runc's error from
+	LogFormat  string // global --log-format: "json" (the shim's choice) or "text"
 }
 
 // Flags that take a value, global and of create/run/delete (runc 1.1): their value is not a positional.
@@ -46,16 +49,24 @@ func parseArgs(args []string) invocation {
 			continue
 		}
 		if strings.HasPrefix(a, "-") {
+			if inv.Command == "delete" && (a == "--force" || a == "-f" || a == "--force=true") {
+				inv.Force = true
+			}
 			continue
 		}
 		if inv.Command == "" {
 			inv.Command = a
+			inv.Global = append([]string{}, args[:i]...)
 		} else {
 			positional = append(positional, a)
 		}
 	}
+	inv.Positional = positional
 	if len(positional) > 0 {
 		inv.ID = positional[len(positional)-1]
+		if inv.Command == "kill" { // runc kill <id> [signal]
+			inv.ID = positional[0]
+		}
 	}
 	if inv.Bundle == "" {
 		inv.Bundle, _ = os.Getwd()

@@ -148,4 +148,3 @@ func cgroup2Mount() string {
 	}
 	return ""
 }
-

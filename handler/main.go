@@ -50,7 +50,16 @@ func main() {
 		if err := prepare(inv, cfg); err != nil {
 			fail(inv, err)
 		}
+	case "kill":
+		// A stop (delete, eviction, preemption, rolling update): MPS clients are ended through the
+		// daemon before the signal, or a busy one takes its GPU's other busy clients down with it.
+		if cfgErr == nil {
+			drainBeforeStop(inv, cfg, runtime)
+		}
 	case "delete":
+		if cfgErr == nil && inv.Force {
+			drainBeforeStop(inv, cfg, runtime) // delete --force kills a running container
+		}
 		// The container is going away: its record goes with it (no container reads it any more).
 		if cfgErr == nil && inv.ID != "" {
 			_ = os.Remove(recordPath(cfg, inv.ID))
@@ -58,6 +67,18 @@ func main() {
 		}
 	}
 	execRuntime(runtime, args, inv)
+}
+
+// runtimePath is the real runtime's executable ("" when it cannot be found).
+func runtimePath(runtime string) string {
+	if strings.Contains(runtime, "/") {
+		return runtime
+	}
+	found, err := lookPath(runtime)
+	if err != nil {
+		return ""
+	}
+	return found
 }
 
 // execRuntime replaces this process with the real runtime, same arguments: nothing else changes.

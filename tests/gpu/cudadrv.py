@@ -273,6 +273,27 @@ def hold(drv: Driver, mib: int, seconds: float, emit: Any) -> dict[str, Any]:
     return {"touches": touches, "failure": failure}
 
 
+def busy(drv: Driver, mib: int, seconds: float, emit: Any) -> dict[str, Any]:
+    """Work in flight for `seconds`: memsets of `mib` MiB back to back, each synchronized, no pause between
+    (a signal then lands while the GPU runs this context's work); then exit normally."""
+    drv.init()
+    drv.context(0)
+    ptr = drv.alloc(mib * MIB)
+    drv.touch(ptr, mib * MIB)
+    emit({"ready": True, "pid": os.getpid(), "held_mib": mib})
+    deadline, rounds, failure = time.monotonic() + seconds, 0, ""
+    while time.monotonic() < deadline:
+        try:
+            drv.touch(ptr, mib * MIB)
+            rounds += 1
+        except (
+            CudaError
+        ) as exc:  # cudaErrorIllegalAddress when a neighbour died busy; terminated; RPC failure
+            failure = exc.name
+            break
+    return {"rounds": rounds, "failure": failure, "done": not failure}
+
+
 def _emit(obj: dict[str, Any]) -> None:
     sys.stdout.write(json.dumps(obj) + "\n")
     sys.stdout.flush()
@@ -280,7 +301,7 @@ def _emit(obj: dict[str, Any]) -> None:
 
 def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("mode", choices=("probe", "meminfo", "alloc", "hold"))
+    ap.add_argument("mode", choices=("probe", "meminfo", "alloc", "hold", "busy"))
     ap.add_argument("--cap-mib", type=int, default=1 << 22, help="alloc: stop once this much fits")
     ap.add_argument("--step-mib", type=int, default=1024, help="alloc: first chunk size")
     ap.add_argument("--mib", type=int, default=1024, help="hold: MiB to allocate")
@@ -307,6 +328,8 @@ def main(argv: list[str]) -> int:
             body = meminfo(drv)
         elif args.mode == "alloc":
             body = alloc(drv, args.cap_mib, args.step_mib)
+        elif args.mode == "busy":
+            body = busy(drv, args.mib, args.seconds, _emit)
         else:
             body = hold(drv, args.mib, args.seconds, _emit)
     except CudaError as exc:
