@@ -133,8 +133,13 @@ def normalize_uuid(raw: str) -> str:
 
 def fraction_request(fraction: str) -> GpuRequest:
     """The webhook's parse of a pod annotated `gpu-fraction: <fraction>` with one container."""
+    return share_request({names.GPU_FRACTION: fraction})
+
+
+def share_request(annotations: Mapping[str, str]) -> GpuRequest:
+    """The webhook's parse of a pod with these annotations and one container."""
     pod = {
-        "metadata": {"annotations": {names.GPU_FRACTION: fraction}},
+        "metadata": {"annotations": dict(annotations)},
         "spec": {"containers": [{"name": "main", "image": "workload"}]},
     }
     parsed = parse(podview.read(pod))

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 import pytest
 from gpuclients import wait_for
-from gpuhelpers import allocation, fraction_request, pod_env, report_path
+from gpuhelpers import allocation, pod_env, report_path, share_request
 
 from agent.mps import Device, MpsConfig, MpsState, MpsSupervisor
 from agent.nvml.base import Nvml
@@ -170,9 +170,10 @@ class Daemon:
             parts.append(f"--- {f.name}\n{f.read_text(errors='replace')[-3000:]}")
         return "\n".join(parts)
 
-    def pod_env(self, fraction: str) -> tuple[dict[str, str], int]:
-        """The env of a `gpu-fraction: <fraction>` pod placed on this GPU, and its memory limit (MiB)."""
-        req = fraction_request(fraction)
+    def pod_env(self, fraction: str = "", memory: str = "") -> tuple[dict[str, str], int]:
+        """The env of a `gpu-fraction: <fraction>` (or `gpu-memory: <memory>`) pod placed on this GPU, and its
+        memory limit (MiB)."""
+        req = share_request({names.GPU_MEMORY: memory} if memory else {names.GPU_FRACTION: fraction})
         alloc = allocation(req, "gpu-node", self.index, self.uuid, self.memory_mib)
         return pod_env(gpu_env(req), alloc, self.pipe_dir), alloc.memory_mib
 

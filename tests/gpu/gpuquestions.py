@@ -24,6 +24,12 @@ QUESTIONS: dict[str, str] = {
     "the pipe directory refused?",
     "exclusive-idle": "With the GPU in EXCLUSIVE_PROCESS and the daemon up but no server started yet, is a "
     "process without the pipe directory refused, and can MPS clients run after it?",
+    "probe-real": "Does the agent's probe (agent/pipedirs.py) find the real daemon's control socket up?",
+    "drain-neighbour": "With one busy MPS client ended through the daemon by the agent's drain "
+    "(agent/drain.py) before SIGKILL, does a busy neighbour on the same server finish, and without the drain "
+    "does it fail?",
+    "share-usable": "How much can a client allocate on a `gpu-memory: 2Gi` share as gpupack sets its env, "
+    "against the 2 048 - 514 MiB the docs promise?",
     "pinned-uuid": "Does `set_default_device_pinned_mem_limit` accept a GPU UUID (the agent sends UUIDs) "
     "and cap a client that sets no limit of its own?",
     # Enforced memory (driver r615+, cgroup v2)

@@ -14,13 +14,21 @@ from pathlib import Path
 
 import pytest
 from gpuclients import Clients
+from gpuhost import REHEARSAL
 from gpumps import control
 
 from agent.nvml.base import Nvml
 from tests.contract import mps_contract
 from tests.contract.mps_contract import Finished
 
-pytestmark = pytest.mark.gpu
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        REHEARSAL,
+        reason="rehearsal: its fake control models none of NVIDIA's lifetimes (the stand-in's own run of "
+        "these checks is tests/unit/test_mps_contract.py)",
+    ),
+]
 
 
 class RealBusy:

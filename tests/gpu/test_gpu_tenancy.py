@@ -201,8 +201,14 @@ def test_a_client_with_only_its_pod_directory(legacy: Daemon, driver: Clients, r
         tried=tried,
     )
     assert _served(r), f"a client with only {listing} was not served: {r.body} {r.stderr[-500:]}"
-    nobody_quit = tried["uid 65534: quit"]["rc"] == 0
-    assert not nobody_quit, "a tenant of another uid could quit the MPS daemon through its pod directory"
+    # The binary exits 0 when the daemon refuses (docs/node-side.md, "MPS as measured"): only its words and
+    # a daemon still answering tell a refused quit from one that worked.
+    for who in ("uid 65534", "root"):
+        quit_ = tried[f"{who}: quit"]
+        assert "Not enough privilege" in str(quit_["said"]), f"{who} could quit through its pod dir: {quit_}"
+        setting = tried[f"{who}: {current}"]
+        assert "Insufficient privileges" in str(setting["said"]), f"{who} changed a default: {setting}"
+    assert legacy.answers(2), "the daemon stopped answering after a tenant's commands"
 
 
 # --- two uids at once ---
@@ -311,6 +317,13 @@ def test_exclusive_process_keeps_a_process_without_the_pipe_dir_off_the_gpu(
     try:
         idle = _plain(driver, uuid)  # daemon up, no server yet
         after_idle = _alloc(driver, _limit_env(d))  # can MPS still serve once that process is gone?
+        # The server stays once its clients exit; with none running, a pre-started one closes the window.
+        listed = d.control("get_server_list").stdout.split()
+        for pid in listed:
+            d.control(f"shutdown_server {pid} -f")
+        wait_for(lambda: not d.control("get_server_list").stdout.split(), 10)
+        started = d.control("start_server -uid 0")
+        prestarted = _plain(driver, uuid)  # a server runs before any client came
         client = driver.start("hold", ["--mib", "256"], _limit_env(d))
         mps_ready = driver.ready(client, WAIT_S)
         busy = _plain(driver, uuid)  # a server runs now
@@ -332,12 +345,17 @@ def test_exclusive_process_keeps_a_process_without_the_pipe_dir_off_the_gpu(
         f"an MPS client after it is {'served' if _served(after_idle) else 'NOT served'}",
         plain=idle.body,
         mps_after=after_idle.body,
+        prestarted={"start_server": (started.stdout + started.stderr).strip(), "plain": prestarted.body},
     )
     assert held.get("ready") and "error" in second.body, (
         f"EXCLUSIVE_PROCESS did not take: first {held}, second {second.body}"
     )
     assert mps_ready.get("ready"), f"an MPS client could not run in EXCLUSIVE_PROCESS: {mps_ready}"
     assert "error" in busy.body, f"a process without the pipe dir used the GPU beside MPS: {busy.body}"
-    assert "error" in idle.body, (
-        f"while no MPS server ran, a process without the pipe dir took the GPU: {idle.body}"
+    # Measured ("Compute mode"): with no server yet, a plain process is NOT refused; `start_server -uid 0`
+    # closes that window. A driver that refuses it now would be news: the test says so.
+    assert "error" not in idle.body, f"a plain process was refused with no MPS server running: {idle.body}"
+    assert started.returncode == 0 and "error" in prestarted.body, (
+        f"with a server started by `start_server -uid 0` ({started.stdout} {started.stderr}), a process "
+        f"without the pipe dir was not refused: {prestarted.body}"
     )

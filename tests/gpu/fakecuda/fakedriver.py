@@ -46,10 +46,10 @@ class FakeDriver:
     def _daemon() -> dict[str, Any] | None:
         pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
         try:
-            with socket.socket(socket.AF_UNIX) as s:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
                 s.settimeout(5)
                 s.connect(os.path.join(pipe, "control"))
-                reply = json.loads(s.makefile().readline())
+                reply = json.loads(s.recv(65536))
             with open(reply["state"]) as f:
                 state: dict[str, Any] = json.load(f)
         except (OSError, ValueError, KeyError):
