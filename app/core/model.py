@@ -11,6 +11,9 @@ from app.core.errors import RequestError
 from app.core.isolation import MemoryEnforcement, Sharing
 
 MILLI_PER_GPU = 1000
+# What a CUDA context takes of a share's memory limit: it counts against the MPS pinned limit (measured on an
+# H100, driver 580: 514 MiB for a driver-API process, 283 MiB for PyTorch; docs/node-side.md).
+CUDA_CONTEXT_MIB = 514
 # A MIG device is a placement target of its own; its index on the node is MIG_INDEX_BASE * (parent GPU
 # index + 1) + its NVML slot (GPU 0 slot 2 = 102, GPU 1 slot 0 = 200), so it never collides with a GPU's.
 MIG_INDEX_BASE = 100

@@ -11,7 +11,7 @@ from typing import Any
 from app.core import explain, names
 from app.core.errors import FieldError, KubeError
 from app.core.isolation import MemoryEnforcement
-from app.core.model import MILLI_PER_GPU, Demand
+from app.core.model import CUDA_CONTEXT_MIB, MILLI_PER_GPU, Demand
 from app.core.objects import as_object
 from app.core.placement import DEFAULT_POLICY, registry
 from app.core.pods import pod_info
@@ -88,6 +88,13 @@ def render(key: str, doc: Mapping[str, Any]) -> str:
     if doc.get("boundTo"):
         gpus = (alloc or {}).get("gpupack.io/gpu-indexes", "?")
         lines.append(f"bound to {doc['boundTo']}, GPU {gpus}")
+        limit = str((alloc or {}).get(names.ALLOC_MEMORY_LIMIT_MIB, ""))
+        if limit.isdigit():
+            usable = max(int(limit) - CUDA_CONTEXT_MIB, 0)
+            lines.append(
+                f"GPU memory per GPU: limit {limit} MiB; about {usable} MiB for allocations "
+                f"(the CUDA context counts against the limit)"
+            )
     choice = doc.get("choice")
     where = (
         f"{choice['node']}, GPU {','.join(map(str, choice['gpus']))}" if choice else "nowhere: no node fits"

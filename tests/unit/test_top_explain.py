@@ -71,6 +71,15 @@ def test_explain_rows_per_gpu_and_scheduler_exclusions() -> None:
     assert "  gpu0" in text and "needs 0.25 of the GPU: 0.19 free" in text
 
 
+def test_explain_of_a_bound_pod_says_how_much_memory_it_can_allocate() -> None:
+    """docs/node-side.md, "Memory a share can use": the limit includes the CUDA context (514 MiB measured)."""
+    st = cluster()
+    doc = explain.explain({"n0": st.nodes["n0"]}, Demand(1, memory_mib=2048), registry.create("binpack"))
+    alloc = {"gpupack.io/gpu-indexes": "2", "gpupack.io/memory-limit-mib": "2048"}
+    text = render_explain("a/p", {**doc, "boundTo": "n0", "allocation": alloc})
+    assert "GPU memory per GPU: limit 2048 MiB; about 1534 MiB for allocations" in text
+
+
 def test_explain_model_and_memory_reasons() -> None:
     g = Gpu(0, "T4", 15109, milli_used=0)
     assert explain.gpu_misfit(g, Demand(1, milli=100, models=frozenset({"A100-40GB"}))) == (
