@@ -67,6 +67,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     flag("mps_pinned_mem_limit_mib", type=int)
     flag("mps_protocol", type=int)
     flag("mps_drain_timeout_s", type=duration)
+    flag("mps_prestart_server", dest="mps_prestart_server", action="store_false")
     flag("sim_allocator", type=Path)
     flag("node_socket", type=Path)
     flag("log_level")

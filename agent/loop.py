@@ -20,6 +20,7 @@ from app.core.pods import PodInfo, pod_info
 from app.kube.calls import Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus
 
+DAEMON_LOST = "GPUMPSDaemonLost"
 _log = log.get("gpupack.agent")
 
 
@@ -121,6 +122,8 @@ class Agent:
         spec = rep.build_spec(self.config.node, sample, self.mps.available(), self._spec)
         self._spec = spec
         mps = self.mps.tick([Device(g.uuid, g.memory_mib) for g in spec.shared_gpus], now)
+        if self.mps.lost:
+            self._tell_daemon_lost({g.uuid for g in spec.shared_gpus}, now)
         refs = self._resolve(sample)
         self._refresh_pods(sample, now)
         self._check_env(now)
@@ -227,6 +230,23 @@ class Agent:
                     )
                     found.append(verify.Violation(verify.Kind.WRONG_ENV, pod, "", -1, (pid,), message))
         self._handle_violations(verify.Verdict({}, (), tuple(found), ()), now)
+
+    def _tell_daemon_lost(self, shared: set[str], now: float) -> None:
+        """An Event on each pod placed on the node's shared GPUs: the MPS daemon's death ended their MPS
+        clients (measured: CUDA_ERROR_MPS_RPC_FAILURE), so a failure they saw has this cause."""
+        message = (
+            "the node's MPS control daemon stopped: MPS clients on this node failed with "
+            "CUDA_ERROR_MPS_RPC_FAILURE; new MPS containers wait until its pod has restarted it ("
+            + self.mps.message + ")"
+        )
+        pods = [p for p in self._pods.values() if p.allocation and set(p.allocation.gpu_uuids) & shared]
+        _log.warning("MPS control daemon lost", extra={"pods": [f"{p.namespace}/{p.name}" for p in pods]})
+        for p in pods:
+            event = verify.pod_event(
+                namespace=p.namespace, name=p.name, uid=p.uid, reason=DAEMON_LOST, message=message,
+                node=self.config.node, now=now,
+            )  # fmt: skip
+            self._try("event", event)
 
     def _handle_violations(self, verdict: verify.Verdict, now: float) -> None:
         for v in verdict.violations:

@@ -93,6 +93,7 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
             pipe_dir=settings.mps_pipe_dir,
             default_thread_percentage=settings.mps_thread_percentage,
             default_pinned_mem_limit_mib=settings.mps_pinned_mem_limit_mib,
+            prestart_server=settings.mps_prestart_server,
         )
     )
     if config.env_device_selection == toolkit.DISABLED:
@@ -133,6 +134,7 @@ def node_server(
         return None
     mps_not_ready = mpsprep.readiness(settings.mps_pipe_dir, mpsprep.boot_id())  # a reboot restarts us too
     pipe_dirs = PipeDirs(settings.mps_pipe_dir)
+    agent.mps.on_new_daemon(pipe_dirs.refresh)  # a new daemon's socket: the pods' links follow at once
     namespaces = (
         Namespaces(settings.mps_binary, settings.mps_pipe_dir)
         if settings.mps and settings.mps_protocol == 3

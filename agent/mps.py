@@ -15,7 +15,7 @@ to new pods, and only the pods on it are told (agent.loop).
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -45,6 +45,10 @@ class MpsConfig:
     default_thread_percentage: int = 100
     default_pinned_mem_limit_mib: int | None = None  # None: no daemon-wide memory cap
     command_timeout_s: float = 5.0
+    # A server started (`start_server -uid 0`) before any client comes: measured, EXCLUSIVE_PROCESS refuses a
+    # plain process only while a server runs, and the daemon starts one only for its first client. Only for a
+    # multi-user daemon (-M): its one root server serves every uid.
+    prestart_server: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +66,13 @@ class MpsSupervisor:
     control binary exits 0 when the daemon refuses (measured), so only the daemon's words and the value it
     then reports say that a default holds. A refusal keeps the daemon out of RUNNING with the daemon's
     words as the message: the GPUNode reports MPS not running and the node side starts no MPS client.
+    With `prestart_server`, a server is started once the defaults hold, so a GPU in EXCLUSIVE_PROCESS
+    refuses plain processes before the first MPS client comes; MPS is RUNNING only once it runs.
+
+    `lost` is set by the cycle that finds a daemon, which this agent had seen running, gone: every MPS
+    client on the node failed with it (measured) and a CUDA process started meanwhile runs without limits.
+    Listeners added with `on_new_daemon` run once each new daemon instance is configured (the node side
+    renews the pods' links to its socket then, not at its next maintenance).
     """
 
     def __init__(self, config: MpsConfig) -> None:
@@ -74,6 +85,11 @@ class MpsSupervisor:
         self._binary: str | None = None
         self._said: str = ""
         self.control = Control(config.binary, config.pipe_dir, config.command_timeout_s)
+        self.lost = False  # this cycle found the daemon gone that an earlier one saw running
+        self._listeners: list[Callable[[], None]] = []
+
+    def on_new_daemon(self, listener: Callable[[], None]) -> None:
+        self._listeners.append(listener)
 
     def available(self) -> bool:
         """Whether MPS can serve this node's GPUs (enabled and the binary exists)."""
@@ -106,18 +122,26 @@ class MpsSupervisor:
             message = f"{self.config.binary} not found; pods get co-location without MPS isolation"
             return self._set(MpsState.UNAVAILABLE, message)
         instance = self._instance_id()
+        was_running = self.state is MpsState.RUNNING
+        self.lost = False
         if instance is None or not self._probe():
             self._instance = None
+            self.lost = was_running
             where = self.config.pipe_dir / "control"
             return self._set(MpsState.STARTING, f"no MPS control daemon answers at {where} (its pod runs it)")
-        if instance != self._instance:
+        new = instance != self._instance
+        if new:
             if self._instance is not None:
                 self.restarts += 1
+                self.lost = was_running  # replaced between two cycles: its clients died with it too
             self._instance, self._configured = instance, set()
-        err = self._apply_defaults(devs)
+        err = self._apply_defaults(devs) or self._ensure_server()
         if err:
             self._instance = None  # try the whole set again next time
             return self._set(MpsState.STARTING, err)
+        if new:
+            for listener in self._listeners:
+                listener()
         return self._set(MpsState.RUNNING, "")
 
     def _set(self, state: MpsState, message: str) -> MpsStatus:
@@ -143,6 +167,23 @@ class MpsSupervisor:
 
     def _probe(self) -> bool:
         return isinstance(self.control.server_list(), list)
+
+    def _ensure_server(self) -> str:
+        """A server running before any client ("" when one runs, or none is wanted; else why not)."""
+        if not self.config.prestart_server:
+            return ""
+        servers = self.control.server_list()
+        if isinstance(servers, str):
+            return servers
+        if servers:
+            return ""
+        started = self.control.command("start_server -uid 0")
+        if not started.ok:
+            return f"'start_server -uid 0' refused: {started}"
+        servers = self.control.server_list()
+        if not servers or isinstance(servers, str):
+            return f"no MPS server runs after 'start_server -uid 0' ({servers or 'none listed'})"
+        return ""
 
     def _apply_defaults(self, devices: tuple[Device, ...]) -> str:
         """The configured defaults on this daemon instance, each read back: the thread share once, each

@@ -16,6 +16,7 @@ FLAGS = {
     "min_write_interval_s": "--min-write-interval",
     "mps": "--no-mps",
     "mps_drain_timeout_s": "--mps-drain-timeout",
+    "mps_prestart_server": "--no-mps-prestart-server",
 }
 
 
@@ -59,6 +60,11 @@ class Settings:
     mps_protocol: int = setting(
         2, "the MPS daemon's protocol: 3 = MPS v3 (r615+), a namespace per GPU container; 2 = legacy"
     )
+    mps_prestart_server: bool = setting(
+        True,
+        "do not start an MPS server before the first client (for a daemon without -M; with EXCLUSIVE_PROCESS "
+        "a plain process then takes the GPU until a client comes)",
+    )  # its flag is --no-mps-prestart-server
     mps_drain_timeout_s: float = setting(
         5.0,
         "at each stop of an MPS container, end its clients through the MPS daemon first, waiting at most "

@@ -4,6 +4,11 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 from typing import Any
 
@@ -242,3 +247,45 @@ def test_a_gpu_that_turns_unhealthy_tells_the_pod_allocated_on_it_once(
     unhealthy = [e for e in told if e["reason"] == "GpupackGPUUnhealthy"]
     assert len(unhealthy) == 1 and unhealthy[0]["involvedObject"]["name"] == "train"
     assert f"GPU 1 ({status.gpus[1].uuid})" in unhealthy[0]["message"]
+
+
+def test_the_daemons_death_is_told_to_the_pods_on_its_gpus(
+    setup: tuple[Agent, FakeKube, Clock, Path], tmp_path: Path
+) -> None:
+    """docs/node-side.md, "MPS as measured": the daemon's death ends every MPS client on the node. The cycle
+    that finds it gone puts an Event naming that cause on each pod placed on the node's shared GPUs."""
+    agent, kube, clock, _ = setup
+    standin = Path(__file__).resolve().parents[1] / "standin" / "mps_control.py"
+    pipe = Path(tempfile.mkdtemp(prefix="loop-mps-", dir="/tmp")) / "pipe"
+    env = dict(os.environ, CUDA_MPS_PIPE_DIRECTORY=str(pipe), CUDA_MPS_LOG_DIRECTORY=str(pipe.parent))
+    agent.mps = MpsSupervisor(MpsConfig(binary=str(standin), pipe_dir=pipe, command_timeout_s=20))
+    subprocess.run([sys.executable, str(standin), "-d", "-M"], env=env, check=True, timeout=20)
+    try:
+        assert agent.step().mps.state == "running"
+        clock.now += 5
+        agent.step()  # the pod list is read
+        lost = [
+            r for r in kube.requests if r.path.endswith("/events") and r.body["reason"] == "GPUMPSDaemonLost"
+        ]
+        assert lost == []
+        subprocess.run(
+            [sys.executable, str(standin)], input="quit\n", env=env, text=True, timeout=20, check=True
+        )
+        wait = time.monotonic() + 5
+        while (pipe / "control").exists() and time.monotonic() < wait:
+            time.sleep(0.05)
+        clock.now += 5
+        assert agent.step().mps.state == "starting"
+        lost = [
+            r for r in kube.requests if r.path.endswith("/events") and r.body["reason"] == "GPUMPSDaemonLost"
+        ]
+        (event,) = lost
+        assert (
+            event.path == "/api/v1/namespaces/ml/events" and event.body["involvedObject"]["name"] == "train"
+        )
+        assert "CUDA_ERROR_MPS_RPC_FAILURE" in event.body["message"]
+    finally:
+        subprocess.run(
+            [sys.executable, str(standin)], input="quit\n", env=env, text=True, timeout=20, check=False
+        )
+        shutil.rmtree(pipe.parent, ignore_errors=True)

@@ -145,7 +145,7 @@ def test_disabled_or_no_shared_gpus(cfg: MpsConfig) -> None:
     sup = MpsSupervisor(cfg)
     assert sup.tick(DEVS, 0.0).state == MpsState.RUNNING
     assert sup.tick([], 5.0).message == "no shared GPUs"
-    assert run(cfg, "get_server_list") == ""  # still answering: the daemon was left running
+    assert run(cfg, "get_server_list").isdigit()  # still answering: the daemon was left running
     assert (cfg.pipe_dir / "control").exists()
 
 
@@ -200,3 +200,36 @@ def test_the_node_side_may_start_mps_clients_only_on_the_daemon_it_configured(cf
     assert "restarted" in sup.not_ready()
     assert sup.tick(DEVS, 5.0).state == "running"
     assert sup.not_ready() == ""
+
+
+def test_a_server_is_started_before_any_client_and_the_loss_of_the_daemon_is_seen(cfg: MpsConfig) -> None:
+    """docs/node-side.md, "MPS as measured": EXCLUSIVE_PROCESS refuses a plain process only while a server
+    runs, and `start_server -uid 0` right after the daemon starts closes that window. A daemon that dies takes
+    every client with it: the cycle that finds it gone says so (`lost`), once."""
+    daemon(cfg)
+    renewed: list[int] = []
+    sup = MpsSupervisor(cfg)
+    sup.on_new_daemon(lambda: renewed.append(1))
+    assert run(cfg, "get_server_list") == ""  # no client has come
+    assert sup.tick(DEVS, 0.0).state == "running"
+    (server,) = run(cfg, "get_server_list").split()
+    assert run(cfg, f"get_server_uid {server}") == "0"
+    assert renewed == [1] and not sup.lost
+    assert sup.tick(DEVS, 5.0).state == "running" and renewed == [1]  # the same daemon: nothing new
+    run(cfg, "quit")
+    deadline = time.monotonic() + 5
+    while (cfg.pipe_dir / "control").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert sup.tick(DEVS, 10.0).state == "starting" and sup.lost
+    assert "not ready" in sup.not_ready()
+    assert sup.tick(DEVS, 15.0).state == "starting" and not sup.lost  # told once
+    daemon(cfg)
+    assert sup.tick(DEVS, 20.0).state == "running" and renewed == [1, 1]
+    assert run(cfg, "get_server_list").isdigit()
+
+
+def test_without_prestart_no_server_is_started(cfg: MpsConfig) -> None:
+    daemon(cfg)
+    sup = MpsSupervisor(MpsConfig(binary=cfg.binary, pipe_dir=cfg.pipe_dir, prestart_server=False))
+    assert sup.tick(DEVS, 0.0).state == "running"
+    assert run(cfg, "get_server_list") == ""
