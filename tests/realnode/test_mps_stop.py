@@ -260,3 +260,26 @@ def test_a_daemon_that_refuses_gpupacks_defaults_keeps_new_mps_pods_out_with_the
             and kube.send(Request("GET", gpunode)).get("status", {}).get("mps", {}).get("state") == "running",
             240, "a new MPS daemon configured by the agent", interval=1,
         )  # fmt: skip
+
+
+def test_changing_the_agents_node_selector_leaves_the_mps_daemon_pod_alone(
+    real_cluster: tuple[Cluster, kubeletnode.RealNode], kube: Kube, helm_bin: str
+) -> None:
+    """The daemon's death ends every MPS client on the node: an upgrade that moves the agent must not take
+    the daemon pod with it (agent.mps.daemon.nodeSelector null keeps what the installed daemon has)."""
+    cluster = real_cluster[0]
+    (daemon,) = chart.pods(kube, "mps-daemon")
+    elsewhere = "agent.nodeSelector.gpupack\\.io/test-elsewhere"
+    chart.helm(helm_bin, cluster, "upgrade", chart.RELEASE, str(chart.CHART), "--reuse-values",
+               "--set", f"{elsewhere}=true")  # fmt: skip
+    try:
+        wait_for(lambda: not chart.pods(kube, "agent"), 120, "the agent pod gone from the node", interval=1)
+        (still,) = chart.pods(kube, "mps-daemon")
+        assert still["metadata"]["uid"] == daemon["metadata"]["uid"]
+        assert chart.mps_control(cluster, "get_server_list") is not None
+    finally:
+        chart.helm(helm_bin, cluster, "upgrade", chart.RELEASE, str(chart.CHART), "--reuse-values",
+                   "--set", f"{elsewhere}=null")  # fmt: skip
+        wait_for(lambda: chart.installed(kube), 240, "the agent back on the node", interval=1)
+    (after,) = chart.pods(kube, "mps-daemon")
+    assert after["metadata"]["uid"] == daemon["metadata"]["uid"]
