@@ -18,6 +18,7 @@ helm: tests/helm/build.sh) FAILS the tier.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import sys
 import time
@@ -43,6 +44,19 @@ if str(REPO / "tests/integration") not in sys.path:
 from controlplane import attach_log_tails  # noqa: E402
 
 _active: list[Cluster] = []
+# One real node per machine: its name, bridge, cgroup root and CNI files are fixed, so a second run at the
+# same time (another checkout's) would take the first one's containers down. The second waits.
+MACHINE_LOCK = Path("/tmp/gpupack-real-node.lock")
+
+
+def _one_real_node_per_machine() -> int:
+    fd = os.open(MACHINE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        print(f"\nwaiting for the real node of another run on this machine ({MACHINE_LOCK})", file=sys.stderr)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -78,6 +92,7 @@ def real_cluster(
         pytest.fail(
             "the real-node tier needs (make deps installs them): " + "; ".join(missing), pytrace=False
         )
+    lock = _one_real_node_per_machine()  # released when the fixture ends (or the process does)
     cluster = Cluster.prepare(tmp_path_factory.mktemp("realnode"), bins)
     cluster.meta["service_accounts"] = True
     node = kubeletnode.RealNode.of(cluster)
@@ -111,3 +126,4 @@ def real_cluster(
                 kubeletnode.stop(cluster, node)  # raises RealNodeError naming anything left behind
             finally:
                 cluster.stop()
+                os.close(lock)
