@@ -17,11 +17,7 @@ const HookFlag = "--gpupack-hook"
 // process, runc init, exists but has not run the container's command): set its limits there.
 type start struct {
 	Op          string `json:"op"`
-	PodUID      string `json:"pod_uid"`
-	Namespace   string `json:"namespace"`
-	Name        string `json:"name"`
-	Container   string `json:"container"`
-	ContainerID string `json:"container_id"`
+	ask                // the container, as a create names it
 	Pid         int    `json:"pid"`
 	CgroupsPath string `json:"cgroups_path"` // linux.cgroupsPath of the spec
 	Cgroup      string `json:"cgroup"`       // the 0:: entry of /proc/<pid>/cgroup, as seen on the host
@@ -93,9 +89,9 @@ func runHook(cfg config, cfgErr error) {
 	}
 	ann := spec.Annotations
 	msg := start{
-		Op: "start", PodUID: ann[annSandboxUID], Namespace: ann[annSandboxNS], Name: ann[annSandboxName],
-		Container: ann[annContainerName], ContainerID: st.ID, Pid: st.Pid, CgroupsPath: spec.Linux.CgroupsPath,
-		Cgroup: v2Cgroup(st.Pid), CgroupRoot: cgroup2Mount(),
+		Op:  "start",
+		ask: ask{ann[annSandboxUID], ann[annSandboxNS], ann[annSandboxName], ann[annContainerName], st.ID},
+		Pid: st.Pid, CgroupsPath: spec.Linux.CgroupsPath, Cgroup: v2Cgroup(st.Pid), CgroupRoot: cgroup2Mount(),
 	}
 	where := fmt.Sprintf("container %q of pod %s/%s", msg.Container, msg.Namespace, msg.Name)
 	a, err := askAgent(cfg, msg)

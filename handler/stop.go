@@ -16,13 +16,9 @@ import (
 // any signal reaches them (measured: a busy MPS client killed without it makes the other busy clients of
 // its server fail). Pids are host pids: the container's cgroup's processes, found from its init process.
 type stopping struct {
-	Op          string `json:"op"`
-	PodUID      string `json:"pod_uid"`
-	Namespace   string `json:"namespace"`
-	Name        string `json:"name"`
-	Container   string `json:"container"`
-	ContainerID string `json:"container_id"`
-	Pids        []int  `json:"pids"`
+	Op   string `json:"op"`
+	ask         // the container, as a create names it
+	Pids []int  `json:"pids"`
 }
 
 // drainBeforeStop runs before `kill` and `delete --force` are handed to the real runtime. Only a GPU
@@ -42,8 +38,9 @@ func drainBeforeStop(inv invocation, cfg config, runtime string) {
 		return // not running: nothing to signal, nothing to drain
 	}
 	msg := stopping{
-		Op: "stop", PodUID: rec.PodUID, Namespace: rec.Namespace, Name: rec.Pod, Container: rec.Container,
-		ContainerID: inv.ID, Pids: containerPids(pid),
+		Op:   "stop",
+		ask:  ask{rec.PodUID, rec.Namespace, rec.Pod, rec.Container, inv.ID},
+		Pids: containerPids(pid),
 	}
 	a, err := askAgent(cfg, msg)
 	if err != nil {

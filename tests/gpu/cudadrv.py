@@ -253,12 +253,18 @@ def alloc(drv: Driver, cap_mib: int, step_mib: int) -> dict[str, Any]:
     }
 
 
-def hold(drv: Driver, mib: int, seconds: float, emit: Any) -> dict[str, Any]:
+def _ready(drv: Driver, mib: int, emit: Any) -> int:
+    """A context holding `mib` MiB, touched once; says so on stdout. The allocation's pointer."""
     drv.init()
     drv.context(0)
     ptr = drv.alloc(mib * MIB)
     drv.touch(ptr, mib * MIB)
     emit({"ready": True, "pid": os.getpid(), "held_mib": mib})
+    return ptr
+
+
+def hold(drv: Driver, mib: int, seconds: float, emit: Any) -> dict[str, Any]:
+    ptr = _ready(drv, mib, emit)
     deadline, touches, failure = time.monotonic() + seconds, 0, ""
     while time.monotonic() < deadline:
         try:
@@ -276,11 +282,7 @@ def hold(drv: Driver, mib: int, seconds: float, emit: Any) -> dict[str, Any]:
 def busy(drv: Driver, mib: int, seconds: float, emit: Any) -> dict[str, Any]:
     """Work in flight for `seconds`: memsets of `mib` MiB back to back, each synchronized, no pause between
     (a signal then lands while the GPU runs this context's work); then exit normally."""
-    drv.init()
-    drv.context(0)
-    ptr = drv.alloc(mib * MIB)
-    drv.touch(ptr, mib * MIB)
-    emit({"ready": True, "pid": os.getpid(), "held_mib": mib})
+    ptr = _ready(drv, mib, emit)
     deadline, rounds, failure = time.monotonic() + seconds, 0, ""
     while time.monotonic() < deadline:
         try:
