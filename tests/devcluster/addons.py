@@ -174,6 +174,21 @@ def allocation_probe_pod(name: str = "gpupack-policy-probe") -> dict[str, Any]:
     }
 
 
+def runtime_class(docs: Iterable[Any]) -> dict[str, Any] | None:
+    """The chart's RuntimeClass (its node side, on by default) among rendered manifests: the webhook sets it
+    on MPS pods, so an MPS share needs no hostPath and runs in `baseline` namespaces."""
+    return next(
+        (
+            doc
+            for doc in docs
+            if isinstance(doc, dict)
+            and doc.get("kind") == "RuntimeClass"
+            and ((doc.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL) == "node-side"
+        ),
+        None,
+    )
+
+
 def agent_anchor_pod(node: str, service_account: str = AGENT_SERVICE_ACCOUNT) -> dict[str, Any]:
     """The stand-in for a node's agent DaemonSet pod: what its ServiceAccount token gets bound to.
 
@@ -353,16 +368,24 @@ def extender_spec(
 
 
 def webhook_spec(
-    port: int, cert: Path, key: Path, ca_file: Path, mps_pipe_host_dir: Path | None = None
+    port: int,
+    cert: Path,
+    key: Path,
+    ca_file: Path,
+    *,
+    mps_pipe_host_dir: Path | None = None,
+    runtime_class: str | None = None,
 ) -> ComponentSpec:
-    """`mps_pipe_host_dir`: the hostPath the webhook mounts into MPS pods (default /tmp/nvidia-mps); a real
-    kubelet creates it, so a dev cluster with a real node keeps it inside the cluster dir."""
+    """`runtime_class`: gpupack's RuntimeClass, set on MPS pods as the chart's webhook does (None: the legacy
+    hostPath of the pipe dir in the pod). `mps_pipe_host_dir`: that hostPath (default /tmp/nvidia-mps); a
+    real kubelet creates it, so a dev cluster with a real node keeps it inside the cluster dir."""
     pipe = ("--mps-pipe-host-dir", str(mps_pipe_host_dir)) if mps_pipe_host_dir is not None else ()
+    node_side = ("--runtime-class", runtime_class) if runtime_class is not None else ()
     argv = gpupack_cli(
         "webhook", "serve",
         "--cert", str(cert), "--key", str(key),
         "--host", "127.0.0.1", "--port", str(port),
-        *pipe,
+        *pipe, *node_side,
     )  # fmt: skip
     return ComponentSpec(
         name=WEBHOOK,
@@ -484,10 +507,14 @@ class Definitions:
         policies = policy_objects(docs)
         if not policies:
             raise RuntimeError(f"{MANIFEST_RELPATH} holds no ValidatingAdmissionPolicy")
+        node_side = runtime_class(docs)
+        if node_side is None:
+            raise RuntimeError(f"{MANIFEST_RELPATH} holds no RuntimeClass (the chart's nodeSide)")
         with cluster.api_client() as api:
             install_crd(api, crd)
             install_rbac(api, objects)
             install_policies(api, policies)
+            create(api, node_side)
             wait_for_pod_policy(api, PROBE_NAMESPACE)
 
 
@@ -513,11 +540,15 @@ class Components:
         probe_timeout_s: float = 30,
         mps_pipe_host_dir: Path | None = None,
         extender_extra: Sequence[str] = (),
+        node_side: bool = True,
     ) -> None:
         self.extender_extra = tuple(extender_extra)  # more `extender serve` flags (e.g. --autoscale-pool)
         self.agent_heartbeat = agent_heartbeat
         self.probe_timeout_s = probe_timeout_s
         self.mps_pipe_host_dir = mps_pipe_host_dir
+        # As the chart's default: the webhook sets gpupack's RuntimeClass on MPS pods (the Definitions addon
+        # created it). False: the legacy hostPath, for nodes whose containerd lacks the handler.
+        self.node_side = node_side
 
     def start(self, cluster: Cluster, nodes: Sequence[str], progress: Progress = _quiet) -> None:
         specs = [
@@ -533,7 +564,8 @@ class Components:
                 cluster.webhook_cert_file,
                 cluster.webhook_key_file,
                 cluster.ca_file,
-                self.mps_pipe_host_dir,
+                mps_pipe_host_dir=self.mps_pipe_host_dir,
+                runtime_class=self.runtime_class_name() if self.node_side else None,
             ),
             *self.agent_specs(cluster, nodes),
         ]
@@ -542,6 +574,14 @@ class Components:
         self.register_webhook(cluster)
         with cluster.api_client() as api:
             wait_for_gpunodes(api, nodes, timeout_s=30)
+
+    @staticmethod
+    def runtime_class_name() -> str:
+        """The chart's RuntimeClass name (nodeSide.runtimeClassName), as the Definitions addon created it."""
+        node_side = runtime_class(yaml.safe_load_all(source_file(MANIFEST_RELPATH).read_text()))
+        if node_side is None:
+            raise RuntimeError(f"{MANIFEST_RELPATH} holds no RuntimeClass (the chart's nodeSide)")
+        return str(node_side["metadata"]["name"])
 
     def agent_specs(self, cluster: Cluster, nodes: Sequence[str]) -> list[ComponentSpec]:
         if not nodes:

@@ -210,7 +210,10 @@ def cmd_up(args: argparse.Namespace) -> int:
                 kubeletnode.as_gpu_node(cluster, node, model, args.gpus_per_node)
                 nodes.append(node.name)
                 # The webhook's MPS pipe hostPath inside the cluster dir: the kubelet creates it there.
-                addons = (Definitions(), Components(mps_pipe_host_dir=cluster.dir / "mps-pipe"))
+                addons = (
+                    Definitions(),
+                    Components(mps_pipe_host_dir=cluster.dir / "mps-pipe", node_side=False),
+                )
             for addon in addons if args.components else ():
                 progress(f"addon {addon.name}")
                 t_addon = time.monotonic()

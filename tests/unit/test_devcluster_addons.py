@@ -297,12 +297,15 @@ def test_component_argv_parse_with_the_real_cli(tmp_path: Path) -> None:
     assert ext.kubeconfig == str(tmp_path / "e.kubeconfig")
     assert (ext.tls_cert, ext.tls_key, ext.client_ca) == tuple(str(p) for p in tls)
     hook = parse_cli(addons.webhook_spec(2222, tmp_path / "c", tmp_path / "k", tmp_path / "ca").argv)
-    assert (hook.command, hook.port, hook.cert, hook.key) == (
+    assert (hook.command, hook.port, hook.cert, hook.key, hook.runtime_class) == (
         "webhook",
         2222,
         str(tmp_path / "c"),
         str(tmp_path / "k"),
+        None,
     )
+    spec = addons.webhook_spec(2222, tmp_path / "c", tmp_path / "k", tmp_path / "ca", runtime_class="gpupack")
+    assert parse_cli(spec.argv).runtime_class == "gpupack"
     spec = addons.agent_spec(
         "gpu-node-1", sim=tmp_path / "s.yaml", port=3333, kubeconfig=tmp_path / "a", state_dir=tmp_path
     )
@@ -405,3 +408,14 @@ def test_start_processes_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.M
     assert [p.name for p in launched] == ["sleeper", "failing"]
     assert not any(p.alive() for p in launched)  # the healthy one was stopped too
     assert cluster.processes == []
+
+
+def test_the_dev_cluster_runs_the_charts_node_side_runtime_class() -> None:
+    """As the chart's default (nodeSide.enabled): its RuntimeClass exists, the webhook sets it on MPS pods."""
+    rc = addons.runtime_class(manifest_docs())
+    assert rc is not None and (rc["apiVersion"], rc["kind"]) == ("node.k8s.io/v1", "RuntimeClass")
+    chart_values = yaml.safe_load((REPO / "deploy/helm/gpupack/values.yaml").read_text())
+    assert rc["metadata"]["name"] == chart_values["nodeSide"]["runtimeClassName"]
+    assert rc["handler"] == chart_values["nodeSide"]["handler"]
+    assert addons.Components.runtime_class_name() == rc["metadata"]["name"]
+    assert addons.Components().node_side is True
