@@ -166,16 +166,22 @@ class GpuAsk(NamedTuple):
 def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
     """The GPU-share request annotations among `annotations`."""
     get = annotations.get
+    nv: list[tuple[str, str]] = []
+    portions: list[tuple[str, str]] = []
+    for k, v in annotations.items():  # one pass: most pods carry no KAI key, and it is built for every pod
+        if k.startswith(_KAI_PREFIXES):
+            if k == names.KAI_POD_COMPUTE_MODE or nv_key(k):
+                nv.append((k, v))
+            elif portion_key(k) is not None:
+                portions.append((k, v))
     return GpuAsk(
         fraction=get(names.GPU_FRACTION),
         memory=get(names.GPU_MEMORY),
         memory_limit=get(names.GPU_MEMORY_LIMIT),
-        nv_fractions=tuple(
-            sorted((k, v) for k, v in annotations.items() if k == names.KAI_POD_COMPUTE_MODE or nv_key(k))
-        ),
+        nv_fractions=tuple(sorted(nv)) if nv else (),
         fraction_limit=get(names.KAI_FRACTION_LIMIT),
         kai_memory_limit=get(names.KAI_GPU_MEMORY_LIMIT),
-        portion_limits=tuple(sorted((k, v) for k, v in annotations.items() if portion_key(k) is not None)),
+        portion_limits=tuple(sorted(portions)) if portions else (),
         mig_profile=get(names.MIG_PROFILE),
         num_devices=get(names.GPU_FRACTION_NUM_DEVICES),
         container=get(names.GPU_FRACTION_CONTAINER_NAME),
@@ -185,6 +191,8 @@ def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
     )
 
 
+# Where every KAI key gpupack reads per container or per pod starts (kai.scheduler/: the pod compute mode).
+_KAI_PREFIXES: Final = (names.KAI_CONTAINER_PREFIX, "kai.scheduler/")
 _NV_FIELDS: Final = frozenset({names.KAI_MEMORY_REQUEST, names.KAI_MEMORY_LIMIT, names.KAI_COMPUTE_MODE})
 
 
