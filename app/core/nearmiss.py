@@ -63,18 +63,17 @@ def gpu_like(key: str) -> bool:
 
 def warnings(annotations: Mapping[str, str], asks: bool) -> tuple[str, ...]:
     """The admission warnings for a pod's annotations; `asks`: the pod asks gpupack for a share."""
-    unread = [key for key in annotations if not _read(key)]
     out = [
         f"annotation {key!r} is not read by gpupack; did you mean {' or '.join(map(repr, meant))}?"
-        for key in unread
-        if (meant := near(key))
+        for key in annotations
+        if not _read(key) and (meant := near(key))
     ]
-    ignored = [key for key in unread if gpu_like(key) and key not in names.ALLOCATION_ANNOTATIONS]
-    if not asks and ignored:
+    gpu_keys = [k for k in annotations if gpu_like(k) and k not in names.ALLOCATION_ANNOTATIONS]
+    if not asks and gpu_keys:
+        listed = ", ".join(map(repr, gpu_keys))
         out.append(
-            f"gpupack gives this pod no GPU share: it reads none of its GPU annotations "
-            f"({', '.join(map(repr, ignored))}); a share is asked with {names.GPU_FRACTION}, "
-            f"{names.GPU_MEMORY} or {names.MIG_PROFILE}"
+            f"gpupack gives this pod no GPU share: none of its GPU annotations ({listed}) asks for one; a "
+            f"share is asked with {names.GPU_FRACTION}, {names.GPU_MEMORY} or {names.MIG_PROFILE}"
         )
     return tuple(out)
 

@@ -54,8 +54,8 @@ def test_near(key: str, meant: tuple[str, ...]) -> None:
 def test_a_pod_with_only_a_misspelled_key_hears_the_key_and_that_it_gets_no_share() -> None:
     assert nearmiss.warnings({"gpu_fraction": "0.5", "app": "x"}, asks=False) == (
         "annotation 'gpu_fraction' is not read by gpupack; did you mean 'gpu-fraction'?",
-        "gpupack gives this pod no GPU share: it reads none of its GPU annotations ('gpu_fraction'); a share "
-        "is asked with gpu-fraction, gpu-memory or gpupack.io/mig-profile",
+        "gpupack gives this pod no GPU share: none of its GPU annotations ('gpu_fraction') asks for one; "
+        "a share is asked with gpu-fraction, gpu-memory or gpupack.io/mig-profile",
     )
 
 
