@@ -210,9 +210,8 @@ class _Reading:
     milli: int | RequestError | None
     memory: units.Memory | RequestError | None
     limit: units.Memory | RequestError | None
-    share: (
-        Fraction | RequestError | None
-    )  # a limit as a share of each GPU's memory (KAI's gpu-fraction.limit)
+    # A limit as a share of each GPU's memory (KAI's gpu-fraction.limit or per-container portion limit).
+    share: Fraction | RequestError | None
     count: int | RequestError | None
     nv: nvfractions.NvAsk
     # Where the memory request and limits were written: gpupack's names, or KAI's.
@@ -244,7 +243,7 @@ class _Reading:
                 (
                     (k, v)
                     for k, v in ((names.KAI_FRACTION_LIMIT, ask.fraction_limit), *ask.portion_limits)
-                    if v
+                    if v is not None
                 ),
                 share_at,
             )

@@ -108,6 +108,11 @@ def test_the_portion_limit_follows_the_named_gpu_container() -> None:
             id="fraction-limit-six-decimals",
         ),
         pytest.param(
+            {names.GPU_FRACTION: "0.5", FRACTION_LIMIT: ""},
+            [f"gpu-fraction.limit='': {SHARE_RULE}"],
+            id="fraction-limit-empty",
+        ),
+        pytest.param(
             {names.GPU_FRACTION: "0.5", FRACTION_LIMIT: "nan"},
             [f"gpu-fraction.limit='nan': {SHARE_RULE}"],
             id="fraction-limit-nan",
