@@ -13,7 +13,7 @@ import yaml
 from agent.nvml import simfile
 from app import cli
 from app.core import admission, catalog, names, podview, request
-from tests.devcluster import addons, command
+from tests.devcluster import addons, command, nodeside
 from tests.devcluster.cluster import Cluster
 from tests.devcluster.identities import IDENTITIES
 from tests.devcluster.layout import Layout, Ports
@@ -419,3 +419,36 @@ def test_the_dev_cluster_runs_the_charts_node_side_runtime_class() -> None:
     assert rc["handler"] == chart_values["nodeSide"]["handler"]
     assert addons.Components.runtime_class_name() == rc["metadata"]["name"]
     assert addons.Components().node_side is True
+
+
+def test_the_real_nodes_node_side_runs_as_the_charts_daemonsets_do(tmp_path: Path) -> None:
+    """Each host process of the real node's node side parses with the real CLI, with the chart's flags."""
+    side = nodeside.NodeSide("real", tmp_path, tmp_path / "bin", REPO / nodeside.STANDIN_MPS_RELPATH)
+    spec = addons.agent_spec(
+        "real",
+        sim=tmp_path / "s.yaml",
+        port=3333,
+        kubeconfig=tmp_path / "a",
+        state_dir=tmp_path,
+        node_side=side.agent_flags(),
+    )
+    agent = parse_cli(spec.argv)
+    assert agent.mps is not False  # MPS on: the agent adopts the node's daemon
+    assert (agent.node_socket, agent.mps_pipe_dir, agent.sim_state) == (
+        tmp_path / "node-side" / "agent.sock",
+        tmp_path / "mps-pipe",
+        tmp_path / "sim-state" / "real",
+    )
+    assert agent.mps_binary == str(REPO / "tests/standin/mps_control.py")
+    prep = parse_cli(side.prepare_argv(tmp_path / "s.yaml"))
+    assert (prep.pipe_dir, prep.compute_mode, prep.node) == (tmp_path / "mps-pipe", "keep", "real")
+    installer = parse_cli(side.installer_spec(tmp_path / "gpupack-runc", tmp_path / "kubeconfig").argv)
+    assert (installer.install_dir, installer.socket, installer.state_dir, installer.runtime) == (
+        tmp_path / "bin",
+        side.socket,
+        side.state_dir,
+        "runc",
+    )
+    daemon = side.mps_daemon_spec()
+    assert daemon.argv[1:] == (str(REPO / "tests/standin/mps_control.py"), "-f", "-M")
+    assert daemon.env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps-pipe")
