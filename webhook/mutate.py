@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import pydantic_core
 
-from app.core import managed, names, podview, quota, request, units
+from app.core import managed, names, nearmiss, podview, quota, request, units
 from app.core.errors import RequestError
 from app.core.jsonpointer import pointer
 from app.core.podview import ContainerView, PodView
@@ -64,24 +64,27 @@ def decide(review: AdmissionReview, settings: Settings, pod_security: str | None
         if isinstance(takeover, tuple):
             return _deny(uid, takeover)
         pod, taken, told = takeover.pod, takeover.ops, takeover.warnings
+    # Keys gpupack does not read that look like ones it does: said, never acted on (app.core.nearmiss).
+    told += nearmiss.warnings(pod.annotations, pod.ask.wanted)
     if not pod.ask.wanted:
         # Our resources without our annotations: refused, never guessed (see README, "Requesting GPUs").
         if errors := request.unannotated_errors(pod):
-            return _deny(uid, errors)
-        return Decision(WebhookOutcome.SKIPPED, _answer(uid, {"allowed": True}))
+            return _deny(uid, errors, told)
+        answer = {"allowed": True, **({"warnings": list(told)} if told else {})}
+        return Decision(WebhookOutcome.SKIPPED, _answer(uid, answer), told)
 
     parsed = request.parse(pod)
     if isinstance(parsed, tuple):
-        return _deny(uid, parsed)
+        return _deny(uid, parsed, told)
     plans = pipe_plans(pod, parsed, settings)
     if pod_security and (
         refused := podsecurity.refusal(
             parsed, pod.annotations, pod_security, req.namespace, next(iter(plans.values()), None)
         )
     ):
-        return _deny(uid, (refused,))
+        return _deny(uid, (refused,), told)
     if errors := clashes(pod, parsed, plans):
-        return _deny(uid, errors)
+        return _deny(uid, errors, told)
     ops = taken + pod_patch(pod, parsed, plans, settings)
     warnings = told + parsed.warnings
     response: dict[str, Json] = {"allowed": True}
@@ -94,10 +97,14 @@ def decide(review: AdmissionReview, settings: Settings, pod_security: str | None
     return Decision(WebhookOutcome.MUTATED, _answer(uid, response), warnings, len(ops))
 
 
-def _deny(uid: str, errors: Sequence[RequestError]) -> Decision:
+def _deny(uid: str, errors: Sequence[RequestError], warnings: Sequence[str] = ()) -> Decision:
+    """A denial naming every error; `warnings` ride along (kubectl prints them with the error)."""
     messages = tuple(str(err) for err in errors)
     status = {"status": "Failure", "code": 422, "reason": "Invalid", "message": "; ".join(messages)}
-    return Decision(WebhookOutcome.DENIED, _answer(uid, {"allowed": False, "status": status}), messages)
+    answer: dict[str, Json] = {"allowed": False, "status": status}
+    if warnings:
+        answer["warnings"] = list(warnings)
+    return Decision(WebhookOutcome.DENIED, _answer(uid, answer), messages)
 
 
 def _answer(uid: str, response: dict[str, Json]) -> dict[str, Json]:
@@ -216,7 +223,7 @@ def gpu_env(req: GpuRequest, pipe_dir: str = names.MPS_PIPE_DIRECTORY) -> list[d
         _field(names.ENV_CUDA_VISIBLE_DEVICES, names.ALLOC_GPU_UUIDS),
         _field(names.ENV_MEMORY_LIMIT_MIB, names.ALLOC_MEMORY_LIMIT_MIB),
     ]
-    if req.memory_limit_mib is not None:  # burstable: the cap above the request, as the extender wrote it
+    if req.burstable:  # the cap above the request, as the extender wrote it
         env.append(_field(names.ENV_MEMORY_HARD_LIMIT_MIB, names.ALLOC_MEMORY_HARD_LIMIT_MIB))
     if req.isolation is Isolation.MPS:
         # Without MPS these would be inert, and without the pipe mount the client cannot reach a daemon.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from fractions import Fraction
 
 from app.core import names
 from app.core.errors import RequestError
@@ -48,9 +49,11 @@ class Demand:
     mig_profile: str = ""
     timeslice: bool = False  # the pod asked for `isolation: none` explicitly: not on EXCLUSIVE_PROCESS GPUs
     memory_enforcement: MemoryEnforcement = MemoryEnforcement.NONE  # the least a GPU must enforce
-    # Burstable: the most memory the pod may use on each GPU (gpu-memory-limit). Placement never reads it
-    # (it counts the request); the allocation records it as the pod's hard cap.
+    # Burstable: the most memory the pod may use on each GPU, in MiB (gpu-memory-limit) or as a share of the
+    # GPU's memory (KAI's gpu-fraction.limit). Placement never reads it (it counts the request); the
+    # allocation records it as the pod's hard cap.
     memory_limit_mib: int | None = None
+    memory_limit_share: Fraction | None = None
 
     def on(self, gpu_memory_mib: int) -> tuple[int, int]:
         """(milli, MiB) this demand takes on one GPU that has `gpu_memory_mib` in total."""
@@ -70,10 +73,16 @@ class Demand:
     def hard_limit_on(self, gpu_memories: Iterable[int]) -> int | None:
         """The burstable cap on GPUs of these sizes (None: not burstable): the limit, but never above a GPU's
         memory nor below the request on it (a fraction's request grows with the GPU); the least of them."""
-        if self.memory_limit_mib is None:
+        if self.memory_limit_mib is None and self.memory_limit_share is None:
             return None
-        limit = self.memory_limit_mib
-        return min(max(self.on(mem)[1], min(limit, mem)) for mem in gpu_memories)
+        return min(max(self.on(mem)[1], min(self._limit_on(mem), mem)) for mem in gpu_memories)
+
+    def _limit_on(self, gpu_memory_mib: int) -> int:
+        """The limit in MiB on a GPU of that size: as written, or its share of the GPU (floored)."""
+        if self.memory_limit_mib is not None:
+            return self.memory_limit_mib
+        assert self.memory_limit_share is not None
+        return math.floor(self.memory_limit_share * gpu_memory_mib)
 
     def accepts(self, model: str) -> bool:
         return not self.models or model in self.models

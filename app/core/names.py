@@ -27,6 +27,13 @@ KAI_MEMORY_REQUEST: Final = "gpu-memory.request"  # after "<prefix><container>."
 KAI_MEMORY_LIMIT: Final = "gpu-memory.limit"
 KAI_COMPUTE_MODE: Final = "gpu-compute.mode"
 KAI_POD_COMPUTE_MODE: Final = "kai.scheduler/gpu-compute-sharing-mode"
+# KAI-Scheduler 0.18's limits above the request (app.core.request reads them; never written): the share of
+# each GPU's memory a gpu-fraction pod may burst to, per pod or per container, and a gpu-memory pod's memory
+# limit (a quantity with a unit).
+KAI_FRACTION_LIMIT: Final = "gpu-fraction.limit"
+KAI_GPU_MEMORY_LIMIT: Final = "gpu-memory.limit"
+KAI_PORTION_PREFIX: Final = "kai.scheduler/container."
+KAI_PORTION_LIMIT: Final = "gpu-memory.portion.limit"  # after "<KAI_PORTION_PREFIX><container>."
 
 # --- the allocation, written by the extender at bind: the single source of truth ---
 ALLOC_NODE: Final = f"{DOMAIN}/node"

@@ -127,6 +127,11 @@ class GpuAsk(NamedTuple):
     memory_limit: str | None = None  # gpupack.io/gpu-memory-limit
     # KAI-Scheduler's NvFractions annotations as (key, value), sorted by key (app.core.nvfractions reads them)
     nv_fractions: tuple[tuple[str, str], ...] = ()
+    # KAI-Scheduler 0.18's limits: gpu-fraction.limit, gpu-memory.limit, and each
+    # kai.scheduler/container.<c>.gpu-memory.portion.limit as (key, value), sorted by key
+    fraction_limit: str | None = None
+    kai_memory_limit: str | None = None
+    portion_limits: tuple[tuple[str, str], ...] = ()
     mig_profile: str | None = None  # mig-profile
     num_devices: str | None = None  # gpu-fraction-num-devices
     container: str | None = None  # gpu-fraction-container-name
@@ -142,13 +147,16 @@ class GpuAsk(NamedTuple):
     @property
     def wanted(self) -> bool:
         """The pod asks gpupack for a GPU share (the webhook's matchConditions say the same): a request, a
-        limit alone (so that its missing request is refused rather than the limit silently ignored), or a
-        KAI NvFractions memory request or limit (a compute mode alone asks for nothing)."""
+        limit alone in any spelling (so that its missing request is refused rather than the limit silently
+        ignored), or a KAI NvFractions memory request or limit (a compute mode alone asks for nothing)."""
         return (
             self.fraction is not None
             or self.memory is not None
             or self.mig_profile is not None
             or self.memory_limit is not None
+            or self.fraction_limit is not None
+            or self.kai_memory_limit is not None
+            or bool(self.portion_limits)
             or any(
                 (split := nv_key(key)) and split[1] != names.KAI_COMPUTE_MODE for key, _ in self.nv_fractions
             )
@@ -158,13 +166,22 @@ class GpuAsk(NamedTuple):
 def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
     """The GPU-share request annotations among `annotations`."""
     get = annotations.get
+    nv: list[tuple[str, str]] = []
+    portions: list[tuple[str, str]] = []
+    for k, v in annotations.items():  # one pass: most pods carry no KAI key, and it is built for every pod
+        if k.startswith(_KAI_PREFIXES):
+            if k == names.KAI_POD_COMPUTE_MODE or nv_key(k):
+                nv.append((k, v))
+            elif portion_key(k) is not None:
+                portions.append((k, v))
     return GpuAsk(
         fraction=get(names.GPU_FRACTION),
         memory=get(names.GPU_MEMORY),
         memory_limit=get(names.GPU_MEMORY_LIMIT),
-        nv_fractions=tuple(
-            sorted((k, v) for k, v in annotations.items() if k == names.KAI_POD_COMPUTE_MODE or nv_key(k))
-        ),
+        nv_fractions=tuple(sorted(nv)) if nv else (),
+        fraction_limit=get(names.KAI_FRACTION_LIMIT),
+        kai_memory_limit=get(names.KAI_GPU_MEMORY_LIMIT),
+        portion_limits=tuple(sorted(portions)) if portions else (),
         mig_profile=get(names.MIG_PROFILE),
         num_devices=get(names.GPU_FRACTION_NUM_DEVICES),
         container=get(names.GPU_FRACTION_CONTAINER_NAME),
@@ -174,6 +191,8 @@ def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
     )
 
 
+# Where every KAI key gpupack reads per container or per pod starts (kai.scheduler/: the pod compute mode).
+_KAI_PREFIXES: Final = (names.KAI_CONTAINER_PREFIX, "kai.scheduler/")
 _NV_FIELDS: Final = frozenset({names.KAI_MEMORY_REQUEST, names.KAI_MEMORY_LIMIT, names.KAI_COMPUTE_MODE})
 
 
@@ -184,6 +203,14 @@ def nv_key(key: str) -> tuple[str, str] | None:
         return None
     container, _, field_ = key[len(names.KAI_CONTAINER_PREFIX) :].partition(".")
     return (container, field_) if field_ in _NV_FIELDS else None
+
+
+def portion_key(key: str) -> str | None:
+    """The container a KAI `kai.scheduler/container.<c>.gpu-memory.portion.limit` key names, else None."""
+    if not key.startswith(names.KAI_PORTION_PREFIX):
+        return None
+    container, _, field_ = key[len(names.KAI_PORTION_PREFIX) :].partition(".")
+    return container if field_ == names.KAI_PORTION_LIMIT and container else None
 
 
 @dataclass(frozen=True)

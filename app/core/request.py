@@ -7,17 +7,19 @@ parsed once (its value, or the error its rule reports); `_build` takes the parse
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
+from fractions import Fraction
 from typing import Final, TypeVar
 
 from app.core import catalog, names, nvfractions, units
 from app.core.errors import RequestError
 from app.core.isolation import MemoryEnforcement, memory_levels
 from app.core.model import MILLI_PER_GPU, Demand
-from app.core.podview import WHOLE_GPU_RESOURCE, ContainerView, PodView
+from app.core.podview import WHOLE_GPU_RESOURCE, ContainerView, PodView, portion_key
 
 MAX_DEVICES: Final = 16  # more GPUs than any node we know of carries; a typo guard, not a policy
 
@@ -45,13 +47,21 @@ class GpuRequest:
     memory_mib: int | None  # set for a gpu-memory request
     mig_profile: str = ""  # set for a gpupack.io/mig-profile request (neither milli nor memory_mib)
     models: tuple[str, ...] = ()  # acceptable GPU models (node label values); empty = any
-    # The hard cap on GPU memory per GPU the pod may use when it bursts above its request (MiB, set by
-    # gpupack.io/gpu-memory-limit or KAI's NvFractions limit); None: no burst, the cap is the share itself.
+    # The hard cap on GPU memory per GPU the pod may use when it bursts above its request: MiB (set by
+    # gpupack.io/gpu-memory-limit, KAI's gpu-memory.limit or its NvFractions limit), or a share of the GPU's
+    # memory (KAI's gpu-fraction.limit or per-container portion limit); both None: no burst, the cap is the
+    # share itself.
     memory_limit_mib: int | None = None
+    memory_limit_share: Fraction | None = None
     isolation: Isolation = Isolation.MPS
     isolation_explicit: bool = False  # written by the pod: then MPS is required, not best effort
     memory_enforcement: MemoryEnforcement = MemoryEnforcement.NONE  # the least a GPU must enforce
     warnings: tuple[str, ...] = ()  # accepted, but the user should know (e.g. rounding)
+
+    @property
+    def burstable(self) -> bool:
+        """The pod may use more memory than its request, up to a limit."""
+        return self.memory_limit_mib is not None or self.memory_limit_share is not None
 
     @property
     def resource(self) -> tuple[str, int]:
@@ -75,6 +85,7 @@ class GpuRequest:
             timeslice=self.isolation_explicit and self.isolation is Isolation.NONE,
             memory_enforcement=self.memory_enforcement,
             memory_limit_mib=self.memory_limit_mib,
+            memory_limit_share=self.memory_limit_share,
         )
 
 
@@ -199,11 +210,14 @@ class _Reading:
     milli: int | RequestError | None
     memory: units.Memory | RequestError | None
     limit: units.Memory | RequestError | None
+    # A limit as a share of each GPU's memory (KAI's gpu-fraction.limit or per-container portion limit).
+    share: Fraction | RequestError | None
     count: int | RequestError | None
     nv: nvfractions.NvAsk
-    # Where the memory request and limit were written: gpupack's names, or KAI's NvFractions ones.
+    # Where the memory request and limits were written: gpupack's names, or KAI's.
     memory_at: tuple[str, str | None] = (names.GPU_MEMORY, None)  # (key, raw)
     limit_at: tuple[str, str | None] = (names.GPU_MEMORY_LIMIT, None)
+    share_at: tuple[str, str | None] = (names.KAI_FRACTION_LIMIT, None)
 
     @classmethod
     def of(cls, pod: PodView) -> _Reading:
@@ -211,16 +225,34 @@ class _Reading:
         nv = nvfractions.read(ask.nv_fractions)
         memory_at: tuple[str, str | None] = (names.GPU_MEMORY, ask.memory)
         limit_at: tuple[str, str | None] = (names.GPU_MEMORY_LIMIT, ask.memory_limit)
-        parser = units.memory_mib
+        parser = limit_parser = units.memory_mib
         # KAI's names: quantities of bytes; a limit alone is also the request, parsed (and reported) once.
         if nv.memory is not None:
             memory_at, parser = nv.memory, units.quantity_mib
             limit_at = nv.limit if nv.request is not None and nv.limit is not None else (limit_at[0], None)
+            limit_parser = parser
+        elif ask.memory_limit is None and ask.kai_memory_limit is not None and ask.memory is not None:
+            # KAI 0.18's gpu-memory.limit, read only where it may stand (_kai_limits refuses it elsewhere).
+            limit_at, limit_parser = (
+                (names.KAI_GPU_MEMORY_LIMIT, ask.kai_memory_limit),
+                units.unit_quantity_mib,
+            )
+        share_at: tuple[str, str | None] = (names.KAI_FRACTION_LIMIT, None)
+        if ask.fraction is not None:  # a share limit is read only beside gpu-fraction (else _kai_limits)
+            share_at = next(
+                (
+                    (k, v)
+                    for k, v in ((names.KAI_FRACTION_LIMIT, ask.fraction_limit), *ask.portion_limits)
+                    if v is not None
+                ),
+                share_at,
+            )
         return cls(
             pod,
             milli=_parsed(names.GPU_FRACTION, ask.fraction, units.fraction_milli),
             memory=_parsed(*memory_at, parser),
-            limit=_parsed(*limit_at, parser),
+            limit=_parsed(*limit_at, limit_parser),
+            share=_parsed(*share_at, units.memory_share),
             count=_parsed(
                 names.GPU_FRACTION_NUM_DEVICES,
                 ask.num_devices,
@@ -229,6 +261,7 @@ class _Reading:
             nv=nv,
             memory_at=memory_at,
             limit_at=limit_at,
+            share_at=share_at,
         )
 
 
@@ -488,9 +521,71 @@ def _nv_fractions(r: _Reading) -> Iterable[RequestError]:
         yield RequestError(nv.mode[0], nv.mode[1], rule)
 
 
+def _kai_limits(r: _Reading) -> Iterable[RequestError]:
+    """KAI 0.18's limits, as KAI reads them: gpu-fraction.limit and the per-container portion limit only
+    beside gpu-fraction, on the GPU container, agreeing when both are written; gpu-memory.limit only beside
+    gpu-memory; none beside gpupack's own limit name (both would set the limit, one silently ignored)."""
+    ask = r.pod.ask
+    shares: tuple[tuple[str, str], ...] = ask.portion_limits
+    if ask.fraction_limit is not None:
+        shares = ((names.KAI_FRACTION_LIMIT, ask.fraction_limit), *shares)
+    if ask.fraction is None:
+        for key, raw in shares:
+            rule = (
+                f"limits the share of GPU memory a {names.GPU_FRACTION} pod may use, and the pod sets no "
+                f"{names.GPU_FRACTION}: add {names.GPU_FRACTION}, or for a {names.GPU_MEMORY} pod write "
+                f"{names.KAI_GPU_MEMORY_LIMIT}"
+            )
+            yield RequestError(key, raw, rule)
+    if ask.kai_memory_limit is not None and ask.memory is None:
+        rule = (
+            f"limits the memory of a {names.GPU_MEMORY} pod, and the pod sets no {names.GPU_MEMORY}: add "
+            f"{names.GPU_MEMORY}, or for a {names.GPU_FRACTION} pod write {names.KAI_FRACTION_LIMIT}"
+        )
+        yield RequestError(names.KAI_GPU_MEMORY_LIMIT, ask.kai_memory_limit, rule)
+    if ask.memory_limit is not None:
+        limit = ask.kai_memory_limit
+        memory = ((names.KAI_GPU_MEMORY_LIMIT, limit),) if limit is not None else ()
+        for key, raw in (*shares, *memory):
+            rule = f"must not be set together with {names.GPU_MEMORY_LIMIT}: both set the limit; use one"
+            yield RequestError(key, raw, rule)
+    for key, raw in ask.portion_limits:
+        container, target = portion_key(key), r.pod.gpu_container
+        if target is not None and container != target:
+            rule = (
+                f"names container {container!r}, but the GPU share goes to {target!r} "
+                f"({names.GPU_FRACTION_CONTAINER_NAME}, else the first container)"
+            )
+            yield RequestError(key, raw, rule)
+        if ask.fraction_limit is not None and _share_value(raw) != _share_value(ask.fraction_limit):
+            other = f"{names.KAI_FRACTION_LIMIT}={ask.fraction_limit!r}"
+            yield RequestError(key, raw, f"disagrees with {other} (KAI's two spellings of it): set one")
+
+
+def _share_value(raw: str) -> Fraction | str:
+    """A share limit's value, to compare two spellings ("0.8" is "0.80"); the raw text when it is invalid."""
+    try:
+        return units.memory_share(raw)
+    except units.UnitError:
+        return raw
+
+
+def _memory_share_limit(r: _Reading) -> Iterable[RequestError]:
+    """A share limit is the most of each GPU's memory the pod may use; gpu-fraction is the least it gets."""
+    (key, raw), share = r.share_at, r.share
+    if isinstance(share, RequestError):
+        yield share
+    elif share is not None and isinstance(r.milli, int) and share * MILLI_PER_GPU < r.milli:
+        rule = (
+            f"is less than {names.GPU_FRACTION}={r.pod.ask.fraction}: the limit must be at least the request"
+        )
+        yield RequestError(key, raw or "", rule)
+
+
 RULES: Final[tuple[Callable[[_Reading], Iterable[RequestError]], ...]] = (
     _one_of_fraction_or_memory,
     _nv_fractions,
+    _kai_limits,
     _no_whole_gpus,
     _fraction_value,
     _memory_value,
@@ -502,6 +597,7 @@ RULES: Final[tuple[Callable[[_Reading], Iterable[RequestError]], ...]] = (
     _mig_profile_value,
     _memory_fits_a_gpu,
     _memory_limit,
+    _memory_share_limit,
     _gpupack_resources_only_on_the_gpu_container,
 )
 
@@ -538,6 +634,18 @@ def _largest_gpu(raw_models: str | None) -> tuple[catalog.GpuModel, str]:
     return max(table.values(), key=lambda g: g.memory_mib), " gpupack knows"
 
 
+def _close_models(name: str) -> list[str]:
+    """The catalogue models whose name (or an NVML alias of it) is within a few edits of `name`, closest
+    first (case ignored): a likely typo of a known model."""
+    spellings = {m.name.lower(): m.name for m in catalog.models().values()}
+    spellings |= {a.lower(): m.name for m in catalog.models().values() for a in m.aliases}
+    close = difflib.get_close_matches(name.lower(), spellings, n=4, cutoff=_MODEL_CUTOFF)
+    return list(dict.fromkeys(spellings[c] for c in close))[:2]
+
+
+_MODEL_CUTOFF: Final = 0.85  # difflib's similarity: 'A100-40G' and 'A100-40GB' score 0.94, 'A10' 0.55
+
+
 def _sm_sharing(nv: nvfractions.NvAsk) -> bool:
     return nv.mode is not None and nv.mode[1] == nvfractions.ComputeMode.SM_SHARING
 
@@ -547,7 +655,7 @@ def _build(r: _Reading) -> GpuRequest:
     ask = r.pod.ask
     assert not isinstance(r.milli, RequestError) and not isinstance(r.memory, RequestError)
     assert not isinstance(r.count, RequestError) and r.pod.gpu_container is not None
-    assert not isinstance(r.limit, RequestError)
+    assert not isinstance(r.limit, RequestError) and not isinstance(r.share, RequestError)
     warnings: list[str] = []
     for (key, raw), memory in ((r.memory_at, r.memory), (r.limit_at, r.limit)):
         if memory is not None and memory.rounded_from is not None:
@@ -555,6 +663,12 @@ def _build(r: _Reading) -> GpuRequest:
     for model in ask.model.split("|") if ask.model else ():
         if (canonical := _canonical_model(model)) != model:
             warnings.append(f"{names.GPU_MODEL}: {model!r} is read as {canonical!r}")
+        elif model not in catalog.models() and (close := _close_models(model)):
+            meant = " or ".join(map(repr, close))
+            warnings.append(
+                f"{names.GPU_MODEL}: {model!r} is no GPU model gpupack knows, so only nodes labelled "
+                f"{names.NODE_LABEL_GPU_MODEL}={model} match it; did you mean {meant}?"
+            )
     return GpuRequest(
         container=r.pod.gpu_container,
         count=r.count if r.count is not None else 1,
@@ -563,6 +677,7 @@ def _build(r: _Reading) -> GpuRequest:
         mig_profile=ask.mig_profile or "",
         models=gpu_models(ask.model),
         memory_limit_mib=None if r.limit is None else r.limit.mib,
+        memory_limit_share=r.share,
         isolation=Isolation.MIG if ask.mig_profile else Isolation(ask.isolation or Isolation.MPS),
         # KAI's sm-sharing runs SMs at once through MPS, so it requires MPS like an explicit isolation: mps;
         # time-slicing asks for nothing more than gpupack's default.

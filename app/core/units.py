@@ -124,6 +124,34 @@ def quantity_mib(raw: str) -> Memory:
         raise UnitError(BYTES_RULE if err.rule == MEMORY_RULE else err.rule) from None
 
 
+SHARE_RULE: Final = "must be a decimal in (0, 1] with at most 5 decimals (a share of each GPU's memory)"
+_SHARE: Final = re.compile(r"[0-9]*\.[0-9]{1,5}|[0-9]+")
+
+
+def memory_share(raw: str) -> Fraction:
+    """'0.75' → 3/4: a share of a GPU's memory (KAI's gpu-fraction.limit), exact, in (0, 1]."""
+    if len(raw) > MAX_RAW_LEN or not _SHARE.fullmatch(raw):
+        raise UnitError(SHARE_RULE)
+    whole_part, _, decimals = raw.partition(".")
+    value = Fraction(int(whole_part + decimals or "0"), 10 ** len(decimals))
+    if not 0 < value <= 1:
+        raise UnitError(SHARE_RULE)
+    return value
+
+
+UNIT_QUANTITY_RULE: Final = (
+    "must be a Kubernetes quantity with a byte suffix (e.g. 8Gi or 8192Mi); KAI refuses a bare number here"
+)
+
+
+def unit_quantity_mib(raw: str) -> Memory:
+    """'8Gi' → 8192 MiB: a quantity that must carry its byte suffix (KAI's gpu-memory.limit), rounded up to
+    a whole MiB like `memory_mib`."""
+    if len(raw) > MAX_RAW_LEN or _QUANTITY.fullmatch(raw) is None:
+        raise UnitError(UNIT_QUANTITY_RULE)
+    return memory_mib(raw)
+
+
 def positive_int(raw: str, maximum: int) -> int:
     """'2' → 2. Accepts an ASCII integer in [1, maximum]; anything else is a UnitError."""
     rule = f"must be an integer from 1 to {maximum}"

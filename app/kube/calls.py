@@ -141,6 +141,7 @@ PLURALS: Final[Mapping[str, str]] = {
     "Pod": "pods",
     "Role": "roles",
     "RoleBinding": "rolebindings",
+    "RuntimeClass": "runtimeclasses",
     "ServiceAccount": "serviceaccounts",
     "ValidatingAdmissionPolicy": "validatingadmissionpolicies",
     "ValidatingAdmissionPolicyBinding": "validatingadmissionpolicybindings",

@@ -21,12 +21,12 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from kubernetes.client.rest import ApiException
 
-from app.core import names
+from app.core import catalog, names
 from app.core.model import Allocation
 from tests.devcluster import wait_for
 from webhook import hami
 
-from .conftest import REPO, chart_webhook_configuration
+from .conftest import MODEL, REPO, chart_webhook_configuration
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "unit"))
 import test_webhook_pod_validity as validity  # the unit tier's pod generator
@@ -62,6 +62,21 @@ KAI_MPS_MOUNT = {"name": "nvidia-mps", "mountPath": PIPE}
 KAI_PODS = [
     pytest.param(kai_pod("gpu-sharing", {"gpu-fraction": "0.5"}), "gpu-sharing", 1, PIPE, id="fraction"),
     pytest.param(kai_pod("gpu-memory", {"gpu-memory": "2000"}), "gpu-sharing", 1, PIPE, id="memory-mib"),
+    # KAI 0.18's limits beside the request (pkg/common/constants: gpu-fraction.limit, gpu-memory.limit).
+    pytest.param(
+        kai_pod("gpu-memory-limit", {"gpu-memory": "2000", "gpu-memory.limit": "4000Mi"}),
+        "gpu-sharing",
+        1,
+        PIPE,
+        id="memory-limit-0.18",
+    ),
+    pytest.param(
+        kai_pod("gpu-fraction-limit", {"gpu-fraction": "0.5", "gpu-fraction.limit": "0.75"}),
+        "gpu-sharing",
+        1,
+        PIPE,
+        id="fraction-limit-0.18",
+    ),
     pytest.param(
         kai_pod("multi-fraction", {"gpu-fraction": "0.5", "gpu-fraction-num-devices": "2"}),
         "gpu-sharing",
@@ -337,3 +352,27 @@ def test_chart_hami_clause_is_the_webhooks() -> None:
     (off,) = chart_webhook_configuration()["webhooks"][0]["matchConditions"]
     assert on == {**want, "expression": f"{want['expression']} || {hami.MATCH_CONDITION}"}
     assert off == want
+
+
+@pytest.mark.parametrize(
+    ("annotations", "hard_limit_of"),
+    [
+        pytest.param({"gpu-memory": "2000", "gpu-memory.limit": "4000Mi"}, lambda mib: 4000, id="gpu-memory"),
+        pytest.param(
+            {"gpu-fraction": "0.5", "gpu-fraction.limit": "0.75"}, lambda mib: mib * 3 // 4, id="gpu-fraction"
+        ),
+    ],
+)
+def test_kai_018_limits_are_the_hard_cap_on_the_gpu_the_pod_lands_on(  # noqa: PLR0917 (fixtures, parameters)
+    gpupack: str,
+    kube: Any,
+    core: Any,
+    namespace: str,
+    annotations: dict[str, str],
+    hard_limit_of: Any,
+) -> None:
+    """KAI's meaning: gpu-memory.limit is MiB, gpu-fraction.limit a share of the memory of its GPU."""
+    core.create_namespaced_pod(namespace, kai_pod("limited", annotations))
+    pod = scheduled(kube, core, namespace, "limited")
+    alloc = Allocation.from_annotations(pod["metadata"]["annotations"])
+    assert alloc is not None and alloc.hard_limit_mib == hard_limit_of(catalog.lookup(MODEL).memory_mib)

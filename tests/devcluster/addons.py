@@ -50,6 +50,7 @@ from app.kube.client import Kube
 from .binaries import repo_root
 from .identities import GPUPACK_NAMESPACE, kubeconfig
 from .nodes import MigLayout
+from .nodeside import NodeSide, build_handler, prepare
 from .poll import WaitTimeoutError, wait_for
 from .ports import free_ports
 from .processes import ComponentSpec, HealthCheck
@@ -172,6 +173,21 @@ def allocation_probe_pod(name: str = "gpupack-policy-probe") -> dict[str, Any]:
         "metadata": {"name": name, "annotations": {names.ALLOC_NODE: "probe"}},
         "spec": {"containers": [{"name": "main", "image": "busybox"}]},
     }
+
+
+def runtime_class(docs: Iterable[Any]) -> dict[str, Any] | None:
+    """The chart's RuntimeClass (its node side, on by default) among rendered manifests: the webhook sets it
+    on MPS pods, so an MPS share needs no hostPath and runs in `baseline` namespaces."""
+    return next(
+        (
+            doc
+            for doc in docs
+            if isinstance(doc, dict)
+            and doc.get("kind") == "RuntimeClass"
+            and ((doc.get("metadata") or {}).get("labels") or {}).get(COMPONENT_LABEL) == "node-side"
+        ),
+        None,
+    )
 
 
 def agent_anchor_pod(node: str, service_account: str = AGENT_SERVICE_ACCOUNT) -> dict[str, Any]:
@@ -304,8 +320,20 @@ def _milli_to_gpus(raw: str) -> int:
 
 
 def agent_spec(
-    node: str, *, sim: Path, port: int, kubeconfig: Path, state_dir: Path, heartbeat: str = "30s"
+    node: str,
+    *,
+    sim: Path,
+    port: int,
+    kubeconfig: Path,
+    state_dir: Path,
+    heartbeat: str = "30s",
+    node_side: Sequence[str] = (),
 ) -> ComponentSpec:
+    """`node_side`: the MPS and node-side flags of a node that runs them (nodeside.NodeSide.agent_flags);
+    empty for a kwok node, which runs no containers and no MPS daemon."""
+    # Simulated GPUs have no MPS daemon to run; the default /tmp pipe dir would be shared by every agent
+    # (and by a real one on this host), so point them into the cluster dir anyway.
+    mps = tuple(node_side) or ("--no-mps", "--mps-pipe-dir", str(state_dir / "mps" / node))
     argv = gpupack_cli(
         "agent", "run",
         "--node", node,
@@ -313,10 +341,7 @@ def agent_spec(
         "--sim", str(sim),
         "--heartbeat", heartbeat,
         "--host", "127.0.0.1", "--port", str(port),
-        # Simulated GPUs have no MPS daemon to run; the default /tmp pipe dir would be shared by
-        # every agent (and by a real one on this host), so point them into the cluster dir anyway.
-        "--no-mps",
-        "--mps-pipe-dir", str(state_dir / "mps" / node),
+        *mps,
     )  # fmt: skip
     return ComponentSpec(
         name=f"{AGENT_PREFIX}{node}",
@@ -353,16 +378,24 @@ def extender_spec(
 
 
 def webhook_spec(
-    port: int, cert: Path, key: Path, ca_file: Path, mps_pipe_host_dir: Path | None = None
+    port: int,
+    cert: Path,
+    key: Path,
+    ca_file: Path,
+    *,
+    mps_pipe_host_dir: Path | None = None,
+    runtime_class: str | None = None,
 ) -> ComponentSpec:
-    """`mps_pipe_host_dir`: the hostPath the webhook mounts into MPS pods (default /tmp/nvidia-mps); a real
-    kubelet creates it, so a dev cluster with a real node keeps it inside the cluster dir."""
+    """`runtime_class`: gpupack's RuntimeClass, set on MPS pods as the chart's webhook does (None: the legacy
+    hostPath of the pipe dir in the pod). `mps_pipe_host_dir`: that hostPath (default /tmp/nvidia-mps); a
+    real kubelet creates it, so a dev cluster with a real node keeps it inside the cluster dir."""
     pipe = ("--mps-pipe-host-dir", str(mps_pipe_host_dir)) if mps_pipe_host_dir is not None else ()
+    node_side = ("--runtime-class", runtime_class) if runtime_class is not None else ()
     argv = gpupack_cli(
         "webhook", "serve",
         "--cert", str(cert), "--key", str(key),
         "--host", "127.0.0.1", "--port", str(port),
-        *pipe,
+        *pipe, *node_side,
     )  # fmt: skip
     return ComponentSpec(
         name=WEBHOOK,
@@ -484,10 +517,14 @@ class Definitions:
         policies = policy_objects(docs)
         if not policies:
             raise RuntimeError(f"{MANIFEST_RELPATH} holds no ValidatingAdmissionPolicy")
+        node_side = runtime_class(docs)
+        if node_side is None:
+            raise RuntimeError(f"{MANIFEST_RELPATH} holds no RuntimeClass (the chart's nodeSide)")
         with cluster.api_client() as api:
             install_crd(api, crd)
             install_rbac(api, objects)
             install_policies(api, policies)
+            create(api, node_side)
             wait_for_pod_policy(api, PROBE_NAMESPACE)
 
 
@@ -513,11 +550,18 @@ class Components:
         probe_timeout_s: float = 30,
         mps_pipe_host_dir: Path | None = None,
         extender_extra: Sequence[str] = (),
+        node_side: bool = True,
+        node_side_agents: Mapping[str, Sequence[str]] | None = None,
     ) -> None:
         self.extender_extra = tuple(extender_extra)  # more `extender serve` flags (e.g. --autoscale-pool)
         self.agent_heartbeat = agent_heartbeat
         self.probe_timeout_s = probe_timeout_s
         self.mps_pipe_host_dir = mps_pipe_host_dir
+        # As the chart's default: the webhook sets gpupack's RuntimeClass on MPS pods (the Definitions addon
+        # created it). False: the legacy hostPath, for nodes whose containerd lacks the handler.
+        self.node_side = node_side
+        # The agent flags of nodes that run the node side (a real node, nodeside.RealNodeSide): by node name.
+        self.node_side_agents = dict(node_side_agents or {})
 
     def start(self, cluster: Cluster, nodes: Sequence[str], progress: Progress = _quiet) -> None:
         specs = [
@@ -533,7 +577,8 @@ class Components:
                 cluster.webhook_cert_file,
                 cluster.webhook_key_file,
                 cluster.ca_file,
-                self.mps_pipe_host_dir,
+                mps_pipe_host_dir=self.mps_pipe_host_dir,
+                runtime_class=self.runtime_class_name() if self.node_side else None,
             ),
             *self.agent_specs(cluster, nodes),
         ]
@@ -543,27 +588,29 @@ class Components:
         with cluster.api_client() as api:
             wait_for_gpunodes(api, nodes, timeout_s=30)
 
+    @staticmethod
+    def runtime_class_name() -> str:
+        """The chart's RuntimeClass name (nodeSide.runtimeClassName), as the Definitions addon created it."""
+        node_side = runtime_class(yaml.safe_load_all(source_file(MANIFEST_RELPATH).read_text()))
+        if node_side is None:
+            raise RuntimeError(f"{MANIFEST_RELPATH} holds no RuntimeClass (the chart's nodeSide)")
+        return str(node_side["metadata"]["name"])
+
     def agent_specs(self, cluster: Cluster, nodes: Sequence[str]) -> list[ComponentSpec]:
         if not nodes:
             return []
-        root = repo_root()
-        samples = list((root / SIM_SAMPLES_RELPATH).glob("*.yaml")) if root is not None else []
         with cluster.api_client() as api:
-            kube = Kube(api)
-            shapes = {n: node_shape(kube.send(Request("GET", paths.node(n)))) for n in nodes}
             kubeconfigs = {n: self.agent_kubeconfig(cluster, api, n) for n in nodes}
-        sims = {
-            s: sim_file_for(s.model, s.gpus, samples, cluster.dir / "sim", s.mig)
-            for s in set(shapes.values())
-        }
+        sims = node_sims(cluster, nodes)
         return [
             agent_spec(
                 n,
-                sim=sims[shapes[n]],
+                sim=sims[n],
                 port=port,
                 kubeconfig=kubeconfigs[n],
                 state_dir=cluster.dir,
                 heartbeat=self.agent_heartbeat,
+                node_side=self.node_side_agents.get(n, ()),
             )
             for n, port in zip(nodes, free_ports(len(nodes)), strict=True)
         ]
@@ -606,6 +653,45 @@ class Components:
                     f"(last: {last[0]}); see {cluster.log_path(WEBHOOK)} and "
                     f"{cluster.log_path('kube-apiserver')}"
                 ) from None
+
+
+def node_sims(cluster: Cluster, nodes: Sequence[str]) -> dict[str, Path]:
+    """Each node's simulated GPU set, from its shape as created (one file per shape, see sim_file_for)."""
+    root = repo_root()
+    samples = list((root / SIM_SAMPLES_RELPATH).glob("*.yaml")) if root is not None else []
+    with cluster.api_client() as api:
+        kube = Kube(api)
+        shapes = {n: node_shape(kube.send(Request("GET", paths.node(n)))) for n in nodes}
+    sims = {
+        s: sim_file_for(s.model, s.gpus, samples, cluster.dir / "sim", s.mig) for s in set(shapes.values())
+    }
+    return {n: sims[shapes[n]] for n in nodes}
+
+
+class RealNodeSide:
+    """The chart's node side on the real node (nodeside.py): handler built and installed, MPS prepared and its
+    (stand-in) daemon running, before the components start; the real node's agent then gets
+    `side.agent_flags()` (pass them to Components' node_side_agents)."""
+
+    name = "node-side"
+
+    def __init__(self, side: NodeSide, timeout_s: float = 30) -> None:
+        self.side = side
+        self.timeout_s = timeout_s
+
+    def start(self, cluster: Cluster, nodes: Sequence[str], progress: Progress = _quiet) -> None:
+        side = self.side
+        root = repo_root()
+        if root is None:
+            raise FileNotFoundError("gpupack dev up --real-node runs the node side from a source checkout")
+        progress("building the runtime handler (handler/build.sh)")
+        handler = build_handler(root)
+        prepare(side, node_sims(cluster, [side.node])[side.node])
+        cluster.start_process(side.mps_daemon_spec(), progress)
+        wait_for(side.control.exists, self.timeout_s, f"the MPS daemon's control socket {side.control}")
+        cluster.start_process(side.installer_spec(handler, cluster.kubeconfig), progress)
+        installed = side.handler_dir / handler.name
+        wait_for(installed.exists, self.timeout_s, f"the runtime handler installed at {installed}")
 
 
 def wait_for_gpunodes(api: Any, nodes: Sequence[str], timeout_s: float) -> None:

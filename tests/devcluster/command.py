@@ -11,12 +11,13 @@ from typing import Any
 from app.core import catalog
 
 from . import kubeletnode
-from .addons import DEV_ADDONS, Components, Definitions
+from .addons import DEV_ADDONS, Components, Definitions, RealNodeSide
 from .binaries import BinariesError, ensure_binaries, repo_root
 from .cluster import Cluster, default_dir, locked
 from .components import CONTROL_PLANE
 from .karpenter import autoscaler_addons
 from .nodes import MigLayout
+from .nodeside import STANDIN_MPS_RELPATH, NodeSide
 from .processes import ComponentError
 
 DEFAULT_NODES = 4
@@ -98,6 +99,13 @@ def _err(action: str, message: str) -> None:
 
 def _dir_flag(directory: Path) -> str:
     return "" if directory == default_dir().resolve() else f" --dir {directory}"
+
+
+def _checkout() -> Path:
+    root = repo_root()
+    if root is None:
+        raise FileNotFoundError("gpupack dev up --real-node runs the node side from a source checkout")
+    return root
 
 
 def _examples_dir() -> Path | None:
@@ -209,8 +217,16 @@ def cmd_up(args: argparse.Namespace) -> int:
                 kubeletnode.start(cluster, node, progress)
                 kubeletnode.as_gpu_node(cluster, node, model, args.gpus_per_node)
                 nodes.append(node.name)
-                # The webhook's MPS pipe hostPath inside the cluster dir: the kubelet creates it there.
-                addons = (Definitions(), Components(mps_pipe_host_dir=cluster.dir / "mps-pipe"))
+                # The chart's node side on the real node (nodeside.py); every path inside the cluster dir.
+                side = NodeSide(
+                    node.name, cluster.dir, node.paths.handler_dir, _checkout() / STANDIN_MPS_RELPATH
+                )
+                agents = {node.name: side.agent_flags()}
+                addons = (
+                    Definitions(),
+                    RealNodeSide(side),
+                    Components(mps_pipe_host_dir=side.pipe_dir, node_side_agents=agents),
+                )
             for addon in addons if args.components else ():
                 progress(f"addon {addon.name}")
                 t_addon = time.monotonic()

@@ -25,7 +25,7 @@ from kubernetes.client.rest import ApiException
 from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
-from app.core import names
+from app.core import catalog, names
 from app.kube.gpunode import GPUNode, read
 from tests.devcluster import BinariesError, ensure_binaries, wait_for
 from tests.devcluster.components import CONTROL_PLANE
@@ -259,6 +259,35 @@ def test_fractional_pods_are_mutated_packed_bound_and_run(dev: Dev, api: Any, co
         assert pod4.metadata.annotations[names.ALLOC_GPU_MILLI] == "1000"
         assert pod4.metadata.annotations[names.ALLOC_GPU_UUIDS] not in taken
         running(core, ns, whole.metadata.name)
+
+
+def test_an_mps_pod_in_a_baseline_namespace_is_admitted_without_a_hostpath(dev: Dev, core: Any) -> None:
+    """As after installing the chart (nodeSide on by default): the webhook sets gpupack's RuntimeClass, which
+    exists, instead of a hostPath of the MPS pipe dir, so Pod Security `baseline` admits the share."""
+    with dev.explained():
+        ns = "e2e-baseline"
+        labels = {"pod-security.kubernetes.io/enforce": "baseline"}
+        core.create_namespace({"metadata": {"name": ns, "labels": labels}})
+        created = core.create_namespaced_pod(ns, example("fraction-pod.yaml"))
+        assert (created.metadata.labels or {}).get(names.LABEL_MANAGED) == "true"
+        assert created.spec.runtime_class_name == "gpupack"
+        assert not [v for v in created.spec.volumes or [] if v.host_path is not None]
+        env = {e.name: e for e in created.spec.containers[0].env}
+        assert env["CUDA_MPS_PIPE_DIRECTORY"].value == names.MPS_PIPE_DIRECTORY
+        running(core, ns, bound(core, ns, created.metadata.name).metadata.name)
+
+
+def test_a_kai_fraction_limit_is_the_hard_cap_on_the_gpu_it_lands_on(dev: Dev, core: Any) -> None:
+    """KAI 0.18's gpu-fraction.limit: 0.75 of the T4's memory is the pod's cap, its request 0.25 of it."""
+    with dev.explained():
+        body = example("fraction-pod.yaml")
+        body["metadata"]["annotations"] = {names.GPU_FRACTION: "0.25", names.KAI_FRACTION_LIMIT: "0.75"}
+        created = core.create_namespaced_pod("default", body)
+        alloc = bound(core, "default", created.metadata.name).metadata.annotations
+        t4 = catalog.lookup(MODEL).memory_mib
+        assert alloc[names.ALLOC_MEMORY_LIMIT_MIB] == str(t4 // 4)
+        assert alloc[names.ALLOC_MEMORY_HARD_LIMIT_MIB] == str(t4 * 3 // 4)
+        core.delete_namespaced_pod(created.metadata.name, "default")
 
 
 def test_invalid_fraction_is_refused_with_the_webhooks_message(dev: Dev, core: Any) -> None:

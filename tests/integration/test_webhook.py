@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import ssl
 import subprocess
 import sys
@@ -307,10 +308,10 @@ def test_invalid_annotations_are_refused_by_the_apiserver(
     assert webhook.reviews()["denied"] == before + 1
 
 
-def test_pods_without_our_annotations_are_never_sent(webhook: Webhook, core: Any, namespace: str) -> None:
+def test_pods_without_gpu_like_keys_are_never_sent(webhook: Webhook, core: Any, namespace: str) -> None:
     before = webhook.reviews()
     core.create_namespaced_pod(namespace, pod("plain"))
-    core.create_namespaced_pod(namespace, pod("others", {names.GPU_FRACTION_NUM_DEVICES: "2", "team": "a"}))
+    core.create_namespaced_pod(namespace, pod("others", {"team": "a", "app.kubernetes.io/name": "web"}))
     # Excluded namespace: even a GPU pod there is not sent (dry run: nothing to clean up).
     system = core.create_namespaced_pod("kube-system", pod("sys", {names.GPU_FRACTION: "0.5"}), dry_run="All")
     assert not (system.metadata.labels or {}).get(names.LABEL_MANAGED)
@@ -397,3 +398,71 @@ def test_serving_cert_rotation_without_restart(cluster: Cluster, tmp_path: Path)
         assert cluster.process(name).alive()
     finally:
         cluster.stop_process(name)
+
+
+def dry_run_warnings(
+    cluster: Cluster, namespace: str, body: dict[str, Any]
+) -> tuple[dict[str, Any], list[str]]:
+    """Create `body` with dryRun=All as kubectl does; the pod returned and the apiserver's Warning headers,
+    as `kubectl create --dry-run=server` prints them ("Warning: <text>")."""
+    url = f"{cluster.api_url}/api/v1/namespaces/{namespace}/pods?dryRun=All"
+    data = json.dumps(body).encode()
+    headers = {"Authorization": f"Bearer {cluster.token('admin')}", "Content-Type": "application/json"}
+    opener = urllib.request.build_opener(
+        urllib.request.ProxyHandler({}),
+        urllib.request.HTTPSHandler(context=ssl.create_default_context(cafile=str(cluster.ca_file))),
+    )
+    with opener.open(urllib.request.Request(url, data=data, headers=headers), timeout=10) as resp:
+        created: dict[str, Any] = json.loads(resp.read())
+        # RFC 7234 warn-value as the apiserver writes it: 299 - "<text>" (our texts hold no '"' or '\').
+        texts = [v.removeprefix('299 - "').removesuffix('"') for v in resp.headers.get_all("Warning") or []]
+    return created, texts
+
+
+@pytest.mark.parametrize("key", ["gpu_fraction", "GPU-Fraction", "gpu-fractions"])
+def test_a_near_miss_key_reaches_the_webhook_and_is_warned_not_mutated(
+    webhook: Webhook, cluster: Cluster, namespace: str, key: str
+) -> None:
+    """The matchConditions send pods with GPU-like keys; the user sees the key gpupack reads, the pod is
+    admitted as written."""
+    created, warnings = dry_run_warnings(cluster, namespace, pod("typo", {key: "0.5"}))
+    assert not (created["metadata"].get("labels") or {})
+    assert "env" not in created["spec"]["containers"][0]
+    assert warnings == [
+        f"annotation {key!r} is not read by gpupack; did you mean 'gpu-fraction'?",
+        f"gpupack gives this pod no GPU share: none of its GPU annotations ({key!r}) asks for one; a share "
+        "is asked with gpu-fraction, gpu-memory or gpupack.io/mig-profile",
+    ]
+
+
+def test_kai_limits_reach_the_webhook_and_a_limit_below_the_request_is_refused_by_name(
+    webhook: Webhook, core: Any, cluster: Cluster, namespace: str
+) -> None:
+    created, warnings = dry_run_warnings(
+        cluster, namespace, pod("kai-limit", {names.GPU_FRACTION: "0.5", names.KAI_FRACTION_LIMIT: "0.75"})
+    )
+    assert created["metadata"]["labels"] == {names.LABEL_MANAGED: "true"} and warnings == []
+    env = {e["name"] for e in created["spec"]["containers"][0]["env"]}
+    assert names.ENV_MEMORY_HARD_LIMIT_MIB in env
+    with pytest.raises(ApiException) as refused:
+        body = pod("kai-below", {names.GPU_MEMORY: "8Gi", names.KAI_GPU_MEMORY_LIMIT: "4Gi"})
+        core.create_namespaced_pod(namespace, body, dry_run="All")
+    assert refused.value.status == 422
+    rule = "is 4096 MiB, less than gpu-memory (8192 MiB): the limit must be at least the request"
+    assert f"gpu-memory.limit='4Gi': {rule}" in json.loads(refused.value.body)["message"]
+
+
+def test_a_pod_whose_gpu_keys_ask_for_nothing_is_sent_skipped_and_told(
+    webhook: Webhook, cluster: Cluster, namespace: str
+) -> None:
+    """gpu-fraction-num-devices alone, and a GPU-like key of another tool: no share, and the user hears so."""
+    before = webhook.reviews()
+    annotations = {names.GPU_FRACTION_NUM_DEVICES: "2", "nvidia.com/gpu.product": "A100"}
+    created, warnings = dry_run_warnings(cluster, namespace, pod("count-only", annotations))
+    assert not (created["metadata"].get("labels") or {})
+    assert warnings == [
+        "gpupack gives this pod no GPU share: none of its GPU annotations ('gpu-fraction-num-devices', "
+        "'nvidia.com/gpu.product') asks for one; a share is asked with gpu-fraction, gpu-memory or "
+        "gpupack.io/mig-profile"
+    ]
+    assert webhook.reviews()["skipped"] == before["skipped"] + 1

@@ -18,7 +18,8 @@ import pytest
 import yaml
 
 from app.cli import build_parser
-from app.core import names
+from app.core import names, nearmiss
+from app.core.podview import ask_of
 from tests.devcluster import schedconfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -365,6 +366,29 @@ def test_webhook_is_called_for_pods_with_our_resources_and_no_annotation() -> No
     ):
         assert needle in expr
     assert expr.count("k.startsWith('gpupack.io/')") == 4
+
+
+def test_webhook_is_called_for_every_key_that_asks_for_a_share_and_for_gpu_like_near_misses() -> None:
+    """The annotation clause matches a key containing "gpu" in any case (app.core.nearmiss.gpu_like): every
+    key whose presence makes a pod ask for a share has it, so none can skip the webhook."""
+    hook = load(REPO / "deploy/webhook/mutatingwebhookconfiguration.yaml")["webhooks"][0]
+    (condition,) = hook["matchConditions"]
+    assert "object.metadata.annotations.exists(k, k.matches('[Gg][Pp][Uu]'))" in condition["expression"]
+    asking = [
+        names.GPU_FRACTION,
+        names.GPU_MEMORY,
+        names.MIG_PROFILE,
+        names.GPU_MEMORY_LIMIT,
+        names.KAI_FRACTION_LIMIT,
+        names.KAI_GPU_MEMORY_LIMIT,
+        f"{names.KAI_CONTAINER_PREFIX}main.{names.KAI_MEMORY_REQUEST}",
+        f"{names.KAI_CONTAINER_PREFIX}main.{names.KAI_MEMORY_LIMIT}",
+        f"{names.KAI_PORTION_PREFIX}main.{names.KAI_PORTION_LIMIT}",
+    ]
+    for key in asking:
+        assert ask_of({key: "1"}).wanted, key
+        assert nearmiss.gpu_like(key), key
+    assert all(nearmiss.gpu_like(k) for k in ("gpu_fraction", "GPU-Fraction", "nvidia.com/use-gputype"))
 
 
 def _enums(schema: Any, path: str = "") -> Iterator[tuple[str, list[Any]]]:

@@ -13,7 +13,7 @@ import yaml
 from agent.nvml import simfile
 from app import cli
 from app.core import admission, catalog, names, podview, request
-from tests.devcluster import addons, command
+from tests.devcluster import addons, command, nodeside
 from tests.devcluster.cluster import Cluster
 from tests.devcluster.identities import IDENTITIES
 from tests.devcluster.layout import Layout, Ports
@@ -297,12 +297,15 @@ def test_component_argv_parse_with_the_real_cli(tmp_path: Path) -> None:
     assert ext.kubeconfig == str(tmp_path / "e.kubeconfig")
     assert (ext.tls_cert, ext.tls_key, ext.client_ca) == tuple(str(p) for p in tls)
     hook = parse_cli(addons.webhook_spec(2222, tmp_path / "c", tmp_path / "k", tmp_path / "ca").argv)
-    assert (hook.command, hook.port, hook.cert, hook.key) == (
+    assert (hook.command, hook.port, hook.cert, hook.key, hook.runtime_class) == (
         "webhook",
         2222,
         str(tmp_path / "c"),
         str(tmp_path / "k"),
+        None,
     )
+    spec = addons.webhook_spec(2222, tmp_path / "c", tmp_path / "k", tmp_path / "ca", runtime_class="gpupack")
+    assert parse_cli(spec.argv).runtime_class == "gpupack"
     spec = addons.agent_spec(
         "gpu-node-1", sim=tmp_path / "s.yaml", port=3333, kubeconfig=tmp_path / "a", state_dir=tmp_path
     )
@@ -405,3 +408,47 @@ def test_start_processes_is_all_or_nothing(tmp_path: Path, monkeypatch: pytest.M
     assert [p.name for p in launched] == ["sleeper", "failing"]
     assert not any(p.alive() for p in launched)  # the healthy one was stopped too
     assert cluster.processes == []
+
+
+def test_the_dev_cluster_runs_the_charts_node_side_runtime_class() -> None:
+    """As the chart's default (nodeSide.enabled): its RuntimeClass exists, the webhook sets it on MPS pods."""
+    rc = addons.runtime_class(manifest_docs())
+    assert rc is not None and (rc["apiVersion"], rc["kind"]) == ("node.k8s.io/v1", "RuntimeClass")
+    chart_values = yaml.safe_load((REPO / "deploy/helm/gpupack/values.yaml").read_text())
+    assert rc["metadata"]["name"] == chart_values["nodeSide"]["runtimeClassName"]
+    assert rc["handler"] == chart_values["nodeSide"]["handler"]
+    assert addons.Components.runtime_class_name() == rc["metadata"]["name"]
+    assert addons.Components().node_side is True
+
+
+def test_the_real_nodes_node_side_runs_as_the_charts_daemonsets_do(tmp_path: Path) -> None:
+    """Each host process of the real node's node side parses with the real CLI, with the chart's flags."""
+    side = nodeside.NodeSide("real", tmp_path, tmp_path / "bin", REPO / nodeside.STANDIN_MPS_RELPATH)
+    spec = addons.agent_spec(
+        "real",
+        sim=tmp_path / "s.yaml",
+        port=3333,
+        kubeconfig=tmp_path / "a",
+        state_dir=tmp_path,
+        node_side=side.agent_flags(),
+    )
+    agent = parse_cli(spec.argv)
+    assert agent.mps is not False  # MPS on: the agent adopts the node's daemon
+    assert (agent.node_socket, agent.mps_pipe_dir, agent.sim_state) == (
+        tmp_path / "node-side" / "agent.sock",
+        tmp_path / "mps-pipe",
+        tmp_path / "sim-state" / "real",
+    )
+    assert agent.mps_binary == str(REPO / "tests/standin/mps_control.py")
+    prep = parse_cli(side.prepare_argv(tmp_path / "s.yaml"))
+    assert (prep.pipe_dir, prep.compute_mode, prep.node) == (tmp_path / "mps-pipe", "keep", "real")
+    installer = parse_cli(side.installer_spec(tmp_path / "gpupack-runc", tmp_path / "kubeconfig").argv)
+    assert (installer.install_dir, installer.socket, installer.state_dir, installer.runtime) == (
+        tmp_path / "bin",
+        side.socket,
+        side.state_dir,
+        "runc",
+    )
+    daemon = side.mps_daemon_spec()
+    assert daemon.argv[1:] == (str(REPO / "tests/standin/mps_control.py"), "-f", "-M")
+    assert daemon.env["CUDA_MPS_PIPE_DIRECTORY"] == str(tmp_path / "mps-pipe")

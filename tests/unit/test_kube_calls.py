@@ -133,6 +133,12 @@ RBAC, ADMISSION = "rbac.authorization.k8s.io/v1", "admissionregistration.k8s.io/
             "/apis/admissionregistration.k8s.io/v1/validatingadmissionpolicies",
             id="cluster-scoped-group",
         ),
+        pytest.param(
+            _obj("node.k8s.io/v1", "RuntimeClass"),
+            None,
+            "/apis/node.k8s.io/v1/runtimeclasses",
+            id="runtime-class",
+        ),
     ],
 )
 def test_create_posts_the_object_to_its_collection(

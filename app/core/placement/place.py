@@ -73,7 +73,5 @@ def to_allocation(node: Node, demand: Demand, gpu_indexes: tuple[int, ...]) -> A
         gpu_uuids=uuids if all(uuids) else (),
         milli=max([m for m, _ in per_device]),
         memory_mib=min([mib for _, mib in per_device]),
-        hard_limit_mib=None
-        if demand.memory_limit_mib is None
-        else demand.hard_limit_on(g.memory_mib for g in gpus),
+        hard_limit_mib=demand.hard_limit_on(g.memory_mib for g in gpus),
     )
