@@ -237,7 +237,8 @@ class Agent:
         message = (
             "the node's MPS control daemon stopped: MPS clients on this node failed with "
             "CUDA_ERROR_MPS_RPC_FAILURE; new MPS containers wait until its pod has restarted it ("
-            + self.mps.message + ")"
+            + self.mps.message
+            + ")"
         )
         pods = [p for p in self._pods.values() if p.allocation and set(p.allocation.gpu_uuids) & shared]
         _log.warning("MPS control daemon lost", extra={"pods": [f"{p.namespace}/{p.name}" for p in pods]})

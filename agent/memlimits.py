@@ -8,8 +8,8 @@ container's own leaf cgroup, the only place where CUDA also reports the limit as
 
 - `leaf(cgroups_path)`: the leaf below the cgroup v2 root from the OCI spec's `linux.cgroupsPath`, in the
   cgroupfs form (`/kubepods/burstable/pod<uid>/<id>`) or the systemd form (`<slice>:<prefix>:<name>`);
-- `limits_of(request, allocation)`: hard = the pod's limit (`gpu-memory-limit`), else its share; soft = its
-  share (its request);
+- `limits_of(request, allocation)`: hard = the pod's cap as its allocation records it, else its share;
+  soft = its share (its request);
 - `capability(...)`: whether the node can carry per-cgroup limits at all, and why not. Helper for the
   agent's GPUNode report: `per_cgroup_memory_limits(driver_version, bound, mountinfo)`.
 """
@@ -46,9 +46,14 @@ class Limits:
 
 
 def limits_of(request: GpuRequest, allocation: Allocation) -> Limits:
-    """Hard = the pod's memory limit (None: no burst, its share), soft = its share (the request)."""
+    """Hard = the pod's cap as its allocation records it (a burstable limit, KAI's fraction or portion
+    limit: a fraction limit becomes MiB only on the GPU the pod was bound to), else the request's own
+    limit (an allocation written without its cap), else its share; soft = its share (the request)."""
     share = allocation.memory_mib
-    hard = request.memory_limit_mib if request.memory_limit_mib is not None else share
+    if allocation.hard_limit_mib is not None:
+        hard = allocation.hard_limit_mib
+    else:
+        hard = request.memory_limit_mib if request.memory_limit_mib is not None else share
     return Limits(soft_mib=min(share, hard), hard_mib=hard)
 
 

@@ -57,10 +57,13 @@ def request(limit: int | None) -> GpuRequest:
     return GpuRequest(container="main", count=1, milli=None, memory_mib=4096, memory_limit_mib=limit)
 
 
-def test_hard_is_the_pods_limit_and_soft_its_share() -> None:
-    alloc = Allocation("n", (0,), ("GPU-a",), milli=100, memory_mib=4096)
-    assert memlimits.limits_of(request(8192), alloc) == Limits(soft_mib=4096, hard_mib=8192)
-    assert memlimits.limits_of(request(None), alloc) == Limits(4096, 4096)  # no burst: the share is the cap
+def test_hard_is_the_pods_cap_as_allocated_and_soft_its_share() -> None:
+    # KAI's gpu-fraction.limit: no MiB in the request, the cap made at bind on the GPU the pod got
+    kai = Allocation("n", (0,), ("GPU-a",), milli=100, memory_mib=4096, hard_limit_mib=6144)
+    assert memlimits.limits_of(request(None), kai) == Limits(soft_mib=4096, hard_mib=6144)
+    plain = Allocation("n", (0,), ("GPU-a",), milli=100, memory_mib=4096)
+    assert memlimits.limits_of(request(8192), plain) == Limits(4096, 8192)  # a cap not written at bind
+    assert memlimits.limits_of(request(None), plain) == Limits(4096, 4096)  # no burst: the share is the cap
     assert Limits(4096, 8192).hard_bytes == 8192 << 20
 
 
