@@ -60,7 +60,7 @@ class Device:
 class MpsSupervisor:
     """Drive with `tick(devices, now)` from the agent loop: probe the daemon, set its defaults, report it.
 
-    A daemon instance is told apart by its control socket (inode and change time): a restarted daemon
+    A daemon instance is told apart by its control socket (inode and modification time): a restarted daemon
     makes a new one, and gets the defaults again; the same daemon seen by a new agent gets them once more,
     which changes nothing (setting a default to its value). Each default is read back after it is set: the
     control binary exits 0 when the daemon refuses (measured), so only the daemon's words and the value it
@@ -163,7 +163,8 @@ class MpsSupervisor:
             st = os.stat(self.config.pipe_dir / "control")
         except OSError:
             return None
-        return st.st_ino, st.st_ctime_ns
+        # Not the change time: every pod directory's hard link to the socket changes it (the link count).
+        return st.st_ino, st.st_mtime_ns
 
     def _probe(self) -> bool:
         return isinstance(self.control.server_list(), list)

@@ -27,6 +27,7 @@ from app.kube.calls import Request
 from app.kube.client import Kube
 from tests.devcluster import Cluster, kubeletnode, wait_for
 from tests.devcluster.identities import GPUPACK_NAMESPACE
+from tests.devcluster.poll import WaitTimeoutError
 
 from . import chart
 from .pods import RUN_TIMEOUT_S, busybox_pod, idle_node, new_namespace, wait_done
@@ -72,6 +73,17 @@ def standin_namespace(kube: Kube) -> str:
         )
     )
     return ns
+
+
+def report(kube: Kube, ns: str, name: str) -> str:
+    """The pod's status, its log, its namespace's events and the agent's last lines (for a failure)."""
+    pod = kube.send(Request("GET", _pod_path(ns, name)))
+    events = [f"{e.get('reason')}: {e.get('message')}" for e in
+              kube.send(Request("GET", f"/api/v1/namespaces/{ns}/events"))["items"]]  # fmt: skip
+    agent = chart.pods(kube, "agent")[0]["metadata"]["name"]
+    tail = kube.text(f"/api/v1/namespaces/{GPUPACK_NAMESPACE}/pods/{agent}/log", {"tailLines": "30"})
+    return (f"status: {json.dumps(pod.get('status'))}\nlog: {log(kube, ns, name)}\nevents: {events}\n"
+            f"agent:\n{tail}")  # fmt: skip
 
 
 def log(kube: Kube, ns: str, name: str) -> str:
@@ -129,12 +141,15 @@ def neighbour_after_a_stop(kube: Kube, node: str, how: str) -> tuple[dict[str, A
     client_pod(kube, ns, "victim", VICTIM, node=node, annotations=half)
     client_pod(kube, ns, "neighbour", NEIGHBOUR, node=node, annotations=half)
     for name in ("victim", "neighbour"):
-        wait_for(
-            lambda n=name: "server " in log(kube, ns, n),
-            RUN_TIMEOUT_S,
-            f"{name}'s client served",
-            interval=0.5,
-        )
+        try:
+            wait_for(
+                lambda n=name: "server " in log(kube, ns, n),
+                RUN_TIMEOUT_S,
+                f"{name}'s client served",
+                interval=0.5,
+            )
+        except WaitTimeoutError as exc:
+            raise AssertionError(f"{exc}\n{report(kube, ns, name)}") from None
     pods = {n: kube.send(Request("GET", _pod_path(ns, n))) for n in ("victim", "neighbour")}
     uuids = {p["metadata"]["annotations"][names.ALLOC_GPU_UUIDS] for p in pods.values()}
     assert len(uuids) == 1, uuids  # one GPU, half each

@@ -233,3 +233,16 @@ def test_without_prestart_no_server_is_started(cfg: MpsConfig) -> None:
     sup = MpsSupervisor(MpsConfig(binary=cfg.binary, pipe_dir=cfg.pipe_dir, prestart_server=False))
     assert sup.tick(DEVS, 0.0).state == "running"
     assert run(cfg, "get_server_list") == ""
+
+
+def test_a_pods_link_to_the_socket_is_not_a_new_daemon(cfg: MpsConfig) -> None:
+    """Each MPS pod's directory holds a hard link to `control`, which changes the socket's change time: that
+    must not read as a restarted daemon (new MPS containers would be refused until the next cycle)."""
+    daemon(cfg)
+    sup = MpsSupervisor(cfg)
+    assert sup.tick(DEVS, 0.0).state == "running"
+    pod_dir = cfg.pipe_dir / "pods" / "uid-1"
+    pod_dir.mkdir(parents=True)
+    os.link(cfg.pipe_dir / "control", pod_dir / "control")
+    assert sup.not_ready() == ""
+    assert sup.tick(DEVS, 5.0).state == "running" and sup.restarts == 0 and not sup.lost
