@@ -274,13 +274,14 @@ class Agent:
         if policy is None or hands is None:
             return
         shared = frozenset(g.uuid for g in spec.shared_gpus)
-        pids = {p.pid for g in sample.gpus if g.uuid in shared for p in g.processes}
+        fictional = frozenset(self.fictional())
+        pids = {p.pid for g in sample.gpus if g.uuid in shared for p in g.processes} - fictional
         if not pids:
-            return
+            return  # nothing to judge: no need to ask the daemon or /proc
         mps_gpus, servers, clients = self._mps_facts(spec)
         facts = wd.Facts(
             shared_gpus=shared, mps_gpus=mps_gpus, mps_servers=servers, mps_clients=clients,
-            comms={pid: hands.comm(pid) for pid in pids}, fictional=frozenset(self.fictional()),
+            comms={pid: hands.comm(pid) for pid in pids}, fictional=fictional,
         )  # fmt: skip
         decision = wd.decide(
             sample, refs, self._pods, verdict=verdict, metas=self._metas, facts=facts, policy=policy

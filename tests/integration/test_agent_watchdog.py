@@ -23,6 +23,8 @@ from typing import Any
 import pytest
 import yaml
 
+from agent.cgroup import PodRef
+from agent.ending import HostProcesses
 from agent.loop import Agent
 from agent.main import Runner, build, sim_allocator
 from agent.settings import Settings
@@ -130,3 +132,24 @@ def test_with_the_watchdog_off_the_process_keeps_running(
         assert [q.pid for q in status.gpus[0].processes] == [p.pid]  # and seen on the GPU
     finally:
         allocator.stop()
+
+
+def test_a_process_is_signalled_only_while_it_is_the_one_judged(tmp_path: Path) -> None:
+    """The host side alone: a pid whose cgroup no longer names the pod judged, or an agent outside the host's
+    pid namespace, signals nothing; the process judged is ended."""
+    p = subprocess.Popen(["sleep", "60"])
+    try:
+        host = HostProcesses(Path("/proc"))
+        reused = host.end(p.pid, PodRef("another-pod", "c"), mps_client=False)
+        assert (reused.signalled, reused.note) == (False, "already gone (its pid now names another process)")
+        (tmp_path / "self").symlink_to("1")  # a /proc of another pid namespace: "self" is not our pid there
+        elsewhere = HostProcesses(tmp_path).end(p.pid, None, mps_client=False)
+        assert not elsewhere.signalled and "hostPID" in elsewhere.note
+        assert p.poll() is None
+        ended = host.end(p.pid, host.resolver.pod_of(p.pid), mps_client=False)
+        assert ended.signalled and ended.ran_s is not None and ended.ran_s >= 0
+        assert p.wait(timeout=10) == -signal.SIGKILL
+    finally:
+        if p.poll() is None:
+            p.kill()
+        p.wait()
