@@ -341,8 +341,9 @@ class Agent:
         A daemon that does not answer: unknown, and no process is judged for not being a client."""
         if not self.mps.available():
             return frozenset(), frozenset(), None
-        keep = set(self.config.mps_time_slice_gpus) if self.config.mps_compute_mode else set()
-        gpus = frozenset(g.uuid for g in spec.shared_gpus if g.index not in keep)
+        # Every shared GPU: MPS clients run on GPUs left in DEFAULT too; `isolation: none` pods there are
+        # told apart by their own request (agent.watchdog).
+        gpus = frozenset(g.uuid for g in spec.shared_gpus)
         control = self.mps.control
         if not os.path.lexists(control.pipe_dir / "control"):
             return gpus, frozenset(), frozenset()
