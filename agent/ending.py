@@ -10,8 +10,10 @@ is never hit: the process behind the pidfd is the one whose cgroup was read.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
+import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +33,18 @@ class Ended:
     signalled: bool
     note: str
     ran_s: float | None = None
+
+
+def nothing_listens(control: Path, timeout_s: float = 1.0) -> bool:
+    """Whether no MPS control daemon listens on `control` (no socket, or a connection refused: a daemon that
+    died leaves its socket behind). False where one accepts, and where it cannot be told (a timeout)."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:  # measured: SOCK_SEQPACKET
+        s.settimeout(timeout_s)
+        try:
+            s.connect(str(control))
+        except OSError as exc:
+            return exc.errno in (errno.ENOENT, errno.ECONNREFUSED)
+    return False
 
 
 class HostProcesses:

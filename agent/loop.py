@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -13,7 +12,7 @@ from agent import metrics as m
 from agent import reporter as rep
 from agent import watchdog as wd
 from agent.cgroup import PodRef
-from agent.ending import Ended
+from agent.ending import Ended, nothing_listens
 from agent.mps import Device, MpsState, MpsSupervisor
 from agent.nvml.base import ComputeMode, Nvml, NvmlCode, NvmlError
 from agent.sample import NodeSample, Sampler
@@ -337,15 +336,16 @@ class Agent:
     def _mps_facts(self, spec: GPUNodeSpec) -> tuple[frozenset[str], frozenset[int], frozenset[int] | None]:
         """The GPUs MPS serves, the daemon's servers and its clients (None: unknown this cycle).
 
-        No control socket at all: no daemon, so no process is a client (each has a context of its own).
-        A daemon that does not answer: unknown, and no process is judged for not being a client."""
+        No daemon listening (no control socket, or one left by a daemon that died): no process is a client,
+        each has a context of its own (measured: a client without a live daemon runs without MPS). A daemon
+        that does not answer in time: unknown, and no process is judged for not being a client."""
         if not self.mps.available():
             return frozenset(), frozenset(), None
         # Every shared GPU: MPS clients run on GPUs left in DEFAULT too; `isolation: none` pods there are
         # told apart by their own request (agent.watchdog).
         gpus = frozenset(g.uuid for g in spec.shared_gpus)
         control = self.mps.control
-        if not os.path.lexists(control.pipe_dir / "control"):
+        if nothing_listens(control.pipe_dir / "control"):
             return gpus, frozenset(), frozenset()
         servers = control.server_list()
         if isinstance(servers, str):

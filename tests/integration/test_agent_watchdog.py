@@ -13,6 +13,7 @@ the Kubernetes API is a recorder.
 from __future__ import annotations
 
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -24,7 +25,7 @@ import pytest
 import yaml
 
 from agent.cgroup import PodRef
-from agent.ending import HostProcesses
+from agent.ending import HostProcesses, nothing_listens
 from agent.loop import Agent
 from agent.main import Runner, build, sim_allocator
 from agent.settings import Settings
@@ -153,3 +154,15 @@ def test_a_process_is_signalled_only_while_it_is_the_one_judged(tmp_path: Path) 
         if p.poll() is None:
             p.kill()
         p.wait()
+
+
+def test_a_daemon_that_died_is_told_from_one_that_listens(tmp_path: Path) -> None:
+    """A daemon killed leaves its control socket behind; no client can reach it, so no process is one."""
+    path = tmp_path / "control"
+    assert nothing_listens(path)  # no socket at all
+    daemon = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    daemon.bind(str(path))
+    daemon.listen()
+    assert not nothing_listens(path)
+    daemon.close()  # as a SIGKILL leaves it: the file stays, nothing listens
+    assert path.exists() and nothing_listens(path)
