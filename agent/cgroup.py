@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 # cgroupfs driver: .../kubepods[/burstable|/besteffort]/pod<uid>/<container id>
 _CGROUPFS = re.compile(r"/kubepods(?:/[a-z]+)?/pod(?P<uid>[0-9a-fA-F-]{36})(?:/(?P<cid>[0-9a-f]{64}))?")
@@ -72,3 +74,22 @@ class ProcResolver:
             return parse((self.proc_root / str(pid) / "cgroup").read_text())
         except OSError:  # the process exited, or /proc is not the host's
             return None
+
+
+class Listed(Protocol):
+    """A simulated GPU set (agent.nvml.simulated): the processes its file lists, and their pods."""
+
+    def owners(self) -> Mapping[int, object]: ...
+    def pod_of(self, pid: int) -> PodRef | None: ...
+
+
+class SimulatedOrHost:
+    """pid → pod for simulated GPUs: the file's own answer for a process it lists (those pids are made up),
+    the host's /proc for a real process (one the simulated allocator serves)."""
+
+    def __init__(self, sim: Listed, host: ProcResolver) -> None:
+        self.sim = sim
+        self.host = host
+
+    def pod_of(self, pid: int) -> PodRef | None:
+        return self.sim.pod_of(pid) if pid in self.sim.owners() else self.host.pod_of(pid)

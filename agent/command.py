@@ -40,6 +40,11 @@ def gpu_indexes(raw: str) -> tuple[int, ...]:
     return tuple(sorted({int(p) for p in parts}))
 
 
+def names_list(raw: str) -> tuple[str, ...]:
+    """ "gpu-operator,monitoring" (or "none", or "") as names."""
+    return tuple(p.strip() for p in raw.split(",") if p.strip() and p.strip() != "none")
+
+
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     agent = sub.add_parser("agent", help="the node agent (DaemonSet on GPU nodes)")
     agent_sub = agent.add_subparsers(dest="agent_command", metavar="COMMAND", required=True)
@@ -58,6 +63,10 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     flag("proc_root", type=Path)
     flag("toolkit_config", type=Path)
     flag("evict_on_violation", action="store_true")
+    flag("watchdog", dest="watchdog", action="store_false")
+    flag("watchdog_evict_after", type=int)
+    flag("watchdog_exempt_namespaces", type=names_list)
+    flag("watchdog_exempt_label")
     flag("mps", dest="mps", action="store_false")
     flag("mps_binary")
     flag("mps_pipe_dir", type=Path)

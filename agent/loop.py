@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -10,13 +10,16 @@ from agent import envcheck, mpsprep, verify
 from agent import isolation as iso
 from agent import metrics as m
 from agent import reporter as rep
+from agent import watchdog as wd
 from agent.cgroup import PodRef
+from agent.ending import Ended, nothing_listens
 from agent.mps import Device, MpsState, MpsSupervisor
 from agent.nvml.base import ComputeMode, Nvml, NvmlCode, NvmlError
 from agent.sample import NodeSample, Sampler
 from app.core import log
 from app.core.errors import KubeError
 from app.core.pods import PodInfo, pod_info
+from app.kube import calls
 from app.kube.calls import Request
 from app.kube.gpunode import GPUNodeSpec, GPUNodeStatus
 
@@ -36,6 +39,13 @@ class Procs(Protocol):
     def environ(self, pid: int) -> bytes | None: ...
 
 
+class Hands(Protocol):
+    """What the watchdog does on the host (agent.ending.HostProcesses)."""
+
+    def comm(self, pid: int) -> str: ...
+    def end(self, pid: int, ref: PodRef | None, mps_client: bool) -> Ended: ...
+
+
 @dataclass(frozen=True, slots=True)
 class AgentConfig:
     node: str
@@ -48,6 +58,7 @@ class AgentConfig:
     mps_compute_mode: ComputeMode | None = None
     mps_time_slice_gpus: tuple[int, ...] = ()  # GPU indexes kept in DEFAULT (time-slicing beside MPS)
     isolation: iso.NodeFacts = iso.NO_NODE_FACTS  # what holds for every GPU's isolation (agent.isolation)
+    watchdog: wd.Policy | None = None  # None: processes out of place are reported, not ended
 
 
 class Agent:
@@ -63,8 +74,11 @@ class Agent:
         send: Callable[[Request], dict[str, Any]],
         clock: Callable[[], float],
         procs: Procs | None = None,
+        hands: Hands | None = None,
+        fictional: Callable[[], Collection[int]] = frozenset,
     ) -> None:
-        """`procs`: the host's processes, for the container-start env check (None: no check)."""
+        """`procs`: the host's processes, for the container-start env check (None: no check); `hands`: the
+        watchdog's (None: it ends nothing); `fictional`: pids the simulated GPU set lists."""
         self.config = config
         self.nvml = nvml
         self.resolver = resolver
@@ -88,6 +102,11 @@ class Agent:
         self._env_waiting: dict[int, float] = {}  # pid -> when first seen with its container not yet listed
         self._env_relist = False
         self._modes_at = float("-inf")
+        self.hands = hands
+        self.fictional = fictional
+        self._metas: dict[str, wd.PodMeta] = {}
+        self._metas_at = float("-inf")
+        self._strikes: dict[str, int] = {}
 
     @staticmethod
     def _count_write(kind: str, result: str) -> None:
@@ -129,6 +148,7 @@ class Agent:
         self._check_env(now)
         verdict = verify.verify(sample, refs, self._pods)
         self._handle_violations(verdict, now)
+        self._enforce(sample, spec, refs, verdict, now)
         status = rep.build_status(
             spec=spec,
             sample=sample,
@@ -263,6 +283,101 @@ class Agent:
             self._try("event", verify.event(v, self.config.node, now))
             if self.config.evict_on_violation and v.kind in (verify.Kind.WRONG_GPU, verify.Kind.OVER_MEMORY):
                 self._try("eviction", verify.eviction(v))
+
+    def _enforce(
+        self, sample: NodeSample, spec: GPUNodeSpec, refs: dict[int, PodRef | None], verdict: verify.Verdict,
+        now: float,
+    ) -> None:  # fmt: skip
+        """The watchdog: end each process on a shared GPU that is not where its allocation says
+        (agent.watchdog), put an Event on its pod, evict a pod that keeps doing it."""
+        policy, hands = self.config.watchdog, self.hands
+        if policy is None or hands is None:
+            return
+        shared = frozenset(g.uuid for g in spec.shared_gpus)
+        fictional = frozenset(self.fictional())
+        pids = {p.pid for g in sample.gpus if g.uuid in shared for p in g.processes} - fictional
+        if not pids:
+            return  # nothing to judge: no need to ask the daemon or /proc
+        mps_gpus, servers, clients = self._mps_facts(spec)
+        facts = wd.Facts(
+            shared_gpus=shared, mps_gpus=mps_gpus, mps_servers=servers, mps_clients=clients,
+            comms={pid: hands.comm(pid) for pid in pids}, fictional=fictional,
+        )  # fmt: skip
+        decision = wd.decide(
+            sample, refs, self._pods, verdict=verdict, metas=self._metas, facts=facts, policy=policy
+        )
+        if decision.unknown_pods and now - self._metas_at >= self.config.reporter.min_interval_s:
+            self._metas_at = now
+            try:
+                self._metas = wd.metas(self.send(wd.list_node_pods(self.config.node)).get("items", []))
+            except KubeError as exc:
+                _log.warning("listing the node's pods failed", extra={"code": exc.code, "error": exc.message})
+            else:  # judge their processes now, not a cycle later
+                decision = wd.decide(
+                    sample, refs, self._pods, verdict=verdict, metas=self._metas, facts=facts, policy=policy
+                )
+        ended: list[wd.Ending] = []
+        for e in decision.endings:
+            done = hands.end(e.pid, refs.get(e.pid), e.mps_client)
+            ran = "" if done.ran_s is None else f" after {done.ran_s:.1f} s"
+            where = {"pid": e.pid, "gpu": e.gpu_index, "rule": e.rule.value}
+            _log.warning("watchdog", extra={**where, "error": done.note + ran})
+            if not done.signalled:
+                continue
+            ended.append(e)
+            m.WATCHDOG_ENDED.labels(e.rule.value).inc()
+            if done.ran_s is not None:
+                m.WATCHDOG_RAN_SECONDS.observe(done.ran_s)
+            if e.pod is not None:
+                text = wd.message(e, done.note + ran)
+                self._try("event", verify.pod_event(
+                    namespace=e.pod.namespace, name=e.pod.name, uid=e.pod.uid, reason=wd.REASON, message=text,
+                    node=self.config.node, now=now,
+                ))  # fmt: skip
+        before = self._strikes
+        self._strikes = {
+            uid: n for uid, n in wd.strikes(before, ended).items() if uid in self._pods or uid in self._metas
+        }
+        for uid in wd.to_evict(before, self._strikes, policy):
+            meta = self._metas.get(uid) or next(
+                (wd.PodMeta(p.uid, p.namespace, p.name, {}) for p in (self._pods.get(uid),) if p), None
+            )
+            if meta is None:
+                continue
+            text = (
+                f"evicted: {self._strikes[uid]} of its processes were ended on shared GPUs "
+                f"(the watchdog evicts after {policy.evict_after})"
+            )
+            self._try("event", verify.pod_event(
+                namespace=meta.namespace, name=meta.name, uid=uid, reason=wd.EVICTED_REASON, message=text,
+                node=self.config.node, now=now,
+            ))  # fmt: skip
+            self._try("eviction", calls.eviction(meta.namespace, meta.name, uid=uid))
+
+    def _mps_facts(self, spec: GPUNodeSpec) -> tuple[frozenset[str], frozenset[int], frozenset[int] | None]:
+        """The GPUs MPS serves, the daemon's servers and its clients (None: unknown this cycle).
+
+        No daemon listening (no control socket, or one left by a daemon that died): no process is a client,
+        each has a context of its own (measured: a client without a live daemon runs without MPS). A daemon
+        that does not answer in time: unknown, and no process is judged for not being a client."""
+        if not self.mps.available():
+            return frozenset(), frozenset(), None
+        # Every shared GPU: MPS clients run on GPUs left in DEFAULT too; `isolation: none` pods there are
+        # told apart by their own request (agent.watchdog).
+        gpus = frozenset(g.uuid for g in spec.shared_gpus)
+        control = self.mps.control
+        if nothing_listens(control.pipe_dir / "control"):
+            return gpus, frozenset(), frozenset()
+        servers = control.server_list()
+        if isinstance(servers, str):
+            return gpus, frozenset(), None
+        clients: set[int] = set()
+        for server in servers:
+            listed = control.client_list(server)
+            if isinstance(listed, str):
+                return gpus, frozenset(servers), None
+            clients.update(listed)
+        return gpus, frozenset(servers), frozenset(clients)
 
     def _try(self, kind: str, req: Request) -> None:
         try:

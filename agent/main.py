@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -13,7 +13,8 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from agent import memlimits, metrics, mpsprep, nodeside, toolkit
-from agent.cgroup import ProcResolver
+from agent.cgroup import ProcResolver, SimulatedOrHost
+from agent.ending import HostProcesses
 from agent.isolation import NodeFacts
 from agent.limiter import Limiter
 from agent.loop import Agent, AgentConfig, Resolver
@@ -27,6 +28,7 @@ from agent.pipedirs import PipeDirs
 from agent.reporter import ReporterConfig
 from agent.settings import Settings
 from agent.simalloc import Allocator
+from agent.watchdog import Policy
 from app.core import log
 from app.kube.calls import Request
 
@@ -72,10 +74,20 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
     root = host_cgroup2_root(settings.proc_root)
     nvml, sim_resolver = make_nvml(settings.sim, settings.node, settings.sim_state, root)
     resolver: Resolver = sim_resolver or ProcResolver(settings.proc_root)
+    fictional: Callable[[], Collection[int]] = frozenset  # pids a simulated GPU set makes up
+    if settings.sim is not None:
+        from agent.nvml.simulated import SimulatedNvml
+
+        assert isinstance(nvml, SimulatedNvml)
+        resolver, fictional = SimulatedOrHost(nvml, ProcResolver(settings.proc_root)), nvml.owners
+    exempt = frozenset(settings.watchdog_exempt_namespaces)
     config = AgentConfig(
         node=settings.node,
         reporter=reporter_config(settings),
         evict_on_violation=settings.evict_on_violation,
+        watchdog=Policy(exempt, settings.watchdog_exemption, settings.watchdog_evict_after)
+        if settings.watchdog
+        else None,
         env_device_selection=toolkit.read(None if settings.sim else settings.toolkit_config),
         mps_compute_mode=ComputeMode.EXCLUSIVE_PROCESS if settings.mps_exclusive_process else None,
         mps_time_slice_gpus=settings.mps_time_slice_gpus,
@@ -104,7 +116,12 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
         )
     # The container-start env check reads the host's processes even with simulated GPUs: the pods are real.
     procs = ProcResolver(settings.proc_root)
-    return Agent(config, nvml=nvml, resolver=resolver, mps=mps, send=send, clock=clock, procs=procs)
+    control = Control(settings.mps_binary, settings.mps_pipe_dir) if settings.mps else None
+    hands = HostProcesses(settings.proc_root, control, settings.mps_drain_timeout_s)
+    return Agent(
+        config, nvml=nvml, resolver=resolver, mps=mps, send=send, clock=clock, procs=procs, hands=hands,
+        fictional=fictional,
+    )  # fmt: skip
 
 
 def memory_capability(settings: Settings, agent: Agent) -> memlimits.Capability:

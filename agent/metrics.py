@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CollectorRegistry, Histogram
 
 from agent.nvml.base import NvmlCode
 from agent.verify import Kind
+from agent.watchdog import Rule
 from app.service.metrics import component_registry, counter, gauge
 
 
@@ -105,11 +106,25 @@ MPS_STOP_DRAINS = counter(
     outcome=DrainOutcome,
 )
 
+WATCHDOG_ENDED = counter(
+    "gpupack_agent_watchdog_ended_total",
+    "Processes on shared GPUs the watchdog ended (SIGKILL, MPS clients through the daemon first), by rule.",
+    rule=Rule,
+)
+# From the process's start to the signal: a sampling interval (5 s) plus the time to the next cycle is the
+# usual figure; the upper buckets catch processes the watchdog could not end at once.
+WATCHDOG_RAN_SECONDS = Histogram(
+    "gpupack_agent_watchdog_process_runtime_seconds",
+    "How long each process the watchdog ended had run (its start to the signal).",
+    buckets=(1, 2, 5, 10, 20, 30, 60, 120, 300, 600),
+    registry=None,
+)
+
 COLLECTORS = (
     GPU_MEMORY_USED_MIB, GPU_MEMORY_TOTAL_MIB, GPU_UTILIZATION_RATIO, GPU_HEALTHY, GPU_PROCESSES,
     GPU_MEMORY_BORROWED_MIB,
     POD_MEMORY_USED_MIB, POD_MEMORY_LIMIT_MIB, HEARTBEAT_AGE_SECONDS, MPS_UP, NVML_ERRORS, WRITES, VIOLATIONS,
-    ENV_CHECKS, MPS_STOP_DRAINS,
+    ENV_CHECKS, MPS_STOP_DRAINS, WATCHDOG_ENDED, WATCHDOG_RAN_SECONDS,
 )  # fmt: skip
 
 

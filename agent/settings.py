@@ -17,6 +17,7 @@ FLAGS = {
     "mps": "--no-mps",
     "mps_drain_timeout_s": "--mps-drain-timeout",
     "mps_prestart_server": "--no-mps-prestart-server",
+    "watchdog": "--no-watchdog",
 }
 
 
@@ -41,6 +42,21 @@ class Settings:
         Path("/etc/nvidia-container-runtime/config.toml"), "the NVIDIA container toolkit's config file"
     )
     evict_on_violation: bool = setting(False, "evict pods off their GPU or over memory")
+    watchdog: bool = setting(
+        True,
+        "do not end processes on shared GPUs that are not where their allocation says (only report them)",
+    )  # its flag is --no-watchdog
+    watchdog_evict_after: int = setting(
+        3, "evict a pod once the watchdog has ended this many of its processes; 0: never evict"
+    )
+    watchdog_exempt_namespaces: tuple[str, ...] = setting(
+        (),
+        "namespaces whose pods' processes the watchdog never ends, as a comma-separated list",
+        shown="none",
+    )
+    watchdog_exempt_label: str | None = setting(
+        None, "pods with this label (key=value) are never touched by the watchdog"
+    )
     mps: bool = setting(True, "no MPS (do not look for the MPS daemon pod)")  # its flag is --no-mps
     mps_binary: str = setting("nvidia-cuda-mps-control", "the MPS control client's executable")
     mps_pipe_dir: Path = setting(Path(names.MPS_PIPE_DIRECTORY), "the MPS daemon's pipe directory")
@@ -84,6 +100,14 @@ class Settings:
         """/healthz fails once the last cycle is older than this (three intervals, at least 30 s)."""
         return max(3 * self.interval_s, 30.0)
 
+    @property
+    def watchdog_exemption(self) -> tuple[str, str] | None:
+        """`watchdog_exempt_label` as (key, value); None when unset."""
+        if self.watchdog_exempt_label is None:
+            return None
+        key, _, value = self.watchdog_exempt_label.partition("=")
+        return key.strip(), value.strip()
+
     def validate(self) -> list[SettingError]:
         check = Checker(FLAGS)
         if not self.node:
@@ -105,6 +129,11 @@ class Settings:
             )
         if self.mps_drain_timeout_s < 0 or self.mps_drain_timeout_s > 60:
             check.bad("mps_drain_timeout_s", self.mps_drain_timeout_s, "must be from 0 (no drain) to 60 s")
+        if self.watchdog_evict_after < 0:
+            check.bad("watchdog_evict_after", self.watchdog_evict_after, "must be >= 0 (0: never evict)")
+        label = self.watchdog_exempt_label
+        if label is not None and (not label.partition("=")[1] or not label.partition("=")[0].strip()):
+            check.bad("watchdog_exempt_label", label, "must be one label as key=value, e.g. team=platform")
         if self.mps_protocol not in (2, 3):
             check.bad("mps_protocol", self.mps_protocol, "must be 2 (legacy MPS) or 3 (MPS v3)")
         if self.sim_allocator is not None and (self.sim is None or not self.sim_allocator.is_absolute()):

@@ -74,7 +74,8 @@ class Allocator:
         if len(words) == 3 and words[0] == "alloc" and words[2].isdigit():
             uuid, mib = words[1], int(words[2])
             # Unregistered (pid 0): the allocation is charged nowhere, as with MPS memacct.
-            got = self.nvml.allocate(uuid, cgroup or self.cgroup_root + "/(unregistered)", holder, mib * MIB)
+            where = cgroup or self.cgroup_root + "/(unregistered)"
+            got = self.nvml.allocate(uuid, where, holder, mib * MIB, pid=pid)
             return f"refused {got.reason}" if isinstance(got, Refused) else f"ok used={got}"
         return "error: commands are whoami, limits, alloc <uuid> <MiB>"
 

@@ -93,8 +93,11 @@ class LimitTable:
         with self._locked(uuid) as t:
             return {k: dict(v) for k, v in t["limits"].items()}
 
-    def allocate(self, uuid: str, cgroup: str, holder: str, nbytes: int, capacity: int) -> int | Refused:
-        """Charge `nbytes` to `cgroup` for `holder`; the cgroup's new usage, or the refusal."""
+    def allocate(
+        self, uuid: str, cgroup: str, holder: str, nbytes: int, capacity: int, *, pid: int = 0
+    ) -> int | Refused:
+        """Charge `nbytes` to `cgroup` for `holder` (process `pid`, 0: not known); the cgroup's new usage,
+        or the refusal."""
         with self._locked(uuid) as t:
             allocations: dict[str, Any] = t["allocations"]
             limits: dict[str, Any] = t["limits"]
@@ -111,9 +114,20 @@ class LimitTable:
                         f"{OUT_OF_MEMORY}: hard limit {hard} bytes of cgroup {nearest}, "
                         f"{used} bytes in use, {nbytes} asked"
                     )
-            held = allocations.setdefault(holder, {"cgroup": cgroup, "bytes": 0})
+            held = allocations.setdefault(holder, {"cgroup": cgroup, "bytes": 0, "pid": pid})
             held["bytes"] += nbytes
             return int(sum(a["bytes"] for a in allocations.values() if _within(a["cgroup"], cgroup)))
+
+    def holders(self, uuid: str) -> dict[int, int]:
+        """pid → bytes held on the GPU, for every known process with an allocation (NVML lists each
+        process with a context; here, one holding memory)."""
+        out: dict[int, int] = {}
+        with self._locked(uuid) as t:
+            for a in t["allocations"].values():
+                pid = int(a.get("pid", 0))
+                if pid > 0:
+                    out[pid] = out.get(pid, 0) + int(a["bytes"])
+        return out
 
     def release(self, uuid: str, holder: str) -> None:
         with self._locked(uuid) as t:

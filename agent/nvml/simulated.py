@@ -211,7 +211,10 @@ class SimulatedNvml:
         # Per-instance data needs MIG device handles; the parent refuses unprivileged callers.
         if g.mig_enabled:
             raise NvmlError(NvmlCode.NO_PERMISSION, "process query on a MIG-enabled GPU")
-        return tuple(ProcessInfo(p.pid, p.used_mib) for p in self._admitted(g))
+        listed = tuple(ProcessInfo(p.pid, p.used_mib) for p in self._admitted(g))
+        # Real processes the simulated allocator serves (agent.simalloc) have a context too.
+        real = self.limits.holders(g.uuid)
+        return listed + tuple(ProcessInfo(pid, real[pid] >> 20) for pid in sorted(real))
 
     def _admitted(self, g: SimGpu) -> tuple[SimProcess, ...]:
         """The file's processes that got a context: in EXCLUSIVE_PROCESS, MPS clients (behind one server)
@@ -302,15 +305,15 @@ class SimulatedNvml:
 
     # --- the simulated allocator's side (no NVML call: what cuMemAlloc meets in the driver) ---
 
-    def allocate(self, uuid: str, namespace: str, holder: str, nbytes: int) -> int | Refused:
-        """Charge an allocation of a process in cgroup `namespace` on GPU `uuid`: its cgroup's usage after
-        it, or the driver's refusal."""
+    def allocate(self, uuid: str, namespace: str, holder: str, nbytes: int, *, pid: int = 0) -> int | Refused:
+        """Charge an allocation of process `pid` (0: unknown) in cgroup `namespace` on GPU `uuid`: its
+        cgroup's usage after it, or the driver's refusal."""
         s = self._require()
         g = next((g for g in s.gpus if g.uuid == uuid), None)
         if g is None or g.lost:
             return Refused(f"CUDA_ERROR_INVALID_DEVICE: no GPU {uuid} on this node")
         capacity = (g.memory_mib - g.used_mib) << 20
-        return self.limits.allocate(g.uuid, namespace, holder, nbytes, capacity)
+        return self.limits.allocate(g.uuid, namespace, holder, nbytes, capacity, pid=pid)
 
 
 def _within(path: str, root: str) -> bool:

@@ -28,6 +28,9 @@ QUESTIONS: dict[str, str] = {
     "drain-neighbour": "With one busy MPS client ended through the daemon by the agent's drain "
     "(agent/drain.py) before SIGKILL, does a busy neighbour on the same server finish, and without the drain "
     "does it fail?",
+    "watchdog-plain": "Does NVML's process list of an MPS GPU show a plain process (no pipe directory) and "
+    "the daemon's client, and does the watchdog (agent/watchdog.py), told by the daemon's client list, end "
+    "the plain process and leave the client and the server alone?",
     "share-usable": "How much can a client allocate on a `gpu-memory: 2Gi` share as gpupack sets its env, "
     "against the 2 048 - 514 MiB the docs promise?",
     "pinned-uuid": "Does `set_default_device_pinned_mem_limit` accept a GPU UUID (the agent sends UUIDs) "

@@ -3,15 +3,18 @@
 allocator (agent/simalloc.py) instead of a driver. STAND-IN: no GPU, no CUDA. Standard library only, so a
 test can mount it into any image with python3.
 
-  gpu_alloc.py [--socket PATH] COMMAND...   each COMMAND (quoted, e.g. "alloc GPU-... 4096", "limits",
+  gpu_alloc.py [--socket PATH] [--hold] COMMAND...
+                                            each COMMAND (quoted, e.g. "alloc GPU-... 4096", "limits",
                                             "whoami") sent in turn on one connection (one CUDA context:
                                             allocations are held until it ends); each answer line printed
-                                            as `<n>: <answer>`
+                                            as `<n>: <answer>`; --hold then keeps the context (and its
+                                            memory) until the process is ended
 Default socket: /run/gpupack/sim-gpu/alloc.sock (where the node side mounts it).
 """
 
 from __future__ import annotations
 
+import signal
 import socket
 import sys
 
@@ -22,6 +25,8 @@ def main(argv: list[str]) -> int:
     path = DEFAULT
     if argv[:1] == ["--socket"]:
         path, argv = argv[1], argv[2:]
+    hold = argv[:1] == ["--hold"]
+    argv = argv[1:] if hold else argv
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
         try:
             conn.connect(path)
@@ -32,6 +37,9 @@ def main(argv: list[str]) -> int:
         for n, command in enumerate(argv, 1):
             conn.sendall(command.encode() + b"\n")
             print(f"{n}: {reader.readline().rstrip()}", flush=True)
+        if hold:
+            print("holding", flush=True)
+            signal.pause()
     return 0
 
 

@@ -139,7 +139,7 @@ def test_webhook_configuration_is_the_webhook_contract(objects: list[dict[str, A
 def test_agent_daemonset_matches_the_agents_own(objects: list[dict[str, Any]]) -> None:
     ref = load(REPO / "deploy/agent/daemonset.yaml")["spec"]["template"]["spec"]
     got = find(objects, "DaemonSet", "gpupack-agent")["spec"]["template"]["spec"]
-    for key in ("hostIPC", "nodeSelector", "tolerations", "priorityClassName"):
+    for key in ("hostIPC", "hostPID", "nodeSelector", "tolerations", "priorityClassName"):
         assert got.get(key) == ref.get(key), key
     rc, gc = ref["containers"][0], got["containers"][0]
     assert set(rc["args"]) <= set(gc["args"]), sorted(set(rc["args"]) - set(gc["args"]))
@@ -182,8 +182,8 @@ def test_agent_rbac_matches_the_agents_own(objects: list[dict[str, Any]]) -> Non
     ref_rules = next(d for d in ref if d["kind"] == "ClusterRole")["rules"]
     got_rules = find(objects, "ClusterRole", "gpupack-agent")["rules"]
     eviction = {"apiGroups": [""], "resources": ["pods/eviction"], "verbs": ["create"]}
-    # pods/eviction only with agent.evictOnViolation=true (off by default, as is --evict-on-violation)
-    assert got_rules == [r for r in ref_rules if r != eviction]
+    # pods/eviction: the watchdog evicts a pod that keeps breaking its allocation (agent.watchdog.evictAfter)
+    assert got_rules == ref_rules
     assert eviction in ref_rules
 
 
@@ -229,8 +229,8 @@ def test_every_container_is_locked_down_and_sized(objects: list[dict[str, Any]])
         assert sc["readOnlyRootFilesystem"] is True, name
         assert sc["capabilities"]["drop"] == ["ALL"], name
         if name == "gpupack-agent":
-            # /proc of other containers, their env (container-start check): see values.yaml
-            assert sc["capabilities"].get("add") == ["SYS_ADMIN", "SYS_PTRACE"]
+            # /proc of other containers, their env (container-start check), the watchdog: see values.yaml
+            assert sc["capabilities"].get("add") == ["SYS_ADMIN", "SYS_PTRACE", "KILL"]
             continue
         if name == "gpupack-node-side":
             # root to write the root-owned host dirs of the runtime handler, and nothing else
