@@ -10,15 +10,39 @@ test can mount it into any image with python3.
                                             as `<n>: <answer>`; --hold then keeps the context (and its
                                             memory) until the process is ended
 Default socket: /run/gpupack/sim-gpu/alloc.sock (where the node side mounts it).
+
+Like a CUDA process, it is an MPS client wherever its CUDA_MPS_PIPE_DIRECTORY has a live daemon: it attaches
+to the (stand-in) daemon for its whole life, so the daemon lists it (get_client_list) by its pid; with no
+daemon there it runs as a plain process (docs/node-side.md, "MPS as measured": a direct context).
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import socket
 import sys
 
 DEFAULT = "/run/gpupack/sim-gpu/alloc.sock"
+
+
+def mps_client() -> socket.socket | None:
+    """Attached to the MPS daemon of CUDA_MPS_PIPE_DIRECTORY, as CUDA would be (None: a plain process)."""
+    pipe = os.environ.get("CUDA_MPS_PIPE_DIRECTORY")
+    if not pipe:
+        return None
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    try:
+        conn.settimeout(10)
+        conn.connect(os.path.join(pipe, "control"))
+        conn.send(b"gpupack-standin-client\n")  # the stand-in daemon's client hello
+        if not conn.recv(65536):
+            raise OSError("no server")
+    except OSError:
+        conn.close()
+        return None
+    return conn
 
 
 def main(argv: list[str]) -> int:
@@ -27,7 +51,10 @@ def main(argv: list[str]) -> int:
         path, argv = argv[1], argv[2:]
     hold = argv[:1] == ["--hold"]
     argv = argv[1:] if hold else argv
-    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+    client = mps_client()
+    with contextlib.ExitStack() as stack, socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        if client is not None:
+            stack.enter_context(client)
         try:
             conn.connect(path)
         except OSError as exc:
