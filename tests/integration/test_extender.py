@@ -28,7 +28,7 @@ from app.core.model import Allocation, ClusterState, Demand
 from app.core.placement import Placement, place, registry, to_allocation
 from app.core.request import pod_demand
 from app.kube import gpunode
-from app.kube.cache import node_order_key
+from app.kube.stores import node_order_key
 from app.kube.client import Kube
 from tests.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
 from tests.devcluster.addons import install_rbac

@@ -9,7 +9,7 @@ import pytest
 
 from app.core.errors import FieldError
 from app.kube import gpunode
-from app.kube.cache import gpunode_to_node
+from app.kube.stores import gpunode_to_node
 from app.kube.calls import MERGE_PATCH
 from app.kube.gpunode import (
     GPUNode,
