@@ -25,9 +25,9 @@ from extender.config import Settings
 from extender.main import create_app
 from extender.metrics import PendingReason
 from extender.rankings import Rankings
-from tests.static_runtime import StaticRuntime
 from extender.schemas import HostPriorityList
 from extender.workloads import BUILTIN, LEARNED, WorkloadClock
+from tests.static_runtime import StaticRuntime
 
 NOW = 1_700_000_000.0
 

@@ -16,8 +16,8 @@ from app.kube.calls import JsonDict, Request
 from extender.binder import Binder
 from extender.config import Settings
 from extender.runtime import KubeRuntime
-from tests.static_runtime import StaticRuntime
 from extender.workloads import BUILTIN, LEARN_EVERY_S, LEARNED, WorkloadClock, target, workload_of
+from tests.static_runtime import StaticRuntime
 from tests.unit.test_extender_app import FakeKube, gpunode, pod
 from tests.unit.test_extender_runtime import Apiserver, step_all
 
