@@ -126,7 +126,7 @@ class Engine:
         states_size: int = STATES_SIZE,
     ) -> None:
         self.standing: Standing = standing if standing is not None else RefusalStanding()
-        if by_value and self.standing.names_nodes:
+        if by_value and self.standing.keeps_refusals:
             raise ValueError("states interned by value cannot carry refusals (a refusal names its node)")
         self.policy = policy
         self.name = policy.name
@@ -146,8 +146,8 @@ class Engine:
         self.nodes: list[Node | None] = []
         self.version: list[int] = []
         self.state: list[int] = []  # position -> state id (-1: none, or no shape reads state ids yet)
-        # Whether positions carry state ids: from the first shape that is not judged from headroom (a
-        # replay whose shapes all are skips interning every change).
+        # Whether positions carry state ids: from the start where the standing keys its memo by state, else
+        # from the first shape not judged from headroom (a replay whose shapes all are skips interning).
         self.interning = self.standing.keys_by_state
         self.log: list[int] = []  # positions changed, oldest first (from absolute index `log_start`)
         self.log_start = 0
@@ -387,15 +387,12 @@ class Engine:
     def verdict(self, node: Node, demand: Demand) -> Verdict:
         """The policy's verdict on `node` for `demand`, remembered per node state (a standing that
         keeps refusals only)."""
-        standing = self.standing
-        if not standing.names_nodes:
-            raise ValueError("verdicts carry refusals: build the engine with a RefusalStanding")
         shape = self.shapes.get(demand)
         if shape is None:
             if self.max_shapes is not None and len(self.shapes) >= self.max_shapes:
                 self.shapes.clear()
             shape = self.shapes[demand] = self._new_shape(demand)
-        return standing.verdict(self, shape, node)
+        return self.standing.verdict(self, shape, node)
 
     def place(self, nodes: Iterable[Node], demand: Demand) -> Placement | tuple[PlacementReason, ...]:
         """`place(nodes, demand, policy)`, answered from remembered verdicts for states seen before."""
@@ -417,7 +414,7 @@ class Standing(Protocol):
     """What an engine keeps of each verdict, and how it judges positions for a shape."""
 
     # Keeps refusals, which name their node: node states cannot be interned by value.
-    names_nodes: bool
+    keeps_refusals: bool
     # Every shape's memo is keyed by node state, so positions carry state ids from the start.
     keys_by_state: bool
 
@@ -451,7 +448,7 @@ class RefusalStanding:
     """Every position's verdict kept current: its refusal with the text (`describe`, rendered once per
     state), or its score. What the extender reports per node and what the planners' `place` reads."""
 
-    names_nodes = True
+    keeps_refusals = True
     keys_by_state = True
 
     def __init__(self, describe: Callable[[PlacementReason], str] = _rule) -> None:
@@ -530,7 +527,7 @@ class HeadroomStanding:
     state's `fit.Headroom` where the policy's filter is the shared fit check, and a share a node did not
     fit is not judged again while the node only shrinks."""
 
-    names_nodes = False
+    keeps_refusals = False
     keys_by_state = False  # a replay whose shapes are all judged from headroom never interns a node
 
     def headroom_margin(self, policy: Policy) -> int | None:
