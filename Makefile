@@ -23,18 +23,18 @@ k8s-bins: deps
 helm-bin: deps
 	@tests/helm/build.sh >/dev/null
 
-# Karpenter's kwok provider, for `gpupack dev up --autoscaler` and tests/integration/test_autoscale.py.
+# Karpenter's kwok provider, for `python -m tests.devcluster up --autoscaler` and tests/integration/test_autoscale.py.
 karpenter-bin: deps
 	@tests/karpenter/build.sh >/dev/null
 
 dev: k8s-bins
-	@$(BIN)/gpupack dev up
+	@$(BIN)/python -m tests.devcluster up
 
 down: $(STAMP)
-	@$(BIN)/gpupack dev down
+	@$(BIN)/python -m tests.devcluster down
 
 status: $(STAMP)
-	@$(BIN)/gpupack dev status
+	@$(BIN)/python -m tests.devcluster status
 
 simulate: $(STAMP)
 	@$(BIN)/gpupack simulate

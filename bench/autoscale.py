@@ -14,8 +14,8 @@ apart; each lives its trace lifetime scaled so that the median lifetime is --med
 to [0.5, 6] waves). GPU model constraints are dropped: one node pool of --model serves every pod.
 Run: .venv/bin/python bench/autoscale.py [--trace gpushare40 --pods 320 --waves 8 --policy <default>]
 
-With --live N, it also measures the time from pending to bound on a real control plane: `gpupack dev up
---autoscaler` (the real Karpenter kwok provider, one static node kept full), then N waves of the slice's first
+With --live N, it also measures the time from pending to bound on a real control plane: `make dev` with
+--autoscaler (the real Karpenter kwok provider, one static node kept full), then N waves of the slice's first
 pods as Deployments, each wave waiting until every pod is bound; per pod, from its creation to its
 PodScheduled condition (one-second resolution, as the API stores them).
 """

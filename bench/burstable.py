@@ -1,7 +1,7 @@
 """Burstable GPU memory on openb: how many more pods fit at request/limit 0.75 and 0.5, at what exposure.
 
 Each trace pod's share is its limit (its peak); at ratio r shared pods request r x that
-(`app.tools.sim.burst`). Every ratio of a seed replays the same arrivals (limits offered up to `--inflate` x
+(`bench.workloads.burst`). Every ratio of a seed replays the same arrivals (limits offered up to `--inflate` x
 capacity, failed pods dropped), with gpupack's default policy. Exposure, on the final state: GPUs whose pods'
 limits sum above the GPU, shared pods on them, the memory above the GPUs if every pod used its limit at once,
 and the fewest evictions that would leave the limits fitting. Writes bench/results/burstable.json.
@@ -27,9 +27,9 @@ sys.path.insert(0, str(REPO))
 from packing import MAX_WORKERS, NODE_FILE, TRACES, _git_commit, run_jobs  # noqa: E402
 
 from app.core.placement import DEFAULT_POLICY, TargetWorkload, registry  # noqa: E402
-from app.tools.sim.burst import BurstResult, burst  # noqa: E402
 from app.tools.sim.command import UsageError, parse_seeds  # noqa: E402
 from app.tools.sim.loader import TracePod, load_nodes, load_pods  # noqa: E402
+from bench.workloads.burst import BurstResult, burst  # noqa: E402
 
 Job = tuple[str, str, float, int, float]  # traces_dir, trace, ratio, seed, inflate
 
@@ -183,7 +183,7 @@ def main(argv: list[str] | None = None) -> int:
             "inflate": args.inflate,
             "policy": DEFAULT_POLICY,
             "workers": max(1, min(args.workers, MAX_WORKERS)),
-            "method": "app.tools.sim.burst: a trace pod's share is its limit; shared pods (< 1 GPU per "
+            "method": "bench.workloads.burst: a trace pod's share is its limit; shared pods (< 1 GPU per "
             "device) "
             "request ratio x limit (rounded up to a milli), whole-GPU pods unchanged; the same FGD arrival "
             "sequence for every ratio of a seed (limits offered up to inflate x capacity), failed pods "

@@ -149,7 +149,8 @@ def _latency_pass(
     from extender.binder import Binder
     from extender.config import Settings
     from extender.main import create_app
-    from extender.runtime import StaticRuntime, settle_heap
+    from extender.runtime import settle_heap
+    from tests.static_runtime import StaticRuntime
 
     rng, run = seq  # pod names differ per run: a pod of an earlier run is bound already
     policy = registry.create(policy_name)

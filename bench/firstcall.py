@@ -34,7 +34,7 @@ sys.path.insert(0, str(REPO))
 from app.core.explain import reason_text  # noqa: E402
 from app.core.model import Demand  # noqa: E402
 from app.core.placement import TargetWorkload, default_workload, registry  # noqa: E402
-from app.core.placement.engine import Engine  # noqa: E402
+from app.core.placement.engine import Engine, RefusalStanding  # noqa: E402
 from bench.extender import build_cache  # noqa: E402
 
 SHAPES = (100, 250, 500)
@@ -64,7 +64,7 @@ def measure(n_nodes: int, runs: int, policy_name: str) -> dict[str, Any]:
             for key, samples in times.items():
                 # A fresh workload: no fragmentation memo left from the previous run or shape.
                 policy = registry.create(policy_name, TargetWorkload(default_workload().shapes))
-                engine = Engine(policy, describe=reason_text)
+                engine = Engine(policy, RefusalStanding(reason_text))
                 if key == "shared_rows" and engine.array is not None:  # another shape's pass read them
                     for node in nodes:
                         if node is not None:

@@ -37,7 +37,7 @@ from app.core.model import Demand, Gpu, Node  # noqa: E402
 from app.core.placement import TargetWorkload, registry  # noqa: E402
 from app.tools.sim.engine import replay  # noqa: E402
 from app.tools.sim.loader import load_pods  # noqa: E402
-from app.tools.sim.migvariant import as_mig, as_whole, partition, physical_gpus_used  # noqa: E402
+from bench.workloads.migvariant import as_mig, as_whole, partition, physical_gpus_used  # noqa: E402
 
 MODEL = catalog.lookup("A100-80GB")
 GPUS_PER_NODE = 8

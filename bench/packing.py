@@ -3,8 +3,8 @@
 Replays each trace with the FGD (ATC'23) methodology through `app.tools.sim` and compares unallocated GPU %
 at 100 % and 130 % arrived workload (mean over seeds) with the artifact's analysis_allo_discrete.csv.
 Besides the trace files, the `pinned` family is generated here: `pinned<share>-<seed>` is the default trace
-with <share> % of its GPU pods pinned to GPU models of the fleet (`app.tools.sim.constrain`, drawn by <seed>),
-the kind of mixed-fleet workload of the paper's gpuspec traces; nothing is published for it.
+with <share> % of its GPU pods pinned to GPU models of the fleet (`bench.workloads.constrain`, drawn by
+<seed>), the kind of mixed-fleet workload of the paper's gpuspec traces; nothing is published for it.
 Writes bench/results/packing.json. Run: .venv/bin/python bench/packing.py [--traces default --seeds 42-43]
 (the pinned family: --traces pinned --policies fgd,fragaware --out bench/results/packing-pinned.json)
 """
@@ -33,9 +33,9 @@ sys.path.insert(0, str(REPO))
 
 from app.core.placement import TargetWorkload, registry  # noqa: E402
 from app.tools.sim.command import UsageError, parse_seeds  # noqa: E402
-from app.tools.sim.constrain import pin_models  # noqa: E402
 from app.tools.sim.engine import simulate  # noqa: E402
 from app.tools.sim.loader import TracePod, load_nodes, load_pods  # noqa: E402
+from bench.workloads.constrain import pin_models  # noqa: E402
 
 TRACES = ("default", "gpushare20", "gpushare40", "gpushare60", "gpushare80", "gpushare100")
 PINNED_SHARES = (5, 10, 20, 30, 40)  # % of GPU pods pinned to models
@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             "pod_lists": {
                 t: {"file": pod_file(t), "sha256": _sha256(traces_dir / pod_file(t))}
                 | (
-                    {"generated": "app.tools.sim.constrain.pin_models(share, seed)"}
+                    {"generated": "bench.workloads.constrain.pin_models(share, seed)"}
                     if PINNED.fullmatch(t)
                     else {}
                 )

@@ -1,7 +1,7 @@
 """Repack in the simulator: unallocated GPU % with and without periodic repacking, on a trace with departures.
 
 Each run fills the openb cluster the FGD way up to 100 % arrived, then plays rounds of departures and
-arrivals (app/tools/sim/churn.py); with repack, the planner (app/tools/repack/plan.py, the same code as
+arrivals (bench/workloads/churn.py); with repack, the planner (app/tools/repack/plan.py, the same code as
 `gpupack repack`) runs after each round's departures and its moves are carried out before the arrivals.
 Reports medians over rounds and seeds. Writes bench/results/repack.json.
 Run: .venv/bin/python bench/repack.py [--traces default --seeds 42-44 --rounds 4 --max-evictions 200]
@@ -26,8 +26,8 @@ sys.path.insert(0, str(REPO / "bench"))
 from packing import MAX_WORKERS, NODE_FILE, _git_commit, _sha256, _trace, pod_file, run_jobs  # noqa: E402
 
 from app.core.placement import DEFAULT_POLICY, registry  # noqa: E402
-from app.tools.sim.churn import churn  # noqa: E402
 from app.tools.sim.command import UsageError, parse_seeds  # noqa: E402
+from bench.workloads.churn import churn  # noqa: E402
 
 TRACES = ("default", "gpushare40", "gpushare100")
 
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.sort(key=lambda r: (r["trace"], r["seed"], r["repack"]))
     result = {
         "question": "unallocated GPU % with and without periodic repack, openb traces with departures",
-        "method": "app/tools/sim/churn.py: fill to 100 % arrived, then rounds of departures, repack, "
+        "method": "bench/workloads/churn.py: fill to 100 % arrived, then rounds of departures, repack, "
         "arrivals",
         **provenance(traces_dir, traces, seeds, knobs),
         "wall_seconds": round(time.perf_counter() - started, 1),

@@ -1,9 +1,9 @@
 """Repack at saturation: unallocated GPU % when arrivals start to fail, no repack vs periodic vs on failure.
 
 The FGD replay of `gpupack simulate` (shuffled openb trace, arrivals until the cluster is full, failed pods
-dropped, no departures), three ways (app/tools/sim/saturate.py): no repack; the repack planner every `--every`
-% of arrived capacity (at most `--max-evictions` moves each time); and, for each arrival that fits nowhere,
-the room planner (app/tools/repack/room.py, the same code as `gpupack repack --for`) with at most
+dropped, no departures), three ways (bench/workloads/saturate.py): no repack; the repack planner every
+`--every` % of arrived capacity (at most `--max-evictions` moves each time); and, for each arrival that fits
+nowhere, the room planner (app/tools/repack/room.py, the same code as `gpupack repack --for`) with at most
 `--max-moves` moves. Reports unallocated GPU % at arrived = 100 % and evictions per placed pod, medians over
 seeds. Adds the key "saturation" to bench/results/repack.json (the churn bench's keys are kept).
 Run: .venv/bin/python bench/repack_room.py [--traces default --seeds 42-44 --max-moves 4]
@@ -27,7 +27,7 @@ from packing import _trace  # noqa: E402
 from repack import check_inputs, common_flags, provenance, run_jobs  # noqa: E402
 
 from app.core.placement import registry  # noqa: E402
-from app.tools.sim.saturate import Mode, saturate  # noqa: E402
+from bench.workloads.saturate import Mode, saturate  # noqa: E402
 
 Job = tuple[str, str, int, str, dict[str, Any]]  # traces dir, trace, seed, mode, knobs
 
@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> int:
     rows.sort(key=lambda r: (r["trace"], r["seed"], r["mode"]))
     section = {
         "question": "unallocated GPU % when arrivals start to fail: no repack, periodic, on failure",
-        "method": "app/tools/sim/saturate.py: the FGD replay (arrivals until full, no departures); "
+        "method": "bench/workloads/saturate.py: the FGD replay (arrivals until full, no departures); "
         "unallocated "
         "GPU % at arrived = 100 %",
         **provenance(traces_dir, traces, seeds, knobs),

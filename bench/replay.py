@@ -303,7 +303,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r['policy']:<10} {r['pods']:>5} {r['match_pct']:>8.2f} {r['unallocated_pct_sim']:>12.3f}"
             f" {r['unallocated_pct_cluster']:>16.3f}"
         )
-    print(f"wrote {args.out.relative_to(REPO)}")
+    print(f"wrote {args.out.relative_to(REPO) if args.out.is_relative_to(REPO) else args.out}")
     return 0
 
 

@@ -1,10 +1,10 @@
 """Every simulator outcome but its timings, printed in full precision: a checksum of the replay's decisions.
 
 Runs `simulate` (openb default seeds 42-43, gpushare40 and gpushare100 seed 42, default with 30 % of GPU pods
-pinned to models by `app.tools.sim.constrain` seed 2; each policy), `replay` (300 nodes, 3000 gpushare40 pods:
-every placement and the nodes after), `churn` (300 nodes, 3 rounds, with and without repack; each policy) and
-`saturate` (each mode, fragaware), and prints repr() of every result field except `seconds`. Two trees decide
-alike exactly when their outputs have the same sha256 (bench/results/engine.json).
+pinned to models by `bench.workloads.constrain` seed 2; each policy), `replay` (300 nodes, 3000 gpushare40
+pods: every placement and the nodes after), `churn` (300 nodes, 3 rounds, with and without repack; each
+policy) and `saturate` (each mode, fragaware), and prints repr() of every result field except `seconds`.
+Two trees decide alike exactly when their outputs have the same sha256 (bench/results/engine.json).
 
 Usage: .venv/bin/python bench/simdump.py [--traces-dir /work/shared/traces] | sha256sum
 """
@@ -21,11 +21,11 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from app.core.placement import TargetWorkload, registry  # noqa: E402
-from app.tools.sim.churn import churn  # noqa: E402
-from app.tools.sim.constrain import pin_models  # noqa: E402
 from app.tools.sim.engine import replay, simulate  # noqa: E402
 from app.tools.sim.loader import TracePod, load_nodes, load_pods  # noqa: E402
-from app.tools.sim.saturate import Mode, saturate  # noqa: E402
+from bench.workloads.churn import churn  # noqa: E402
+from bench.workloads.constrain import pin_models  # noqa: E402
+from bench.workloads.saturate import Mode, saturate  # noqa: E402
 
 
 def show(tag: str, result: Any) -> None:

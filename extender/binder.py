@@ -208,7 +208,6 @@ class Binder:
             self._undo(namespace, name, uid, patched)
             outcome = BindOutcome.CONFLICT if exc.is_conflict else BindOutcome.ERROR
             return self._fail(outcome, f"creating binding: {exc}", where)
-        self.cache.clear_refusal(uid)
         LOG.info(
             "bound",
             extra={

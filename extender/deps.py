@@ -14,6 +14,7 @@ from app.core.placement import Policy
 from app.kube.cache import ClusterCache
 from extender.binder import Binder
 from extender.runtime import Runtime
+from extender.stats import PendingReasons
 
 
 async def get_runtime(request: Request) -> Runtime:
@@ -36,6 +37,10 @@ async def get_binder(rt: RuntimeDep) -> Binder:
     return rt.binder
 
 
+async def get_pending(rt: RuntimeDep) -> PendingReasons:
+    return rt.pending
+
+
 async def get_readiness(rt: RuntimeDep) -> tuple[bool, str]:
     return rt.ready()
 
@@ -43,4 +48,5 @@ async def get_readiness(rt: RuntimeDep) -> tuple[bool, str]:
 StateDep = Annotated[ClusterCache, Depends(get_cache)]
 PolicyDep = Annotated[Policy, Depends(get_policy)]
 BinderDep = Annotated[Binder, Depends(get_binder)]
+PendingDep = Annotated[PendingReasons, Depends(get_pending)]
 ReadyDep = Annotated[tuple[bool, str], Depends(get_readiness)]

@@ -9,7 +9,7 @@ from contextlib import contextmanager
 from app.core.explain import reason_text
 from app.core.model import Demand, Node
 from app.core.placement import Policy
-from app.core.placement.engine import Engine, Standings, judge
+from app.core.placement.engine import Engine, RefusalStanding, Standings, judge
 from app.kube.cache import ClusterCache
 
 # Shapes ranked at once. Each holds one verdict per node; pods come in a handful of shapes, so a table
@@ -23,7 +23,7 @@ class Rankings:
     def __init__(self, cache: ClusterCache, policy: Policy, max_shapes: int = MAX_SHAPES) -> None:
         self.cache = cache
         self.policy = policy
-        self.engine = Engine(policy, describe=reason_text, max_shapes=max_shapes)
+        self.engine = Engine(policy, RefusalStanding(reason_text), max_shapes=max_shapes)
         self._lock = threading.Lock()
         self._token: int | None = None  # the cache's change-log position the engine reflects
         self._rank: Mapping[str, int] = {}

@@ -23,7 +23,7 @@ from extender import stats
 from extender.autoscaler import AutoscaleConfig, Autoscaler
 from extender.binder import Binder
 from extender.config import Settings
-from extender.metrics import ExtenderGauges, PendingReason
+from extender.metrics import ExtenderGauges
 from extender.rankings import Rankings
 from extender.workloads import CHECK_EVERY_S, WorkloadClock, workload_of
 
@@ -34,6 +34,7 @@ class Runtime(Protocol):
     """What the routes need from the process; tests provide an in-memory one."""
 
     cache: ClusterCache
+    pending: stats.PendingReasons  # why each pending pod was last refused
     quotas: QuotaStore
     policy: Policy
     rankings: Rankings  # the policy's verdicts on the cache's nodes, per demand shape
@@ -81,11 +82,7 @@ def refresh_workload(rt: _Judged, clock: WorkloadClock, now: float) -> TargetWor
 def gauges_of(rt: Runtime) -> ExtenderGauges:
     """The scrape-time collector's source."""
     cache = rt.cache
-    pending = [
-        PendingReason(cache.pending_reason.get(p.uid, PendingReason.WAITING))
-        for p in cache.pods()
-        if p.pending
-    ]
+    pending = rt.pending.of(p.uid for p in cache.pods() if p.pending)
     return stats.gauges(cache.snapshot(), cache.allocations(), pending, rt.is_leader(), rt.quotas.uses())
 
 
@@ -125,33 +122,6 @@ def settle_heap() -> None:
     gc.freeze()
 
 
-class StaticRuntime:
-    """Always ready and leading: in-memory state for tests and benchmarks."""
-
-    def __init__(
-        self, cache: ClusterCache, policy: Policy, binder: Binder, decide_in_filter: bool = True
-    ) -> None:
-        self.cache = cache
-        self.quotas = QuotaStore()
-        self.policy = policy
-        self.rankings = Rankings(cache, policy)
-        self.binder = binder
-        self.decide_in_filter = decide_in_filter
-
-    def refresh_workload(self, clock: WorkloadClock, now: float = 0.0) -> TargetWorkload | None:
-        """What KubeRuntime does on its own cadence, when a test or bench asks (see `refresh_workload`)."""
-        return refresh_workload(self, clock, now)
-
-    def ready(self) -> tuple[bool, str]:
-        return True, "ready"
-
-    def alive(self) -> tuple[bool, str]:
-        return True, "alive"
-
-    def is_leader(self) -> bool:
-        return True
-
-
 def autoscaler_of(
     kube: KubeApi,
     cache: ClusterCache,
@@ -188,6 +158,7 @@ class KubeRuntime:
         self.decide_in_filter = settings.decide_in_filter
         self._clock = clock
         self.cache = ClusterCache(AssumeCache(settings.assume_ttl_s), settings.heartbeat_timeout_s)
+        self.pending = stats.PendingReasons()
         self.policy: Policy = registry.create(settings.policy)
         self.rankings = Rankings(self.cache, self.policy)
         cfg = informer_config(settings)

@@ -1,7 +1,9 @@
-"""Cluster-state gauges (packing efficiency, fragmentation, free GPUs, pending pods) from the cache (pure)."""
+"""The extender's statistics: cluster-state gauges (packing efficiency, fragmentation, free GPUs, pending
+pods) from the cache (pure), and why each pending pod was last refused."""
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Iterable, Mapping
 
@@ -51,3 +53,35 @@ def gauges(
         leader=leader,
         quotas=tuple(quotas),
     )
+
+
+class PendingReasons:
+    """Why the last filter refused each pending pod on every node, by uid, for the pending-pods gauge.
+
+    A pod's entry goes when a filter passes it or it is bound, and at each scrape (`of`) for every pod
+    no longer pending, so the table holds at most the pods refused since the last scrape.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._by_uid: dict[str, PendingReason] = {}
+
+    def note(self, uid: str, reason: PendingReason) -> None:
+        with self._lock:
+            self._by_uid[uid] = reason
+
+    def clear(self, uid: str) -> None:
+        with self._lock:
+            self._by_uid.pop(uid, None)
+
+    def get(self, uid: str) -> PendingReason | None:
+        with self._lock:
+            return self._by_uid.get(uid)
+
+    def of(self, pending: Iterable[str]) -> list[PendingReason]:
+        """The reason class of each pending pod (by uid; WAITING if never refused); the entries of pods
+        not among them are forgotten."""
+        with self._lock:
+            kept = {uid: self._by_uid.get(uid, PendingReason.WAITING) for uid in pending}
+            self._by_uid = {uid: r for uid, r in kept.items() if r is not PendingReason.WAITING}
+        return list(kept.values())

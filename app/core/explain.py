@@ -13,7 +13,7 @@ from app.core import request
 from app.core.errors import PlacementReason, share
 from app.core.model import Demand, Gpu, Node
 from app.core.placement import Placement, Policy, normalize_scores
-from app.core.placement.engine import Engine
+from app.core.placement.engine import Engine, RefusalStanding
 from app.core.placement.fit import FOREIGN_MARGIN_MIB, memory_room, mode_admits, mode_misfit
 
 NO_GPUNODE = "no GPUNode object for this node: the gpupack agent does not run here"
@@ -76,7 +76,7 @@ def explain(
     skip = excluded or {}
     present = [n for name, n in nodes.items() if n is not None and name not in skip]
     # The placement engine, as the extender decides: each node judged once for the rows and the choice.
-    engine = Engine(policy, describe=reason_text)
+    engine = Engine(policy, RefusalStanding(reason_text))
     verdicts = {n.name: engine.verdict(n, demand) for n in present}
     raw = {name: None if v.reason is not None else v.score for name, v in verdicts.items()}
     scaled = normalize_scores(raw)

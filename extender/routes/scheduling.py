@@ -25,7 +25,7 @@ from starlette.concurrency import run_in_threadpool
 from app.core.model import Demand
 from app.core.request import PodDemand
 from extender import schemas, verbs
-from extender.deps import BinderDep, ReadyDep
+from extender.deps import BinderDep, PendingDep, ReadyDep
 from extender.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
 from extender.readings import Reading, Readings
 from extender.runtime import Runtime
@@ -81,9 +81,9 @@ def filter_answer(
     else:
         out = verbs.refuse_invalid(names, demand)
     if out.refusal is not None:
-        rt.cache.note_refusal(uid, out.refusal)
+        rt.pending.note(uid, out.refusal)
     else:
-        rt.cache.clear_refusal(uid)
+        rt.pending.clear(uid)
     result = schemas.ExtenderFilterResult(
         NodeNames=out.passed, FailedNodes=out.failed, FailedAndUnresolvableNodes=out.unresolvable
     )
@@ -143,7 +143,12 @@ async def prioritize(args: schemas.ExtenderArgs, req: Request) -> Response:
 
 @router.post("/bind")
 def bind(
-    args: schemas.ExtenderBindingArgs, binder: BinderDep, ready: ReadyDep, *, response: Response
+    args: schemas.ExtenderBindingArgs,
+    binder: BinderDep,
+    ready: ReadyDep,
+    pending: PendingDep,
+    *,
+    response: Response,
 ) -> schemas.ExtenderBindingResult:
     t0 = time.perf_counter()
     try:
@@ -152,6 +157,8 @@ def bind(
             response.headers.update(CLOSE)
             return schemas.ExtenderBindingResult(Error=f"gpupack extender not ready: {ready[1]}")
         result = binder.bind(args.PodNamespace, args.PodName, args.PodUID, args.Node)
+        if result.outcome is BindOutcome.BOUND:
+            pending.clear(args.PodUID)
         EXTENDER_BINDS.labels(result.outcome.value).inc()
         return schemas.ExtenderBindingResult(Error=result.error)
     finally:

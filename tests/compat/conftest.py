@@ -25,7 +25,6 @@ from kubernetes import client
 from kubernetes.utils import parse_quantity
 
 from app.core import names
-from app.core.admission import webhook_configuration
 from tests.devcluster import (
     GPUPACK_NAMESPACE,
     Cluster,
@@ -43,6 +42,7 @@ from tests.devcluster.addons import (
     rbac_objects,
     wait_for_pod_policy,
 )
+from tests.devcluster.admission import webhook_configuration
 
 HERE = Path(__file__).parent
 REPO = HERE.parents[1]

@@ -1,5 +1,5 @@
 """A real local control plane (etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kwok) for tests
-and `gpupack dev`, with the fault proxy and the real kubelet node of the test tiers.
+and `python -m tests.devcluster`, with the fault proxy and the real kubelet node of the test tiers.
 
 The development harness: it runs from a source checkout and ships in neither the wheel nor the image;
 an import contract keeps app, webhook, extender and agent from importing it.

@@ -100,7 +100,7 @@ class Cluster:
         layout.dir.mkdir(parents=True, exist_ok=True)
         previous = cls.load(layout.dir)
         if previous is not None and any(p.alive() for p in previous.processes):
-            raise RuntimeError(f"{layout.dir} holds a running cluster; stop it first (gpupack dev down)")
+            raise RuntimeError(f"{layout.dir} holds a running cluster; stop it first (make down)")
         for path in layout.generated():
             if path.is_dir():
                 shutil.rmtree(path)
@@ -299,7 +299,7 @@ class Cluster:
     def start_process(self, spec: ComponentSpec, progress: Progress = _quiet) -> ManagedProcess:
         """Start a component (control plane or gpupack's own), wait until healthy, record it in state.json.
 
-        Its output goes to logs/<name>.log; `stop` (and `gpupack dev down`) stops it with the rest.
+        Its output goes to logs/<name>.log; `stop` (and `make down`) stops it with the rest.
         """
         if any(p.name == spec.name and p.alive() for p in self.processes):
             raise ValueError(f"a process named {spec.name!r} is already running")

@@ -1,12 +1,13 @@
-"""`gpupack dev up|down|status`: a local cluster with simulated GPU nodes, kept running in the background."""
+"""`python -m tests.devcluster up|down|status` (`make dev|down|status`): a local cluster with simulated GPU
+nodes, kept running in the background."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from app.core import catalog
 
@@ -24,6 +25,7 @@ DEFAULT_NODES = 4
 DEFAULT_GPUS_PER_NODE = 8
 DEFAULT_GPU_MODEL = "A100-40GB"
 EXAMPLES_RELPATH = Path("deploy/examples")
+PROG = "python -m tests.devcluster"
 
 
 def _positive(text: str) -> int:
@@ -36,8 +38,11 @@ def _positive(text: str) -> int:
     return value
 
 
-def register(subparsers: Any) -> None:
-    dev = subparsers.add_parser("dev", help="a local Kubernetes cluster with simulated GPU nodes")
+def parser() -> argparse.ArgumentParser:
+    """The harness's command line: one action per subcommand."""
+    dev = argparse.ArgumentParser(
+        prog=PROG, description="A local Kubernetes cluster with simulated GPU nodes."
+    )
     actions = dev.add_subparsers(dest="dev_action", metavar="ACTION", required=True)
 
     def add(name: str, help_text: str) -> argparse.ArgumentParser:
@@ -91,10 +96,16 @@ def register(subparsers: Any) -> None:
     add("status", "show each component's pid and health (exit 1 unless all are healthy)").set_defaults(
         func=cmd_status
     )
+    return dev
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    return int(args.func(args))
 
 
 def _err(action: str, message: str) -> None:
-    print(f"gpupack dev {action}: {message}", file=sys.stderr)
+    print(f"{PROG} {action}: {message}", file=sys.stderr)
 
 
 def _dir_flag(directory: Path) -> str:
@@ -104,7 +115,7 @@ def _dir_flag(directory: Path) -> str:
 def _checkout() -> Path:
     root = repo_root()
     if root is None:
-        raise FileNotFoundError("gpupack dev up --real-node runs the node side from a source checkout")
+        raise FileNotFoundError("the dev cluster's --real-node runs the node side from a source checkout")
     return root
 
 
@@ -150,8 +161,8 @@ def _summary(cluster: Cluster) -> str:
         f"extender port (scheduler calls it, mutual TLS): {cluster.extender_port}   "
         f"extender metrics: http://127.0.0.1:{cluster.extender_ops_port}/metrics",
         f"webhook port: {cluster.webhook_port}   logs: {cluster.layout.logs}",
-        f"status: gpupack dev status{_dir_flag(cluster.dir)}",
-        f"stop: gpupack dev down{_dir_flag(cluster.dir)}",
+        f"status: {PROG} status{_dir_flag(cluster.dir)}",
+        f"stop: {PROG} down{_dir_flag(cluster.dir)}",
     ]
     return "\n".join(lines)
 
@@ -175,12 +186,12 @@ def cmd_up(args: argparse.Namespace) -> int:
     with locked(directory):
         existing = Cluster.load(directory)
         if existing is not None and existing.running():
-            print(f"gpupack dev cluster already running in {directory} (nothing started)")
+            print(f"dev cluster already running in {directory} (nothing started)")
             print(_summary(existing))
             if args.components and existing.meta.get("components") is False:
                 print(
                     "(started with --no-components; for gpupack's components: "
-                    f"gpupack dev down{_dir_flag(directory)}, then up)"
+                    f"{PROG} down{_dir_flag(directory)}, then up)"
                 )
             return 0
         if existing is not None:
@@ -240,7 +251,7 @@ def cmd_up(args: argparse.Namespace) -> int:
             if not isinstance(exc, Exception):
                 raise
             return 1
-    print(f"gpupack dev cluster ready in {directory} ({time.monotonic() - t0:.1f}s)")
+    print(f"dev cluster ready in {directory} ({time.monotonic() - t0:.1f}s)")
     print(_summary(cluster))
     return 0
 
@@ -250,7 +261,7 @@ def cmd_down(args: argparse.Namespace) -> int:
     with locked(directory):
         cluster = Cluster.load(directory)
         if cluster is None:
-            print(f"no gpupack dev cluster in {directory}; nothing to stop")
+            print(f"no dev cluster in {directory}; nothing to stop")
             return 0
         stopped = [f"{p.name}({p.pid})" for p in cluster.processes]
         try:
@@ -278,7 +289,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     directory: Path = (args.dir or default_dir()).resolve()
     cluster = Cluster.load(directory)
     if cluster is None:
-        print(f"no gpupack dev cluster in {directory}")
+        print(f"no dev cluster in {directory}")
         return 1
     rows = cluster.status()
     width = max([16, *(len(r.name) for r in rows)])  # agents are named after their (long) nodes

@@ -1,6 +1,6 @@
 """Karpenter's kwok cloud provider in the dev cluster: its objects (pure) and the process that runs it.
 
-`gpupack dev up --autoscaler` runs the real Karpenter (sigs.k8s.io/karpenter/kwok, built by
+`make dev` with --autoscaler runs the real Karpenter (sigs.k8s.io/karpenter/kwok, built by
 tests/karpenter/build.sh) against our control plane. It creates Nodes that kwok keeps Ready, exactly as on
 a cloud it would create instances; the node pool's instance types carry 8 GPUs (`nvidia.com/gpu`, as a
 cloud GPU instance type advertises them) and its template labels the GPU model gpupack places on.
@@ -288,6 +288,6 @@ def _create(kube: Kube, collection: str, body: dict[str, Any]) -> None:
 
 
 def autoscaler_addons(model: str, gpus: int = 8) -> tuple[Any, ...]:
-    """`gpupack dev up --autoscaler`: the usual addons, the extender asking for nodes, then Karpenter."""
+    """`make dev` with --autoscaler: the usual addons, the extender asking for nodes, then Karpenter."""
     pool = GpuPool(model, gpus)
     return (Definitions(), Components(extender_extra=extender_flags(pool)), KarpenterAddon(pool))

@@ -4,7 +4,7 @@
 busybox-static (.ci/system-deps installs them); `missing_prerequisites` says what is absent. Everything of
 the node lives under DIR/realnode/<name>/ except three things the kernel keeps elsewhere, which `stop`
 removes by name: the CNI bridge, the kubelet's `kubepods` cgroups, and containerd's shim processes (found by
-the node's containerd socket on their command line). `stop` works from state.json alone, so `gpupack dev
+the node's containerd socket on their command line). `stop` works from state.json alone, so `make
 down` in another shell cleans up a node that `dev up` started, and it finishes every step even when one
 fails, then names what it could not remove.
 

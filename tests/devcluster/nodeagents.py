@@ -1,10 +1,10 @@
 """The agent DaemonSet's stand-in for nodes an autoscaler adds: one simulated agent per node, while it lives.
 
-`gpupack dev up` starts one agent per node it creates. Nodes that Karpenter adds later need the same, as a
+`make dev` starts one agent per node it creates. Nodes that Karpenter adds later need the same, as a
 DaemonSet would give them: this process (`python -m tests.devcluster.nodeagents --dir DIR`) watches Nodes of
 any Karpenter NodePool and runs `gpupack agent run --sim` for each (simulated NVML: GPUs of the node's
 `gpupack.io/gpu-model` label, as many as its `nvidia.com/gpu` capacity), and stops it when the node goes.
-The agents are its children, in its process group: `gpupack dev down` stops them with it.
+The agents are its children, in its process group: `make down` stops them with it.
 
 Each agent's token is bound to a stand-in pod on its node (as for the other dev agents). Here that pod also
 names a DaemonSet as its owner, because an autoscaler ignores DaemonSet pods when it decides a node is
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cluster = Cluster.load(args.dir)
     if cluster is None:
-        print(f"no gpupack dev cluster in {args.dir}", file=sys.stderr)
+        print(f"no dev cluster in {args.dir}", file=sys.stderr)
         return 2
     Launcher(cluster).run(args.interval)
     return 0

@@ -18,7 +18,7 @@ NODE_MEMORY = "256Gi"
 NODE_PODS = "110"
 
 
-# Dev-cluster node annotations: the MIG layout its simulated agent is to report (`gpupack dev up --mig`).
+# Dev-cluster node annotations: the MIG layout its simulated agent is to report (`make dev` with --mig).
 MIG_LAYOUT_ANNOTATION = "dev.gpupack.io/mig-layout"  # comma list of profiles, e.g. "3g.40gb,1g.10gb"
 MIG_GPUS_ANNOTATION = "dev.gpupack.io/mig-gpus"  # how many of its GPUs (the first ones) are partitioned
 

@@ -32,6 +32,8 @@ Fixtures
   gpunode_crd (session) the GPUNode CRD from deploy/crds, created (an existing one is kept) and Established.
   run_gpupack (session) run_gpupack(*args, env=..., timeout=300) -> CompletedProcess: `gpupack ARGS` as the
                         console script runs it (this interpreter, from the repo), output captured, no check.
+  run_devcluster (session) run_devcluster(*args, env=..., timeout=300) -> CompletedProcess: `python -m
+                        tests.devcluster ARGS` (what `make dev|down|status` run), output captured, no check.
 Helpers: `from tests.devcluster import wait_for, node_body, ComponentSpec, HealthCheck` (wait_for polls with
 a deadline and names what it waited for); `from tests.devcluster.addons import install_crd, install_rbac`
 (create, an existing object is kept; install_crd waits until Established). Binaries: $GPUPACK_K8S_BIN or
@@ -42,6 +44,7 @@ tail of every component log.
 from __future__ import annotations
 
 import subprocess
+import sys
 import uuid
 from collections.abc import Callable, Generator, Iterator
 from pathlib import Path
@@ -128,6 +131,22 @@ def run_gpupack() -> Callable[..., subprocess.CompletedProcess[str]]:
     def run(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
             gpupack_cli(*args),
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def run_devcluster() -> Callable[..., subprocess.CompletedProcess[str]]:
+    def run(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            (sys.executable, "-m", "tests.devcluster", *args),
             cwd=REPO,
             env=env,
             capture_output=True,

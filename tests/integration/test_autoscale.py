@@ -1,6 +1,6 @@
 """Grow and shrink with demand: the real Karpenter (kwok provider) adds and removes GPU nodes for gpupack.
 
-`gpupack dev up --autoscaler` runs the control plane, gpupack's extender (asking for nodes with placeholder
+`make dev` with --autoscaler runs the control plane, gpupack's extender (asking for nodes with placeholder
 pods), webhook and agents, Karpenter's kwok provider with a pool of 8-GPU nodes, and an agent on every node
 Karpenter adds. One node is there from the start and is filled; then 40 pods of mixed shares arrive and stay
 pending until Karpenter has added the nodes gpupack asked for. Then demand drops, `gpupack repack --goal
@@ -38,15 +38,17 @@ Run = Callable[..., subprocess.CompletedProcess[str]]
 
 
 @pytest.fixture(scope="module")
-def dev(tmp_path_factory: pytest.TempPathFactory, run_gpupack: Run) -> Iterator[tuple[Path, dict[str, str]]]:
+def dev(
+    tmp_path_factory: pytest.TempPathFactory, run_devcluster: Run
+) -> Iterator[tuple[Path, dict[str, str]]]:
     try:
         bins = ensure_binaries()
     except BinariesError as exc:
         pytest.fail(f"needs Kubernetes binaries and they cannot be built:\n{exc}", pytrace=False)
     d = tmp_path_factory.mktemp("autoscale") / "dev"
     env = {**os.environ, "GPUPACK_K8S_BIN": str(bins)}
-    up = run_gpupack(
-        "dev", "up", "--dir", str(d), "--nodes", "1", "--gpus-per-node", "8", "--gpu-model", MODEL,
+    up = run_devcluster(
+        "up", "--dir", str(d), "--nodes", "1", "--gpus-per-node", "8", "--gpu-model", MODEL,
         "--autoscaler", env=env, timeout=600,
     )  # fmt: skip
     try:
@@ -56,7 +58,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory, run_gpupack: Run) -> Iterator[
             )
         yield d, env
     finally:
-        run_gpupack("dev", "down", "--dir", str(d), env=env, timeout=120)
+        run_devcluster("down", "--dir", str(d), env=env, timeout=120)
 
 
 def logs(d: Path, lines: int = 25) -> str:

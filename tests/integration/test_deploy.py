@@ -26,9 +26,9 @@ from kubernetes import client
 from kubernetes.client.rest import ApiException
 from kubernetes.dynamic import DynamicClient
 
-from app.core.admission import webhook_configuration
 from tests.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
 from tests.devcluster.addons import install_crd
+from tests.devcluster.admission import webhook_configuration
 from tests.devcluster.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]

@@ -1,4 +1,4 @@
-"""`gpupack dev up` end to end: the real CLI starts a cluster with our extender, webhook and agents wired in.
+"""`make dev` end to end: the harness command starts a cluster with our extender, webhook and agents.
 
 Everything a user would touch goes through real processes: the webhook mutates the pod the apiserver
 stores, kube-scheduler asks our extender, the extender writes the allocation and binds, kwok runs the pod,
@@ -76,7 +76,7 @@ class Dev:
 
 
 @pytest.fixture(scope="module")
-def dev(tmp_path_factory: pytest.TempPathFactory, run_gpupack: Run) -> Iterator[Dev]:
+def dev(tmp_path_factory: pytest.TempPathFactory, run_devcluster: Run) -> Iterator[Dev]:
     try:
         bins = ensure_binaries()
     except BinariesError as exc:
@@ -84,19 +84,19 @@ def dev(tmp_path_factory: pytest.TempPathFactory, run_gpupack: Run) -> Iterator[
     d = tmp_path_factory.mktemp("dev-e2e") / "dev"
     env = {**os.environ, "GPUPACK_K8S_BIN": str(bins)}
     t0 = time.monotonic()
-    up = run_gpupack(
-        "dev", "up", "--dir", str(d), "--nodes", "2", "--gpus-per-node", "2", "--gpu-model", MODEL, env=env
+    up = run_devcluster(
+        "up", "--dir", str(d), "--nodes", "2", "--gpus-per-node", "2", "--gpu-model", MODEL, env=env
     )  # fmt: skip
     seconds = time.monotonic() - t0
     handle = Dev(d, env, up, seconds)
     try:
         if up.returncode != 0:
             pytest.fail(f"dev up failed ({up.returncode}):\n{up.stderr}\n{handle.logs()}", pytrace=False)
-        print(f"gpupack dev up (2 nodes x 2 {MODEL}, with components): {seconds:.1f}s")
+        print(f"python -m tests.devcluster up (2 nodes x 2 {MODEL}, with components): {seconds:.1f}s")
         yield handle
     finally:
         # Whatever a test did, never leave a cluster behind (a no-op once test_down has run).
-        run_gpupack("dev", "down", "--dir", str(d), env=env, timeout=120)
+        run_devcluster("down", "--dir", str(d), env=env, timeout=120)
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +161,7 @@ def extender_binds(dev: Dev) -> float:
     return 0.0
 
 
-def test_up_starts_and_records_every_component(dev: Dev, run_gpupack: Run) -> None:
+def test_up_starts_and_records_every_component(dev: Dev, run_devcluster: Run) -> None:
     with dev.explained():
         kubeconfig = dev.dir / "kubeconfig"
         out = dev.up.stdout
@@ -176,7 +176,7 @@ def test_up_starts_and_records_every_component(dev: Dev, run_gpupack: Run) -> No
         for name in COMPONENTS:
             assert (dev.dir / "logs" / f"{name}.log").is_file(), name
 
-        status = run_gpupack("dev", "status", "--dir", str(dev.dir), env=dev.env)
+        status = run_devcluster("status", "--dir", str(dev.dir), env=dev.env)
         assert status.returncode == 0, status.stdout + status.stderr
         rows = {line.split()[0]: line for line in status.stdout.splitlines()[1:] if line.strip()}
         for name in [*CONTROL_PLANE, *COMPONENTS]:
@@ -301,16 +301,16 @@ def test_invalid_fraction_is_refused_with_the_webhooks_message(dev: Dev, core: A
         assert f'admission webhook \\"{HOOK}\\" denied the request: {message}' in err.value.body
 
 
-def test_down_leaves_no_process(dev: Dev, run_gpupack: Run) -> None:
+def test_down_leaves_no_process(dev: Dev, run_devcluster: Run) -> None:
     with dev.explained():
         procs = dev.state["processes"]
         assert len(procs) == len(CONTROL_PLANE) + len(COMPONENTS)
-        down = run_gpupack("dev", "down", "--dir", str(dev.dir), env=dev.env, timeout=120)
+        down = run_devcluster("down", "--dir", str(dev.dir), env=dev.env, timeout=120)
         assert down.returncode == 0, down.stderr
         assert f"stopped {len(procs)} processes" in down.stdout
         for p in procs:
             assert not pid_alive(p["pid"], p["ticks"]), p["name"]
             assert group_members(p["pid"]) == [], p["name"]
         assert not (dev.dir / "state.json").exists()
-        status = run_gpupack("dev", "status", "--dir", str(dev.dir), env=dev.env)
+        status = run_devcluster("status", "--dir", str(dev.dir), env=dev.env)
         assert status.returncode == 1

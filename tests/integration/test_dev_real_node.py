@@ -1,5 +1,6 @@
-"""`gpupack dev up --real-node` runs the chart's node side on its real node: an MPS pod in a `baseline`
-namespace runs there, with no hostPath, in its own MPS directory given by the runtime handler.
+"""The dev cluster's real node (`python -m tests.devcluster up --real-node`) runs the chart's node side: an
+MPS pod in a `baseline` namespace runs there, with no hostPath, in its own MPS directory given by the runtime
+handler.
 
 Real-node tier (markers integration and realnode): root only; its own `dev up` cluster, torn down with
 `dev down`, which must leave nothing of the node behind.

@@ -28,8 +28,8 @@ from app.core.model import Allocation, ClusterState, Demand
 from app.core.placement import Placement, place, registry, to_allocation
 from app.core.request import pod_demand
 from app.kube import gpunode
-from app.kube.cache import node_order_key
 from app.kube.client import Kube
+from app.kube.stores import node_order_key
 from tests.devcluster import GPUPACK_NAMESPACE, Cluster, ComponentSpec, HealthCheck, wait_for
 from tests.devcluster.addons import install_rbac
 from tests.devcluster.nodes import NODE_CPU, NODE_MEMORY

@@ -282,14 +282,14 @@ def test_unknown_token_is_unauthorized(cluster: Cluster) -> None:
 
 
 def test_dev_up_is_idempotent_daemonized_and_down_leaves_no_process(
-    cluster: Cluster, tmp_path: Path, run_gpupack: Callable[..., subprocess.CompletedProcess[str]]
+    cluster: Cluster, tmp_path: Path, run_devcluster: Callable[..., subprocess.CompletedProcess[str]]
 ) -> None:
     env = {**os.environ, "GPUPACK_K8S_BIN": str(cluster.bin_dir)}
     d = tmp_path / "dev"
     state = d / "state.json"
     # --no-components: the control plane alone (gpupack's own processes: tests/integration/test_dev_e2e.py).
-    up = run_gpupack(
-        "dev", "up", "--dir", str(d), "--nodes", "2", "--gpus-per-node", "2", "--gpu-model", "T4",
+    up = run_devcluster(
+        "up", "--dir", str(d), "--nodes", "2", "--gpus-per-node", "2", "--gpu-model", "T4",
         "--no-components", env=env, timeout=240,
     )  # fmt: skip
     try:
@@ -308,19 +308,19 @@ def test_dev_up_is_idempotent_daemonized_and_down_leaves_no_process(
         assert sorted(n.metadata.name for n in nodes) == ["gpu-node-0", "gpu-node-1"]
         assert {parse_quantity(n.status.allocatable[names.RESOURCE_GPU_MILLI]) for n in nodes} == {2000}
 
-        again = run_gpupack("dev", "up", "--dir", str(d), env=env, timeout=240)
+        again = run_devcluster("up", "--dir", str(d), env=env, timeout=240)
         assert again.returncode == 0, again.stderr
-        assert again.stdout.startswith(f"gpupack dev cluster already running in {d}")
+        assert again.stdout.startswith(f"dev cluster already running in {d}")
         assert json.loads(state.read_text())["processes"] == procs  # same pids: nothing restarted
 
-        status = run_gpupack("dev", "status", "--dir", str(d), env=env, timeout=240)
+        status = run_devcluster("status", "--dir", str(d), env=env, timeout=240)
         assert status.returncode == 0, status.stdout
         assert status.stdout.count("healthy") == 5  # one line per process
     finally:
-        down = run_gpupack("dev", "down", "--dir", str(d), env=env, timeout=120)
+        down = run_devcluster("down", "--dir", str(d), env=env, timeout=120)
     assert down.returncode == 0, down.stderr
     for p in procs:
         assert not pid_alive(p["pid"], p["ticks"]), p["name"]
         assert group_members(p["pid"]) == [], p["name"]
     assert not state.exists()
-    assert run_gpupack("dev", "status", "--dir", str(d), env=env, timeout=240).returncode == 1
+    assert run_devcluster("status", "--dir", str(d), env=env, timeout=240).returncode == 1

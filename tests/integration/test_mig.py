@@ -1,7 +1,7 @@
 """MIG devices through kube-scheduler, the extender and a simulated agent: the right device, the right UUID.
 
 One kwok node of two A100-80GB: GPU 0 partitioned into 3g.40gb, 2g.20gb, 1g.10gb, 1g.10gb (as
-`gpupack dev up --mig` makes it), GPU 1 whole. Pods are written as the webhook leaves them (the webhook's
+`make dev` with --mig makes it), GPU 1 whole. Pods are written as the webhook leaves them (the webhook's
 part is covered by the golden files), on this test's pool of nodes.
 """
 

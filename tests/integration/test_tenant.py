@@ -4,7 +4,7 @@ The tenant identity (tests/devcluster/identities.py) has no rights of its own; e
 namespace user typically has (pods: create/get/list/watch/update/patch/delete in its namespace). The
 chart's ValidatingAdmissionPolicies come from the rendered deploy/manifests/gpupack.yaml, bound only to
 this test's namespace or nodes (addons.scoped_binding), so other modules sharing the apiserver keep
-their own fixtures. `gpupack dev up` binds them cluster-wide (addons.Definitions).
+their own fixtures. `make dev` binds them cluster-wide (addons.Definitions).
 """
 
 from __future__ import annotations

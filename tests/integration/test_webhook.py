@@ -21,8 +21,8 @@ from kubernetes.utils import parse_quantity
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.core import names
-from app.core.admission import webhook_configuration
 from tests.devcluster import Cluster, ComponentSpec, HealthCheck, wait_for
+from tests.devcluster.admission import webhook_configuration
 from tests.devcluster.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]

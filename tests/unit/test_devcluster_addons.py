@@ -1,4 +1,4 @@
-"""`gpupack dev up` addons, the parts that need no cluster: RBAC selection, webhook fill, sim files, argv."""
+"""`make dev` addons, the parts that need no cluster: RBAC selection, webhook fill, sim files, argv."""
 
 from __future__ import annotations
 
@@ -12,8 +12,8 @@ import yaml
 
 from agent.nvml import simfile
 from app import cli
-from app.core import admission, catalog, names, podview, request
-from tests.devcluster import addons, command, nodeside
+from app.core import catalog, names, podview, request
+from tests.devcluster import addons, admission, command, nodeside
 from tests.devcluster.cluster import Cluster
 from tests.devcluster.identities import IDENTITIES
 from tests.devcluster.layout import Layout, Ports
@@ -331,9 +331,9 @@ def test_extender_is_ready_only_as_leader_with_synced_informers(tmp_path: Path) 
 
 
 def test_no_components_flag() -> None:
-    parser = cli.build_parser()
-    assert parser.parse_args(["dev", "up"]).components is True
-    assert parser.parse_args(["dev", "up", "--no-components"]).components is False
+    dev = command.parser()
+    assert dev.parse_args(["up"]).components is True
+    assert dev.parse_args(["up", "--no-components"]).components is False
 
 
 def fake_cluster(tmp_path: Path, names_: list[str]) -> Cluster:

@@ -1,4 +1,4 @@
-"""`gpupack dev`: argument handling that needs no cluster (unknown model, empty directory)."""
+"""`python -m tests.devcluster`: argument handling that needs no cluster (unknown model, empty directory)."""
 
 from __future__ import annotations
 
@@ -6,13 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from app import cli
 from app.core import catalog
-from tests.devcluster.__main__ import main
-
-
-def test_dev_is_registered_in_the_cli() -> None:
-    assert "tests.devcluster.command:register" in {ep.value for ep in cli.command_entry_points()}
+from tests.devcluster.command import main
 
 
 def test_unknown_model_is_one_line_listing_known_models_exit_2(
@@ -22,7 +17,7 @@ def test_unknown_model_is_one_line_listing_known_models_exit_2(
     out, err = capsys.readouterr()
     assert out == ""
     assert err.count("\n") == 1
-    assert err.startswith("gpupack dev up: unknown GPU model 'H200-999GB'; known: ")
+    assert err.startswith("python -m tests.devcluster up: unknown GPU model 'H200-999GB'; known: ")
     assert all(name in err for name in catalog.models())
     assert list(tmp_path.iterdir()) == []  # nothing was started or written
 
@@ -38,7 +33,7 @@ def test_counts_must_be_positive_integers(flag: str, value: str, capsys: pytest.
 
 def test_status_without_a_cluster_exits_1(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["status", "--dir", str(tmp_path)]) == 1
-    assert capsys.readouterr().out == f"no gpupack dev cluster in {tmp_path}\n"
+    assert capsys.readouterr().out == f"no dev cluster in {tmp_path}\n"
 
 
 def test_down_without_a_cluster_is_fine(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -52,7 +47,7 @@ def test_bad_binaries_dir_is_named_exit_2(
     monkeypatch.setenv("GPUPACK_K8S_BIN", str(tmp_path / "nope"))
     assert main(["up", "--dir", str(tmp_path / "dev")]) == 2
     assert capsys.readouterr().err.splitlines()[-1] == (
-        f"gpupack dev up: GPUPACK_K8S_BIN={tmp_path / 'nope'}: missing executables: "
+        f"python -m tests.devcluster up: GPUPACK_K8S_BIN={tmp_path / 'nope'}: missing executables: "
         "etcd, kube-apiserver, kube-scheduler, kube-controller-manager, kwok"
     )
 
@@ -64,5 +59,5 @@ def test_an_impossible_mig_layout_is_one_line_exit_2(
     assert main(argv) == 2
     err = capsys.readouterr().err
     rule = "must name 1 to 7 compute slices of MIG devices: names 10"
-    assert err == f"gpupack dev up: --mig='3g.40gb,7g.80gb': {rule}\n"
+    assert err == f"python -m tests.devcluster up: --mig='3g.40gb,7g.80gb': {rule}\n"
     assert list(tmp_path.iterdir()) == []

@@ -25,9 +25,9 @@ from extender.config import Settings
 from extender.main import create_app
 from extender.metrics import PendingReason
 from extender.rankings import Rankings
-from extender.runtime import StaticRuntime
 from extender.schemas import HostPriorityList
 from extender.workloads import BUILTIN, LEARNED, WorkloadClock
+from tests.static_runtime import StaticRuntime
 
 NOW = 1_700_000_000.0
 
@@ -196,7 +196,7 @@ def test_filter_decides_one_node_and_gives_reasons_only_when_none_passes() -> No
         "ghost": "no GPUNode object for this node: the gpupack agent does not run here"
     }
     assert out["Error"] == ""
-    assert env.cache.pending_reason["uid-p"] == PendingReason.NO_FIT
+    assert env.runtime.pending.get("uid-p") == PendingReason.NO_FIT
     # Without decide-in-filter every node's status is reported, whether or not one passes.
     env2 = Env(decide=False)
     env2.kube.add(pod("big", 750, node="n1", alloc=Allocation("n1", (0,), (), 750, 12288)))

@@ -24,7 +24,7 @@ from app.kube.calls import Request
 from extender.binder import Binder
 from extender.config import Settings
 from extender.main import create_app
-from extender.runtime import StaticRuntime
+from tests.static_runtime import StaticRuntime
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "extender"
 CASES = sorted(GOLDEN.glob("*.input.json"))

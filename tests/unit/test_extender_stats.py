@@ -5,7 +5,7 @@ from __future__ import annotations
 from app.core.model import Allocation, ClusterState, Gpu, Node
 from app.tools.top import bar, render
 from extender.metrics import ExtenderStateCollector, PendingReason
-from extender.stats import gauges, typical_milli
+from extender.stats import PendingReasons, gauges, typical_milli
 
 
 def state(*used: tuple[int, ...]) -> ClusterState:
@@ -131,3 +131,20 @@ def test_top_shows_mig_devices_as_parent_slot_with_their_profile() -> None:
     assert lines[3].split()[:4] == ["n0", "0/1", "A100-80GB", "1g.10gb"]
     assert "1 GPUs: 0.50 allocated, 1 in use, 0 free; packing efficiency 50.0%" in out  # MIG devices left out
     assert out.endswith("2 MIG devices: 1 in use, 1 free")
+
+
+def test_pending_reasons_count_each_pending_pod_once_and_forget_the_rest() -> None:
+    reasons = PendingReasons()
+    reasons.note("a", PendingReason.NO_FIT)
+    reasons.note("b", PendingReason.MODEL)
+    reasons.note("a", PendingReason.UNSCHEDULABLE)  # the last refusal wins
+    reasons.note("gone", PendingReason.NO_FIT)
+    reasons.clear("b")  # a later filter passed it
+    assert reasons.of(["a", "b", "c"]) == [
+        PendingReason.UNSCHEDULABLE,
+        PendingReason.WAITING,
+        PendingReason.WAITING,
+    ]
+    # A pod no longer pending at a scrape (bound, deleted) is forgotten: refused again later, it counts anew.
+    assert reasons.get("gone") is None
+    assert reasons.of(["gone"]) == [PendingReason.WAITING]

@@ -25,8 +25,8 @@ from app.service import certs
 from extender.binder import Binder
 from extender.config import Settings
 from extender.main import create_app, run, servers
-from extender.runtime import StaticRuntime
 from tests.devcluster.ports import free_ports
+from tests.static_runtime import StaticRuntime
 
 
 @dataclass(frozen=True)

@@ -15,8 +15,9 @@ from app.kube.cache import ClusterCache
 from app.kube.calls import JsonDict, Request
 from extender.binder import Binder
 from extender.config import Settings
-from extender.runtime import KubeRuntime, StaticRuntime
+from extender.runtime import KubeRuntime
 from extender.workloads import BUILTIN, LEARN_EVERY_S, LEARNED, WorkloadClock, target, workload_of
+from tests.static_runtime import StaticRuntime
 from tests.unit.test_extender_app import FakeKube, gpunode, pod
 from tests.unit.test_extender_runtime import Apiserver, step_all
 

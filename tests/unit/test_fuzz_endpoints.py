@@ -32,7 +32,7 @@ from app.kube.gpunode import GPUNode, GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuSt
 from extender.binder import Binder
 from extender.config import Settings as ExtenderSettings
 from extender.main import create_app as extender_app
-from extender.runtime import StaticRuntime
+from tests.static_runtime import StaticRuntime
 from webhook.main import create_app as webhook_app
 from webhook.settings import Settings as WebhookSettings
 

@@ -9,7 +9,6 @@ import pytest
 
 from app.core.errors import FieldError
 from app.kube import gpunode
-from app.kube.cache import gpunode_to_node
 from app.kube.calls import MERGE_PATCH
 from app.kube.gpunode import (
     GPUNode,
@@ -23,6 +22,7 @@ from app.kube.gpunode import (
     ProcessStatus,
     Summary,
 )
+from app.kube.stores import gpunode_to_node
 
 T0 = 1_700_000_000.0  # 2023-11-14T22:13:20Z
 

@@ -12,8 +12,9 @@ from app.core.model import Allocation, Demand
 from app.core.pods import pod_info
 from app.core.request import pod_demand
 from app.kube.assume import AssumeCache
-from app.kube.cache import ClusterCache, node_order_key
+from app.kube.cache import ClusterCache
 from app.kube.gpunode import GPUNode, GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuStatus
+from app.kube.stores import node_order_key
 
 NOW = 1_700_000_000.0
 

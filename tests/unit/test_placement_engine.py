@@ -18,7 +18,7 @@ import pytest
 from app.core.isolation import MemoryEnforcement, Sharing
 from app.core.model import Allocation, Demand, Gpu, Node
 from app.core.placement import Placement, Policy, place, registry
-from app.core.placement.engine import Engine
+from app.core.placement.engine import Engine, HeadroomStanding, RefusalStanding
 from tests.unit.test_placement_fragaware_array import DEMANDS, random_node
 
 POLICIES = ("binpack", "spread", "fgd", "fragaware")
@@ -50,7 +50,7 @@ def agrees(engine: Engine, nodes: list[Node | None], demand: Demand) -> None:
         return
     assert i is not None and nodes[i] is expected.node, demand
     assert engine.gpus(i, demand) == expected.gpus
-    if engine.refusals:
+    if isinstance(engine.standing, RefusalStanding):
         for k, node in enumerate(nodes):
             v = shape.verdicts[k]
             if node is None:
@@ -67,9 +67,9 @@ def agrees(engine: Engine, nodes: list[Node | None], demand: Demand) -> None:
 
 def engine_in(mode: str, policy: Policy) -> Engine:
     if mode == "by-value":
-        return Engine(policy, refusals=False, by_value=True)
+        return Engine(policy, HeadroomStanding(), by_value=True)
     if mode == "scores":
-        return Engine(policy, refusals=False)
+        return Engine(policy, HeadroomStanding())
     if mode == "small":
         return Engine(policy, states_size=40, max_shapes=3)
     return Engine(policy)
@@ -141,7 +141,7 @@ def test_the_engine_chooses_as_place_on_gpus_of_every_sharing_mode(policy_name: 
 def test_states_interned_by_value_differ_by_gpu_mode() -> None:
     """Two nodes alike but for one GPU's sharing mode: a time-slicing pod fits only the one not exclusive."""
     policy = registry.create("binpack")
-    engine = Engine(policy, refusals=False, by_value=True)
+    engine = Engine(policy, HeadroomStanding(), by_value=True)
     gpus = (Gpu(0, "A100-40GB", 40960, sharing=Sharing.EXCLUSIVE),)
     exclusive = Node("a", gpus)
     shared = Node("b", (replace(gpus[0], sharing=Sharing.SHARED),))
@@ -174,8 +174,8 @@ def test_a_shape_far_behind_the_log_judges_every_position_again() -> None:
 def test_refusals_need_states_interned_by_identity() -> None:
     with pytest.raises(ValueError, match="refusal names its node"):
         Engine(registry.create("binpack"), by_value=True)
-    with pytest.raises(ValueError, match="refusals=True"):
-        Engine(registry.create("binpack"), refusals=False).place(
+    with pytest.raises(ValueError, match="RefusalStanding"):
+        Engine(registry.create("binpack"), HeadroomStanding()).place(
             [random_node(random.Random(1), 0)], DEMANDS[0]
         )
 
@@ -186,7 +186,7 @@ def test_a_small_cluster_churning_long_keeps_every_node_in_reach(policy_name: st
     shape still needs as bounds (a node that only shrank keeps its old entry until it reaches the top)."""
     rng = random.Random(policy_name)
     policy = registry.create(policy_name)
-    engine = Engine(policy, refusals=False, by_value=True)
+    engine = Engine(policy, HeadroomStanding(), by_value=True)
     nodes: list[Node | None] = [random_node(rng, i) for i in range(6)]
     engine.reset(nodes)
     for step in range(13000):  # past the log bound (8n + 4096) three times: trimmed, heaps compacted
@@ -202,7 +202,7 @@ def test_nodes_that_only_fill_stay_in_reach_past_the_log_bound() -> None:
     would lose those nodes for good (nothing gives them room back)."""
     rng = random.Random(7)
     policy = registry.create("spread")
-    engine = Engine(policy, refusals=False, by_value=True)
+    engine = Engine(policy, HeadroomStanding(), by_value=True)
     gpus = tuple(Gpu(g, "A100-40GB", 40960) for g in range(8))
     nodes: list[Node | None] = [Node(f"n{i}", gpus) for i in range(6)]
     engine.reset(nodes)

@@ -16,7 +16,7 @@ from app.core.explain import reason_text
 from app.core.model import Allocation, Demand, Gpu, Node
 from app.core.placement import registry
 from app.core.placement.base import Judged, Policy
-from app.core.placement.engine import Engine
+from app.core.placement.engine import Engine, RefusalStanding
 from app.core.placement.fragaware import GPUPACK_OPTIONS, FragAware, FragOptions
 from app.core.placement.workload import PodShape, TargetWorkload, default_workload
 
@@ -171,7 +171,8 @@ def test_the_engine_with_the_array_form_equals_one_judged_node_by_node() -> None
     workload = default_workload()
     fast_policy = FragAware(workload, options=GPUPACK_OPTIONS)
     slow_policy = OneByOne(workload, options=GPUPACK_OPTIONS)
-    fast, slow = Engine(fast_policy, describe=reason_text), Engine(slow_policy, describe=reason_text)
+    fast = Engine(fast_policy, RefusalStanding(reason_text))
+    slow = Engine(slow_policy, RefusalStanding(reason_text))
     assert fast.array is not None and slow.array is None
     for demand in DEMANDS:
         assert fast.array.covers(demand) or demand.mig

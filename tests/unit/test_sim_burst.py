@@ -7,8 +7,8 @@ from test_sim import synthetic
 
 from app.core.model import Demand, Gpu, Node
 from app.core.placement import TargetWorkload, registry
-from app.tools.sim.burst import burst, burstable
 from app.tools.sim.loader import TracePod
+from bench.workloads.burst import burst, burstable
 
 
 def one_gpu(*shares: int) -> tuple[tuple[Node, ...], tuple[TracePod, ...], TargetWorkload]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from test_sim import synthetic
 
 from app.core.placement import registry
-from app.tools.sim.churn import churn
+from bench.workloads.churn import churn
 
 
 def test_repack_rounds_free_gpus_within_the_cap_and_land_as_planned() -> None:

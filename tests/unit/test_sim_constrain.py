@@ -7,8 +7,8 @@ from collections import Counter
 import pytest
 
 from app.core.model import Demand, Gpu, Node
-from app.tools.sim.constrain import model_choices, pin_models
 from app.tools.sim.loader import TracePod
+from bench.workloads.constrain import model_choices, pin_models
 
 
 def fleet() -> list[Node]:

@@ -11,7 +11,7 @@ from app.core.model import Demand, Gpu, Node
 from app.core.placement import Placement, place, registry, to_allocation
 from app.core.placement.workload import default_workload
 from app.tools.sim.engine import replay
-from app.tools.sim.migvariant import as_mig, as_whole, partition, physical_gpus_used
+from bench.workloads.migvariant import as_mig, as_whole, partition, physical_gpus_used
 
 A100 = catalog.lookup("A100-80GB")
 LAYOUT = tuple(p for name in ("3g.40gb", "3g.40gb") if (p := A100.mig_profile(name)) is not None)

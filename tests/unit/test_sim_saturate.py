@@ -8,7 +8,7 @@ import pytest
 from test_sim import synthetic
 
 from app.core.placement import registry
-from app.tools.sim.saturate import Mode, saturate
+from bench.workloads.saturate import Mode, saturate
 
 
 def test_on_failure_repack_places_pods_that_fit_nowhere_within_the_move_bound() -> None:

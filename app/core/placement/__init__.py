@@ -1,6 +1,6 @@
 """Placement policies behind one interface, the engine that chooses with them, and `place`, its reference."""
 
-from app.core.placement import binpack, fragaware, spread
+from app.core.placement import arrayforms, binpack, fragaware, spread
 from app.core.placement.base import DEFAULT_POLICY, Policy, Registry, registry
 from app.core.placement.fit import FOREIGN_MARGIN_MIB, node_misfit
 from app.core.placement.place import Placement, normalize_scores, place, score_nodes, to_allocation
@@ -14,6 +14,7 @@ __all__ = [
     "Policy",
     "Registry",
     "TargetWorkload",
+    "arrayforms",
     "binpack",
     "default_workload",
     "fragaware",

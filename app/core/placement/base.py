@@ -93,7 +93,8 @@ class Registry:
         return None if factory is None else factory(policy)
 
     def names(self) -> tuple[str, ...]:
-        return tuple(self._factories)
+        """In name order, whatever order the modules registered in (the CLI's and the benches' order)."""
+        return tuple(sorted(self._factories))
 
     def create(self, name: str, workload: TargetWorkload | None = None) -> Policy:
         """A fresh policy; `workload` is the target pod distribution (built-in default when None)."""

@@ -13,9 +13,11 @@ change, and pods come in a few shapes, so:
   positions logged as changed since it was last asked (one log, so a change costs nothing per shape);
 - a shape's first pass, and any batch of changes, goes to the policy's array form where the registry
   has one for it (`Registry.array_form`, e.g. FragAware's in `fragaware_array`);
-- where no refusal is needed (the simulator), a share demand is judged from each state's `fit.Headroom`,
-  and for a policy whose score falls with the headroom a node that only took pods keeps its stale entry
-  as an upper bound, judged again only when that entry reaches the top.
+- what the engine keeps of each verdict is its standing, plugged in: `RefusalStanding` (the extender,
+  the planners) keeps every node's verdict with its refusal and text; `HeadroomStanding` (the simulator)
+  keeps only the fitting nodes' scores, judges a share demand from each state's `fit.Headroom`, and for a
+  policy whose score falls with the headroom lets a node that only took pods keep its stale entry as an
+  upper bound, judged again only when that entry reaches the top.
 
 `place` is the definition: ties on score go to the lowest position, and every answer is the policy's own
 (the oracle tests compare the engine with `place` on random clusters).
@@ -27,10 +29,11 @@ import heapq
 import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from app.core.errors import PlacementReason
 from app.core.model import Demand, Node
-from app.core.placement.base import ArrayForm, Evaluates, Policy, registry
+from app.core.placement.base import ArrayForm, Evaluates, Judged, Policy, registry
 from app.core.placement.fit import (
     Headroom,
     HeadroomScore,
@@ -72,7 +75,7 @@ _UNJUDGED = math.nan  # memo default: no score is NaN (None is a real answer, "d
 
 
 def _unset(_: int) -> object:
-    raise AssertionError("judged through the engine's refusals path")
+    raise AssertionError("judged through the refusal standing")
 
 
 @dataclass(slots=True)
@@ -88,18 +91,18 @@ class Shape:
     # appears in the growth log (a change that gave it room).
     lazy: bool
     array: ArrayForm | None  # the policy's array form, where it covers this demand
-    judge: Callable[[int], object] = _unset  # without refusals: position -> score, None when unfit
+    judge: Callable[[int], object] = _unset  # HeadroomStanding: position -> score, None when unfit
     keys: list[int] = field(default_factory=list)  # position -> memo key (the engine's list, kept current)
     seen: int = 0  # log position (absolute) up to which changes are on the heap
     full: bool = True  # judge every position at the next catch-up (new, reset or too far behind)
     heap: list[tuple[float, int, int]] = field(default_factory=list)  # (-score, position, version)
-    # State id (headroom state id where `by_room`) -> (Verdict, Refusal | None) with refusals, else the
-    # score, None when the node does not fit.
+    # State id (headroom state id where `by_room`) -> (Verdict, Refusal | None) in RefusalStanding, the
+    # score (None when the node does not fit) in HeadroomStanding.
     memo: dict[int, object] = field(default_factory=dict)
     gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)  # state id -> GPUs the policy uses
     unfit: list[int] = field(default_factory=list)  # position -> version it last did not fit (share)
     judged: list[int] = field(default_factory=list)  # lazy: position -> version last judged
-    # With refusals: the current verdict per position, and the refusals by position.
+    # RefusalStanding: the current verdict per position, and the refusals by position.
     verdicts: list[Verdict | None] = field(default_factory=list)
     refused: dict[int, Refusal] = field(default_factory=dict)
 
@@ -107,28 +110,26 @@ class Shape:
 class Engine:
     """One policy's choices over positions 0..n-1 (the tie-break order), kept current by `reset`/`set`.
 
-    `refusals`: keep each node's verdict (refusal and text, or score) current, as the extender reports
-    them; without, only the fitting nodes' scores are kept (the simulator). `by_value`: intern node states
-    by value, for callers that build a new object for an equal state; the policy's answers must then not
-    depend on the node's name (no refusals: a refusal names its node).
+    `standing`: what is kept of each verdict and how positions are judged (`RefusalStanding`, the
+    default, or `HeadroomStanding`). `by_value`: intern node states by value, for callers that build a
+    new object for an equal state; the policy's answers must then not depend on the node's name, so the
+    standing must keep no refusals (a refusal names its node).
     """
 
     def __init__(
         self,
         policy: Policy,
+        standing: Standing | None = None,
         *,
-        refusals: bool = True,
-        describe: Callable[[PlacementReason], str] = _rule,
         by_value: bool = False,
         max_shapes: int | None = None,
         states_size: int = STATES_SIZE,
     ) -> None:
-        if by_value and refusals:
+        self.standing: Standing = standing if standing is not None else RefusalStanding()
+        if by_value and self.standing.keeps_refusals:
             raise ValueError("states interned by value cannot carry refusals (a refusal names its node)")
         self.policy = policy
         self.name = policy.name
-        self.refusals = refusals
-        self.describe = describe
         self.by_value = by_value
         self.max_shapes = max_shapes
         self.states_size = states_size
@@ -138,15 +139,16 @@ class Engine:
         self.array = registry.array_form(policy) if not by_value else None
         self.evaluate = policy.evaluate if isinstance(policy, Evaluates) else None
         self.fits = fits_check(policy)
-        self.margin = policy.margin_mib if uses_fit_filter(policy) and not refusals else None
+        # Each position's headroom is kept where the standing judges share demands from it.
+        self.margin = self.standing.headroom_margin(policy)
         self.scorer = policy if isinstance(policy, HeadroomScore) else None
         # Positions.
         self.nodes: list[Node | None] = []
         self.version: list[int] = []
         self.state: list[int] = []  # position -> state id (-1: none, or no shape reads state ids yet)
-        # Whether positions carry state ids: always with refusals; without, from the first shape not
-        # judged from headroom (a replay whose shapes all are skips interning every change).
-        self.interning = refusals
+        # Whether positions carry state ids: from the start where the standing keys its memo by state, else
+        # from the first shape not judged from headroom (a replay whose shapes all are skips interning).
+        self.interning = self.standing.keys_by_state
         self.log: list[int] = []  # positions changed, oldest first (from absolute index `log_start`)
         self.log_start = 0
         self.grown: list[int] = []  # changes that left a node's headroom not `within` the old one
@@ -275,17 +277,16 @@ class Engine:
             shape.full = False
             shape.heap = []
             shape.unfit, shape.judged = [-1] * n, [-1] * n
-            if self.refusals:
-                shape.verdicts, shape.refused = [None] * n, {}
+            self.standing.restart(shape, n)
             shape.seen = self.grown_start + len(self.grown) if shape.lazy else self.log_start + len(self.log)
-            self._judge(shape, range(n))
+            self.standing.judge(self, shape, range(n))
             return shape
         log, start = (self.grown, self.grown_start) if shape.lazy else (self.log, self.log_start)
         end = start + len(log)
         if end > shape.seen:
             todo = log[shape.seen - start :]
             shape.seen = end
-            self._judge(shape, todo if len(todo) == 1 else set(todo))  # any order: the heap orders
+            self.standing.judge(self, shape, todo if len(todo) == 1 else set(todo))  # any order: heap orders
         return shape
 
     def _new_shape(self, demand: Demand) -> Shape:
@@ -298,76 +299,10 @@ class Engine:
             self.interning = True
             self.state[:] = self._states(self.nodes)
         shape.keys = self.room_state if by_room else self.state
-        if self.refusals:
-            return shape
-        # Without refusals: fits and scores only, each position judged by a closure over the lists
-        # (reset() refills them in place), as cheap per call as the simulator needs.
-        nodes, rooms, policy, fits, state = self.nodes, self.rooms, self.policy, self.fits, self.state
-        if by_room:
-            assert self.scorer is not None
-            score_room = self.scorer.score_headroom
-
-            def by_headroom(i: int) -> object:
-                room = rooms[i]
-                return score_room(room, demand) if headroom_fits(room, demand) else None
-
-            shape.judge = by_headroom
-            return shape
-        evaluate = self.evaluate
-        gpus = shape.gpus
-
-        def by_node(i: int) -> object:
-            node = nodes[i]
-            assert node is not None
-            if not (headroom_fits(rooms[i], demand) if share else fits(node, demand)):
-                return None
-            if evaluate is None:
-                return policy.score(node, demand)
-            score, gpus[state[i]] = evaluate(node, demand)
-            return score
-
-        shape.judge = by_node
+        self.standing.prepare(self, shape)
         return shape
 
-    def _judge(self, shape: Shape, todo: Iterable[int]) -> None:
-        """Judge the positions of `todo` for `shape` at their current versions."""
-        nodes, version, heap, push = self.nodes, self.version, shape.heap, heapq.heappush
-        if self.refusals:
-            todo = [i for i in todo if nodes[i] is not None or self._gone(shape, i)]
-            if shape.array is not None and len(todo) >= BATCH_MIN:
-                self._judge_array(shape, todo)
-            refusing = self._refusing
-            for i in todo:
-                s = refusing(shape, i)
-                if s is not None:
-                    push(heap, (-s, i, version[i]))
-            return
-        # Without refusals: the memoized score (None: unfit, remembered for a share until the node grows),
-        # inlined rather than a call per position, as this is the replay's hottest loop.
-        unfit, grown_at, memo, keys, judge = shape.unfit, self.grown_at, shape.memo, shape.keys, shape.judge
-        share, judged = shape.share, (shape.judged if shape.lazy else None)
-        for i in todo:
-            # Skipped: no node, or a share it did not fit while the node has only shrunk since.
-            if unfit[i] < grown_at[i] and nodes[i] is not None:
-                key = keys[i]
-                got = memo.get(key, _UNJUDGED)
-                if got is _UNJUDGED:
-                    got = memo[key] = judge(i)
-                v = version[i]
-                if judged is not None:
-                    judged[i] = v
-                if got is not None:
-                    push(heap, (-got, i, v))  # type: ignore[operator]  # a score
-                elif share:
-                    unfit[i] = v
-
-    def _gone(self, shape: Shape, i: int) -> bool:
-        """Position `i` holds no node: forget its verdict (False: nothing to judge)."""
-        shape.verdicts[i] = None
-        shape.refused.pop(i, None)
-        return False
-
-    def _judge_array(self, shape: Shape, todo: list[int]) -> None:
+    def judge_array(self, shape: Shape, todo: list[int]) -> None:
         """Fill the memo for the states of `todo` that it lacks, in one array pass."""
         assert shape.array is not None
         memo, state, nodes = shape.memo, self.state, self.nodes
@@ -382,46 +317,13 @@ class Engine:
             return
         batch = list(wanted.values())
         answers = shape.array.judge(batch, [self.read(node) for node in batch], shape.demand)
+        remember = self.standing.remember
         for (sid, node), got in zip(wanted.items(), answers, strict=True):
-            if got is None:
-                continue  # the array form leaves this one to the policy
-            if not self.refusals:
-                memo[sid] = None if isinstance(got, PlacementReason) else got
-            elif isinstance(got, PlacementReason):
-                memo[sid] = self._refused(node, got)
-            else:
-                memo[sid] = (Verdict(node, None, got), None)
+            if got is not None:  # else the array form leaves this one to the policy
+                memo[sid] = remember(node, got)
 
-    def _refusing(self, shape: Shape, i: int) -> float | None:
-        """Position i's score for `shape` (None: it does not fit), keeping its verdict and refusal current
-        (the extender reports them)."""
-        sid = self.state[i]
-        got = shape.memo.get(sid)
-        if got is None:
-            node = self.nodes[i]
-            assert node is not None
-            got = shape.memo[sid] = self._judge_one(shape, node, sid)
-        verdict: Verdict
-        refusal: Refusal | None
-        verdict, refusal = got  # type: ignore[misc]
-        shape.verdicts[i] = verdict
-        if refusal is not None:
-            shape.refused[i] = refusal
-            return None
-        shape.refused.pop(i, None)
-        return verdict.score
-
-    def _judge_one(self, shape: Shape, node: Node, sid: int) -> tuple[Verdict, Refusal | None]:
-        """The policy's verdict on `node` for `shape`, with the refusal's text (rendered once per state)."""
-        reason = self.policy.filter(node, shape.demand)
-        if reason is not None:
-            return self._refused(node, reason)
-        return Verdict(node, None, self._score(shape, node, sid)), None
-
-    def _refused(self, node: Node, reason: PlacementReason) -> tuple[Verdict, Refusal]:
-        return Verdict(node, reason), (reason, self.describe(reason))
-
-    def _score(self, shape: Shape, node: Node, sid: int) -> float:
+    def score(self, shape: Shape, node: Node, sid: int) -> float:
+        """The policy's score of `node` (state `sid`) for `shape`, keeping the GPUs it would use."""
         if self.evaluate is None:
             return self.policy.score(node, shape.demand)
         score, gpus = self.evaluate(node, shape.demand)
@@ -446,7 +348,7 @@ class Engine:
                 skipped.append(pop(heap))
                 continue
             if lazy and judged[i] != v:  # its stale entry was the best bound left: judge it again
-                # as `_judge` does (a lazy shape is a share judged without refusals)
+                # as `HeadroomStanding.judge` does (only that standing has lazy shapes)
                 judged[i] = v
                 key = keys[i]
                 s = memo.get(key, _UNJUDGED)
@@ -483,19 +385,14 @@ class Engine:
     # --- place() over any nodes, with remembered verdicts (the planners) ---
 
     def verdict(self, node: Node, demand: Demand) -> Verdict:
-        """The policy's verdict on `node` for `demand`, remembered per node state (refusals only)."""
-        if not self.refusals:
-            raise ValueError("verdicts carry refusals: build the engine with refusals=True")
+        """The policy's verdict on `node` for `demand`, remembered per node state (a standing that
+        keeps refusals only)."""
         shape = self.shapes.get(demand)
         if shape is None:
             if self.max_shapes is not None and len(self.shapes) >= self.max_shapes:
                 self.shapes.clear()
             shape = self.shapes[demand] = self._new_shape(demand)
-        sid = self.intern(node)
-        got = shape.memo.get(sid)
-        if got is None:
-            got = shape.memo[sid] = self._judge_one(shape, node, sid)
-        return got[0]  # type: ignore[no-any-return,index]  # interned by identity: given on this node
+        return self.standing.verdict(self, shape, node)
 
     def place(self, nodes: Iterable[Node], demand: Demand) -> Placement | tuple[PlacementReason, ...]:
         """`place(nodes, demand, policy)`, answered from remembered verdicts for states seen before."""
@@ -511,6 +408,191 @@ class Engine:
         if best is None:
             return tuple(reasons)
         return Placement(best, self._gpus(best, self.intern(best), demand))
+
+
+class Standing(Protocol):
+    """What an engine keeps of each verdict, and how it judges positions for a shape."""
+
+    # Keeps refusals, which name their node: node states cannot be interned by value.
+    keeps_refusals: bool
+    # Every shape's memo is keyed by node state, so positions carry state ids from the start.
+    keys_by_state: bool
+
+    def headroom_margin(self, policy: Policy) -> int | None:
+        """The foreign-memory margin of each position's `fit.Headroom`, where share demands are judged
+        from it (None: no headroom kept)."""
+        ...
+
+    def prepare(self, engine: Engine, shape: Shape) -> None:
+        """Set up a new shape."""
+        ...
+
+    def restart(self, shape: Shape, n: int) -> None:
+        """Before `shape` judges all `n` positions anew."""
+        ...
+
+    def judge(self, engine: Engine, shape: Shape, todo: Iterable[int]) -> None:
+        """Judge the positions of `todo` for `shape` at their current versions, onto its heap."""
+        ...
+
+    def remember(self, node: Node, got: Judged) -> object:
+        """The memo entry for an array form's answer on `node`."""
+        ...
+
+    def verdict(self, engine: Engine, shape: Shape, node: Node) -> Verdict:
+        """The verdict on any `node` for `shape`, remembered per state."""
+        ...
+
+
+class RefusalStanding:
+    """Every position's verdict kept current: its refusal with the text (`describe`, rendered once per
+    state), or its score. What the extender reports per node and what the planners' `place` reads."""
+
+    keeps_refusals = True
+    keys_by_state = True
+
+    def __init__(self, describe: Callable[[PlacementReason], str] = _rule) -> None:
+        self.describe = describe
+
+    def headroom_margin(self, policy: Policy) -> int | None:
+        return None  # every demand is judged by the policy's own filter: each refusal is reported
+
+    def prepare(self, engine: Engine, shape: Shape) -> None:
+        pass
+
+    def restart(self, shape: Shape, n: int) -> None:
+        shape.verdicts, shape.refused = [None] * n, {}
+
+    def judge(self, engine: Engine, shape: Shape, todo: Iterable[int]) -> None:
+        nodes, version, heap, push = engine.nodes, engine.version, shape.heap, heapq.heappush
+        todo = [i for i in todo if nodes[i] is not None or self._gone(shape, i)]
+        if shape.array is not None and len(todo) >= BATCH_MIN:
+            engine.judge_array(shape, todo)
+        for i in todo:
+            s = self._current(engine, shape, i)
+            if s is not None:
+                push(heap, (-s, i, version[i]))
+
+    def _gone(self, shape: Shape, i: int) -> bool:
+        """Position `i` holds no node: forget its verdict (False: nothing to judge)."""
+        shape.verdicts[i] = None
+        shape.refused.pop(i, None)
+        return False
+
+    def _current(self, engine: Engine, shape: Shape, i: int) -> float | None:
+        """Position i's score for `shape` (None: it does not fit), keeping its verdict and refusal current."""
+        sid = engine.state[i]
+        got = shape.memo.get(sid)
+        if got is None:
+            node = engine.nodes[i]
+            assert node is not None
+            got = shape.memo[sid] = self._judge_one(engine, shape, node, sid)
+        verdict: Verdict
+        refusal: Refusal | None
+        verdict, refusal = got  # type: ignore[misc]
+        shape.verdicts[i] = verdict
+        if refusal is not None:
+            shape.refused[i] = refusal
+            return None
+        shape.refused.pop(i, None)
+        return verdict.score
+
+    def _judge_one(
+        self, engine: Engine, shape: Shape, node: Node, sid: int
+    ) -> tuple[Verdict, Refusal | None]:
+        """The policy's verdict on `node` for `shape`, with the refusal's text."""
+        reason = engine.policy.filter(node, shape.demand)
+        if reason is not None:
+            return self._refused(node, reason)
+        return Verdict(node, None, engine.score(shape, node, sid)), None
+
+    def _refused(self, node: Node, reason: PlacementReason) -> tuple[Verdict, Refusal]:
+        return Verdict(node, reason), (reason, self.describe(reason))
+
+    def remember(self, node: Node, got: Judged) -> object:
+        if isinstance(got, PlacementReason):
+            return self._refused(node, got)
+        return (Verdict(node, None, got), None)
+
+    def verdict(self, engine: Engine, shape: Shape, node: Node) -> Verdict:
+        sid = engine.intern(node)
+        got = shape.memo.get(sid)
+        if got is None:
+            got = shape.memo[sid] = self._judge_one(engine, shape, node, sid)
+        return got[0]  # type: ignore[no-any-return,index]  # interned by identity: given on this node
+
+
+class HeadroomStanding:
+    """Only the fitting positions' scores (the simulator's replay): a share demand is judged from each
+    state's `fit.Headroom` where the policy's filter is the shared fit check, and a share a node did not
+    fit is not judged again while the node only shrinks."""
+
+    keeps_refusals = False
+    keys_by_state = False  # a replay whose shapes are all judged from headroom never interns a node
+
+    def headroom_margin(self, policy: Policy) -> int | None:
+        return policy.margin_mib if uses_fit_filter(policy) else None
+
+    def prepare(self, engine: Engine, shape: Shape) -> None:
+        """Each position judged by a closure over the engine's lists (reset() refills them in place), as
+        cheap per call as the replay needs."""
+        demand, share = shape.demand, shape.share
+        nodes, rooms, state = engine.nodes, engine.rooms, engine.state
+        policy, fits = engine.policy, engine.fits
+        if shape.by_room:
+            assert engine.scorer is not None
+            score_room = engine.scorer.score_headroom
+
+            def by_headroom(i: int) -> object:
+                room = rooms[i]
+                return score_room(room, demand) if headroom_fits(room, demand) else None
+
+            shape.judge = by_headroom
+            return
+        evaluate = engine.evaluate
+        gpus = shape.gpus
+
+        def by_node(i: int) -> object:
+            node = nodes[i]
+            assert node is not None
+            if not (headroom_fits(rooms[i], demand) if share else fits(node, demand)):
+                return None
+            if evaluate is None:
+                return policy.score(node, demand)
+            score, gpus[state[i]] = evaluate(node, demand)
+            return score
+
+        shape.judge = by_node
+
+    def restart(self, shape: Shape, n: int) -> None:
+        pass
+
+    def judge(self, engine: Engine, shape: Shape, todo: Iterable[int]) -> None:
+        # The memoized score (None: unfit, remembered for a share until the node grows), inlined rather
+        # than a call per position, as this is the replay's hottest loop.
+        nodes, version, heap, push = engine.nodes, engine.version, shape.heap, heapq.heappush
+        unfit, grown_at, memo, keys, judge = shape.unfit, engine.grown_at, shape.memo, shape.keys, shape.judge
+        share, judged = shape.share, (shape.judged if shape.lazy else None)
+        for i in todo:
+            # Skipped: no node, or a share it did not fit while the node has only shrunk since.
+            if unfit[i] < grown_at[i] and nodes[i] is not None:
+                key = keys[i]
+                got = memo.get(key, _UNJUDGED)
+                if got is _UNJUDGED:
+                    got = memo[key] = judge(i)
+                v = version[i]
+                if judged is not None:
+                    judged[i] = v
+                if got is not None:
+                    push(heap, (-got, i, v))  # type: ignore[operator]  # a score
+                elif share:
+                    unfit[i] = v
+
+    def remember(self, node: Node, got: Judged) -> object:
+        return None if isinstance(got, PlacementReason) else got
+
+    def verdict(self, engine: Engine, shape: Shape, node: Node) -> Verdict:
+        raise ValueError("verdicts carry refusals: build the engine with a RefusalStanding")
 
 
 @dataclass(frozen=True, slots=True)
@@ -545,7 +627,9 @@ class Standings:
                 i = rank.get(n)
                 if i is not None and n not in adjusted and (r := refused.get(i)) is not None:
                     out[n] = r
-        describe = self.engine.describe
+        standing = self.engine.standing
+        assert isinstance(standing, RefusalStanding)  # an extender request's engine keeps refusals
+        describe = standing.describe
         for n, v in adjusted.items():
             if v is not None and v.reason is not None and n in names:
                 out[n] = (v.reason, describe(v.reason))

@@ -122,9 +122,27 @@ def array_modelled(gpu: Gpu) -> bool:
     return not gpu.mig_profile and gpu.sharing is not _CLOSED
 
 
+def host_shortfall(
+    schedulable: bool, cpu: int | None, mem: int | None, mps: bool, demand: Demand
+) -> Shortfall | None:
+    """The node-wide rule, in the order a node must pass it: schedulable, host CPU and memory (where the
+    node's allocatable is known), MPS where a GPU pod asks for it. None when the node passes."""
+    if not schedulable:
+        return Shortfall.UNSCHEDULABLE
+    if cpu is not None and demand.cpu_milli > cpu:
+        return Shortfall.CPU
+    if mem is not None and demand.host_memory_mib > mem:
+        return Shortfall.HOST_MEMORY
+    if demand.count and demand.needs_mps and not mps:
+        return Shortfall.NO_MPS
+    return None
+
+
 def host_fits(node: Node, demand: Demand) -> bool:
-    """The node-wide checks of `node_fits`: schedulable, host CPU and memory, MPS where a GPU pod asks."""
-    return _host_fits(node.schedulable, node.cpu_milli_free, node.memory_mib_free, node.mps, demand)
+    """The node-wide checks of `node_fits`: `host_shortfall` finds none."""
+    return (
+        host_shortfall(node.schedulable, node.cpu_milli_free, node.memory_mib_free, node.mps, demand) is None
+    )
 
 
 def live_load(gpu: Gpu) -> tuple[int, int]:
@@ -154,7 +172,10 @@ def best_fit(gpus: Sequence[Gpu], count: int) -> tuple[int, ...]:
 
 def node_fits(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -> bool:
     """Whether `node` can take `demand`: `node_misfit(...) is None` without building a reason."""
-    if not _host_fits(node.schedulable, node.cpu_milli_free, node.memory_mib_free, node.mps, demand):
+    if (
+        host_shortfall(node.schedulable, node.cpu_milli_free, node.memory_mib_free, node.mps, demand)
+        is not None
+    ):
         return False
     wanted = demand.count
     if not wanted:
@@ -239,8 +260,8 @@ def is_share(demand: Demand) -> bool:
 
 def headroom_fits(room: Headroom, demand: Demand) -> bool:
     """`node_fits(node, demand)` for a share demand (`is_share`), from `headroom(node)`."""
-    # `_host_fits`, inlined: this is the replay's check per node state per shape (tests/unit/
-    # test_placement_headroom.py holds it to `node_fits`).
+    # `host_shortfall`, inlined: this is the replay's check per node state per shape (tests/unit/
+    # test_placement_fit_rules.py holds it to the rule on generated clusters).
     if not room.schedulable:
         return False
     wanted, cpu, mem = demand.count, room.cpu_milli_free, room.memory_mib_free
@@ -250,15 +271,6 @@ def headroom_fits(room: Headroom, demand: Demand) -> bool:
         return False
     caps = room.caps
     return not wanted or (len(caps) >= wanted and caps[wanted - 1] >= (demand.milli or 0))
-
-
-def _host_fits(schedulable: bool, cpu: int | None, mem: int | None, mps: bool, demand: Demand) -> bool:
-    """The node-wide checks: schedulable, host CPU and memory, MPS where a GPU pod asks for it."""
-    if not schedulable:
-        return False
-    if (cpu is not None and demand.cpu_milli > cpu) or (mem is not None and demand.host_memory_mib > mem):
-        return False
-    return not (demand.count and demand.needs_mps and not mps)
 
 
 def share_taken(room: Headroom, demand: Demand) -> int:
@@ -306,18 +318,25 @@ def node_misfit(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB
     if node_fits(node, demand, margin_mib):
         return None
 
-    def why(shortfall: Shortfall, needed: int = 0, free: int = 0, detail: str = "") -> PlacementReason:
-        return PlacementReason(node.name, None, shortfall, needed, free, detail=detail)
+    host = host_shortfall(node.schedulable, node.cpu_milli_free, node.memory_mib_free, node.mps, demand)
+    if host is None:
+        return _gpu_shortfall(node, demand, margin_mib)
+    return _host_reason(node, demand, host)
 
-    if not node.schedulable:
-        return why(Shortfall.UNSCHEDULABLE, detail=node.unschedulable_reason)
-    if node.cpu_milli_free is not None and demand.cpu_milli > node.cpu_milli_free:
-        return why(Shortfall.CPU, demand.cpu_milli, node.cpu_milli_free)
-    if node.memory_mib_free is not None and demand.host_memory_mib > node.memory_mib_free:
-        return why(Shortfall.HOST_MEMORY, demand.host_memory_mib, node.memory_mib_free)
-    if demand.count and demand.needs_mps and not node.mps:
-        return why(Shortfall.NO_MPS, detail=node.mps_reason)
-    return _gpu_shortfall(node, demand, margin_mib)
+
+def _host_reason(node: Node, demand: Demand, shortfall: Shortfall) -> PlacementReason:
+    """The refusal for a `host_shortfall`: what the demand needs and the node offers, or why not."""
+    needed = free = 0
+    detail = ""
+    if shortfall is Shortfall.UNSCHEDULABLE:
+        detail = node.unschedulable_reason
+    elif shortfall is Shortfall.CPU:
+        needed, free = demand.cpu_milli, node.cpu_milli_free or 0
+    elif shortfall is Shortfall.HOST_MEMORY:
+        needed, free = demand.host_memory_mib, node.memory_mib_free or 0
+    else:
+        detail = node.mps_reason
+    return PlacementReason(node.name, None, shortfall, needed, free, detail=detail)
 
 
 # Checks in the order a GPU must pass them: (passes, what the demand needs, what a GPU offers).

@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from app.core.model import MILLI_PER_GPU, Demand, Node
 from app.core.placement import mig
-from app.core.placement.base import ArrayForm, Policy, registry
+from app.core.placement.base import Policy, registry
 from app.core.placement.fit import FitFilter, best_fit, gpu_fits, tie_order
 from app.core.placement.workload import TargetWorkload
 
@@ -151,15 +151,6 @@ def _take(lefts: tuple[int, ...], free: int, milli: int) -> tuple[int, ...]:
 # full-coverage or GPU-weighted target workloads, steering CPU-only pods to busy nodes, applying the
 # settle term to GPU choice only, interpolating V for hole sizes the settle pool never visits.
 GPUPACK_OPTIONS = FragOptions(settle_weight=0.5, strand_weight=0.5, scarcity_weight=1.0)
-
-
-@registry.register_array(FragAware)
-def _array_form(policy: FragAware) -> ArrayForm:
-    # Imported on first use: numpy (~50 ms to import) stays out of processes that never judge in arrays
-    # (the simulator, the CLI's tools).
-    from app.core.placement.fragaware_array import FragAwareArray
-
-    return FragAwareArray(policy)
 
 
 @registry.register("fgd")

@@ -1,6 +1,6 @@
 """FragAware's array form: its filter and score on many nodes in one numpy pass, float for float (pure).
 
-Declared for the FragAware type in the registry (in `fragaware`; found by `Registry.array_form`): the
+Declared for the FragAware type in the registry (in `arrayforms`; found by `Registry.array_form`): the
 engine hands it a new demand shape's nodes, or a batch of changed ones. Per node arrays hold each GPU's
 free milli, memory room and health; the fit mask, the "after" states (one per GPU for a share, the best-fit
 GPUs for whole and multi-GPU demands) and `TargetWorkload.node_frag`'s sum over the workload's shapes are

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from app.core.model import MILLI_PER_GPU, Demand, Node
 from app.core.placement import Placement, Policy, TargetWorkload, place, to_allocation
-from app.core.placement.engine import Engine
+from app.core.placement.engine import Engine, HeadroomStanding
 from app.tools.sim.loader import TracePod
 
 MAX_ARRIVED_PCT = 130  # the paper's x-axis ends here
@@ -111,7 +111,7 @@ class Cluster:
 def chooser(cluster: Cluster, policy: Policy) -> Engine:
     """The placement engine over `cluster`'s positions: equal node states share their answers, and no
     refusal is kept (the replay only needs where a pod goes). Tell it each change with `engine.set`."""
-    engine = Engine(policy, refusals=False, by_value=True)
+    engine = Engine(policy, HeadroomStanding(), by_value=True)
     engine.reset(cluster.nodes)
     return engine
 

@@ -32,9 +32,9 @@ from dataclasses import dataclass, replace
 
 from app.core.model import MILLI_PER_GPU, Demand, Node
 from app.core.placement import Policy, TargetWorkload
-from app.tools.sim.churn import Replay
 from app.tools.sim.engine import arrival_sequence
 from app.tools.sim.loader import TracePod
+from bench.workloads.churn import Replay
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,9 +19,9 @@ from app.core.model import MILLI_PER_GPU, Node
 from app.core.placement import Policy, TargetWorkload
 from app.core.placement.engine import Engine
 from app.tools.repack.room import DEFAULT_MAX_MOVES, make_room
-from app.tools.sim.churn import Replay
 from app.tools.sim.engine import arrival_sequence
 from app.tools.sim.loader import TracePod
+from bench.workloads.churn import Replay
 
 
 class Mode(StrEnum):
