@@ -7,7 +7,7 @@ on it is ended by SIGKILL; each ending's runtime (from the process's start to it
 of `--interval 5s` finds it) is printed. With the watchdog off it keeps running. No control plane is needed:
 the Kubernetes API is a recorder.
 
-    .venv/bin/pytest -m integration tests/integration/test_agent_watchdog.py -s
+    .venv/bin/pytest -m integration tests/integration/test_watchdog_ends_processes.py -s
 """
 
 from __future__ import annotations
