@@ -352,16 +352,18 @@ def extender_spec(
     )
 
 
-def webhook_spec(
-    port: int, cert: Path, key: Path, ca_file: Path, mps_pipe_host_dir: Path | None = None
+def webhook_spec(  # noqa: PLR0917 (the paths a dev webhook runs with)
+    port: int, cert: Path, key: Path, ca_file: Path, kubeconfig: Path, mps_pipe_host_dir: Path | None = None
 ) -> ComponentSpec:
     """`mps_pipe_host_dir`: the hostPath the webhook mounts into MPS pods (default /tmp/nvidia-mps); a real
-    kubelet creates it, so a dev cluster with a real node keeps it inside the cluster dir."""
+    kubelet creates it, so a dev cluster with a real node keeps it inside the cluster dir. The webhook reads
+    the GPUNodes as the chart's does (`--read-gpunodes`): quota charges come from the dev cluster's GPUs."""
     pipe = ("--mps-pipe-host-dir", str(mps_pipe_host_dir)) if mps_pipe_host_dir is not None else ()
     argv = gpupack_cli(
         "webhook", "serve",
         "--cert", str(cert), "--key", str(key),
         "--host", "127.0.0.1", "--port", str(port),
+        "--read-gpunodes", "--kubeconfig", str(kubeconfig),
         *pipe,
     )  # fmt: skip
     return ComponentSpec(
@@ -533,6 +535,7 @@ class Components:
                 cluster.webhook_cert_file,
                 cluster.webhook_key_file,
                 cluster.ca_file,
+                cluster.kubeconfig_for(WEBHOOK),
                 self.mps_pipe_host_dir,
             ),
             *self.agent_specs(cluster, nodes),

@@ -34,7 +34,7 @@ from tests.devcluster.processes import group_members, log_tail, pid_alive
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"
 NODES = ["gpu-node-0", "gpu-node-1"]
-MODEL = "T4"
+MODEL = "A100-40GB"  # `make dev`'s default
 COMPONENTS = ["gpupack-extender", "gpupack-webhook", *(f"gpupack-agent-{n}" for n in NODES)]
 HOOK = "pods.webhook.gpupack.io"
 ENV_REFS = {
@@ -259,6 +259,45 @@ def test_fractional_pods_are_mutated_packed_bound_and_run(dev: Dev, api: Any, co
         assert pod4.metadata.annotations[names.ALLOC_GPU_MILLI] == "1000"
         assert pod4.metadata.annotations[names.ALLOC_GPU_UUIDS] not in taken
         running(core, ns, whole.metadata.name)
+
+
+def test_quota_example_admits_two_halves_and_refuses_the_third(dev: Dev, core: Any) -> None:
+    """deploy/examples/gpu-quota.yaml as its comment says: one GPU of quota runs two gpu-fraction 0.5 pods;
+    the apiserver refuses a third at creation naming the quota. The webhook charges each half 500 milli and
+    half of the dev cluster's A100-40GB in memory (20480 MiB), read from the GPUNodes the agents publish."""
+    with dev.explained():
+        ns = "quota-example"
+        core.create_namespace({"metadata": {"name": ns}})
+        quota = example("gpu-quota.yaml")
+        core.create_namespaced_resource_quota(ns, quota)
+        hard = quota["spec"]["hard"]
+
+        def computed() -> bool:
+            status = core.read_namespaced_resource_quota(quota["metadata"]["name"], ns).status
+            got = {k: parse_quantity(v) for k, v in (status.hard or {}).items()}
+            return got == {k: parse_quantity(v) for k, v in hard.items()}
+
+        wait_for(computed, 60, "the quota's status computed")
+        admitted = [core.create_namespaced_pod(ns, example("fraction-pod.yaml")) for _ in range(2)]
+        for pod in admitted:
+            requests = pod.spec.containers[0].resources.requests
+            assert parse_quantity(requests[names.RESOURCE_QUOTA_GPU_MILLI]) == 500
+            assert parse_quantity(requests[names.RESOURCE_QUOTA_GPU_MEMORY_MIB]) == 20480
+            running(core, ns, bound(core, ns, pod.metadata.name).metadata.name)
+        with pytest.raises(ApiException) as err:
+            core.create_namespaced_pod(ns, example("fraction-pod.yaml"))
+        assert err.value.status == 403
+        milli, memory = (
+            f"requests.{names.RESOURCE_QUOTA_GPU_MILLI}",
+            f"requests.{names.RESOURCE_QUOTA_GPU_MEMORY_MIB}",
+        )
+        message = json.loads(err.value.body)["message"]
+        assert message.startswith('pods "fraction-')
+        assert message.endswith(
+            f"is forbidden: exceeded quota: gpu, requested: {memory}=20480,{milli}=500, "
+            f"used: {memory}=40960,{milli}=1k, limited: {memory}=40960,{milli}=1k"
+        ), message
+        print(f"quota example, third pod: {message}")
 
 
 def test_invalid_fraction_is_refused_with_the_webhooks_message(dev: Dev, core: Any) -> None:
