@@ -542,6 +542,20 @@ def _sm_sharing(nv: nvfractions.NvAsk) -> bool:
     return nv.mode is not None and nv.mode[1] == nvfractions.ComputeMode.SM_SHARING
 
 
+def _first_container_warning(pod: PodView) -> str | None:
+    """With several containers and none named, the GPU goes to the first: say which, so a sidecar listed
+    first (a log shipper) is not silently the one that gets it."""
+    regular = pod.regular
+    if pod.ask.container or pod.ask.nv_container or len(regular) < 2:
+        return None
+    others = ", ".join(repr(c.name) for c in regular[1:])
+    key = names.GPU_FRACTION_CONTAINER_NAME
+    return (
+        f"{key} is not set: the GPU goes to the first container, {regular[0].name!r}, none to {others} "
+        f"(set {key} to the container that should have it)"
+    )
+
+
 def _build(r: _Reading) -> GpuRequest:
     """The request, from a pod that passed every rule (so every parsed value is a value)."""
     ask = r.pod.ask
@@ -555,6 +569,8 @@ def _build(r: _Reading) -> GpuRequest:
     for model in ask.model.split("|") if ask.model else ():
         if (canonical := _canonical_model(model)) != model:
             warnings.append(f"{names.GPU_MODEL}: {model!r} is read as {canonical!r}")
+    if warning := _first_container_warning(r.pod):
+        warnings.append(warning)
     return GpuRequest(
         container=r.pod.gpu_container,
         count=r.count if r.count is not None else 1,
