@@ -167,6 +167,23 @@ def api_client(kubeconfig: str | os.PathLike[str]) -> kubernetes.client.ApiClien
     return kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
 
 
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def current_namespace(kubeconfig: str | None = None) -> str:
+    """The namespace `kubectl` would use: the kubeconfig's current context's (`kubeconfig`, else $KUBECONFIG
+    or ~/.kube/config), else the pod's own in a cluster, else "default"."""
+    try:
+        _, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
+    except (kubernetes.config.ConfigException, OSError):
+        try:
+            with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
+                return f.read().strip() or "default"
+        except OSError:
+            return "default"
+    return str((active or {}).get("context", {}).get("namespace") or "default")
+
+
 _TIMEOUTS = (urllib3.exceptions.TimeoutError, socket.timeout, TimeoutError)
 
 

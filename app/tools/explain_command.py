@@ -1,9 +1,10 @@
-"""`gpupack explain NAMESPACE/POD`: per node and per GPU, why a gpupack pod went (or would go) there."""
+"""`gpupack explain [NAMESPACE/]POD`: per node and per GPU, why a gpupack pod went (or would go) there."""
 
 from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -15,12 +16,24 @@ from app.core.model import MILLI_PER_GPU, Demand
 from app.core.objects import as_object
 from app.core.placement import DEFAULT_POLICY, registry
 from app.core.pods import pod_info
-from app.kube import snapshot
-from app.kube.client import Kube
-from app.tools.repack.command import pod_key_arg, seconds_arg
+from app.kube import calls, snapshot
+from app.kube.client import Kube, current_namespace
+from app.tools.repack.command import seconds_arg
 from app.tools.repack.selectors import scheduler_refusal
 
-_pod_key = pod_key_arg("POD")
+# A pod name (a DNS-1123 subdomain), optionally after its namespace (a DNS-1123 label).
+_POD = re.compile(
+    r"(?:(?P<namespace>[a-z0-9]([-a-z0-9]*[a-z0-9])?)/)?(?P<name>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)"
+)
+
+
+def _pod_key(text: str) -> tuple[str | None, str]:
+    """An argparse type: (namespace or None, name) from POD or NAMESPACE/POD."""
+    match = _POD.fullmatch(text)
+    if match is None:
+        rule = "must be POD or NAMESPACE/POD (lowercase letters, digits, '-' and, in POD, '.')"
+        raise argparse.ArgumentTypeError(str(FieldError("POD", text, rule)))
+    return match["namespace"], match["name"]
 
 
 def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -31,7 +44,12 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
         "left out: every node and GPU with the reason it fits or not, node selector, affinity and cordon "
         "included.",
     )
-    p.add_argument("pod", type=_pod_key, metavar="NAMESPACE/POD")
+    p.add_argument(
+        "pod",
+        type=_pod_key,
+        metavar="[NAMESPACE/]POD",
+        help="the pod; without NAMESPACE, in the kubeconfig context's namespace (as kubectl)",
+    )
     p.add_argument("--policy", choices=registry.names(), default=DEFAULT_POLICY, help="the extender's policy")
     p.add_argument("--json", action="store_true", help="the /explain document instead of a table")
     p.add_argument(
@@ -109,13 +127,30 @@ def render(key: str, doc: Mapping[str, Any]) -> str:
     return "\n".join(line.rstrip() for line in lines)
 
 
-def run(args: argparse.Namespace) -> int:
+def missing_pod(kube: Kube, ns: str, name: str) -> str:
+    """Why a pod is not among gpupack's: it does not exist, or it is not a gpupack pod."""
     try:
-        snap = snapshot.read(Kube.connect(args.kubeconfig))
+        kube.send(calls.get_pod(ns, name))
+    except KubeError as exc:
+        if exc.code == 404:
+            return f"pod {ns}/{name} not found"
+        raise
+    return (
+        f"pod {ns}/{name} is not a gpupack pod (no label {names.LABEL_MANAGED}=true): it asks for no GPU "
+        "share, or was created where the gpupack webhook does not run"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    given_ns, name = args.pod
+    try:
+        kube = Kube.connect(args.kubeconfig)
+        ns = given_ns or current_namespace(args.kubeconfig)
+        snap = snapshot.read(kube)
     except KubeError as exc:
         print(f"gpupack explain: {exc}", file=sys.stderr)
         return 1
-    ns, name = args.pod.split("/", 1)
+    key = f"{ns}/{name}"
     pod = next(
         (
             p
@@ -126,8 +161,11 @@ def run(args: argparse.Namespace) -> int:
         None,
     )
     if pod is None:
-        rule = f"must name a gpupack pod (label {names.LABEL_MANAGED})"
-        print(f"gpupack explain: {FieldError('POD', args.pod, rule)}", file=sys.stderr)
+        try:
+            why = missing_pod(kube, ns, name)
+        except KubeError as exc:
+            why = str(exc)
+        print(f"gpupack explain: {why}", file=sys.stderr)
         return 1
     info = pod_info(pod)
     cache = snap.cache(args.heartbeat_timeout)
@@ -135,8 +173,8 @@ def run(args: argparse.Namespace) -> int:
     doc = explain.explain(
         nodes, info.demand, registry.create(args.policy), scheduler_exclusions(pod, snap.nodes, nodes)
     )
-    doc["pod"] = args.pod
+    doc["pod"] = key
     doc["boundTo"] = info.node_name or None
     doc["allocation"] = info.alloc.to_annotations() if info.alloc else None
-    print(json.dumps(doc, indent=2) if args.json else render(args.pod, doc))
+    print(json.dumps(doc, indent=2) if args.json else render(key, doc))
     return 0

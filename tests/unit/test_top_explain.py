@@ -3,16 +3,22 @@
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any, cast
 
 import pytest
+import yaml
 
 from app.core import explain
+from app.core.errors import KubeError
 from app.core.fragmentation import fragmented_milli
-from app.core.model import ClusterState, Demand, Gpu, Node
+from app.core.model import Allocation, ClusterState, Demand, Gpu, Node
 from app.core.placement import registry
-from app.tools.explain_command import _pod_key, scheduler_exclusions
+from app.kube.calls import Request
+from app.kube.client import Kube, current_namespace
+from app.tools.explain_command import _pod_key, missing_pod, scheduler_exclusions
 from app.tools.explain_command import render as render_explain
-from app.tools.top import render
+from app.tools.top import namespace_share, render
 
 
 def cluster() -> ClusterState:
@@ -40,10 +46,37 @@ def test_node_and_namespace_filters() -> None:
     only_n1 = render(cluster(), PODS, typical=250, nodes={"n1"})
     assert "n0" not in only_n1
     assert only_n1.endswith("(free share on GPUs in use below the typical 0.25 request)")
-    ns_a = render(cluster(), PODS, typical=250, namespace="a").splitlines()
-    gpu_lines = [line for line in ns_a[1:-1] if line[:20].strip()]
-    assert [(line.split()[0], line.split()[1]) for line in gpu_lines] == [("n0", "0"), ("n1", "0")]
-    assert "2 GPUs" not in ns_a[-1] and ns_a[-1].startswith("6 GPUs")
+
+
+def test_namespace_view_counts_only_that_namespaces_pods() -> None:
+    """`top --namespace a`: a's pods' share of each GPU, not every pod's (a 0.5 pod beside others on a full
+    node reads 0.50, not the node's 7.00)."""
+    allocations = {
+        "x": Allocation("n0", (0,), ("G0",), milli=500, memory_mib=20480),
+        "y": Allocation("n0", (0, 1), ("G0", "G1"), milli=250, memory_mib=10240),
+        "z": Allocation("n1", (0,), ("G2",), milli=250, memory_mib=10240),
+        "hold": Allocation("n1", (1,), ("G3",), milli=1000, memory_mib=40960),  # its pod is gone
+    }
+    owners = {"x": "a", "y": "b", "z": "a"}
+    state = namespace_share(cluster(), allocations, owners, "a")
+    assert [(g.milli_used, g.memory_used_mib) for g in state.nodes["n0"].gpus] == [
+        (500, 20480),
+        (0, 0),
+        (0, 0),
+    ]
+    assert [(g.milli_used, g.memory_used_mib) for g in state.nodes["n1"].gpus] == [
+        (250, 10240),
+        (0, 0),
+        (0, 0),
+    ]
+    out = render(state, PODS, typical=250, namespace="a").splitlines()
+    gpu_lines = [line.split() for line in out[1:-1] if line[:20].strip()]
+    assert [(cols[0], cols[1], cols[4], cols[6]) for cols in gpu_lines] == [
+        ("n0", "0", "0.50", "1"),
+        ("n1", "0", "0.25", "1"),
+    ]
+    assert any(line.endswith("n0: 0.50 of 3 GPUs allocated to a") for line in out)
+    assert out[-1] == "a: 0.75 GPUs allocated, on 2 of 6 GPUs"
 
 
 def test_explain_rows_per_gpu_and_scheduler_exclusions() -> None:
@@ -82,7 +115,7 @@ def test_explain_model_and_memory_reasons() -> None:
 
 def test_scheduler_exclusions_and_pod_key() -> None:
     pod = {"spec": {"nodeSelector": {"pool": "a"}}}
-    nodes = [
+    nodes: list[dict[str, Any]] = [
         {"metadata": {"name": "in", "labels": {"pool": "a"}}},
         {"metadata": {"name": "out", "labels": {"pool": "b"}}},
         {"metadata": {"name": "off", "labels": {"pool": "a"}}, "spec": {"unschedulable": True}},
@@ -97,6 +130,48 @@ def test_scheduler_exclusions_and_pod_key() -> None:
         "off": "cordoned (spec.unschedulable)",
         "gone": "no Node object of that name (only its GPUNode is left)",
     }
-    assert _pod_key("ns/p") == "ns/p"
-    with pytest.raises(argparse.ArgumentTypeError, match="POD='p': must be NAMESPACE/NAME"):
-        _pod_key("p")
+    assert _pod_key("ns/p") == ("ns", "p")
+    assert _pod_key("train-0.worker") == (None, "train-0.worker")  # the kubeconfig's namespace
+
+
+@pytest.mark.parametrize("bad", ["a/b/c", "NS/p", "ns/", "/p", "p q", ""])
+def test_pod_key_refuses_what_cannot_name_a_pod(bad: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be POD or NAMESPACE/POD"):
+        _pod_key(bad)
+
+
+class OnePod:
+    """A Kube stand-in whose only pod is team-a/plain (not a gpupack pod)."""
+
+    def send(self, req: Request) -> dict[str, Any]:
+        if req.method == "GET" and req.path == "/api/v1/namespaces/team-a/pods/plain":
+            return {"metadata": {"name": "plain", "namespace": "team-a"}}
+        raise KubeError(404, "NotFound", f'pods "{req.path.rsplit("/", 1)[-1]}" not found')
+
+
+def test_explain_of_a_pod_that_is_not_there_says_not_found() -> None:
+    kube = cast(Kube, OnePod())
+    assert missing_pod(kube, "team-a", "nope") == "pod team-a/nope not found"
+    assert missing_pod(kube, "team-a", "plain") == (
+        "pod team-a/plain is not a gpupack pod (no label gpupack.io/managed=true): it asks for no GPU "
+        "share, or was created where the gpupack webhook does not run"
+    )
+
+
+def test_current_namespace_is_the_kubeconfig_contexts(tmp_path: Path) -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:1"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [
+            {"name": "a", "context": {"cluster": "c", "user": "u", "namespace": "team-a"}},
+            {"name": "b", "context": {"cluster": "c", "user": "u"}},
+        ],
+        "current-context": "a",
+    }
+    path = tmp_path / "kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    assert current_namespace(str(path)) == "team-a"
+    path.write_text(yaml.safe_dump({**config, "current-context": "b"}))
+    assert current_namespace(str(path)) == "default"
