@@ -39,6 +39,9 @@ class Demand:
     cpu_milli: int = 0
     host_memory_mib: int = 0
     needs_mps: bool = False  # the pod asked for `isolation: mps` explicitly: only nodes running MPS fit
+    # What the pod wrote that asks for MPS, as `key=value` (`gpupack.io/isolation=mps`, or KAI's
+    # sm-sharing mode), so a refusal names the user's own words; "" where no pod wrote it (simulations).
+    mps_asked_by: str = ""
     # MIG: the demand takes whole MIG devices (never a whole GPU or a share of one): of this profile when
     # `mig_profile` is set, else the smallest free one with `memory_mib` (isolation: mig).
     mig: bool = False

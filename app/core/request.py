@@ -50,6 +50,7 @@ class GpuRequest:
     memory_limit_mib: int | None = None
     isolation: Isolation = Isolation.MPS
     isolation_explicit: bool = False  # written by the pod: then MPS is required, not best effort
+    isolation_written: str = ""  # what the pod wrote that made it explicit, as key=value
     memory_enforcement: MemoryEnforcement = MemoryEnforcement.NONE  # the least a GPU must enforce
     warnings: tuple[str, ...] = ()  # accepted, but the user should know (e.g. rounding)
 
@@ -70,6 +71,7 @@ class GpuRequest:
             memory_mib=self.memory_mib,
             models=frozenset(self.models),
             needs_mps=self.isolation_explicit and self.isolation is Isolation.MPS,
+            mps_asked_by=self.isolation_written if self.isolation is Isolation.MPS else "",
             mig=self.isolation is Isolation.MIG,
             mig_profile=self.mig_profile,
             timeslice=self.isolation_explicit and self.isolation is Isolation.NONE,
@@ -542,6 +544,15 @@ def _sm_sharing(nv: nvfractions.NvAsk) -> bool:
     return nv.mode is not None and nv.mode[1] == nvfractions.ComputeMode.SM_SHARING
 
 
+def _isolation_written(isolation: str | None, nv: nvfractions.NvAsk) -> str:
+    """The annotation, as key=value, that made the pod's isolation explicit ("" where none did)."""
+    if isolation is not None:
+        return f"{names.ISOLATION}={isolation}"
+    if nv.mode is not None and _sm_sharing(nv):
+        return f"{nv.mode[0]}={nv.mode[1]}"
+    return ""
+
+
 def _first_container_warning(pod: PodView) -> str | None:
     """With several containers and none named, the GPU goes to the first: say which, so a sidecar listed
     first (a log shipper) is not silently the one that gets it."""
@@ -583,6 +594,7 @@ def _build(r: _Reading) -> GpuRequest:
         # KAI's sm-sharing runs SMs at once through MPS, so it requires MPS like an explicit isolation: mps;
         # time-slicing asks for nothing more than gpupack's default.
         isolation_explicit=ask.isolation is not None or _sm_sharing(r.nv),
+        isolation_written=_isolation_written(ask.isolation, r.nv),
         memory_enforcement=MemoryEnforcement(ask.memory_enforcement or MemoryEnforcement.NONE),
         warnings=tuple(warnings),
     )

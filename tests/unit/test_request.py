@@ -281,6 +281,7 @@ def test_memory_request_with_everything() -> None:
         models=("V100M32", "A100-40GB"),
         isolation=Isolation.NONE,
         isolation_explicit=True,
+        isolation_written="gpupack.io/isolation=none",
     )
     assert req.resource == (names.RESOURCE_GPU_MEMORY_MIB, 16384)
     assert req.demand() == Demand(

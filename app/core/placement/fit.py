@@ -316,7 +316,9 @@ def node_misfit(node: Node, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB
     if node.memory_mib_free is not None and demand.host_memory_mib > node.memory_mib_free:
         return why(Shortfall.HOST_MEMORY, demand.host_memory_mib, node.memory_mib_free)
     if demand.count and demand.needs_mps and not node.mps:
-        return why(Shortfall.NO_MPS, detail=node.mps_reason)
+        return PlacementReason(
+            node.name, None, Shortfall.NO_MPS, detail=node.mps_reason, asked=demand.mps_asked_by
+        )
     return _gpu_shortfall(node, demand, margin_mib)
 
 
