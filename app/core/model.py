@@ -119,6 +119,13 @@ class Gpu:
         return bool(self.mig_profile)
 
     @property
+    def device(self) -> str:
+        """How tools name it: the GPU's index, or a MIG device's parent GPU and NVML slot ("0/2")."""
+        if self.parent is None:
+            return str(self.index)
+        return f"{self.parent}/{self.index - mig_index(self.parent, 0)}"
+
+    @property
     def milli_free(self) -> int:
         return MILLI_PER_GPU - self.milli_used
 
@@ -234,6 +241,11 @@ class Allocation:
     milli: int  # per device
     memory_mib: int  # per device: the reservation (a burstable pod's request)
     hard_limit_mib: int | None = None  # per device, a burstable pod's cap above `memory_mib`; None: the same
+
+    @property
+    def on_mig(self) -> bool:
+        """Whether it holds MIG devices (their node-wide indexes start at MIG_INDEX_BASE)."""
+        return any(i >= MIG_INDEX_BASE for i in self.gpu_indexes)
 
     @property
     def thread_percentage(self) -> int:

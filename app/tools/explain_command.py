@@ -81,7 +81,14 @@ def scheduler_exclusions(
 
 
 def _demand_text(d: Demand) -> str:
-    what = f"{d.milli / MILLI_PER_GPU:.2f} of a GPU" if d.milli is not None else f"{d.memory_mib} MiB"
+    if d.mig_profile:
+        what = f"a MIG device {d.mig_profile}"
+    elif d.mig:
+        what = f"a MIG device with {d.memory_mib} MiB"
+    elif d.milli is not None:
+        what = f"{d.milli / MILLI_PER_GPU:.2f} of a GPU"
+    else:
+        what = f"{d.memory_mib} MiB"
     models = "|".join(sorted(d.models)) or "any model"
     needs = [f"{names.ISOLATION}=none"] if d.timeslice else []
     if d.memory_enforcement is not MemoryEnforcement.NONE:
@@ -99,16 +106,30 @@ def render(key: str, doc: Mapping[str, Any]) -> str:
         d["memoryMiB"],
         frozenset(d["models"]),
         timeslice=d.get("timeSlice", False),
+        mig=d.get("mig", False),
+        mig_profile=d.get("migProfile") or "",
         memory_enforcement=MemoryEnforcement(d.get("memoryEnforcement", MemoryEnforcement.NONE)),
     )
     lines = [f"pod {key}: {_demand_text(demand)}, policy {doc['policy']}"]
+    # GPUs by the name `gpupack top` gives them (a MIG device as parent/slot), not the node-wide index
+    named = {
+        (row["node"], str(g["gpu"])): g.get("device", str(g["gpu"]))
+        for row in doc["nodes"]
+        for g in row.get("gpus", ())
+    }
+
+    def devices(node: str, indexes: Iterable[object]) -> str:
+        return ",".join(named.get((node, str(i)), str(i)) for i in indexes)
+
     alloc = doc.get("allocation")
     if doc.get("boundTo"):
-        gpus = (alloc or {}).get("gpupack.io/gpu-indexes", "?")
-        lines.append(f"bound to {doc['boundTo']}, GPU {gpus}")
+        raw = (alloc or {}).get("gpupack.io/gpu-indexes", "?")
+        lines.append(f"bound to {doc['boundTo']}, GPU {devices(doc['boundTo'], raw.split(','))}")
     choice = doc.get("choice")
     where = (
-        f"{choice['node']}, GPU {','.join(map(str, choice['gpus']))}" if choice else "nowhere: no node fits"
+        f"{choice['node']}, GPU {devices(choice['node'], choice['gpus'])}"
+        if choice
+        else "nowhere: no node fits"
     )
     lines.append(f"placed now it would go to {where}")
     lines.append("")
@@ -121,9 +142,8 @@ def render(key: str, doc: Mapping[str, Any]) -> str:
             free = f"{g['milliFree'] / MILLI_PER_GPU:.2f} free, {g['memoryRoomMiB']} MiB room"
             if g.get("mpsMode"):
                 free += f"; MPS {g['mpsMode']}, memory enforced: {g['memoryEnforcement']}"
-            lines.append(
-                f"  gpu{g['gpu']:<23} {'yes' if g['fits'] else 'no':<4} {'':>7}  {g['reason'] or free}"
-            )
+            name = f"gpu{g.get('device', g['gpu'])}" + (f" {g['migProfile']}" if g.get("migProfile") else "")
+            lines.append(f"  {name:<26} {'yes' if g['fits'] else 'no':<4} {'':>7}  {g['reason'] or free}")
     return "\n".join(line.rstrip() for line in lines)
 
 

@@ -10,7 +10,7 @@ from collections.abc import Collection, Mapping, Sequence
 from app.core import names, quota
 from app.core.errors import FieldError, KubeError
 from app.core.fragmentation import fragmented_milli, typical_milli
-from app.core.model import MILLI_PER_GPU, Allocation, ClusterState, Gpu, mig_index
+from app.core.model import MILLI_PER_GPU, Allocation, ClusterState, Gpu
 from app.kube import paths, snapshot
 from app.kube.cache import ClusterCache
 from app.kube.client import Kube
@@ -27,9 +27,7 @@ def bar(milli: int, width: int = BAR_WIDTH) -> str:
 
 def gpu_label(g: Gpu) -> tuple[str, str]:
     """(GPU, MODEL) columns: a MIG device shows as parent/slot and its model with its profile."""
-    if not g.is_mig:
-        return str(g.index), g.model
-    return f"{g.parent}/{g.index - mig_index(g.parent or 0, 0)}", f"{g.model} {g.mig_profile}"
+    return g.device, f"{g.model} {g.mig_profile}" if g.is_mig else g.model
 
 
 def _gpus(milli: int) -> str:

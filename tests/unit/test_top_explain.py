@@ -11,8 +11,8 @@ import yaml
 
 from app.core import explain
 from app.core.errors import KubeError
-from app.core.fragmentation import fragmented_milli
-from app.core.model import Allocation, ClusterState, Demand, Gpu, Node
+from app.core.fragmentation import fragmented_milli, typical_milli
+from app.core.model import Allocation, ClusterState, Demand, Gpu, Node, mig_index
 from app.core.placement import registry
 from app.kube.calls import Request
 from app.kube.client import Kube, current_namespace
@@ -175,3 +175,55 @@ def test_current_namespace_is_the_kubeconfig_contexts(tmp_path: Path) -> None:
     assert current_namespace(str(path)) == "team-a"
     path.write_text(yaml.safe_dump({**config, "current-context": "b"}))
     assert current_namespace(str(path)) == "default"
+
+
+def mig_node() -> Node:
+    """GPU 0 whole; GPU 1 in MIG mode with a 3g.40gb device (slot 0, held) and a 1g.10gb one (slot 1)."""
+    return Node(
+        "m",
+        (
+            Gpu(0, "A100-80GB", 81920),
+            Gpu(mig_index(1, 0), "A100-80GB", 40192, milli_used=1000, memory_used_mib=40192,
+                mig_profile="3g.40gb", parent=1),
+            Gpu(mig_index(1, 1), "A100-80GB", 9856, mig_profile="1g.10gb", parent=1),
+        ),
+    )  # fmt: skip
+
+
+def test_explain_of_a_mig_request_names_devices_as_top_does() -> None:
+    demand = Demand(count=1, mig=True, mig_profile="1g.10gb")
+    doc = explain.explain({"m": mig_node()}, demand, registry.create("binpack"))
+    rows = {g["device"]: (g["fits"], g["reason"]) for g in doc["nodes"][0]["gpus"]}
+    assert rows == {
+        "0": (False, "a whole GPU: the pod asks for a MIG device, taken whole"),
+        "1/0": (False, "MIG profile 3g.40gb: the pod asks for 1g.10gb"),
+        "1/1": (True, None),
+    }
+    doc["boundTo"] = None
+    text = render_explain("a/mig", doc)
+    assert "pod a/mig: 1 x a MIG device 1g.10gb (any model), policy binpack" in text
+    assert "None" not in text
+    assert [line.split()[0:3] for line in text.splitlines() if line.startswith("  gpu")] == [
+        ["gpu0", "no", "a"],
+        ["gpu1/0", "3g.40gb", "no"],
+        ["gpu1/1", "1g.10gb", "yes"],
+    ]
+    assert "placed now it would go to m, GPU 1/1" in text
+    # a share never goes to a MIG device, and says so
+    share = explain.gpu_misfit(mig_node().gpus[2], Demand(count=1, milli=250))
+    assert share == "a MIG device (1g.10gb): taken whole, only by pods asking for MIG"
+
+
+def test_top_names_mig_devices_and_leaves_them_out_of_the_typical_request() -> None:
+    allocations = [
+        Allocation("m", (0,), ("G0",), milli=250, memory_mib=20480),
+        Allocation("m", (mig_index(1, 0),), ("MIG-0",), milli=1000, memory_mib=40192),
+        Allocation("m", (mig_index(1, 1),), ("MIG-1",), milli=1000, memory_mib=9856),
+    ]
+    assert typical_milli(allocations) == 250
+    out = render(ClusterState({"m": mig_node()}), {}, typical=250).splitlines()
+    assert [line.split()[1:4] for line in out[1:4]] == [
+        ["0", "A100-80GB", "[--------------------]"],
+        ["1/0", "A100-80GB", "3g.40gb"],
+        ["1/1", "A100-80GB", "1g.10gb"],
+    ]
