@@ -62,8 +62,14 @@ class Kube:
         self.timeouts = timeouts or Timeouts()
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None, timeouts: Timeouts | None = None) -> Kube:
-        """From a kubeconfig file, else the in-cluster service account, else ~/.kube/config."""
+    def connect(
+        cls, kubeconfig: str | None = None, timeouts: Timeouts | None = None, connections: int | None = None
+    ) -> Kube:
+        """From a kubeconfig file, else the in-cluster service account, else ~/.kube/config.
+
+        `connections`: the most calls the caller makes at once (the client keeps that many connections;
+        its default, 5 per CPU, makes a busier caller open and drop one per call, with a warning each).
+        """
         config = kubernetes.client.Configuration()
         if kubeconfig:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
@@ -72,6 +78,8 @@ class Kube:
                 kubernetes.config.load_incluster_config(client_configuration=config)
             except kubernetes.config.ConfigException:
                 kubernetes.config.load_kube_config(client_configuration=config)
+        if connections is not None:
+            config.connection_pool_maxsize = connections
         return cls.from_configuration(config, timeouts)
 
     @classmethod
