@@ -6,7 +6,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 from app.core import explain, names
@@ -19,7 +19,7 @@ from app.core.pods import pod_info
 from app.kube import calls, snapshot
 from app.kube.client import Kube, current_namespace
 from app.tools.repack.command import seconds_arg
-from app.tools.repack.selectors import scheduler_refusal
+from app.tools.repack.selectors import NOT_SELECTED, scheduler_refusal
 
 # A pod name (a DNS-1123 subdomain), optionally after its namespace (a DNS-1123 label).
 _POD = re.compile(
@@ -62,10 +62,16 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
 
 
 def scheduler_exclusions(
-    pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]], gpunodes: Iterable[str] = ()
+    pod: Mapping[str, Any],
+    nodes: Sequence[Mapping[str, Any]],
+    gpunodes: Iterable[str] = (),
+    models: Collection[str] = (),
 ) -> dict[str, str]:
     """Nodes kube-scheduler removes before asking the extender: cordoned, selector/affinity mismatch, or
-    no Node object at all (a GPUNode can outlive its Node; the scheduler only offers nodes that exist)."""
+    no Node object at all (a GPUNode can outlive its Node; the scheduler only offers nodes that exist).
+
+    `models`: the pod's gpupack.io/gpu-model list. The webhook turns it into a required affinity on the
+    node's model label, so a node of another model is named as such, not as a generic affinity mismatch."""
     spec = as_object(pod.get("spec"))
     existing = {str(as_object(n.get("metadata")).get("name") or "") for n in nodes}
     out = {
@@ -75,9 +81,30 @@ def scheduler_exclusions(
     }
     for node in nodes:
         refusal = scheduler_refusal(spec, node)
-        if refusal is not None:
-            out[str(as_object(node.get("metadata")).get("name") or "")] = refusal
+        if refusal is None:
+            continue
+        meta = as_object(node.get("metadata"))
+        model = as_object(meta.get("labels")).get(names.NODE_LABEL_GPU_MODEL)
+        if refusal == NOT_SELECTED and models and isinstance(model, str) and model not in models:
+            wanted = "|".join(sorted(models))
+            refusal = f"GPU model {model} is not one of {wanted} (the pod's {names.GPU_MODEL})"
+        out[str(meta.get("name") or "")] = refusal
     return out
+
+
+def missing_models(models: Collection[str], nodes: Sequence[Mapping[str, Any]]) -> str | None:
+    """When no node has any model the pod allows: which models the cluster's GPU nodes do have."""
+    have = {
+        str(m)
+        for n in nodes
+        if (m := as_object(as_object(n.get("metadata")).get("labels")).get(names.NODE_LABEL_GPU_MODEL))
+    }
+    if not models or not have or have & set(models):
+        return None
+    return (
+        f"no node has a GPU of model {'|'.join(sorted(models))} ({names.GPU_MODEL}); "
+        f"the GPU nodes' models: {', '.join(sorted(have))}"
+    )
 
 
 def _demand_text(d: Demand) -> str:
@@ -132,6 +159,8 @@ def render(key: str, doc: Mapping[str, Any]) -> str:
         else "nowhere: no node fits"
     )
     lines.append(f"placed now it would go to {where}")
+    if doc.get("hint"):
+        lines.append(doc["hint"])
     lines.append("")
     lines.append(f"{'NODE / GPU':<28} {'FITS':<4} {'SCORE':>7}  WHY")
     for row in doc["nodes"]:
@@ -190,9 +219,11 @@ def run(args: argparse.Namespace) -> int:
     info = pod_info(pod)
     cache = snap.cache(args.heartbeat_timeout)
     nodes = cache.nodes(exclude_uid=info.uid)
-    doc = explain.explain(
-        nodes, info.demand, registry.create(args.policy), scheduler_exclusions(pod, snap.nodes, nodes)
-    )
+    models = info.demand.models if isinstance(info.demand, Demand) else frozenset()
+    excluded = scheduler_exclusions(pod, snap.nodes, nodes, models)
+    doc = explain.explain(nodes, info.demand, registry.create(args.policy), excluded)
+    if hint := missing_models(models, snap.nodes):
+        doc["hint"] = hint
     doc["pod"] = key
     doc["boundTo"] = info.node_name or None
     doc["allocation"] = info.alloc.to_annotations() if info.alloc else None

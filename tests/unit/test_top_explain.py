@@ -16,7 +16,7 @@ from app.core.model import Allocation, ClusterState, Demand, Gpu, Node, mig_inde
 from app.core.placement import registry
 from app.kube.calls import Request
 from app.kube.client import Kube, current_namespace
-from app.tools.explain_command import _pod_key, missing_pod, scheduler_exclusions
+from app.tools.explain_command import _pod_key, missing_models, missing_pod, scheduler_exclusions
 from app.tools.explain_command import render as render_explain
 from app.tools.top import namespace_share, render
 
@@ -227,3 +227,37 @@ def test_top_names_mig_devices_and_leaves_them_out_of_the_typical_request() -> N
         ["1/0", "A100-80GB", "3g.40gb"],
         ["1/1", "A100-80GB", "1g.10gb"],
     ]
+
+
+def test_a_model_no_node_has_is_named_not_a_generic_affinity_mismatch() -> None:
+    """A typo in gpupack.io/gpu-model (A100-40G) becomes a required affinity no node matches: explain says
+    which model each node has and that none has the one asked for."""
+    pod = {
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": {
+                        "nodeSelectorTerms": [
+                            {
+                                "matchExpressions": [
+                                    {"key": "gpupack.io/gpu-model", "operator": "In", "values": ["A100-40G"]}
+                                ]
+                            }
+                        ]
+                    }
+                }
+            }
+        }
+    }
+    nodes: list[dict[str, Any]] = [
+        {"metadata": {"name": "a", "labels": {"gpupack.io/gpu-model": "A100-40GB"}}},
+        {"metadata": {"name": "t", "labels": {"gpupack.io/gpu-model": "T4"}}},
+    ]
+    assert scheduler_exclusions(pod, nodes, models={"A100-40G"}) == {
+        "a": "GPU model A100-40GB is not one of A100-40G (the pod's gpupack.io/gpu-model)",
+        "t": "GPU model T4 is not one of A100-40G (the pod's gpupack.io/gpu-model)",
+    }
+    assert missing_models({"A100-40G"}, nodes) == (
+        "no node has a GPU of model A100-40G (gpupack.io/gpu-model); the GPU nodes' models: A100-40GB, T4"
+    )
+    assert missing_models({"T4"}, nodes) is None
