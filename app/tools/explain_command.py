@@ -21,6 +21,7 @@ from app.kube.client import Kube, current_namespace
 from app.tools.repack.command import seconds_arg
 from app.tools.repack.selectors import NOT_SELECTED, scheduler_refusal
 
+REQUIRED_AFFINITY = "requiredDuringSchedulingIgnoredDuringExecution"
 # A pod name (a DNS-1123 subdomain), optionally after its namespace (a DNS-1123 label).
 _POD = re.compile(
     r"(?:(?P<namespace>[a-z0-9]([-a-z0-9]*[a-z0-9])?)/)?(?P<name>[a-z0-9]([-a-z0-9.]*[a-z0-9])?)"
@@ -85,11 +86,44 @@ def scheduler_exclusions(
             continue
         meta = as_object(node.get("metadata"))
         model = as_object(meta.get("labels")).get(names.NODE_LABEL_GPU_MODEL)
-        if refusal == NOT_SELECTED and models and isinstance(model, str) and model not in models:
+        if (
+            refusal == NOT_SELECTED
+            and models
+            and isinstance(model, str)
+            and model not in models
+            and scheduler_refusal(without_model_affinity(spec), node) is None
+        ):
             wanted = "|".join(sorted(models))
             refusal = f"GPU model {model} is not one of {wanted} (the pod's {names.GPU_MODEL})"
         out[str(meta.get("name") or "")] = refusal
     return out
+
+
+def without_model_affinity(spec: Mapping[str, Any]) -> dict[str, Any]:
+    """The pod spec without the node-affinity expressions on the GPU model label the webhook added: what
+    the node would be judged on if the model were not asked for."""
+    terms = (
+        as_object(as_object(as_object(spec.get("affinity")).get("nodeAffinity")).get(REQUIRED_AFFINITY))
+    ).get("nodeSelectorTerms")
+    if not isinstance(terms, list):
+        return dict(spec)
+    kept = [
+        {
+            **as_object(t),
+            "matchExpressions": [
+                e
+                for e in as_object(t).get("matchExpressions") or []
+                if as_object(e).get("key") != names.NODE_LABEL_GPU_MODEL
+            ],
+        }
+        for t in terms
+    ]
+    affinity = as_object(spec.get("affinity"))
+    node_affinity = {
+        **as_object(affinity.get("nodeAffinity")),
+        REQUIRED_AFFINITY: {"nodeSelectorTerms": kept},
+    }
+    return {**spec, "affinity": {**affinity, "nodeAffinity": node_affinity}}
 
 
 def missing_models(models: Collection[str], nodes: Sequence[Mapping[str, Any]]) -> str | None:

@@ -261,3 +261,8 @@ def test_a_model_no_node_has_is_named_not_a_generic_affinity_mismatch() -> None:
         "no node has a GPU of model A100-40G (gpupack.io/gpu-model); the GPU nodes' models: A100-40GB, T4"
     )
     assert missing_models({"T4"}, nodes) is None
+    # a node the pod's own nodeSelector refuses as well keeps the general reason: the model is not all of it
+    pooled = {"spec": {**pod["spec"], "nodeSelector": {"pool": "x"}}}
+    assert scheduler_exclusions(pooled, nodes, models={"A100-40G"})["a"] == (
+        "the pod's nodeSelector or required node affinity does not match the node's labels"
+    )
