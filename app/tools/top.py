@@ -123,7 +123,8 @@ def render(
         in_use += len(whole) - node_free
         frag += node_frag
     if namespace:
-        lines.append(f"\n{namespace}: {used / MILLI_PER_GPU:.2f} GPUs allocated, on {in_use} of {total} GPUs")
+        held = f"{_gpus(used)} GPUs allocated, on {in_use} of {total} GPUs" if total else "no GPU"
+        lines.append(f"\n{namespace}: {held}")
         if migs:
             lines.append(f"{namespace}: {migs_used} MIG devices")
         return "\n".join(lines)

@@ -77,6 +77,8 @@ def test_namespace_view_counts_only_that_namespaces_pods() -> None:
     ]
     assert any(line.endswith("n0: 0.50 of 3 GPUs allocated to a") for line in out)
     assert out[-1] == "a: 0.75 GPUs allocated, on 2 of 6 GPUs"
+    nothing = render(namespace_share(cluster(), allocations, owners, "c"), PODS, namespace="c")
+    assert nothing.splitlines()[-1] == "c: no GPU"
 
 
 def test_explain_rows_per_gpu_and_scheduler_exclusions() -> None:
