@@ -7,6 +7,7 @@ from collections.abc import AsyncIterator, Iterator
 from contextlib import asynccontextmanager, contextmanager
 from typing import Any
 
+import anyio.to_thread
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.exception_handlers import http_exception_handler
@@ -24,6 +25,13 @@ from extender.routes import ops, scheduling, state
 from extender.runtime import KubeRuntime, Runtime, gauges_of
 
 LOG = log.get("gpupack.extender")
+# Verbs that call the API (bind) run in the server's thread pool: this many at once (anyio's default,
+# set here so the connection pool below is sized from the same number).
+REQUEST_THREADS = 40
+# Calls beside them: the informers' watches (GPUNodes, pods, Nodes, ResourceQuotas), the lease, events and
+# the autoscaler's placeholders, with room to spare.
+BACKGROUND_CALLS = 10
+API_CONNECTIONS = REQUEST_THREADS + BACKGROUND_CALLS
 
 
 def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
@@ -31,10 +39,15 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     errors = settings.validate()
     if errors:
         raise ValueError("invalid extender settings: " + "; ".join(map(str, errors)))
-    rt: Runtime = runtime if runtime is not None else KubeRuntime(Kube.connect(settings.kubeconfig), settings)
+    rt: Runtime = (
+        runtime
+        if runtime is not None
+        else KubeRuntime(Kube.connect(settings.kubeconfig, connections=API_CONNECTIONS), settings)
+    )
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        anyio.to_thread.current_default_thread_limiter().total_tokens = REQUEST_THREADS
         if isinstance(rt, KubeRuntime):
             rt.start()
         LOG.info("extender started", extra={"policy": settings.policy, "identity": settings.identity})

@@ -35,6 +35,9 @@ def register(sub: Any) -> None:  # argparse's _SubParsersAction is private, henc
     flag("runtime_class")
     flag("hami_takeover", action="store_true")
     flag("cert_check_interval_s", type=float)
+    flag("read_gpunodes", action="store_true")
+    flag("kubeconfig")
+    flag("quota_gpu_memory_mib", type=int)
     flag("workers", type=int)
     flag("log_level")
     serve.set_defaults(func=_serve)
@@ -64,6 +67,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
         FLAGS,
         scheduler_name=args.scheduler_name or None,
         runtime_class=args.runtime_class or None,
+        kubeconfig=args.kubeconfig or None,
         mps_pipe_host_dir=args.mps_pipe_host_dir or default_of(Settings, "mps_pipe_host_dir"),
     )
 
@@ -93,6 +97,7 @@ def _run_server(settings: Settings, sock: socket.socket | None = None) -> None:
     import uvicorn
 
     from app.service.tls import ReloadingContext
+    from webhook import fleet
     from webhook.main import create_app
     from webhook.metrics import count_cert_reload
 
@@ -103,8 +108,11 @@ def _run_server(settings: Settings, sock: socket.socket | None = None) -> None:
         check_interval=settings.cert_check_interval_s,
         on_reload=count_cert_reload,
     )
+    # Each worker reads the GPUNodes itself (after the fork: a thread does not survive one).
+    view = fleet.FleetView(settings.quota_gpu_memory_mib)
+    ready = fleet.watch(settings.kubeconfig, view).synced.is_set if settings.read_gpunodes else None
     config = uvicorn.Config(
-        create_app(settings),
+        create_app(settings, ready, lambda: view.fleet),
         host=settings.host,
         port=settings.port,
         ssl_context_factory=lambda _config, _default: tls.context,

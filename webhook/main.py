@@ -16,6 +16,7 @@ from starlette.routing import Route
 from starlette.types import Receive, Scope, Send
 
 from app.core import log, wire
+from app.core.quota import Fleet
 from webhook import metrics as webhook_metrics
 from webhook import mutate, podsecurity
 from webhook.metrics import WEBHOOK_REVIEW_SECONDS, WEBHOOK_REVIEWS, WebhookOutcome
@@ -25,8 +26,11 @@ from webhook.settings import Settings
 _log = log.get("gpupack.webhook")
 
 
-def create_app(settings: Settings, ready: Callable[[], bool] | None = None) -> FastAPI:
-    """The app; `ready` (default: always) decides /readyz."""
+def create_app(
+    settings: Settings, ready: Callable[[], bool] | None = None, fleet: Callable[[], Fleet] | None = None
+) -> FastAPI:
+    """The app; `ready` (default: always) decides /readyz; `fleet` gives the GPUs the cluster has at each
+    review (webhook.fleet; default: none known, the settings' fallback memory only)."""
     errors = settings.validate()
     if errors:
         raise ValueError("invalid webhook settings: " + "; ".join(map(str, errors)))
@@ -35,7 +39,7 @@ def create_app(settings: Settings, ready: Callable[[], bool] | None = None) -> F
     app.state.metrics_registry = registry
     # The hot path is a bare ASGI endpoint, not a FastAPI route: no dependency solving, the body
     # parsed and validated once; _document() describes it in /openapi.json.
-    endpoint = MutateEndpoint(settings)
+    endpoint = MutateEndpoint(settings, fleet)
     app.router.routes += [
         Route("/mutate", endpoint, methods=["POST"]),
         Route("/mutate/pod-security/{level}", endpoint, methods=["POST"]),
@@ -66,8 +70,10 @@ class MutateEndpoint:
     fields and counted as an error; a bug in the mutation denies with a pointer to the log.
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, fleet: Callable[[], Fleet] | None = None) -> None:
         self._settings = settings
+        unknown = Fleet(fallback_memory_mib=settings.quota_gpu_memory_mib)
+        self._fleet = fleet or (lambda: unknown)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         chunks = []
@@ -92,7 +98,7 @@ class MutateEndpoint:
             return 422, _dumps(_malformed(exc, path))
         start = time.perf_counter()
         try:
-            decision = mutate.decide(review, self._settings, pod_security)
+            decision = mutate.decide(review, self._settings, pod_security, self._fleet())
         except Exception:  # a bug in our code: deny with a pointer to the log (failurePolicy is Fail anyway)
             _log.exception("review failed", extra={"uid": review.request.uid})
             decision = _internal_error(review.request.uid)

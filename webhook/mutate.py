@@ -17,6 +17,7 @@ from app.core import managed, names, nearmiss, podview, quota, request, units
 from app.core.errors import RequestError
 from app.core.jsonpointer import pointer
 from app.core.podview import ContainerView, PodView
+from app.core.quota import Fleet
 from app.core.request import GpuRequest, Isolation
 from webhook import disruption, hami, pipe, podsecurity
 from webhook.metrics import WebhookOutcome
@@ -43,14 +44,19 @@ class Decision:
     ops: int = 0  # number of JSONPatch operations
 
 
-def review(body: Mapping[str, Json], settings: Settings, pod_security: str | None = None) -> dict[str, Json]:
+def review(
+    body: Mapping[str, Json], settings: Settings, pod_security: str | None = None, fleet: Fleet | None = None
+) -> dict[str, Json]:
     """An AdmissionReview request (dict, validated here) → the AdmissionReview response (dict)."""
-    return decide(AdmissionReview.model_validate(body), settings, pod_security).response
+    return decide(AdmissionReview.model_validate(body), settings, pod_security, fleet).response
 
 
-def decide(review: AdmissionReview, settings: Settings, pod_security: str | None = None) -> Decision:
+def decide(
+    review: AdmissionReview, settings: Settings, pod_security: str | None = None, fleet: Fleet | None = None
+) -> Decision:
     """`pod_security`: the Pod Security level the pod's namespace enforces, where the configuration says
-    (see webhook.podsecurity); an MPS share is refused where that level forbids its pipe mount."""
+    (see webhook.podsecurity); an MPS share is refused where that level forbids its pipe mount. `fleet`: the
+    GPUs the cluster has, as webhook.fleet read them (None: none known, only the settings' fallback)."""
     req = review.request
     uid = req.uid
     is_pod = req.kind.group == "" and req.kind.kind == "Pod"
@@ -85,7 +91,9 @@ def decide(review: AdmissionReview, settings: Settings, pod_security: str | None
         return _deny(uid, (refused,), told)
     if errors := clashes(pod, parsed, plans):
         return _deny(uid, errors, told)
-    ops = taken + pod_patch(pod, parsed, plans, settings)
+    if fleet is None:
+        fleet = Fleet(fallback_memory_mib=settings.quota_gpu_memory_mib)
+    ops = taken + pod_patch(pod, parsed, plans, settings, fleet)
     warnings = told + parsed.warnings
     response: dict[str, Json] = {"allowed": True}
     if ops:
@@ -132,7 +140,9 @@ def pipe_plans(pod: PodView, req: GpuRequest, settings: Settings) -> Plans:
     return out
 
 
-def pod_patch(pod: PodView, req: GpuRequest, plans: Plans, settings: Settings) -> list[Op]:
+def pod_patch(
+    pod: PodView, req: GpuRequest, plans: Plans, settings: Settings, fleet: Fleet = quota.UNKNOWN_FLEET
+) -> list[Op]:
     """The JSONPatch ops that bring `pod` in line with `req`; empty when it already is.
 
     The pod must have passed `clashes` (no env of ours set otherwise, a pipe mount we can add or reuse).
@@ -147,7 +157,7 @@ def pod_patch(pod: PodView, req: GpuRequest, plans: Plans, settings: Settings) -
         if isinstance(wrote, RequestError):
             raise ValueError(str(wrote))
         ops += _missing_env_ops(c, gpu_env(req, wrote.pipe_dir if wrote else names.MPS_PIPE_DIRECTORY))
-        ops += _resource_ops(c, req)
+        ops += _resource_ops(c, req, fleet)
         if wrote is not None:
             mount_ops, pod_ops = pipe.ops(wrote, pod, c)
             ops += mount_ops
@@ -293,19 +303,19 @@ def _same_quantity(have: str | None, want: int) -> bool:
     return units.quantity_value(str(have)) == want
 
 
-def gpu_resources(req: GpuRequest) -> dict[str, int]:
+def gpu_resources(req: GpuRequest, fleet: Fleet = quota.UNKNOWN_FLEET) -> dict[str, int]:
     """Every gpupack resource the GPU container requests: the one placement reads, and the quota charge."""
     name, amount = req.resource
-    return {name: amount, **quota.charge(req).resources()}
+    return {name: amount, **quota.charge(req, fleet).resources()}
 
 
-def _resource_ops(c: ContainerView, req: GpuRequest) -> list[Op]:
+def _resource_ops(c: ContainerView, req: GpuRequest, fleet: Fleet) -> list[Op]:
     """Request and limit our extended resources (they must be equal), with the values the request implies.
 
     gpupack.io/* resources are the webhook's to set: any other one on the GPU container (the other kind a
     stale pass set, a charge the user wrote to shrink their quota use) is removed, a wrong value replaced.
     """
-    wanted = gpu_resources(req)
+    wanted = gpu_resources(req, fleet)
     quantities = {k: str(v) for k, v in wanted.items()}
     path = c.pointer
     if not c.has_resources:

@@ -13,6 +13,7 @@ from app.service.settings import Checker, setting
 # Settings fields whose flag is not just the field name in kebab case.
 FLAGS = {"cert_file": "--cert", "key_file": "--key", "cert_check_interval_s": "--cert-check-interval"}
 
+MAX_GPU_MEMORY_MIB = 1 << 24  # 16 TiB: far above any GPU, low enough to catch a value given in bytes
 MAX_WORKERS = 64  # processes, each ~40 MiB of its own: more than the CPUs only adds switching
 
 # spec.schedulerName must be a DNS-1123 subdomain, or the apiserver rejects every pod we mutate.
@@ -37,6 +38,21 @@ class Settings:
         False,
         "rewrite pods that ask for HAMi's nvidia.com/gpumem, gpumem-percentage or gpucores into a gpupack "
         "GPU share (the webhook configuration's matchConditions must send them too)",
+    )
+    # Quota: a fraction is charged memory from the GPUs the cluster has (app.core.quota.Fleet), read from the
+    # GPUNode objects by an informer in each worker; the fallback when none of an allowed model is known.
+    read_gpunodes: bool = setting(
+        False,
+        "read the GPUNode objects (get, list, watch) and charge a fraction's quota memory from the largest "
+        "GPU of the cluster it may land on; not ready until the first list",
+    )
+    kubeconfig: str | None = setting(
+        None, "kubeconfig file for --read-gpunodes", shown="in-cluster, then ~/.kube/config"
+    )
+    quota_gpu_memory_mib: int | None = setting(
+        None,
+        "GPU memory (MiB) a fraction is charged a share of when no GPU it may land on is known; "
+        "unset: the largest model of the GPU catalogue",
     )
     # Serving: HTTPS with a certificate that is reloaded when its files change.
     cert_file: str | None = setting(None, "PEM serving certificate (reloaded when it changes)")
@@ -69,6 +85,12 @@ class Settings:
         if self.cert_file is not None or self.key_file is not None:
             for field in ("cert_file", "key_file"):
                 check.readable_file(field, getattr(self, field), "must name a readable PEM file")
+        if self.quota_gpu_memory_mib is not None and not 1 <= self.quota_gpu_memory_mib <= MAX_GPU_MEMORY_MIB:
+            check.bad(
+                "quota_gpu_memory_mib",
+                self.quota_gpu_memory_mib,
+                f"must be a whole number of MiB from 1 to {MAX_GPU_MEMORY_MIB}",
+            )
         check.port("port", self.port)
         check.positive("cert_check_interval_s", self.cert_check_interval_s)
         if not 1 <= self.workers <= MAX_WORKERS:

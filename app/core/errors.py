@@ -125,6 +125,7 @@ class PlacementReason:
     foreign: ForeignUse | None = None  # memory used outside gpupack pods (GPU_MEMORY)
     profile: str = ""  # the MIG profile asked for (MIG_DEVICE)
     mig_devices: int = 0  # MIG devices on the node (MIG_DEVICE)
+    asked: str = ""  # what the pod wrote, as key=value (NO_MPS: the annotation that asks for MPS)
 
     @property
     def kind(self) -> ReasonKind:
@@ -154,7 +155,11 @@ def render_reason(r: PlacementReason) -> str:
         case Shortfall.HOST_MEMORY:
             return f"needs {r.needed} MiB host memory: {r.free} MiB free"
         case Shortfall.NO_MPS:
-            return f"pod asks for isolation=mps, but {r.detail or 'no MPS daemon serves this node'}"
+            # KAI's sm-sharing asks for MPS without saying so: name both
+            asked = r.asked if not r.asked or r.asked.endswith("=mps") else f"{r.asked} (MPS)"
+            return (
+                f"pod asks for {asked or 'isolation=mps'}, but {r.detail or 'no MPS daemon serves this node'}"
+            )
         case Shortfall.NO_GPUS:
             return "node has no GPUs"
         case Shortfall.NO_HEALTHY_GPU:

@@ -32,6 +32,8 @@ def gpu_misfit(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -
         return f"GPU model {gpu.model} is not one of {'|'.join(sorted(demand.models))}"
     if not mode_admits(gpu, demand):
         return mode_misfit([gpu], demand)
+    if (demand.mig or demand.mig_profile or gpu.is_mig) and not demand.targets(gpu):
+        return target_misfit(gpu, demand)
     milli, mib = demand.on(gpu.memory_mib)
     if milli > gpu.milli_free:
         return f"needs {share(milli)} of the GPU: {share(max(gpu.milli_free, 0))} free"
@@ -41,6 +43,17 @@ def gpu_misfit(gpu: Gpu, demand: Demand, margin_mib: int = FOREIGN_MARGIN_MIB) -
     return ""
 
 
+def target_misfit(gpu: Gpu, demand: Demand) -> str:
+    """Why a MIG device is no target for a share, or a GPU or MIG device none for a MIG demand."""
+    if not gpu.is_mig:
+        return "a whole GPU: the pod asks for a MIG device, taken whole"
+    if not demand.mig:
+        return f"a MIG device ({gpu.mig_profile}): taken whole, only by pods asking for MIG"
+    if demand.mig_profile:
+        return f"MIG profile {gpu.mig_profile}: the pod asks for {demand.mig_profile}"
+    return f"MIG device of {gpu.memory_mib} MiB: the pod asks for {demand.memory_mib} MiB"
+
+
 def gpu_rows(node: Node, demand: Demand) -> list[dict[str, Any]]:
     rows = []
     for g in node.gpus:
@@ -48,6 +61,8 @@ def gpu_rows(node: Node, demand: Demand) -> list[dict[str, Any]]:
         rows.append(
             {
                 "gpu": g.index,
+                "device": g.device,  # "0", or a MIG device's parent/slot ("0/1"), as `gpupack top` shows
+                "migProfile": g.mig_profile or None,
                 "model": g.model,
                 "milliFree": g.milli_free,
                 "memoryRoomMiB": memory_room(g),
@@ -105,6 +120,8 @@ def explain(
             "memoryMiB": demand.memory_mib,
             "models": sorted(demand.models),
             "timeSlice": demand.timeslice,
+            "mig": demand.mig,
+            "migProfile": demand.mig_profile or None,
             "memoryEnforcement": demand.memory_enforcement.value,
         },
         "policy": policy.name,

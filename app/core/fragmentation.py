@@ -10,8 +10,10 @@ from app.core.model import Allocation, Gpu
 
 
 def typical_milli(allocs: Iterable[Allocation]) -> int:
-    """The most common per-GPU share among allocations (smallest on ties); 0 when there are none."""
-    counts = Counter(a.milli for a in allocs)
+    """The most common per-GPU share among allocations of whole GPUs (smallest on ties); 0 when there are
+    none. MIG devices are taken whole (1000 milli of the device) and never share a GPU, so they say nothing
+    of the shares fragmentation is judged against."""
+    counts = Counter(a.milli for a in allocs if not a.on_mig)
     if not counts:
         return 0
     top = max(counts.values())

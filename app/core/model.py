@@ -43,6 +43,9 @@ class Demand:
     cpu_milli: int = 0
     host_memory_mib: int = 0
     needs_mps: bool = False  # the pod asked for `isolation: mps` explicitly: only nodes running MPS fit
+    # What the pod wrote that asks for MPS, as `key=value` (`gpupack.io/isolation=mps`, or KAI's
+    # sm-sharing mode), so a refusal names the user's own words; "" where no pod wrote it (simulations).
+    mps_asked_by: str = ""
     # MIG: the demand takes whole MIG devices (never a whole GPU or a share of one): of this profile when
     # `mig_profile` is set, else the smallest free one with `memory_mib` (isolation: mig).
     mig: bool = False
@@ -126,6 +129,13 @@ class Gpu:
     @property
     def is_mig(self) -> bool:
         return bool(self.mig_profile)
+
+    @property
+    def device(self) -> str:
+        """How tools name it: the GPU's index, or a MIG device's parent GPU and NVML slot ("0/2")."""
+        if self.parent is None:
+            return str(self.index)
+        return f"{self.parent}/{self.index - mig_index(self.parent, 0)}"
 
     @property
     def milli_free(self) -> int:
@@ -243,6 +253,11 @@ class Allocation:
     milli: int  # per device
     memory_mib: int  # per device: the reservation (a burstable pod's request)
     hard_limit_mib: int | None = None  # per device, a burstable pod's cap above `memory_mib`; None: the same
+
+    @property
+    def on_mig(self) -> bool:
+        """Whether it holds MIG devices (their node-wide indexes start at MIG_INDEX_BASE)."""
+        return any(i >= MIG_INDEX_BASE for i in self.gpu_indexes)
 
     @property
     def thread_percentage(self) -> int:

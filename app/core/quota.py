@@ -8,10 +8,15 @@ Every gpupack pod carries, beside the resource placement reads (`gpupack.io/gpu-
 - `gpupack.io/quota-gpu-memory-mib`: the GPU memory the pod may take. A memory request is exact; a fraction
   is charged its share of the largest GPU it could land on.
 
-"Could land on" is the models `gpupack.io/gpu-model` allows when the catalogue knows them all, else every
-model of the catalogue. No node advertises the two resources: kube-scheduler is told to ignore them
-(`ignoredByScheduler` in the extender entry of its configuration) and the kubelet skips extended resources
-its node does not advertise, so the over-estimate binds a namespace's quota and never a node.
+"Could land on" is the GPUs the cluster has (a `Fleet`: each model the webhook sees in the GPUNode objects,
+with its memory) that `gpupack.io/gpu-model` allows. Where it knows none of those (no GPUNode read yet, or
+none of an allowed model), it is the models `gpupack.io/gpu-model` allows when the catalogue knows them all,
+else every model of the catalogue; a fraction naming no catalogue model is then charged its share of the
+fleet's fallback memory (the chart's `webhook.quotaGpuMemoryMiB`) when one is set.
+
+No node advertises the two resources: kube-scheduler is told to ignore them (`ignoredByScheduler` in the
+extender entry of its configuration) and the kubelet skips extended resources its node does not advertise,
+so the over-estimate binds a namespace's quota and never a node.
 
 A quota on the placement resources themselves would count one request kind only (memory pods carry no
 `gpupack.io/gpu-milli`); the chart's `quota-resources` ValidatingAdmissionPolicy refuses one and names these
@@ -21,7 +26,7 @@ two instead (deploy/helm/gpupack/templates/admission-policies.yaml).
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Any, Final
 
@@ -48,20 +53,52 @@ class Charge:
         }
 
 
-def charge(req: GpuRequest) -> Charge:
+@dataclass(frozen=True, slots=True)
+class Fleet:
+    """The GPUs a pod could land on, as far as the webhook knows them.
+
+    `models`: each GPU model of the cluster's GPUNode objects and the memory of its largest GPU (MiB); empty
+    when none was read. `fallback_memory_mib`: the memory a fraction is charged a share of when no GPU of an
+    allowed model is known (the chart's `webhook.quotaGpuMemoryMiB`); None: the largest catalogue model.
+    """
+
+    models: Mapping[str, int] = field(default_factory=dict)
+    fallback_memory_mib: int | None = None
+
+    def allowed(self, models: tuple[str, ...]) -> dict[str, int]:
+        """The fleet's models a request naming `models` (none: any) may land on."""
+        return {m: mib for m, mib in self.models.items() if not models or m in models}
+
+
+UNKNOWN_FLEET: Final = Fleet()
+
+
+def charge(req: GpuRequest, fleet: Fleet = UNKNOWN_FLEET) -> Charge:
     """The conservative quota charge of a valid request: per device, times the number of devices.
 
-    A whole MIG device of a profile is charged its compute slices' share of the parent GPU (rounded up to
-    whole milli: 1g is 143 of 1000) and the most memory that profile has on a model it may land on; a memory
-    request with MIG isolation is charged as any memory request. A kind not known here is charged the most a
-    device can take (a whole GPU of the largest model it may get).
+    The GPUs it may land on are the fleet's allowed models when there are any, else the catalogue's (see the
+    module docstring). A whole MIG device of a profile is charged its compute slices' share of the parent
+    GPU (rounded up to whole milli: 1g is 143 of 1000) and the most memory that profile has on a model it may
+    land on; a memory request with MIG isolation is charged as any memory request. A kind not known here is
+    charged the most a device can take (a whole GPU of the largest model it may get).
     """
-    candidates = _candidates(req.models)
-    largest = max(g.memory_mib for g in (candidates or tuple(catalog.models().values())))
+    in_fleet = fleet.allowed(req.models)
+    candidates = _candidates(tuple(in_fleet) if in_fleet else req.models)
+    if in_fleet:
+        sizes = tuple(in_fleet.values())
+        largest = max(sizes)
+    else:
+        sizes = tuple(g.memory_mib for g in candidates)
+        named = req.models and candidates  # catalogue models the pod names: their memory is known exactly
+        largest = (
+            max(sizes)
+            if named
+            else fleet.fallback_memory_mib or max(g.memory_mib for g in catalog.models().values())
+        )
     if req.milli is not None:
         per_device = Charge(req.milli, req.milli * largest // MILLI_PER_GPU)
     elif req.memory_mib is not None:
-        fitting = [g.memory_mib for g in candidates if g.memory_mib >= req.memory_mib]
+        fitting = [mib for mib in sizes if mib >= req.memory_mib]
         smallest = min(fitting, default=0)
         milli = (
             min(MILLI_PER_GPU, -(-req.memory_mib * MILLI_PER_GPU // smallest)) if smallest else MILLI_PER_GPU

@@ -55,6 +55,7 @@ class GpuRequest:
     memory_limit_share: Fraction | None = None
     isolation: Isolation = Isolation.MPS
     isolation_explicit: bool = False  # written by the pod: then MPS is required, not best effort
+    isolation_written: str = ""  # what the pod wrote that made it explicit, as key=value
     memory_enforcement: MemoryEnforcement = MemoryEnforcement.NONE  # the least a GPU must enforce
     warnings: tuple[str, ...] = ()  # accepted, but the user should know (e.g. rounding)
 
@@ -80,6 +81,7 @@ class GpuRequest:
             memory_mib=self.memory_mib,
             models=frozenset(self.models),
             needs_mps=self.isolation_explicit and self.isolation is Isolation.MPS,
+            mps_asked_by=self.isolation_written if self.isolation is Isolation.MPS else "",
             mig=self.isolation is Isolation.MIG,
             mig_profile=self.mig_profile,
             timeslice=self.isolation_explicit and self.isolation is Isolation.NONE,
@@ -650,6 +652,29 @@ def _sm_sharing(nv: nvfractions.NvAsk) -> bool:
     return nv.mode is not None and nv.mode[1] == nvfractions.ComputeMode.SM_SHARING
 
 
+def _isolation_written(isolation: str | None, nv: nvfractions.NvAsk) -> str:
+    """The annotation, as key=value, that made the pod's isolation explicit ("" where none did)."""
+    if isolation is not None:
+        return f"{names.ISOLATION}={isolation}"
+    if nv.mode is not None and _sm_sharing(nv):
+        return f"{nv.mode[0]}={nv.mode[1]}"
+    return ""
+
+
+def _first_container_warning(pod: PodView) -> str | None:
+    """With several containers and none named, the GPU goes to the first: say which, so a sidecar listed
+    first (a log shipper) is not silently the one that gets it."""
+    regular = pod.regular
+    if pod.ask.container or pod.ask.nv_container or len(regular) < 2:
+        return None
+    others = ", ".join(repr(c.name) for c in regular[1:])
+    key = names.GPU_FRACTION_CONTAINER_NAME
+    return (
+        f"{key} is not set: the GPU goes to the first container, {regular[0].name!r}, none to {others} "
+        f"(set {key} to the container that should have it)"
+    )
+
+
 def _build(r: _Reading) -> GpuRequest:
     """The request, from a pod that passed every rule (so every parsed value is a value)."""
     ask = r.pod.ask
@@ -669,6 +694,8 @@ def _build(r: _Reading) -> GpuRequest:
                 f"{names.GPU_MODEL}: {model!r} is no GPU model gpupack knows, so only nodes labelled "
                 f"{names.NODE_LABEL_GPU_MODEL}={model} match it; did you mean {meant}?"
             )
+    if warning := _first_container_warning(r.pod):
+        warnings.append(warning)
     return GpuRequest(
         container=r.pod.gpu_container,
         count=r.count if r.count is not None else 1,
@@ -682,6 +709,7 @@ def _build(r: _Reading) -> GpuRequest:
         # KAI's sm-sharing runs SMs at once through MPS, so it requires MPS like an explicit isolation: mps;
         # time-slicing asks for nothing more than gpupack's default.
         isolation_explicit=ask.isolation is not None or _sm_sharing(r.nv),
+        isolation_written=_isolation_written(ask.isolation, r.nv),
         memory_enforcement=MemoryEnforcement(ask.memory_enforcement or MemoryEnforcement.NONE),
         warnings=tuple(warnings),
     )

@@ -62,8 +62,14 @@ class Kube:
         self.timeouts = timeouts or Timeouts()
 
     @classmethod
-    def connect(cls, kubeconfig: str | None = None, timeouts: Timeouts | None = None) -> Kube:
-        """From a kubeconfig file, else the in-cluster service account, else ~/.kube/config."""
+    def connect(
+        cls, kubeconfig: str | None = None, timeouts: Timeouts | None = None, connections: int | None = None
+    ) -> Kube:
+        """From a kubeconfig file, else the in-cluster service account, else ~/.kube/config.
+
+        `connections`: the most calls the caller makes at once (the client keeps that many connections;
+        its default, 5 per CPU, makes a busier caller open and drop one per call, with a warning each).
+        """
         config = kubernetes.client.Configuration()
         if kubeconfig:
             kubernetes.config.load_kube_config(config_file=kubeconfig, client_configuration=config)
@@ -72,6 +78,8 @@ class Kube:
                 kubernetes.config.load_incluster_config(client_configuration=config)
             except kubernetes.config.ConfigException:
                 kubernetes.config.load_kube_config(client_configuration=config)
+        if connections is not None:
+            config.connection_pool_maxsize = connections
         return cls.from_configuration(config, timeouts)
 
     @classmethod
@@ -165,6 +173,23 @@ def api_client(kubeconfig: str | os.PathLike[str]) -> kubernetes.client.ApiClien
     The dev cluster gives it to tests and benchmarks, which may use the library's typed APIs on it.
     """
     return kubernetes.config.new_client_from_config(config_file=str(kubeconfig))
+
+
+SERVICE_ACCOUNT_NAMESPACE = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+
+def current_namespace(kubeconfig: str | None = None) -> str:
+    """The namespace `kubectl` would use: the kubeconfig's current context's (`kubeconfig`, else $KUBECONFIG
+    or ~/.kube/config), else the pod's own in a cluster, else "default"."""
+    try:
+        _, active = kubernetes.config.list_kube_config_contexts(config_file=kubeconfig)
+    except (kubernetes.config.ConfigException, OSError):
+        try:
+            with open(SERVICE_ACCOUNT_NAMESPACE, encoding="utf-8") as f:
+                return f.read().strip() or "default"
+        except OSError:
+            return "default"
+    return str((active or {}).get("context", {}).get("namespace") or "default")
 
 
 _TIMEOUTS = (urllib3.exceptions.TimeoutError, socket.timeout, TimeoutError)

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from collections.abc import Collection, Mapping, Sequence
 
 from app.core import names, quota
 from app.core.errors import FieldError, KubeError
 from app.core.fragmentation import fragmented_milli, typical_milli
-from app.core.model import MILLI_PER_GPU, ClusterState, Gpu, mig_index
+from app.core.model import MILLI_PER_GPU, Allocation, ClusterState, Gpu
 from app.kube import paths, snapshot
 from app.kube.cache import ClusterCache
 from app.kube.client import Kube
@@ -26,13 +27,36 @@ def bar(milli: int, width: int = BAR_WIDTH) -> str:
 
 def gpu_label(g: Gpu) -> tuple[str, str]:
     """(GPU, MODEL) columns: a MIG device shows as parent/slot and its model with its profile."""
-    if not g.is_mig:
-        return str(g.index), g.model
-    return f"{g.parent}/{g.index - mig_index(g.parent or 0, 0)}", f"{g.model} {g.mig_profile}"
+    return g.device, f"{g.model} {g.mig_profile}" if g.is_mig else g.model
 
 
 def _gpus(milli: int) -> str:
     return f"{milli / MILLI_PER_GPU:.2f}"
+
+
+def namespace_share(
+    state: ClusterState, allocations: Mapping[str, Allocation], namespaces: Mapping[str, str], namespace: str
+) -> ClusterState:
+    """The cluster as one namespace holds it: each GPU's reserved share and memory are its pods' only.
+
+    `allocations` by pod UID, `namespaces` each pod UID's namespace (a hold whose pod is gone has none).
+    """
+    held: dict[tuple[str, int], tuple[int, int]] = {}
+    for uid, alloc in allocations.items():
+        if namespaces.get(uid) != namespace:
+            continue
+        for index in alloc.gpu_indexes:
+            milli, mib = held.get((alloc.node, index), (0, 0))
+            held[(alloc.node, index)] = (milli + alloc.milli, mib + alloc.memory_mib)
+    nodes = {}
+    for name, node in state.nodes.items():
+        gpus = tuple(
+            dataclasses.replace(g, milli_used=milli, memory_used_mib=mib)
+            for g in node.gpus
+            for milli, mib in (held.get((name, g.index), (0, 0)),)
+        )
+        nodes[name] = dataclasses.replace(node, gpus=gpus)
+    return ClusterState(nodes)
 
 
 def render(
@@ -48,8 +72,9 @@ def render(
     Node and cluster totals count whole GPUs; MIG devices (each full or free) are totalled apart.
 
     `typical`: the request size fragmentation is measured against (the most common allocated share).
-    `nodes` keeps only those nodes; `namespace` keeps the GPUs holding a pod of that namespace and
-    counts only its pods.
+    `nodes` keeps only those nodes; `namespace` keeps the GPUs holding a pod of that namespace, counts only
+    its pods, and sums `state` as that namespace's share (pass `namespace_share`): free GPUs and
+    fragmentation are the cluster's, so they are left out.
     """
     header = f"{'NODE':<20} {'GPU':>5} {'MODEL':<18} {'ALLOCATED':<{BAR_WIDTH + 2}} {'SHARE':>6} "
     header += f"{'MEMORY(MiB)':>15} PODS"
@@ -81,9 +106,14 @@ def render(
         node_frag = fragmented_milli(whole, typical)
         node_free = sum(g.milli_used <= 0 for g in whole)
         in_mig = sum(g.milli_used > 0 for g in node_migs)
-        lines.append(
-            f"{'':<20} {name}: {_gpus(node_used)} of {len(whole)} GPUs allocated, {node_free} free, "
+        held = (
+            f"{_gpus(node_used)} of {len(whole)} GPUs allocated to {namespace}"
+            if namespace
+            else f"{_gpus(node_used)} of {len(whole)} GPUs allocated, {node_free} free, "
             f"fragmented {_gpus(node_frag)}"
+        )
+        lines.append(
+            f"{'':<20} {name}: {held}"
             + (f"; {in_mig} of {len(node_migs)} MIG devices in use" if node_migs else "")
         )
         migs += len(node_migs)
@@ -92,6 +122,12 @@ def render(
         used += node_used
         in_use += len(whole) - node_free
         frag += node_frag
+    if namespace:
+        held = f"{_gpus(used)} GPUs allocated, on {in_use} of {total} GPUs" if total else "no GPU"
+        lines.append(f"\n{namespace}: {held}")
+        if migs:
+            lines.append(f"{namespace}: {migs_used} MIG devices")
+        return "\n".join(lines)
     eff = used / (in_use * MILLI_PER_GPU) if in_use else 0.0
     lines.append(
         f"\n{total} GPUs: {used / MILLI_PER_GPU:.2f} allocated, {in_use} in use, {total - in_use} free; "
@@ -166,6 +202,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"gpupack top: {exc}", file=sys.stderr)
         return 1
     state = cache.snapshot()
+    if args.namespace:
+        owners = {p.uid: p.namespace for p in cache.pods()}
+        state = namespace_share(state, cache.allocations(), owners, args.namespace)
     unknown = sorted(set(args.node or ()) - set(state.nodes))
     if unknown:
         print(f"gpupack top: {FieldError('--node', unknown[0], 'must name a GPUNode')}", file=sys.stderr)

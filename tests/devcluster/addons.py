@@ -382,19 +382,23 @@ def webhook_spec(
     cert: Path,
     key: Path,
     ca_file: Path,
+    kubeconfig: Path,
     *,
     mps_pipe_host_dir: Path | None = None,
     runtime_class: str | None = None,
 ) -> ComponentSpec:
     """`runtime_class`: gpupack's RuntimeClass, set on MPS pods as the chart's webhook does (None: the legacy
     hostPath of the pipe dir in the pod). `mps_pipe_host_dir`: that hostPath (default /tmp/nvidia-mps); a
-    real kubelet creates it, so a dev cluster with a real node keeps it inside the cluster dir."""
+    real kubelet creates it, so a dev cluster with a real node keeps it inside the cluster dir. The webhook
+    reads the GPUNodes as the chart's does (`--read-gpunodes`): quota charges come from the dev cluster's
+    GPUs."""
     pipe = ("--mps-pipe-host-dir", str(mps_pipe_host_dir)) if mps_pipe_host_dir is not None else ()
     node_side = ("--runtime-class", runtime_class) if runtime_class is not None else ()
     argv = gpupack_cli(
         "webhook", "serve",
         "--cert", str(cert), "--key", str(key),
         "--host", "127.0.0.1", "--port", str(port),
+        "--read-gpunodes", "--kubeconfig", str(kubeconfig),
         *pipe, *node_side,
     )  # fmt: skip
     return ComponentSpec(
@@ -577,6 +581,7 @@ class Components:
                 cluster.webhook_cert_file,
                 cluster.webhook_key_file,
                 cluster.ca_file,
+                cluster.kubeconfig_for(WEBHOOK),
                 mps_pipe_host_dir=self.mps_pipe_host_dir,
                 runtime_class=self.runtime_class_name() if self.node_side else None,
             ),

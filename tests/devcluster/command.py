@@ -19,7 +19,7 @@ from .components import CONTROL_PLANE
 from .karpenter import autoscaler_addons
 from .nodes import MigLayout
 from .nodeside import STANDIN_MPS_RELPATH, NodeSide
-from .processes import ComponentError
+from .processes import ComponentError, ManagedProcess
 
 DEFAULT_NODES = 4
 DEFAULT_GPUS_PER_NODE = 8
@@ -124,6 +124,22 @@ def _examples_dir() -> Path | None:
     return root / EXAMPLES_RELPATH if root is not None and (root / EXAMPLES_RELPATH).is_dir() else None
 
 
+def metrics_urls(processes: Sequence[ManagedProcess]) -> list[tuple[str, str]]:
+    """(component, its /metrics URL) for each gpupack component: served where its health check is (the
+    extender's plain ops port, the webhook's HTTPS port, each agent's port), all picked free at `dev up`."""
+    return [
+        (p.name, p.health.url.rsplit("/", 1)[0] + "/metrics")
+        for p in processes
+        if p.name not in CONTROL_PLANE and p.health is not None
+    ]
+
+
+def gpupack_command() -> str:
+    """How to run the gpupack CLI this dev cluster runs: the script beside this interpreter (the venv's)."""
+    script = Path(sys.executable).parent / "gpupack"
+    return str(script) if script.is_file() else "gpupack"
+
+
 def _summary(cluster: Cluster) -> str:
     meta = cluster.meta
     kubeconfig = cluster.kubeconfig
@@ -147,7 +163,7 @@ def _summary(cluster: Cluster) -> str:
         lines += [
             f"  {kubectl} get pods -o wide",
             f"  {kubectl} get gpunodes",
-            f"  gpupack top --kubeconfig {kubeconfig}",
+            f"  {gpupack_command()} top --kubeconfig {kubeconfig}",
         ]
     else:
         lines.append("gpupack components not started (--no-components): GPU pods stay Pending")
@@ -159,8 +175,14 @@ def _summary(cluster: Cluster) -> str:
         ]
     lines += [
         f"extender port (scheduler calls it, mutual TLS): {cluster.extender_port}   "
-        f"extender metrics: http://127.0.0.1:{cluster.extender_ops_port}/metrics",
         f"webhook port: {cluster.webhook_port}   logs: {cluster.layout.logs}",
+    ]
+    urls = metrics_urls(cluster.processes)
+    if urls:
+        lines.append(f"metrics (ports picked free; the webhook's with the dev CA {cluster.ca_file}):")
+        width = max(len(name) for name, _ in urls)
+        lines += [f"  {name:<{width}}  {url}" for name, url in urls]
+    lines += [
         f"status: {PROG} status{_dir_flag(cluster.dir)}",
         f"stop: {PROG} down{_dir_flag(cluster.dir)}",
     ]
@@ -299,5 +321,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         alive = "yes" if row.alive else "no"
         print(f"{row.name:<{width}} {row.pid:>8}  {alive:<5}  {health:<9}  {row.detail}")
     ok = bool(rows) and all(r.healthy for r in rows)
+    for name, url in metrics_urls(cluster.processes):
+        print(f"metrics of {name}: {url}")
     print(f"kubeconfig: {cluster.kubeconfig}" if ok else "cluster is not healthy")
     return 0 if ok else 1

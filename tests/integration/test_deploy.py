@@ -303,6 +303,9 @@ RBAC_CASES = [
     ("agent", "create", "pods/eviction", "team-a", "p", False),  # only with agent.evictOnViolation
     ("agent", "delete", "nodes", "", "n", False),
     ("agent", "list", "secrets", "", "", False),
+    ("webhook", "watch", "gpunodes.gpupack.io", "", "", True),  # the quota charge's GPUs (readGpuNodes)
+    ("webhook", "patch", "gpunodes.gpupack.io", "", "n", False),
+    ("webhook", "list", "nodes", "", "", False),
     ("webhook", "list", "secrets", "", "", False),
     ("webhook", "get", "pods", "team-a", "p", False),
     ("scheduler", "create", "pods/binding", "team-a", "p", True),

@@ -34,7 +34,7 @@ from tests.devcluster.processes import group_members, log_tail, pid_alive
 REPO = Path(__file__).resolve().parents[2]
 EXAMPLES = REPO / "deploy" / "examples"
 NODES = ["gpu-node-0", "gpu-node-1"]
-MODEL = "T4"
+MODEL = "A100-40GB"  # `make dev`'s default
 COMPONENTS = ["gpupack-extender", "gpupack-webhook", *(f"gpupack-agent-{n}" for n in NODES)]
 HOOK = "pods.webhook.gpupack.io"
 ENV_REFS = {
@@ -278,16 +278,55 @@ def test_an_mps_pod_in_a_baseline_namespace_is_admitted_without_a_hostpath(dev: 
 
 
 def test_a_kai_fraction_limit_is_the_hard_cap_on_the_gpu_it_lands_on(dev: Dev, core: Any) -> None:
-    """KAI 0.18's gpu-fraction.limit: 0.75 of the T4's memory is the pod's cap, its request 0.25 of it."""
+    """KAI 0.18's gpu-fraction.limit: 0.75 of the GPU's memory is the pod's cap, its request 0.25 of it."""
     with dev.explained():
         body = example("fraction-pod.yaml")
         body["metadata"]["annotations"] = {names.GPU_FRACTION: "0.25", names.KAI_FRACTION_LIMIT: "0.75"}
         created = core.create_namespaced_pod("default", body)
         alloc = bound(core, "default", created.metadata.name).metadata.annotations
-        t4 = catalog.lookup(MODEL).memory_mib
-        assert alloc[names.ALLOC_MEMORY_LIMIT_MIB] == str(t4 // 4)
-        assert alloc[names.ALLOC_MEMORY_HARD_LIMIT_MIB] == str(t4 * 3 // 4)
+        gpu = catalog.lookup(MODEL).memory_mib
+        assert alloc[names.ALLOC_MEMORY_LIMIT_MIB] == str(gpu // 4)
+        assert alloc[names.ALLOC_MEMORY_HARD_LIMIT_MIB] == str(gpu * 3 // 4)
         core.delete_namespaced_pod(created.metadata.name, "default")
+
+
+def test_quota_example_admits_two_halves_and_refuses_the_third(dev: Dev, core: Any) -> None:
+    """deploy/examples/gpu-quota.yaml as its comment says: one GPU of quota runs two gpu-fraction 0.5 pods;
+    the apiserver refuses a third at creation naming the quota. The webhook charges each half 500 milli and
+    half of the dev cluster's A100-40GB in memory (20480 MiB), read from the GPUNodes the agents publish."""
+    with dev.explained():
+        ns = "quota-example"
+        core.create_namespace({"metadata": {"name": ns}})
+        quota = example("gpu-quota.yaml")
+        core.create_namespaced_resource_quota(ns, quota)
+        hard = quota["spec"]["hard"]
+
+        def computed() -> bool:
+            status = core.read_namespaced_resource_quota(quota["metadata"]["name"], ns).status
+            got = {k: parse_quantity(v) for k, v in (status.hard or {}).items()}
+            return got == {k: parse_quantity(v) for k, v in hard.items()}
+
+        wait_for(computed, 60, "the quota's status computed")
+        admitted = [core.create_namespaced_pod(ns, example("fraction-pod.yaml")) for _ in range(2)]
+        for pod in admitted:
+            requests = pod.spec.containers[0].resources.requests
+            assert parse_quantity(requests[names.RESOURCE_QUOTA_GPU_MILLI]) == 500
+            assert parse_quantity(requests[names.RESOURCE_QUOTA_GPU_MEMORY_MIB]) == 20480
+            running(core, ns, bound(core, ns, pod.metadata.name).metadata.name)
+        with pytest.raises(ApiException) as err:
+            core.create_namespaced_pod(ns, example("fraction-pod.yaml"))
+        assert err.value.status == 403
+        milli, memory = (
+            f"requests.{names.RESOURCE_QUOTA_GPU_MILLI}",
+            f"requests.{names.RESOURCE_QUOTA_GPU_MEMORY_MIB}",
+        )
+        message = json.loads(err.value.body)["message"]
+        assert message.startswith('pods "fraction-')
+        assert message.endswith(
+            f"is forbidden: exceeded quota: gpu, requested: {memory}=20480,{milli}=500, "
+            f"used: {memory}=40960,{milli}=1k, limited: {memory}=40960,{milli}=1k"
+        ), message
+        print(f"quota example, third pod: {message}")
 
 
 def test_invalid_fraction_is_refused_with_the_webhooks_message(dev: Dev, core: Any) -> None:

@@ -167,7 +167,9 @@ def test_both_request_kinds_draw_on_one_share_quota(
         "top", "--kubeconfig", kubeconfig, "--namespace", namespace, env=dict(os.environ), timeout=60
     )
     assert out.returncode == 0, out.stderr
-    rows = [line.split() for line in out.stdout.splitlines() if line.startswith(namespace)]
+    # the namespace's own share: its two halves (the fraction and 20Gi of an A100-40GB)
+    assert f"\n{namespace}: 1.00 GPUs allocated, on " in out.stdout
+    rows = [line.split() for line in out.stdout.splitlines() if line.split()[:1] == [namespace]]
     assert rows == [
         [namespace, "gpu", MEMORY, "[####################]", "40960/40960", "MiB", "100%"],
         [namespace, "gpu", MILLI, "[####################]", "1.00/1.00", "GPUs", "100%"],

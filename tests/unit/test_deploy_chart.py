@@ -246,7 +246,7 @@ def test_every_container_is_locked_down_and_sized(objects: list[dict[str, Any]])
         assert "add" not in sc["capabilities"], name
 
 
-def test_every_service_account_exists_and_webhook_has_no_token(objects: list[dict[str, Any]]) -> None:
+def test_every_service_account_exists_and_webhook_only_reads_gpunodes(objects: list[dict[str, Any]]) -> None:
     sas = {
         (o["metadata"]["namespace"], o["metadata"]["name"]) for o in objects if o["kind"] == "ServiceAccount"
     }
@@ -258,14 +258,20 @@ def test_every_service_account_exists_and_webhook_has_no_token(objects: list[dic
             for s in o["subjects"]:
                 assert (s["namespace"], s["name"]) in sas, o["metadata"]["name"]
     webhook = find(objects, "Deployment", "gpupack-webhook")["spec"]["template"]["spec"]
-    assert webhook["automountServiceAccountToken"] is False
-    bound = {
-        s["name"]
+    # its token reads the GPUNodes a fraction's quota charge comes from (webhook.readGpuNodes), nothing else
+    assert webhook["automountServiceAccountToken"] is True
+    assert "--read-gpunodes" in webhook["containers"][0]["args"]
+    roles = {
+        o["roleRef"]["name"]
         for o in objects
         if o["kind"] in ("ClusterRoleBinding", "RoleBinding")
         for s in o["subjects"]
+        if s["name"] == "gpupack-webhook"
     }
-    assert "gpupack-webhook" not in bound
+    assert roles == {"gpupack-webhook"}
+    assert find(objects, "ClusterRole", "gpupack-webhook")["rules"] == [
+        {"apiGroups": ["gpupack.io"], "resources": ["gpunodes"], "verbs": ["get", "list", "watch"]}
+    ]
 
 
 def test_disruption_budgets_select_their_workloads(objects: list[dict[str, Any]]) -> None:

@@ -296,15 +296,28 @@ def test_component_argv_parse_with_the_real_cli(tmp_path: Path) -> None:
     )
     assert ext.kubeconfig == str(tmp_path / "e.kubeconfig")
     assert (ext.tls_cert, ext.tls_key, ext.client_ca) == tuple(str(p) for p in tls)
-    hook = parse_cli(addons.webhook_spec(2222, tmp_path / "c", tmp_path / "k", tmp_path / "ca").argv)
-    assert (hook.command, hook.port, hook.cert, hook.key, hook.runtime_class) == (
+    hook_spec = addons.webhook_spec(2222, tmp_path / "c", tmp_path / "k", tmp_path / "ca", tmp_path / "w")
+    hook = parse_cli(hook_spec.argv)
+    assert (
+        hook.command,
+        hook.port,
+        hook.cert,
+        hook.key,
+        hook.read_gpunodes,
+        hook.kubeconfig,
+        hook.runtime_class,
+    ) == (
         "webhook",
         2222,
         str(tmp_path / "c"),
         str(tmp_path / "k"),
+        True,
+        str(tmp_path / "w"),
         None,
     )
-    spec = addons.webhook_spec(2222, tmp_path / "c", tmp_path / "k", tmp_path / "ca", runtime_class="gpupack")
+    spec = addons.webhook_spec(
+        2222, tmp_path / "c", tmp_path / "k", tmp_path / "ca", tmp_path / "w", runtime_class="gpupack"
+    )
     assert parse_cli(spec.argv).runtime_class == "gpupack"
     spec = addons.agent_spec(
         "gpu-node-1", sim=tmp_path / "s.yaml", port=3333, kubeconfig=tmp_path / "a", state_dir=tmp_path

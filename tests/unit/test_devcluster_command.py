@@ -7,7 +7,9 @@ from pathlib import Path
 import pytest
 
 from app.core import catalog
+from tests.devcluster import command
 from tests.devcluster.command import main
+from tests.devcluster.processes import HealthCheck, ManagedProcess
 
 
 def test_unknown_model_is_one_line_listing_known_models_exit_2(
@@ -61,3 +63,23 @@ def test_an_impossible_mig_layout_is_one_line_exit_2(
     rule = "must name 1 to 7 compute slices of MIG devices: names 10"
     assert err == f"python -m tests.devcluster up: --mig='3g.40gb,7g.80gb': {rule}\n"
     assert list(tmp_path.iterdir()) == []
+
+
+def test_every_gpupack_component_has_its_metrics_url() -> None:
+    """The dev cluster picks free ports: `dev up` and `dev status` print where each /metrics is."""
+
+    def proc(name: str, url: str | None) -> ManagedProcess:
+        return ManagedProcess(name, 1, 0, "log", ("x",), HealthCheck(url) if url else None)
+
+    processes = [
+        proc("kube-apiserver", "https://127.0.0.1:6443/readyz"),
+        proc("gpupack-extender", "http://127.0.0.1:41001/readyz"),
+        proc("gpupack-webhook", "https://127.0.0.1:41002/readyz"),
+        proc("gpupack-agent-gpu-node-0", "http://127.0.0.1:41003/healthz"),
+        proc("no-health", None),
+    ]
+    assert command.metrics_urls(processes) == [
+        ("gpupack-extender", "http://127.0.0.1:41001/metrics"),
+        ("gpupack-webhook", "https://127.0.0.1:41002/metrics"),
+        ("gpupack-agent-gpu-node-0", "http://127.0.0.1:41003/metrics"),
+    ]

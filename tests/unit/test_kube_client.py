@@ -5,11 +5,13 @@ from __future__ import annotations
 import contextlib
 import http.client
 import json
+import logging
 import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import kubernetes
 import pytest
@@ -270,3 +272,51 @@ def test_transport_errors_map_to_one_kube_error(exc: BaseException, reason: str,
     err = transport_error(exc)
     assert (err.code, err.reason) == (0, reason)
     assert text in err.message
+
+
+def _concurrent_gets(kubeconfig: Path, calls: int, connections: int) -> None:
+    """`calls` GETs at once through one client (the server answers none until all arrived)."""
+    arrived = threading.Barrier(calls, timeout=10)
+
+    def answer_together(conn: socket.socket) -> None:
+        arrived.wait()
+        conn.sendall(b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 2\r\n\r\n{}")
+        time.sleep(1)  # keep the connection open: the client may reuse it
+
+    srv = Server(answer_together)
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{srv.port}"}}],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+                "current-context": "c",
+            }
+        )
+    )
+    kube = Kube.connect(str(kubeconfig), connections=connections)
+    try:
+        threads = [threading.Thread(target=kube.send, args=(GET,)) for _ in range(calls)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=20)
+    finally:
+        kube.close()
+        srv.close()
+
+
+def test_a_client_sized_for_its_concurrency_keeps_every_connection(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The extender binds up to REQUEST_THREADS pods at once: a pool that small drops a connection per call
+    with urllib3's "Connection pool is full" warning; sized from the same number, it keeps them all."""
+    with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
+        _concurrent_gets(tmp_path / "small", calls=12, connections=4)
+    assert any("Connection pool is full" in r.getMessage() for r in caplog.records)
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="urllib3.connectionpool"):
+        _concurrent_gets(tmp_path / "sized", calls=12, connections=12)
+    assert not [r.getMessage() for r in caplog.records if "Connection pool is full" in r.getMessage()]

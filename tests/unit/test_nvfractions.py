@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 
 from app.core import names, request
+from app.core.model import Gpu, Node
+from app.core.placement import registry
 from app.core.podview import ContainerView, Kind, PodView, ask_of
 from app.core.request import GpuRequest, Isolation
 
@@ -74,6 +76,21 @@ def test_sm_sharing_requires_mps_in_either_spelling(key: str) -> None:
     req = parsed({REQ: "4Gi", key: "sm-sharing"})
     assert req.isolation is Isolation.MPS and req.isolation_explicit
     assert req.demand().needs_mps
+
+
+@pytest.mark.parametrize("key", [MODE, POD_MODE])
+@pytest.mark.parametrize("name", registry.names())
+def test_an_sm_sharing_pod_refused_for_want_of_mps_is_told_the_key_it_wrote(key: str, name: str) -> None:
+    """Not "isolation=mps", which the user never wrote: KAI's own key and value, and that it means MPS."""
+    demand = parsed({REQ: "4Gi", key: "sm-sharing"}).demand()
+    no_mps = Node("a", (Gpu(0, "A100-40GB", 40960),), mps=False, mps_reason="MPS is disabled on this node")
+    reason = registry.create(name).filter(no_mps, demand)
+    assert reason is not None
+    assert reason.rule == f"pod asks for {key}=sm-sharing (MPS), but MPS is disabled on this node"
+    gpupack = parsed({REQ: "4Gi", names.ISOLATION: "mps"}).demand()
+    refused = registry.create(name).filter(no_mps, gpupack)
+    assert refused is not None
+    assert refused.rule == "pod asks for gpupack.io/isolation=mps, but MPS is disabled on this node"
 
 
 @pytest.mark.parametrize("key", [MODE, POD_MODE])

@@ -70,6 +70,58 @@ def test_charge(annotations: dict[str, str], expected: Charge) -> None:
     assert quota.charge(req(annotations)) == expected
 
 
+A100_FLEET = quota.Fleet({"A100-40GB": 40960})
+MIXED_FLEET = quota.Fleet({"A100-40GB": 40960, "T4": 15109, "my-gpu": 24576})
+
+
+@pytest.mark.parametrize(
+    ("annotations", "fleet", "expected"),
+    [
+        pytest.param({"gpu-fraction": "0.5"}, A100_FLEET, Charge(500, 20480), id="half-of-the-clusters-a100"),
+        pytest.param(
+            {"gpu-fraction": "0.5"}, MIXED_FLEET, Charge(500, 20480), id="half-of-the-largest-in-the-fleet"
+        ),
+        pytest.param(
+            {"gpu-fraction": "0.5", names.GPU_MODEL: "T4|my-gpu"},
+            MIXED_FLEET,
+            Charge(500, 12288),
+            id="largest-allowed-in-the-fleet-catalogue-or-not",
+        ),
+        pytest.param(
+            {"gpu-fraction": "0.5", names.GPU_MODEL: "H100-80GB"},
+            A100_FLEET,
+            Charge(500, 40779),  # half of the catalogue's H100-80GB (81559 MiB)
+            id="allowed-model-not-in-the-fleet-falls-back-to-the-catalogue",
+        ),
+        pytest.param(
+            {"gpu-fraction": "0.25"},
+            quota.Fleet(fallback_memory_mib=24576),
+            Charge(250, 6144),
+            id="no-fleet-known-the-fallback-memory",
+        ),
+        pytest.param(
+            {"gpu-fraction": "0.5", names.GPU_MODEL: "T4"},
+            quota.Fleet(fallback_memory_mib=24576),
+            Charge(500, 7554),
+            id="a-named-catalogue-model-beats-the-fallback",
+        ),
+        pytest.param(
+            {"gpu-memory": "8Gi"}, MIXED_FLEET, Charge(543, 8192), id="memory-on-the-smallest-fleet-gpu"
+        ),
+        pytest.param(
+            {"gpu-memory": "8Gi"}, A100_FLEET, Charge(200, 8192), id="memory-on-the-only-fleet-model"
+        ),
+        pytest.param(
+            {"gpu-memory": "48Gi"}, MIXED_FLEET, Charge(1000, 49152), id="memory-no-fleet-gpu-holds-it"
+        ),
+    ],
+)
+def test_charge_from_the_gpus_the_cluster_has(
+    annotations: dict[str, str], fleet: quota.Fleet, expected: Charge
+) -> None:
+    assert quota.charge(req(annotations), fleet) == expected
+
+
 def test_a_request_kind_not_charged_yet_counts_whole_gpus() -> None:
     """Neither a fraction, a memory request nor a MIG profile: a whole GPU of the largest model it may land
     on per device, never nothing."""

@@ -252,7 +252,11 @@ def test_every_error_in_rule_order() -> None:
 
 def test_fraction_request_defaults() -> None:
     req = parsed({names.GPU_FRACTION: "0.25"}, (Container("main"), Container("sidecar")))
-    assert req == GpuRequest(container="main", count=1, milli=250, memory_mib=None)
+    told = (
+        "gpu-fraction-container-name is not set: the GPU goes to the first container, 'main', none to "
+        "'sidecar' (set gpu-fraction-container-name to the container that should have it)"
+    )
+    assert req == GpuRequest(container="main", count=1, milli=250, memory_mib=None, warnings=(told,))
     assert req.isolation is Isolation.MPS
     assert req.resource == (names.RESOURCE_GPU_MILLI, 250)
     assert req.demand() == Demand(count=1, milli=250)
@@ -277,6 +281,7 @@ def test_memory_request_with_everything() -> None:
         models=("V100M32", "A100-40GB"),
         isolation=Isolation.NONE,
         isolation_explicit=True,
+        isolation_written="gpupack.io/isolation=none",
     )
     assert req.resource == (names.RESOURCE_GPU_MEMORY_MIB, 16384)
     assert req.demand() == Demand(

@@ -370,6 +370,52 @@ def test_warnings_are_passed_to_the_user() -> None:
     ]
 
 
+@pytest.mark.parametrize(
+    ("annotations", "containers", "warnings"),
+    [
+        pytest.param(
+            {names.GPU_FRACTION: "0.5"},
+            ["log-shipper", "main"],
+            [
+                "gpu-fraction-container-name is not set: the GPU goes to the first container, 'log-shipper', "
+                "none to 'main' (set gpu-fraction-container-name to the container that should have it)"
+            ],
+            id="two-containers-none-named",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5"},
+            ["a", "b", "c"],
+            [
+                "gpu-fraction-container-name is not set: the GPU goes to the first container, 'a', "
+                "none to 'b', 'c' (set gpu-fraction-container-name to the container that should have it)"
+            ],
+            id="three-containers-none-named",
+        ),
+        pytest.param(
+            {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_CONTAINER_NAME: "main"},
+            ["log-shipper", "main"],
+            None,
+            id="named",
+        ),
+        pytest.param({names.GPU_FRACTION: "0.5"}, ["main"], None, id="one-container"),
+    ],
+)
+def test_a_pod_of_several_containers_is_told_which_gets_the_gpu(
+    annotations: dict[str, str], containers: list[str], warnings: list[str] | None
+) -> None:
+    body = pod(annotations, *({"name": c} for c in containers))
+    review = mutate.review(review_of(body), Settings())
+    response = review["response"]
+    assert response["allowed"] is True
+    assert response.get("warnings") == warnings
+    # the patch gives the GPU env to the container the warning names, "void" to the others
+    patched = apply_patch(body, decoded(review))
+    gpu = annotations.get(names.GPU_FRACTION_CONTAINER_NAME, containers[0])
+    for c in patched["spec"]["containers"]:
+        visible = next(e for e in c["env"] if e["name"] == names.ENV_NVIDIA_VISIBLE_DEVICES)
+        assert ("valueFrom" in visible) == (c["name"] == gpu), c["name"]
+
+
 # --- property: any pod shape the schema accepts is mutated consistently and idempotently ---
 
 _ENV_NAMES = st.sampled_from(

@@ -335,7 +335,9 @@ def _host_reason(node: Node, demand: Demand, shortfall: Shortfall) -> PlacementR
     elif shortfall is Shortfall.HOST_MEMORY:
         needed, free = demand.host_memory_mib, node.memory_mib_free or 0
     else:
-        detail = node.mps_reason
+        return PlacementReason(
+            node.name, None, Shortfall.NO_MPS, detail=node.mps_reason, asked=demand.mps_asked_by
+        )
     return PlacementReason(node.name, None, shortfall, needed, free, detail=detail)
 
 
