@@ -732,6 +732,9 @@ def client(hold: bool, timeout: float, work_s: float = 0.0, memory: bool = False
     if not line:
         print(f"lost server {RPC_FAILURE}", flush=True)
         return 1
+    if work_s:  # in flight before anyone is told it is served
+        with contextlib.suppress(OSError):
+            conn.send(b"busy\n")
     print(line, flush=True)
     if memory:
         device = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0] or "0"
@@ -758,7 +761,6 @@ def _work(conn: socket.socket, line: str, seconds: float) -> int:
     """Kernels in flight for `seconds`, then synchronize and exit normally. A signal meanwhile kills the
     process with its work in flight (SIGTERM's default action, as for a CUDA program that does not catch
     it); the daemon then sees a busy client vanish."""
-    conn.send(b"busy\n")
     said: list[str] = []
 
     def listen() -> None:
@@ -772,8 +774,12 @@ def _work(conn: socket.socket, line: str, seconds: float) -> int:
     if said:
         print(f"error {said[0]}", flush=True)
         return 1
-    conn.send(b"idle\n")
-    conn.send(b"bye\n")
+    try:
+        conn.send(b"idle\n")
+        conn.send(b"bye\n")
+    except OSError:  # the server went at the very end: the work's result is lost with it
+        print(f"error {RPC_FAILURE}", flush=True)
+        return 1
     print("done", flush=True)
     return 0
 
