@@ -32,6 +32,19 @@ def duration(raw: str) -> float:
     return float(match[1]) * _UNIT_S[match[2]]
 
 
+def duration_or_zero(raw: str) -> float:
+    """A duration as `duration` reads it, or 0 ("0", "0s": the thing it bounds is off)."""
+    match = _DURATION.match(raw.strip())
+    if match and float(match[1]) == 0:
+        return 0.0
+    try:
+        return duration(raw)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"{raw!r}: must be 0 (off) or a positive duration like 5s, 500ms"
+        ) from None
+
+
 def gpu_indexes(raw: str) -> tuple[int, ...]:
     """ "1,3" (or "none", or "") as GPU indexes."""
     parts = [p.strip() for p in raw.split(",") if p.strip() and p.strip() != "none"]
@@ -75,7 +88,7 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     flag("mps_thread_percentage", type=int)
     flag("mps_pinned_mem_limit_mib", type=int)
     flag("mps_protocol", type=int)
-    flag("mps_drain_timeout_s", type=duration)
+    flag("mps_drain_timeout_s", type=duration_or_zero)
     flag("mps_prestart_server", dest="mps_prestart_server", action="store_false")
     flag("sim_allocator", type=Path)
     flag("node_socket", type=Path)

@@ -17,7 +17,7 @@ import yaml
 from fastapi.testclient import TestClient
 
 from agent import metrics as agent_metrics
-from agent.command import duration
+from agent.command import duration, register, settings_from
 from agent.loop import Agent, AgentConfig
 from agent.main import create_app, reporter_config
 from agent.mps import MpsConfig, MpsSupervisor
@@ -231,6 +231,17 @@ def test_duration(raw: str, seconds: float) -> None:
 def test_bad_duration(raw: str) -> None:
     with pytest.raises(argparse.ArgumentTypeError):
         duration(raw)
+
+
+def test_the_drain_timeout_takes_0_for_off_as_the_chart_writes_it() -> None:
+    """agent.mps.drainTimeoutSeconds: 0 renders `--mps-drain-timeout=0s` (no drain): the agent must start."""
+    parser = argparse.ArgumentParser()
+    register(parser.add_subparsers())
+    for raw, seconds in (("0s", 0.0), ("0", 0.0), ("5s", 5.0)):
+        args = parser.parse_args(["agent", "run", "--node", "n1", f"--mps-drain-timeout={raw}"])
+        assert settings_from(args).mps_drain_timeout_s == seconds
+    with pytest.raises(SystemExit):
+        parser.parse_args(["agent", "run", "--node", "n1", "--mps-drain-timeout=-1s"])
 
 
 def test_a_gpu_that_turns_unhealthy_tells_the_pod_allocated_on_it_once(
