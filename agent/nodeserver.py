@@ -140,6 +140,10 @@ class NodeServer:
 
     def _create(self, ask: nodeside.Ask, grant: nodeside.Grant) -> nodeside.Answer:
         mps_dir: str | None = None
+        # The daemon's socket first (a daemon that does not answer, said as such), then the daemon as this
+        # agent knows it (its defaults held, a server started).
+        if grant.mps and (down := self.pipe_dirs.backend_down()):
+            return nodeside.refuse(down)
         if grant.mps and (why := self.daemon_not_ready()):
             return nodeside.refuse(
                 f"container {ask.container!r} of {ask.where} would be an MPS client: {why}"

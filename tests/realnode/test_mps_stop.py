@@ -36,7 +36,8 @@ ENFORCE = "pod-security.kubernetes.io/enforce"
 CLIENT = "python3 /standin/mps_control.py client"
 # The stopped pod: a busy client for a long time. Its shell forwards SIGTERM (as an init process that
 # handles it) so that a stop reaches the client while its work is in flight.
-VICTIM = f'trap "kill -TERM $P; wait $P; exit 143" TERM; {CLIENT} --work 600 & P=$!; wait $P'
+# (single quotes: $P is read when the trap runs, after the client started)
+VICTIM = f"trap 'kill -TERM $P; wait $P; exit 143' TERM; {CLIENT} --work 600 & P=$!; wait $P"
 NEIGHBOUR = f'{CLIENT} --work 20; echo "EXIT=$?"'
 
 
@@ -286,7 +287,7 @@ def test_changing_the_agents_node_selector_leaves_the_mps_daemon_pod_alone(
     (daemon,) = chart.pods(kube, "mps-daemon")
     elsewhere = "agent.nodeSelector.gpupack\\.io/test-elsewhere"
     chart.helm(helm_bin, cluster, "upgrade", chart.RELEASE, str(chart.CHART), "--reuse-values",
-               "--set", f"{elsewhere}=true")  # fmt: skip
+               "--set-string", f"{elsewhere}=true")  # fmt: skip
     try:
         wait_for(lambda: not chart.pods(kube, "agent"), 120, "the agent pod gone from the node", interval=1)
         (still,) = chart.pods(kube, "mps-daemon")
