@@ -285,17 +285,21 @@ def test_changing_the_agents_node_selector_leaves_the_mps_daemon_pod_alone(
     the daemon pod with it (agent.mps.daemon.nodeSelector null keeps what the installed daemon has)."""
     cluster = real_cluster[0]
     (daemon,) = chart.pods(kube, "mps-daemon")
-    elsewhere = "agent.nodeSelector.gpupack\\.io/test-elsewhere"
-    chart.helm(helm_bin, cluster, "upgrade", chart.RELEASE, str(chart.CHART), "--reuse-values",
-               "--set-string", f"{elsewhere}=true")  # fmt: skip
+    before = json.loads(chart.helm(helm_bin, cluster, "get", "values", chart.RELEASE, "--output", "json"))
+    moved = json.loads(json.dumps(before))
+    agent = moved.setdefault("agent", {})
+    agent["nodeSelector"] = {**(agent.get("nodeSelector") or {}), "gpupack.io/test-elsewhere": "true"}
+    chart.helm(
+        helm_bin, cluster, "upgrade", chart.RELEASE, str(chart.CHART), "--reset-values", values_doc=moved
+    )
     try:
         wait_for(lambda: not chart.pods(kube, "agent"), 120, "the agent pod gone from the node", interval=1)
         (still,) = chart.pods(kube, "mps-daemon")
         assert still["metadata"]["uid"] == daemon["metadata"]["uid"]
-        assert chart.mps_control(cluster, "get_server_list") is not None
+        assert chart.mps_control(cluster, "get_server_list").strip().isdigit()
     finally:
-        chart.helm(helm_bin, cluster, "upgrade", chart.RELEASE, str(chart.CHART), "--reuse-values",
-                   "--set", f"{elsewhere}=null")  # fmt: skip
+        chart.helm(helm_bin, cluster, "upgrade", chart.RELEASE, str(chart.CHART), "--reset-values",
+                   values_doc=before)  # fmt: skip
         wait_for(lambda: chart.installed(kube), 240, "the agent back on the node", interval=1)
     (after,) = chart.pods(kube, "mps-daemon")
     assert after["metadata"]["uid"] == daemon["metadata"]["uid"]
