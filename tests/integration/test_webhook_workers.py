@@ -79,6 +79,7 @@ def server(tmp_path: Path) -> Iterator[Server]:
     try:
         wait_for(healthy, 60, "the webhook answering /healthz")
         wait_for(lambda: len(srv.workers()) == WORKERS, 10, f"{WORKERS} worker processes")
+        _every_worker_serving(srv)  # each has loaded its certificate: a rotation from now on is a reload
         yield srv
     finally:
         if proc.poll() is None:
@@ -135,6 +136,24 @@ def test_every_worker_answers_and_metrics_are_the_sum(server: Server) -> None:
         assert got["gpupack_webhook_reviews_total", "mutated"] == sent
         assert got["gpupack_webhook_review_duration_seconds_count", ""] == sent
         assert got["gpupack_webhook_reviews_total", "error"] == 0  # every series exists, at zero too
+
+
+def _every_worker_serving(server: Server) -> None:
+    """A TLS handshake accepted by every worker (a worker still starting would read a rotated certificate
+    as its first, not reload it)."""
+    workers = server.workers()
+    before = {w: _sockets(w) for w in workers}
+    held: list[http.client.HTTPSConnection] = []
+
+    def served_by_all() -> bool:
+        conn = server.connect()
+        conn.connect()
+        held.append(conn)
+        return all(_sockets(w) > before[w] for w in workers)
+
+    wait_for(served_by_all, 30, "a TLS handshake on every worker", interval=0)
+    for conn in held:
+        conn.close()
 
 
 def _sockets(pid: int) -> int:
