@@ -194,7 +194,8 @@ def v3(cluster: Cluster, *argv: str) -> str:
     env = {"PATH": "/usr/bin:/bin", "CUDA_MPS_PIPE_DIRECTORY": str(chart.mps_pipe_dir(cluster))}
     argv = (sys.executable, str(chart.STANDIN_SOURCE), *argv)
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=30, check=False)
-    return done.stdout if done.returncode == 0 else f"error: {done.stderr}"
+    # The control binary exits 0 whenever the daemon answered, errors too: its words tell them apart.
+    return done.stdout if done.returncode == 0 and not done.stderr.strip() else f"error: {done.stderr}"
 
 
 def use_protocol(kube: Kube, cluster: Cluster, helm_bin: str, protocol: int) -> None:
