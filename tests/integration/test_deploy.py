@@ -300,7 +300,8 @@ RBAC_CASES = [
     ("agent", "list", "pods", "", "", True),
     ("agent", "create", "events", "team-a", "", True),
     ("agent", "create", "pods/binding", "team-a", "p", False),
-    ("agent", "create", "pods/eviction", "team-a", "p", False),  # only with agent.evictOnViolation
+    # the watchdog (on by default) evicts a pod that keeps putting processes where it may not
+    ("agent", "create", "pods/eviction", "team-a", "p", True),
     ("agent", "delete", "nodes", "", "n", False),
     ("agent", "list", "secrets", "", "", False),
     ("webhook", "watch", "gpunodes.gpupack.io", "", "", True),  # the quota charge's GPUs (readGpuNodes)

@@ -32,7 +32,9 @@ PROBE = (
 
 
 @pytest.fixture(scope="module")
-def dev(tmp_path_factory: pytest.TempPathFactory, run_gpupack: Run) -> Iterator[tuple[Path, dict[str, str]]]:
+def dev(
+    tmp_path_factory: pytest.TempPathFactory, run_devcluster: Run
+) -> Iterator[tuple[Path, dict[str, str]]]:
     if os.geteuid() != 0:
         pytest.skip("a real node needs root (a network bridge, mounts and cgroups for the kubelet)")
     try:
@@ -42,8 +44,8 @@ def dev(tmp_path_factory: pytest.TempPathFactory, run_gpupack: Run) -> Iterator[
     # Short: containerd's sockets live under it, and a unix socket path has at most 104 bytes.
     d = tmp_path_factory.mktemp("devrn")
     env = {**os.environ, "GPUPACK_K8S_BIN": str(bins)}
-    up = run_gpupack(
-        "dev", "up", "--dir", str(d), "--real-node", "--nodes", "1", "--gpus-per-node", "2", env=env
+    up = run_devcluster(
+        "up", "--dir", str(d), "--real-node", "--nodes", "1", "--gpus-per-node", "2", env=env
     )  # fmt: skip
     try:
         if up.returncode != 0:
@@ -53,7 +55,7 @@ def dev(tmp_path_factory: pytest.TempPathFactory, run_gpupack: Run) -> Iterator[
             pytest.fail(f"dev up --real-node failed ({up.returncode}):\n{up.stderr}\n{logs}", pytrace=False)
         yield d, env
     finally:
-        down = run_gpupack("dev", "down", "--dir", str(d), env=env, timeout=180)
+        down = run_devcluster("down", "--dir", str(d), env=env, timeout=180)
         assert down.returncode == 0, down.stderr
 
 
