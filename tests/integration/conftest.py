@@ -126,33 +126,22 @@ def gpunode_crd(kube: Any) -> None:
     install_crd(kube, yaml.safe_load((REPO / CRD_RELPATH).read_text()))
 
 
-@pytest.fixture(scope="session")
-def run_gpupack() -> Callable[..., subprocess.CompletedProcess[str]]:
+def _runner(*prefix: str) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """Run `prefix + args` from the repository root, output captured, never raising on its exit status."""
+
     def run(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
         return subprocess.run(
-            gpupack_cli(*args),
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
+            (*prefix, *args), cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
         )
 
     return run
+
+
+@pytest.fixture(scope="session")
+def run_gpupack() -> Callable[..., subprocess.CompletedProcess[str]]:
+    return _runner(*gpupack_cli())
 
 
 @pytest.fixture(scope="session")
 def run_devcluster() -> Callable[..., subprocess.CompletedProcess[str]]:
-    def run(*args: str, env: dict[str, str], timeout: float = 300) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            (sys.executable, "-m", "tests.devcluster", *args),
-            cwd=REPO,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-        )
-
-    return run
+    return _runner(sys.executable, "-m", "tests.devcluster")
