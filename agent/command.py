@@ -208,15 +208,16 @@ def _run(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> int:
         if node_side is not None:
             node_side.stop()
         # Nothing of the node's MPS is stopped: the daemon runs in its own pod, and its servers and their
-        # clients outlive this process (agent.mps).
+        # clients outlive this process (agent.mpsdaemon.mps).
         _log.info("agent stopped", extra={"node": settings.node})
 
 
 def handler_command(args: argparse.Namespace) -> int:
-    """Install, wait for SIGTERM, then remove the handler if the release is gone (agent.handlerinstall)."""
+    """Install, wait for SIGTERM, then remove the handler if the release is gone
+    (agent.runtime.handlerinstall)."""
     import threading
 
-    from agent import handlerinstall as hi
+    from agent.runtime import handlerinstall as hi
 
     log.setup(args.log_level)
     bad = [f"--{k.replace('_', '-')}={v}: must be an absolute path" for k, v in
@@ -255,8 +256,8 @@ def handler_command(args: argparse.Namespace) -> int:
 def prepare_command(args: argparse.Namespace) -> int:
     """`gpupack agent prepare-mps`: 0 once every GPU was looked at (a busy one stays, and says so);
     1 when NVML cannot be used at all (the init container is retried by the kubelet)."""
-    from agent import mpsprep
     from agent.main import make_nvml
+    from agent.mpsdaemon import mpsprep
     from agent.nvml.base import ComputeMode, NvmlError
 
     log.setup("info")

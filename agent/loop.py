@@ -6,16 +6,17 @@ from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from agent import envcheck, mpsprep, verify
-from agent import isolation as iso
 from agent import metrics as m
-from agent import reporter as rep
-from agent import watchdog as wd
-from agent.cgroup import PodRef
-from agent.ending import Ended, nothing_listens
-from agent.mps import Device, MpsState, MpsSupervisor
+from agent.enforce import envcheck, verify
+from agent.enforce import watchdog as wd
+from agent.enforce.cgroup import PodRef
+from agent.enforce.ending import Ended, nothing_listens
+from agent.mpsdaemon import mpsprep
+from agent.mpsdaemon.mps import Device, MpsState, MpsSupervisor
 from agent.nvml.base import ComputeMode, Nvml, NvmlCode, NvmlError
-from agent.sample import NodeSample, Sampler
+from agent.nvml.sample import NodeSample, Sampler
+from agent.report import isolation as iso
+from agent.report import reporter as rep
 from app.core import log
 from app.core.errors import KubeError
 from app.core.pods import PodInfo, pod_info
@@ -32,7 +33,7 @@ class Resolver(Protocol):
 
 
 class Procs(Protocol):
-    """The host's processes (agent.cgroup.ProcResolver), for the container-start env check."""
+    """The host's processes (agent.enforce.cgroup.ProcResolver), for the container-start env check."""
 
     def pids(self) -> list[int]: ...
     def pod_of(self, pid: int) -> PodRef | None: ...
@@ -40,7 +41,7 @@ class Procs(Protocol):
 
 
 class Hands(Protocol):
-    """What the watchdog does on the host (agent.ending.HostProcesses)."""
+    """What the watchdog does on the host (agent.enforce.ending.HostProcesses)."""
 
     def comm(self, pid: int) -> str: ...
     def end(self, pid: int, ref: PodRef | None, mps_client: bool) -> Ended: ...
@@ -53,11 +54,14 @@ class AgentConfig:
     evict_on_violation: bool = False
     env_device_selection: str = "unknown"
     # The compute mode of the node's MPS GPUs (EXCLUSIVE_PROCESS: no process bypasses MPS); None: leave
-    # modes as they are. The MPS daemon pod's init container sets it before the daemon starts (agent.mpsprep);
+    # modes as they are. The MPS daemon pod's init container sets it before the daemon starts
+    # (agent.mpsdaemon.mpsprep);
     # the agent switches a GPU that was busy then, once it is idle.
     mps_compute_mode: ComputeMode | None = None
     mps_time_slice_gpus: tuple[int, ...] = ()  # GPU indexes kept in DEFAULT (time-slicing beside MPS)
-    isolation: iso.NodeFacts = iso.NO_NODE_FACTS  # what holds for every GPU's isolation (agent.isolation)
+    isolation: iso.NodeFacts = (
+        iso.NO_NODE_FACTS
+    )  # what holds for every GPU's isolation (agent.report.isolation)
     watchdog: wd.Policy | None = None  # None: processes out of place are reported, not ended
 
 
@@ -214,7 +218,7 @@ class Agent:
 
     def _check_env(self, now: float) -> None:
         """Each new process of a gpupack pod's container, once: its env against the allocation
-        (agent.envcheck); a mismatch is a WRONG_ENV violation (Event on the pod, once per pod)."""
+        (agent.enforce.envcheck); a mismatch is a WRONG_ENV violation (Event on the pod, once per pod)."""
         if self.procs is None:
             return
         alive = set(self.procs.pids())
@@ -289,7 +293,7 @@ class Agent:
         now: float,
     ) -> None:  # fmt: skip
         """The watchdog: end each process on a shared GPU that is not where its allocation says
-        (agent.watchdog), put an Event on its pod, evict a pod that keeps doing it."""
+        (agent.enforce.watchdog), put an Event on its pod, evict a pod that keeps doing it."""
         policy, hands = self.config.watchdog, self.hands
         if policy is None or hands is None:
             return
@@ -363,7 +367,7 @@ class Agent:
         if not self.mps.available():
             return frozenset(), frozenset(), None
         # Every shared GPU: MPS clients run on GPUs left in DEFAULT too; `isolation: none` pods there are
-        # told apart by their own request (agent.watchdog).
+        # told apart by their own request (agent.enforce.watchdog).
         gpus = frozenset(g.uuid for g in spec.shared_gpus)
         control = self.mps.control
         if nothing_listens(control.pipe_dir / "control"):

@@ -6,36 +6,40 @@ import threading
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from agent import memlimits, metrics, mpsprep, nodeside, toolkit
-from agent.cgroup import ProcResolver, SimulatedOrHost
-from agent.ending import HostProcesses
-from agent.isolation import NodeFacts
-from agent.limiter import Limiter
+from agent import metrics
+from agent.enforce import memlimits
+from agent.enforce.cgroup import ProcResolver, SimulatedOrHost
+from agent.enforce.ending import HostProcesses
+from agent.enforce.limiter import Limiter
+from agent.enforce.watchdog import Policy
 from agent.loop import Agent, AgentConfig, Resolver
-from agent.mps import MpsConfig, MpsSupervisor
-from agent.mpscontrol import Control
-from agent.mpsv3 import Namespaces
-from agent.nodeserver import NodeServer
-from agent.nvml.base import ComputeMode, Nvml, NvmlError
-from agent.nvml.simfile import SimFileError
-from agent.pipedirs import PipeDirs
-from agent.reporter import ReporterConfig
+from agent.mpsdaemon import mpsprep
+from agent.mpsdaemon.mps import MpsConfig, MpsSupervisor
+from agent.mpsdaemon.mpscontrol import Control
+from agent.mpsdaemon.mpsv3 import Namespaces
+from agent.mpsdaemon.pipedirs import PipeDirs
+from agent.nvml.base import BackendConfigError, ComputeMode, Nvml, NvmlError
+from agent.report.isolation import NodeFacts
+from agent.report.reporter import ReporterConfig
+from agent.runtime import nodeside, toolkit
+from agent.runtime.nodeserver import NodeServer
 from agent.settings import Settings
-from agent.simalloc import Allocator
-from agent.watchdog import Policy
 from app.core import log
 from app.kube.calls import Request
+
+if TYPE_CHECKING:  # the simulated GPU is imported only where settings choose it (make_nvml)
+    from agent.simgpu.simalloc import Allocator
 
 _log = log.get("gpupack.agent")
 
 
-# Where a GPU container finds the simulated allocator's socket (simulated GPUs only; agent.simalloc).
+# Where a GPU container finds the simulated allocator's socket (simulated GPUs only; agent.simgpu.simalloc).
 SIM_GPU_DIR = "/run/gpupack/sim-gpu"
 
 
@@ -51,7 +55,7 @@ def make_nvml(
     sim: Path | None, node: str, sim_state: Path | None = None, cgroup_root: str = memlimits.V2_ROOT
 ) -> tuple[Nvml, Resolver | None]:
     if sim is not None:
-        from agent.nvml.simulated import SimulatedNvml
+        from agent.simgpu.simulated import SimulatedNvml
 
         backend = SimulatedNvml(sim, node, state_dir=sim_state, cgroup_root=cgroup_root or memlimits.V2_ROOT)
         return backend, backend  # simulated processes carry their pod UID
@@ -76,7 +80,7 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
     resolver: Resolver = sim_resolver or ProcResolver(settings.proc_root)
     fictional: Callable[[], Collection[int]] = frozenset  # pids a simulated GPU set makes up
     if settings.sim is not None:
-        from agent.nvml.simulated import SimulatedNvml
+        from agent.simgpu.simulated import SimulatedNvml
 
         assert isinstance(nvml, SimulatedNvml)
         resolver, fictional = SimulatedOrHost(nvml, ProcResolver(settings.proc_root)), nvml.owners
@@ -125,7 +129,7 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
 
 
 def memory_capability(settings: Settings, agent: Agent) -> memlimits.Capability:
-    """Whether this node can carry per-cgroup GPU memory limits now (agent.memlimits.capability)."""
+    """Whether this node can carry per-cgroup GPU memory limits now (agent.enforce.memlimits.capability)."""
     if not agent.nvml_ready:
         return memlimits.Capability(False, "NVML is not initialised")
     try:
@@ -137,7 +141,7 @@ def memory_capability(settings: Settings, agent: Agent) -> memlimits.Capability:
 
 def host_memory_capability(settings: Settings, nvml: Nvml) -> memlimits.Capability:
     """What this node offers per-cgroup GPU memory limits whatever its driver: the NVML binding's calls and
-    cgroup v2 where the driver reads it (agent.memlimits.host_capability)."""
+    cgroup v2 where the driver reads it (agent.enforce.memlimits.host_capability)."""
     bound = bool(getattr(nvml, "limits_bound", True))  # only the real binding can lack the calls
     root = host_cgroup2_root(settings.proc_root)
     return memlimits.host_capability(bound, root, simulated=settings.sim is not None)
@@ -180,11 +184,13 @@ def node_server(
 
 
 def sim_allocator(settings: Settings, agent: Agent) -> Allocator | None:
-    """The simulated GPUs' allocator (agent.simalloc), where --sim-allocator asks for one."""
-    from agent.nvml.simulated import SimulatedNvml
-
-    if settings.sim_allocator is None or not isinstance(agent.nvml, SimulatedNvml):
+    """The simulated GPUs' allocator (agent.simgpu.simalloc), where --sim-allocator asks for one."""
+    if settings.sim_allocator is None or settings.sim is None:
         return None
+    from agent.simgpu.simalloc import Allocator
+    from agent.simgpu.simulated import SimulatedNvml
+
+    assert isinstance(agent.nvml, SimulatedNvml)
     if not agent.nvml_ready:
         agent.nvml.init()
     return Allocator(agent.nvml, settings.sim_allocator, settings.proc_root, agent.nvml.cgroup_root)
@@ -206,8 +212,8 @@ class Runner:
         while not self._stop.is_set():
             try:
                 self.agent.step()
-            except SimFileError as exc:  # an invalid file at start is a configuration error
-                _log.error("simulated GPU file invalid", extra={"error": str(exc)})
+            except BackendConfigError as exc:  # e.g. an invalid simulated GPU file: a configuration error
+                _log.error("GPU backend configuration invalid", extra={"error": str(exc)})
                 self.exit_code = 2
                 self.on_fatal()
                 return 2
@@ -250,7 +256,12 @@ def create_app(settings: Settings, agent: Agent, runner: Runner | None = None) -
     def healthz() -> JSONResponse:
         age = None if agent.last_step is None else agent.clock() - agent.last_step
         ok = age is not None and age <= settings.max_step_age_s
-        body = {"ok": ok, "last_step_age_s": age, "nvml": agent.nvml_ready, "mps": agent.mps.state.value}
+        body = {
+            "ok": ok,
+            "last_step_age_s": age,
+            "nvml": agent.nvml_ready,
+            "mps": agent.mps.state.value,
+        }
         return JSONResponse(body, status_code=200 if ok else 503)
 
     @app.get("/metrics", summary="Prometheus metrics", response_class=Response)

@@ -9,9 +9,9 @@ from enum import StrEnum
 
 from prometheus_client import CollectorRegistry, Histogram
 
+from agent.enforce.verify import Kind
+from agent.enforce.watchdog import Rule
 from agent.nvml.base import NvmlCode
-from agent.verify import Kind
-from agent.watchdog import Rule
 from app.service.metrics import component_registry, counter, gauge
 
 
@@ -35,14 +35,14 @@ class AgentWriteResult(StrEnum):
 
 
 class EnvCheck(StrEnum):
-    """Outcome of the container-start check of one process of a gpupack pod (agent.envcheck)."""
+    """Outcome of the container-start check of one process of a gpupack pod (agent.enforce.envcheck)."""
 
     OK = "ok"
     MISMATCH = "mismatch"
 
 
 class DrainOutcome(StrEnum):
-    """What the drain before a stop of an MPS container did (agent.drain)."""
+    """What the drain before a stop of an MPS container did (agent.mpsdaemon.drain)."""
 
     DRAINED = "drained"  # its clients were ended through the daemon before the signal
     NO_CLIENTS = "no_clients"  # none of its processes was an MPS client

@@ -1,1 +1,2 @@
-"""NVML access behind one narrow interface: the real pynvml backend and a file-driven simulator."""
+"""The GPU backend: the narrow NVML interface, the real pynvml backend, and one reading of every GPU through
+it."""

@@ -44,6 +44,11 @@ FATAL_CODES = frozenset(
 )
 
 
+class BackendConfigError(Exception):
+    """The chosen backend's own configuration is invalid (e.g. a simulated GPU set file): the agent stops with
+    exit status 2 rather than report GPUs it cannot read as configured."""
+
+
 class NvmlError(Exception):
     """A failed NVML call: the NVML return code name plus NVML's (or our) message."""
 

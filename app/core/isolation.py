@@ -2,7 +2,7 @@
 
 Each GPU has a *sharing mode* (what kind of pod may share it, from its NVML compute mode and whether the
 node's MPS daemon serves it) and two enforcement levels (what keeps one pod inside its share when the
-pod's own processes misbehave). The agent decides them from facts (agent.isolation); placement only
+pod's own processes misbehave). The agent decides them from facts (agent.report.isolation); placement only
 compares them with what the pod asks (app.core.placement.fit). docs/node-side.md explains each value.
 """
 

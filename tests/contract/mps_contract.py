@@ -89,7 +89,8 @@ def wait_until(pred: Callable[[], bool], timeout_s: float) -> bool:
 
 
 def pod_dir(pipe: Path, name: str = "pod") -> Path:
-    """A directory holding only a hard link to `control`, as gpupack gives a pod (agent.pipedirs)."""
+    """A directory holding only a hard link to `control`, as gpupack gives a pod
+    (agent.mpsdaemon.pipedirs)."""
     d = pipe.parent / f"{pipe.name}-{name}"
     d.mkdir(exist_ok=True)
     os.link(pipe / CONTROL, d / CONTROL)

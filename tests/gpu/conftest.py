@@ -108,7 +108,7 @@ def _real_backend() -> tuple[Nvml | None, str]:
 
 
 def _rehearsal_backend(tmp: Path) -> Nvml:
-    from agent.nvml.simulated import SimulatedNvml
+    from agent.simgpu.simulated import SimulatedNvml
 
     path = tmp / "h100.yaml"
     # r615: so the per-cgroup memory tests run their plumbing against the stand-ins too.

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from agent.nvml.base import Nvml, NvmlCode, NvmlError
-from agent.nvml.simfile import SimSet
+from agent.simgpu.simfile import SimSet
 from app.core import names, podview
 from app.core.model import Allocation
 from app.core.request import GpuRequest, parse

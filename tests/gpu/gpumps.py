@@ -21,7 +21,7 @@ import pytest
 from gpuclients import wait_for
 from gpuhelpers import allocation, pod_env, report_path, share_request
 
-from agent.mps import Device, MpsConfig, MpsState, MpsSupervisor
+from agent.mpsdaemon.mps import Device, MpsConfig, MpsState, MpsSupervisor
 from agent.nvml.base import Nvml
 from app.core import names
 from webhook.mutate import gpu_env

@@ -17,19 +17,25 @@ QUESTIONS: dict[str, str] = {
     "uids-single": "Without multi-user, does a second uid's client wait until the first uid's client exits "
     "(NVIDIA's documented serialization)?",
     "poddir-client": "Is a client given only its pod's MPS directory (a hard link to `control`, as "
-    "agent/pipedirs.py builds it) served by MPS?",
+    "agent/mpsdaemon/pipedirs.py builds it) served by MPS?",
     "poddir-control": "Can a client holding only its pod's MPS directory send control commands (read, change "
     "a default, quit), as root and as another uid?",
     "exclusive-server": "With the GPU in EXCLUSIVE_PROCESS and an MPS server running, is a process without "
     "the pipe directory refused?",
     "exclusive-idle": "With the GPU in EXCLUSIVE_PROCESS and the daemon up but no server started yet, is a "
     "process without the pipe directory refused, and can MPS clients run after it?",
-    "probe-real": "Does the agent's probe (agent/pipedirs.py) find the real daemon's control socket up?",
+    "probe-real": "Does the agent's probe (agent/mpsdaemon/pipedirs.py) find the real daemon's "
+    "control socket "
+    "up?",
     "drain-neighbour": "With one busy MPS client ended through the daemon by the agent's drain "
-    "(agent/drain.py) before SIGKILL, does a busy neighbour on the same server finish, and without the drain "
+    "(agent/mpsdaemon/drain.py) before SIGKILL, does a busy neighbour on the same server finish, and "
+    "without the "
+    "drain "
     "does it fail?",
     "watchdog-plain": "Does NVML's process list of an MPS GPU show a plain process (no pipe directory) and "
-    "the daemon's client, and does the watchdog (agent/watchdog.py), told by the daemon's client list, end "
+    "the daemon's client, and does the watchdog (agent/enforce/watchdog.py), told by the daemon's "
+    "client list, "
+    "end "
     "the plain process and leave the client and the server alone?",
     "share-usable": "How much can a client allocate on a `gpu-memory: 2Gi` share as gpupack sets its env, "
     "against the 2 048 - 514 MiB the docs promise?",

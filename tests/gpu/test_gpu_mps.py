@@ -1,4 +1,4 @@
-"""MPS on a real GPU, through agent/mps.py: the limits a pod's env asks for, and whether they hold.
+"""MPS on a real GPU, through agent/mpsdaemon/mps.py: the limits a pod's env asks for, and whether they hold.
 
 Each test starts its own control daemon the way the MPS daemon pod does (`nvidia-cuda-mps-control -d`, with
 the pod's env) under a private pipe dir, has the agent's supervisor adopt it and set its defaults
@@ -21,7 +21,7 @@ from gpuclients import ClientResult, Clients, wait_for
 from gpuhelpers import Report
 from gpumps import Daemon, mps_processes
 
-from agent.mps import Device, MpsState
+from agent.mpsdaemon.mps import Device, MpsState
 from agent.nvml.base import Nvml
 from app.core import names
 

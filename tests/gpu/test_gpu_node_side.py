@@ -1,5 +1,7 @@
-"""The node side's own code on NVIDIA's daemon: the agent's probe finds it (agent/pipedirs.py), the agent's
-drain before a stop keeps a busy neighbour working (agent/drain.py), and a share's env as gpupack sets it
+"""The node side's own code on NVIDIA's daemon: the agent's probe finds it (agent/mpsdaemon/pipedirs.py), the
+agent's
+drain before a stop keeps a busy neighbour working (agent/mpsdaemon/drain.py), and a share's env as gpupack
+sets it
 gives the memory the docs promise (docs/node-side.md, "Memory a share can use")."""
 
 from __future__ import annotations
@@ -15,10 +17,10 @@ from gpuhelpers import Report
 from gpuhost import REHEARSAL
 from gpumps import Daemon
 
-from agent.drain import drain
-from agent.mpscontrol import Control
+from agent.mpsdaemon.drain import drain
+from agent.mpsdaemon.mpscontrol import Control
+from agent.mpsdaemon.pipedirs import PipeDirs
 from agent.nvml.base import Nvml
-from agent.pipedirs import PipeDirs
 from app.core import names
 
 pytestmark = pytest.mark.gpu

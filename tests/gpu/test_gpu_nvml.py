@@ -29,13 +29,13 @@ from gpuhelpers import (
     sim_reference,
 )
 
-from agent.cgroup import ProcResolver
-from agent.mps import MpsConfig, MpsSupervisor
-from agent.nvml import simfile
+from agent.enforce.cgroup import ProcResolver
+from agent.enforce.verify import Kind, verify
+from agent.mpsdaemon.mps import MpsConfig, MpsSupervisor
 from agent.nvml.base import Nvml, NvmlCode, NvmlError
-from agent.nvml.simulated import SimulatedNvml
-from agent.sample import Sampler
-from agent.verify import Kind, verify
+from agent.nvml.sample import Sampler
+from agent.simgpu import simfile
+from agent.simgpu.simulated import SimulatedNvml
 from app.core.model import Allocation
 from app.core.pods import PodInfo
 

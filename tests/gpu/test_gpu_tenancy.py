@@ -24,8 +24,8 @@ from gpuhelpers import Report
 from gpuhost import NOBODY, namespace_argv, namespaces_missing, root_missing, setpriv_missing
 from gpumps import Daemon, control
 
+from agent.mpsdaemon.pipedirs import PipeDirs
 from agent.nvml.base import ComputeMode, Nvml, NvmlError
-from agent.pipedirs import PipeDirs
 from app.core import names
 
 pytestmark = pytest.mark.gpu

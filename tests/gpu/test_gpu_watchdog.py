@@ -1,9 +1,11 @@
-"""The watchdog (agent/watchdog.py, agent/ending.py) on NVML's real process list, beside NVIDIA's daemon.
+"""The watchdog (agent/enforce/watchdog.py, agent/enforce/ending.py) on NVML's real process list, beside
+NVIDIA's daemon.
 
 UNVERIFIED until run on a GPU: written without one. It asks whether NVML's compute-process list of an MPS
 GPU shows a plain process (a context of its own, no pipe directory) and the daemon's clients and server,
 whether the watchdog, told by the daemon's client list, picks the plain process and leaves the client and
-the server alone, and whether ending it (agent.ending.HostProcesses: SIGKILL through a pidfd) stops it while
+the server alone, and whether ending it (agent.enforce.ending.HostProcesses: SIGKILL through a pidfd) stops
+it while
 the MPS client keeps its memory.
 """
 
@@ -18,13 +20,13 @@ from gpuclients import Clients, wait_for
 from gpuhelpers import Report
 from gpumps import Daemon
 
-from agent import verify
-from agent import watchdog as wd
-from agent.cgroup import PodRef, ProcResolver
-from agent.ending import HostProcesses
-from agent.mpscontrol import Control
+from agent.enforce import verify
+from agent.enforce import watchdog as wd
+from agent.enforce.cgroup import PodRef, ProcResolver
+from agent.enforce.ending import HostProcesses
+from agent.mpsdaemon.mpscontrol import Control
 from agent.nvml.base import Nvml
-from agent.sample import Sampler
+from agent.nvml.sample import Sampler
 from app.core import names
 from app.core.model import Allocation
 from app.core.pods import pod_info

@@ -1,5 +1,6 @@
 """gpupack-runc (handler/, the RuntimeClass handler) run as containerd's shim runs it, answered by the real
-agent.nodeserver on a unix socket; the "real runtime" it hands over to is a script that records what it
+agent.runtime.nodeserver on a unix socket; the "real runtime" it hands over to is a script that records what
+it
 got. What the handler must do: edit only `create` of a Kubernetes container, from the agent's answer, before
 the runtime runs; refuse (exit 1, the reason in runc's JSON log) when the agent cannot answer or says no."""
 
@@ -18,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from agent import mpsprep
-from agent.nodeserver import NodeServer
+from agent.mpsdaemon import mpsprep
+from agent.mpsdaemon.pipedirs import PipeDirs
 from agent.nvml.base import ComputeMode
-from agent.pipedirs import PipeDirs
+from agent.runtime.nodeserver import NodeServer
 from app.core import names
 from app.core.errors import KubeError
 from app.core.model import Allocation
@@ -241,7 +242,8 @@ def test_backend_down_fails_create_with_the_reason(node: Node) -> None:
 
 
 def test_no_ready_record_of_this_boot_fails_create_until_the_daemon_pod_writes_it(node: Node) -> None:
-    """The agent as agent.main wires it: the MPS daemon pod's ready record (agent.mpsprep) is checked."""
+    """The agent as agent.main wires it: the MPS daemon pod's ready record (agent.mpsdaemon.mpsprep) is
+    checked."""
     node.server.stop()
     boot = mpsprep.boot_id()
 
@@ -328,9 +330,9 @@ def test_limits_are_set_by_the_hook_on_the_containers_own_cgroup_and_cleared_by_
     process already in its cgroup), it gets the agent to set the limits there, or fails the create."""
     import yaml
 
-    from agent.limiter import Limiter
-    from agent.memlimits import Capability
-    from agent.nvml.simulated import SimulatedNvml
+    from agent.enforce.limiter import Limiter
+    from agent.enforce.memlimits import Capability
+    from agent.simgpu.simulated import SimulatedNvml
 
     root = v2_root()
     gpus = tmp_path / "gpus.yaml"

@@ -1,5 +1,6 @@
 """A stop of a busy MPS container through gpupack-runc (the RuntimeClass handler), as containerd's shim runs
-it: `runc kill` (and `delete --force`) first asks the real agent.nodeserver to end the container's MPS clients
+it: `runc kill` (and `delete --force`) first asks the real agent.runtime.nodeserver to end the container's
+MPS clients
 through the daemon, so a busy neighbour on the same server finishes its work; with the drain off the
 neighbour fails. The daemon and both CUDA clients are the stand-in (tests/standin/mps_control.py), which
 follows the measured table (docs/node-side.md, "MPS as measured", "Lifetimes": a busy client killed breaks
@@ -23,9 +24,9 @@ import pytest
 from test_runtime_handler import NODE, built, spec, the_pod
 
 from agent.metrics import MPS_STOP_DRAINS
-from agent.mpscontrol import Control
-from agent.nodeserver import NodeServer
-from agent.pipedirs import PipeDirs
+from agent.mpsdaemon.mpscontrol import Control
+from agent.mpsdaemon.pipedirs import PipeDirs
+from agent.runtime.nodeserver import NodeServer
 from app.kube.calls import Request
 
 __all__ = ["built"]  # the handler binary, built once per module

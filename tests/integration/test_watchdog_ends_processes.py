@@ -1,6 +1,7 @@
 """The watchdog in the real agent (agent.main.build, its Runner) over simulated GPUs, against real processes.
 
-A real process holds memory on a simulated GPU through the agent's simulated allocator (agent/simalloc.py,
+A real process holds memory on a simulated GPU through the agent's simulated allocator
+(agent/simgpu/simalloc.py,
 the stand-in CUDA process tests/standin/gpu_alloc.py --hold), so the simulated NVML lists it as NVML lists a
 process with a context. It runs outside any pod: a host process on a GPU gpupack shares. With the watchdog
 on it is ended by SIGKILL; each ending's runtime (from the process's start to its end, as the agent's cycle
@@ -24,12 +25,12 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.cgroup import PodRef
-from agent.ending import HostProcesses, nothing_listens
+from agent.enforce.cgroup import PodRef
+from agent.enforce.ending import HostProcesses, nothing_listens
 from agent.loop import Agent
 from agent.main import Runner, build, sim_allocator
 from agent.settings import Settings
-from agent.simalloc import Allocator
+from agent.simgpu.simalloc import Allocator
 from app.kube.calls import Request
 
 REPO = Path(__file__).resolve().parents[2]

@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent import mpsprep
+from agent.mpsdaemon import mpsprep
 from app.core import names
 from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube

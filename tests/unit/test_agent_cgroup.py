@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from agent import cgroup
-from agent.cgroup import PodRef, ProcResolver
+from agent.enforce import cgroup
+from agent.enforce.cgroup import PodRef, ProcResolver
 
 UID = "0f1c2b3a-4d5e-6f70-8192-a3b4c5d6e7f8"
 SUID = UID.replace("-", "_")  # the systemd driver spells the UID with underscores

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent import mpsprep
+from agent.mpsdaemon import mpsprep
 from agent.nvml.base import ComputeMode, NvmlCode, NvmlError
-from agent.nvml.simulated import SimulatedNvml
+from agent.simgpu.simulated import SimulatedNvml
 
 EXCL, DEFAULT = ComputeMode.EXCLUSIVE_PROCESS, ComputeMode.DEFAULT
 
@@ -64,7 +64,7 @@ def test_exclusive_process_refuses_a_plain_process_beside_mps_clients(tmp_path: 
 
 
 def test_a_bad_compute_mode_in_the_file_names_the_field(tmp_path: Path) -> None:
-    from agent.nvml.simfile import SimFileError, parse
+    from agent.simgpu.simfile import SimFileError, parse
 
     with pytest.raises(SimFileError) as bad:
         parse(

@@ -8,13 +8,13 @@ from typing import Any
 import pytest
 import yaml
 
-from agent import envcheck
 from agent import metrics as agent_metrics
-from agent.cgroup import PodRef
+from agent.enforce import envcheck
+from agent.enforce.cgroup import PodRef
 from agent.loop import Agent, AgentConfig
-from agent.mps import MpsConfig, MpsSupervisor
-from agent.nvml.simulated import SimulatedNvml
-from agent.reporter import ReporterConfig
+from agent.mpsdaemon.mps import MpsConfig, MpsSupervisor
+from agent.report.reporter import ReporterConfig
+from agent.simgpu.simulated import SimulatedNvml
 from app.core import names
 from app.core.model import Allocation
 from app.core.pods import pod_info

@@ -20,10 +20,10 @@ from agent import metrics as agent_metrics
 from agent.command import duration, register, settings_from
 from agent.loop import Agent, AgentConfig
 from agent.main import create_app, reporter_config
-from agent.mps import MpsConfig, MpsSupervisor
-from agent.nvml.simulated import SimulatedNvml
-from agent.reporter import ReporterConfig
+from agent.mpsdaemon.mps import MpsConfig, MpsSupervisor
+from agent.report.reporter import ReporterConfig
 from agent.settings import Settings
+from agent.simgpu.simulated import SimulatedNvml
 from app.core.model import Allocation
 from app.kube.calls import Request
 

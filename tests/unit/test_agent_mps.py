@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.mps import Device, MpsConfig, MpsState, MpsSupervisor
+from agent.mpsdaemon.mps import Device, MpsConfig, MpsState, MpsSupervisor
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin" / "mps_control.py"
 DEVS = [Device("GPU-a", 15109), Device("GPU-b", 22491)]

@@ -10,10 +10,11 @@ import pytest
 import yaml
 
 from agent import metrics as m
-from agent.nvml import pynvml_backend, simfile
+from agent.nvml import pynvml_backend
 from agent.nvml.base import NvmlCode, NvmlError
 from agent.nvml.pynvml_backend import PynvmlBackend, translate
-from agent.nvml.simulated import SimulatedNvml
+from agent.simgpu import simfile
+from agent.simgpu.simulated import SimulatedNvml
 from app.core import catalog
 
 

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from agent.main import reporter_config
-from agent.reporter import Reporter, capacity_grew, significant_change
+from agent.report.reporter import Reporter, capacity_grew, significant_change
 from agent.settings import Settings
 from app.core import names
 from app.core.errors import KubeError
@@ -260,8 +260,8 @@ def test_freed_memory_bumps_the_node_annotation_once(kube: FakeKube) -> None:
 
 def test_foreign_memory_counts_processes_of_no_gpupack_pod() -> None:
     from agent.nvml.base import ProcessInfo
-    from agent.reporter import foreign_mib
-    from agent.sample import GpuSample
+    from agent.nvml.sample import GpuSample
+    from agent.report.reporter import foreign_mib
 
     procs = (ProcessInfo(1, 4000), ProcessInfo(2, 3000), ProcessInfo(3, 900))
     g = GpuSample(0, "GPU-0", "Tesla V100", "V100M16", 16_384, memory_used_mib=8400, processes=procs)

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import ast
+import subprocess
+import sys
 import threading
 from pathlib import Path
 from typing import Any
@@ -11,9 +14,9 @@ from fastapi.testclient import TestClient
 
 from agent.loop import Agent, AgentConfig
 from agent.main import Runner, create_app, reporter_config
-from agent.mps import MpsConfig, MpsSupervisor
-from agent.nvml.simulated import SimulatedNvml
+from agent.mpsdaemon.mps import MpsConfig, MpsSupervisor
 from agent.settings import Settings
+from agent.simgpu.simulated import SimulatedNvml
 from app.kube.calls import Request
 from tests.devcluster import wait_for
 
@@ -76,3 +79,26 @@ def test_the_apps_lifespan_runs_the_cycles(tmp_path: Path) -> None:
         wait_for(lambda: client.get("/healthz").status_code == 200, 10, "healthy after a cycle")
         assert client.get("/healthz").json()["nvml"] is True
     assert runner._thread is not None and not runner._thread.is_alive()  # stopped with the app
+
+
+def test_a_real_node_never_imports_the_simulated_gpu() -> None:
+    """The simulated GPU is a backend chosen by name (--sim): an agent built for real NVML, with MPS and the
+    runtime handler's socket on, has loaded none of it."""
+    probe = (
+        "import sys\n"
+        "from pathlib import Path\n"
+        "import agent.command\n"
+        "from agent.main import build, node_server, sim_allocator\n"
+        "from agent.settings import Settings\n"
+        "s = Settings(node='n1', mps=True, node_socket=Path('/nonexistent/agent.sock'))\n"
+        "agent = build(s, send=lambda r: {}, clock=lambda: 0.0)\n"
+        "assert sim_allocator(s, agent) is None\n"
+        "print(sorted(m for m in sys.modules if m.startswith('agent.')))\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], check=False, capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    loaded = ast.literal_eval(done.stdout.strip().splitlines()[-1])
+    assert "agent.nvml.pynvml_backend" in loaded  # the probe did build the real backend
+    assert [m for m in loaded if m.startswith("agent.simgpu")] == []

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import yaml
 
-from agent.nvml import simfile
 from agent.nvml.base import NvmlCode
-from agent.nvml.simulated import SimulatedNvml
-from agent.sample import Sampler
+from agent.nvml.sample import Sampler
+from agent.simgpu import simfile
+from agent.simgpu.simulated import SimulatedNvml
 
 
 def sampler(path: Path) -> tuple[Sampler, list[NvmlCode]]:

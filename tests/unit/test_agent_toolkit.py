@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from agent import toolkit
+from agent.runtime import toolkit
 
 
 @pytest.mark.parametrize(

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from agent import verify
-from agent.cgroup import PodRef
+from agent.enforce import verify
+from agent.enforce.cgroup import PodRef
+from agent.enforce.verify import Kind
 from agent.nvml.base import MigDeviceInfo, ProcessInfo
-from agent.sample import GpuSample, NodeSample
-from agent.verify import Kind
+from agent.nvml.sample import GpuSample, NodeSample
 from app.core.model import Allocation, mig_index
 from app.core.pods import PodInfo, pod_info
 

@@ -12,18 +12,18 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import verify
-from agent import watchdog as wd
-from agent.cgroup import PodRef
-from agent.ending import Ended
+from agent.enforce import verify
+from agent.enforce import watchdog as wd
+from agent.enforce.cgroup import PodRef
+from agent.enforce.ending import Ended
+from agent.enforce.watchdog import Rule
 from agent.loop import Agent, AgentConfig
-from agent.mps import MpsConfig, MpsSupervisor
+from agent.mpsdaemon.mps import MpsConfig, MpsSupervisor
 from agent.nvml.base import MigDeviceInfo, ProcessInfo
-from agent.nvml.simulated import SimulatedNvml
-from agent.reporter import ReporterConfig
-from agent.sample import GpuSample, NodeSample
+from agent.nvml.sample import GpuSample, NodeSample
+from agent.report.reporter import ReporterConfig
 from agent.settings import Settings
-from agent.watchdog import Rule
+from agent.simgpu.simulated import SimulatedNvml
 from app.core import names
 from app.core.model import Allocation
 from app.core.pods import PodInfo, pod_info

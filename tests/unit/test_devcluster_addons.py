@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
-from agent.nvml import simfile
+from agent.simgpu import simfile
 from app import cli
 from app.core import catalog, names, podview, request
 from tests.devcluster import addons, admission, command, nodeside

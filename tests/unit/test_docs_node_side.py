@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from agent import mpsprep
-from agent.mps import MpsConfig, MpsSupervisor
-from agent.nodeserver import NodeServer
-from agent.pipedirs import PipeDirs
+from agent.mpsdaemon import mpsprep
+from agent.mpsdaemon.mps import MpsConfig, MpsSupervisor
+from agent.mpsdaemon.pipedirs import PipeDirs
+from agent.runtime.nodeserver import NodeServer
 from app.core import names
 from app.core.model import Allocation
 

@@ -18,14 +18,14 @@ from typing import Any
 import pytest
 import yaml
 
-from agent import nodeside
-from agent.limiter import Limiter
-from agent.memlimits import Capability
-from agent.mpsv3 import Namespaces
-from agent.nodeserver import NodeServer
-from agent.nvml.simulated import SimulatedNvml
-from agent.pipedirs import PipeDirs
-from agent.simalloc import Allocator
+from agent.enforce.limiter import Limiter
+from agent.enforce.memlimits import Capability
+from agent.mpsdaemon.mpsv3 import Namespaces
+from agent.mpsdaemon.pipedirs import PipeDirs
+from agent.runtime import nodeside
+from agent.runtime.nodeserver import NodeServer
+from agent.simgpu.simalloc import Allocator
+from agent.simgpu.simulated import SimulatedNvml
 from app.core import names
 from app.core.model import Allocation
 
@@ -222,8 +222,8 @@ def test_the_allocator_knows_its_caller_by_pid_and_cgroup_and_holds_it_to_the_li
 SERVE_IN_OWN_PID_NAMESPACE = """
 import sys, time
 from pathlib import Path
-from agent.nvml.simulated import SimulatedNvml
-from agent.simalloc import Allocator
+from agent.simgpu.simulated import SimulatedNvml
+from agent.simgpu.simalloc import Allocator
 nvml = SimulatedNvml(Path(sys.argv[1]), "gpu-1", state_dir=Path(sys.argv[2]), privileged=True)
 nvml.init()
 Allocator(nvml, Path(sys.argv[3]), Path("/proc"), "/sys/fs/cgroup").start()

@@ -17,9 +17,9 @@ import pytest
 
 from agent.loop import Agent, AgentConfig
 from agent.main import reporter_config
-from agent.mps import MpsConfig, MpsSupervisor
-from agent.nvml.simulated import SimulatedNvml
+from agent.mpsdaemon.mps import MpsConfig, MpsSupervisor
 from agent.settings import Settings
+from agent.simgpu.simulated import SimulatedNvml
 from app.kube import gpunode
 from app.kube.calls import Request
 

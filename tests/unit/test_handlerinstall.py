@@ -1,4 +1,5 @@
-"""agent.handlerinstall: the handler's files appear on install and go on uninstall, never under a running
+"""agent.runtime.handlerinstall: the handler's files appear on install and go on uninstall, never under a
+running
 container, and only an uninstall (the DaemonSet gone or unreadable) removes them."""
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from agent import handlerinstall as hi
+from agent.runtime import handlerinstall as hi
 from app.core.errors import KubeError
 from app.kube.calls import Request
 

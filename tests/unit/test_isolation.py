@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent import isolation as iso
-from agent import mpsprep
-from agent import reporter as rep
 from agent.command import gpu_indexes
 from agent.loop import Agent, AgentConfig
-from agent.mps import MpsConfig, MpsSupervisor
+from agent.mpsdaemon import mpsprep
+from agent.mpsdaemon.mps import MpsConfig, MpsSupervisor
 from agent.nvml.base import ComputeMode
-from agent.nvml.simulated import SimulatedNvml
-from agent.reporter import ReporterConfig
+from agent.report import isolation as iso
+from agent.report import reporter as rep
+from agent.report.reporter import ReporterConfig
+from agent.simgpu.simulated import SimulatedNvml
 from app.core import explain, names, request
 from app.core.errors import Shortfall
 from app.core.isolation import ComputeEnforcement, MemoryEnforcement, Sharing
@@ -51,7 +51,7 @@ M = MemoryEnforcement
 MIB = 40_960
 
 
-# --- what the agent claims (agent.isolation.decide) ---
+# --- what the agent claims (agent.report.isolation.decide) ---
 
 
 @pytest.mark.parametrize(
@@ -352,7 +352,7 @@ def test_a_gpu_busy_at_the_daemons_start_is_placed_by_its_actual_mode_until_swit
         before = GPUNode.of("n1", spec, first).to_model_node()
         got = place([before], HALF_NONE, registry.create("fragaware"))
         assert isinstance(got, Placement) and got.gpus == (1,)
-        # Its MPS pods are not refused by the node side either (agent.mpsprep.readiness).
+        # Its MPS pods are not refused by the node side either (agent.mpsdaemon.mpsprep.readiness).
         assert mpsprep.readiness(pipe, mpsprep.boot_id())([nvml.uuid(1)]) == ""
 
         write_yaml(sim_file, {"gpus": [{"model": "A100-40GB"}, {"model": "A100-40GB"}]})  # it went idle

@@ -1,11 +1,12 @@
-"""agent.memlimits: the container's cgroup from its cgroupsPath, its limits, and whether a node can (pure)."""
+"""agent.enforce.memlimits: the container's cgroup from its cgroupsPath, its limits, and whether a node can
+(pure)."""
 
 from __future__ import annotations
 
 import pytest
 
-from agent import memlimits
-from agent.memlimits import Capability, Limits
+from agent.enforce import memlimits
+from agent.enforce.memlimits import Capability, Limits
 from app.core.model import Allocation
 from app.core.request import GpuRequest
 

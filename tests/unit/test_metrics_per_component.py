@@ -15,9 +15,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from agent.loop import Agent, AgentConfig
 from agent.main import create_app as agent_app
 from agent.main import reporter_config
-from agent.mps import MpsConfig, MpsSupervisor
-from agent.nvml.simulated import SimulatedNvml
+from agent.mpsdaemon.mps import MpsConfig, MpsSupervisor
 from agent.settings import Settings as AgentSettings
+from agent.simgpu.simulated import SimulatedNvml
 from app.core.placement import registry
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache

@@ -1,4 +1,4 @@
-"""agent.nodeside: what each container of a pod gets at the node, or why it is refused (pure)."""
+"""agent.runtime.nodeside: what each container of a pod gets at the node, or why it is refused (pure)."""
 
 from __future__ import annotations
 
@@ -8,8 +8,9 @@ from typing import Any
 
 import pytest
 
-from agent import mpsprep, nodeside
+from agent.mpsdaemon import mpsprep
 from agent.nvml.base import ComputeMode
+from agent.runtime import nodeside
 from app.core import names, podview
 from app.core.model import Allocation
 
@@ -66,7 +67,7 @@ BOOT = "5d1c2e0a-boot"
 
 
 def ready_record(pipe: Path, boot: str, modes: dict[str, ComputeMode]) -> None:
-    """The ready record as the MPS daemon pod's init step writes it (agent.mpsprep.write_ready)."""
+    """The ready record as the MPS daemon pod's init step writes it (agent.mpsdaemon.mpsprep.write_ready)."""
     gpus = [mpsprep.GpuMode(i, uuid, mode) for i, (uuid, mode) in enumerate(modes.items())]
     mpsprep.write_ready(pipe, gpus, boot)
 

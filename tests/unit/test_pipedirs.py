@@ -1,4 +1,5 @@
-"""agent.pipedirs against real unix sockets: each pod's directory reaches the daemon, and only it."""
+"""agent.mpsdaemon.pipedirs against real unix sockets: each pod's directory reaches the daemon, and only
+it."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.pipedirs import PipeDirs
+from agent.mpsdaemon.pipedirs import PipeDirs
 
 
 @pytest.fixture

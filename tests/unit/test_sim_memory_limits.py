@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agent.limiter import Limiter, Record
+from agent.enforce.limiter import Limiter, Record
 from agent.nvml.base import MEMORY_LIMIT_MAX, NvmlCode, NvmlError
-from agent.nvml.simlimits import Refused
-from agent.nvml.simulated import SimulatedNvml
+from agent.simgpu.simlimits import Refused
+from agent.simgpu.simulated import SimulatedNvml
 
 MIB = 1 << 20
 ROOT = "/sys/fs/cgroup"

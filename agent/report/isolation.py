@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from agent import memlimits
+from agent.enforce import memlimits
 from agent.nvml.base import ComputeMode
 from app.core.isolation import ComputeEnforcement, MemoryEnforcement, Sharing, compute_enforcement
 from app.kube.gpunode import GpuIsolation
@@ -30,7 +30,8 @@ class NodeFacts:
     daemon_memory_cap: bool = False  # GpuFacts.daemon_memory_cap
     # The node side sets per-cgroup limits on every GPU container wherever the driver can take them (the
     # handler answers, the NVML binding has the calls, cgroup v2 is where the driver reads it:
-    # agent.memlimits.host_capability). A GPU claims `per-cgroup` only where its driver is r615+ as well.
+    # agent.enforce.memlimits.host_capability). A GPU claims `per-cgroup` only where its driver is r615+ as
+    # well.
     per_cgroup_memory: bool = False
 
     def of(self, compute_mode: ComputeMode | None, mps_serving: bool, driver_version: str) -> GpuFacts:
@@ -48,7 +49,7 @@ class GpuFacts:
     compute_mode: ComputeMode | None  # NVML's reading; None: it could not tell
     # The node's MPS control daemon answers and has the agent's defaults (MpsState.RUNNING).
     mps_serving: bool
-    # The daemon caps every client's pinned memory (agent.mps.defaultPinnedMemLimitMiB is set): a client
+    # The daemon caps every client's pinned memory (agent.mps.defaultPinnedMemoryLimitMiB is set): a client
     # cannot raise its limit past it by editing its env.
     daemon_memory_cap: bool = False
     # The node side sets each GPU container's own memory limit through the driver (NVML r615+

@@ -27,10 +27,10 @@ import struct
 import threading
 from pathlib import Path
 
-from agent import memlimits
+from agent.enforce import memlimits
 from agent.nvml.base import MEMORY_LIMIT_MAX, NvmlError
-from agent.nvml.simlimits import Refused
-from agent.nvml.simulated import SimulatedNvml
+from agent.simgpu.simlimits import Refused
+from agent.simgpu.simulated import SimulatedNvml
 from app.core import log
 
 _log = log.get("gpupack.agent.simalloc")

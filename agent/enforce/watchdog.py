@@ -1,9 +1,11 @@
 """Which compute processes on shared GPUs must be ended, and which pods evicted for it (pure).
 
-Each agent cycle the loop hands over what it read: NVML's per-GPU process lists (agent.sample), each pid's
-pod (its cgroup, agent.cgroup) and command name, the node's gpupack pods and their allocation check
-(agent.verify), and the MPS daemon's servers and clients. `decide` names every process that is not where
-its allocation says, with the rule it breaks; the loop ends them (agent.ending) and tells their pods.
+Each agent cycle the loop hands over what it read: NVML's per-GPU process lists (agent.nvml.sample), each
+pid's
+pod (its cgroup, agent.enforce.cgroup) and command name, the node's gpupack pods and their allocation check
+(agent.enforce.verify), and the MPS daemon's servers and clients. `decide` names every process that is not
+where
+its allocation says, with the rule it breaks; the loop ends them (agent.enforce.ending) and tells their pods.
 
 What counts as where its allocation says, on a GPU gpupack shares (not MIG-enabled):
 - a process of a gpupack pod whose allocation names the GPU, in the pod's GPU container, with the pod's
@@ -24,9 +26,9 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from agent.cgroup import PodRef
-from agent.sample import NodeSample
-from agent.verify import Kind, Verdict
+from agent.enforce.cgroup import PodRef
+from agent.enforce.verify import Kind, Verdict
+from agent.nvml.sample import NodeSample
 from app.core import podview
 from app.core.model import Demand
 from app.core.pods import PodInfo

@@ -1,21 +1,24 @@
 """The agent's answer to the RuntimeClass handler: a unix socket, one JSON line in, one JSON line out.
 
-Each connection carries one question (agent.nodeside.Ask). The pod is read from the apiserver at that
+Each connection carries one question (agent.runtime.nodeside.Ask). The pod is read from the apiserver at that
 moment (a fresh list by name; the agent's periodic listing may predate a pod bound a second ago), the
-answer computed by agent.nodeside, and the pod's MPS directory prepared by agent.pipedirs. Every failure
+answer computed by agent.runtime.nodeside, and the pod's MPS directory prepared by agent.mpsdaemon.pipedirs.
+Every failure
 is an answer with a reason, never a dropped connection: the handler fails the container's OCI `create`
 with it, which the pod's status shows. While the agent is down or restarting nothing listens, the
 handler's connect fails, and it refuses the container with that.
 
-Per-cgroup GPU memory limits (agent.memlimits, agent.limiter), where the node can carry them: the create's
+Per-cgroup GPU memory limits (agent.enforce.memlimits, agent.enforce.limiter), where the node can carry them:
+the create's
 answer asks the handler for its createRuntime hook; the hook's `start` (the container's cgroup exists, its
 first process has not run) is answered once the limits are set on that cgroup for every GPU of the
 allocation, or refused (the container does not start); `delete` clears them. With MPS v3
-(agent.mpsv3) each GPU container gets a namespace of its own at create, deleted with it.
+(agent.mpsdaemon.mpsv3) each GPU container gets a namespace of its own at create, deleted with it.
 
 A stop of a running container (`runc kill`, `runc delete --force`, seen by the handler before it passes
 them on) is a `stop` carrying the container's host pids: its MPS clients are ended through the daemon first
-(agent.drain), within `drain_timeout_s`, and the handler's stop goes on whatever the outcome; a drain that
+(agent.mpsdaemon.drain), within `drain_timeout_s`, and the handler's stop goes on whatever the outcome; a
+drain that
 did not finish is logged, counted and told to the pod with an Event (`GPUStopNotDrained`).
 
 A maintenance thread renews the pods' links to the MPS daemon, removes the directories of pods that left
@@ -33,14 +36,15 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from agent import memlimits, nodeside, verify
-from agent.drain import Drained, drain
-from agent.limiter import Limiter, Record
-from agent.memlimits import Capability
+from agent.enforce import memlimits, verify
+from agent.enforce.limiter import Limiter, Record
+from agent.enforce.memlimits import Capability
 from agent.metrics import MPS_STOP_DRAINS, WRITES, AgentWrite, AgentWriteResult, DrainOutcome
-from agent.mpscontrol import Control
-from agent.mpsv3 import Namespaces
-from agent.pipedirs import PipeDirs
+from agent.mpsdaemon.drain import Drained, drain
+from agent.mpsdaemon.mpscontrol import Control
+from agent.mpsdaemon.mpsv3 import Namespaces
+from agent.mpsdaemon.pipedirs import PipeDirs
+from agent.runtime import nodeside
 from app.core import log, podview
 from app.core.errors import KubeError
 from app.kube import paths
@@ -88,7 +92,8 @@ class NodeServer:
         self.send = send
         self.maintenance_s = maintenance_s
         self.mps_not_ready = mps_not_ready
-        # Why the MPS daemon may serve no new client now (agent.mps.MpsSupervisor.not_ready): its defaults
+        # Why the MPS daemon may serve no new client now (agent.mpsdaemon.mps.MpsSupervisor.not_ready): its
+        # defaults
         # not applied and read back on the daemon behind the socket. A client started then would run
         # without them.
         self.daemon_not_ready = daemon_not_ready

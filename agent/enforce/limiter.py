@@ -1,6 +1,7 @@
 """Sets and clears each container's per-cgroup GPU memory limits through NVML, and remembers what it set.
 
-Driven by the node server (agent.nodeserver): `apply` when the runtime handler's createRuntime hook reports a
+Driven by the node server (agent.runtime.nodeserver): `apply` when the runtime handler's createRuntime hook
+reports a
 new container instance (its cgroup exists, its first process has not run), `clear` when the handler passes
 on the container's `runc delete`, and `sweep` for containers whose pod has left the node (a missed delete:
 the agent was down). Clearing zeroes the soft limit and lifts the hard one (NVML: soft 0, hard
@@ -20,8 +21,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from agent.memlimits import Limits
-from agent.mpsv3 import Namespaces
+from agent.enforce.memlimits import Limits
+from agent.mpsdaemon.mpsv3 import Namespaces
 from agent.nvml.base import MEMORY_LIMIT_MAX, Nvml, NvmlCode, NvmlError
 from app.core import log
 

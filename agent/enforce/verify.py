@@ -7,8 +7,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
-from agent.cgroup import PodRef
-from agent.sample import NodeSample
+from agent.enforce.cgroup import PodRef
+from agent.nvml.sample import NodeSample
 from app.core import names
 from app.core.model import mig_index
 from app.core.pods import PodInfo

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from agent.mpscontrol import Control, number
+from agent.mpsdaemon.mpscontrol import Control, number
 from app.core import log, names
 from app.kube.gpunode import ISOLATION_MPS, ISOLATION_NONE, MpsStatus
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agent.cgroup import PodRef
-from agent.nvml import simfile
+from agent.enforce.cgroup import PodRef
 from agent.nvml.base import (
     MEMORY_LIMIT_MAX,
     MEMORY_LIMITS_DRIVER_MAJOR,
@@ -19,11 +18,12 @@ from agent.nvml.base import (
     ProcessInfo,
     Utilization,
 )
-from agent.nvml.simfile import SimFileError, SimGpu, SimProcess, SimSet
-from agent.nvml.simlimits import LimitTable, Refused
+from agent.simgpu import simfile
+from agent.simgpu.simfile import SimFileError, SimGpu, SimProcess, SimSet
+from agent.simgpu.simlimits import LimitTable, Refused
 from app.core import log
 
-_log = log.get("gpupack.agent.nvml.sim")
+_log = log.get("gpupack.agent.simgpu")
 
 
 class SimulatedNvml:
@@ -39,7 +39,7 @@ class SimulatedNvml:
     without `mps: true` on a GPU in EXCLUSIVE_PROCESS is refused its context, as NVML's driver refuses it,
     when an MPS client or another process holds the GPU: it is not among the GPU's processes.
 
-    Per-cgroup memory limits (driver r615+, agent.nvml.simlimits) are kept in the same state directory.
+    Per-cgroup memory limits (driver r615+, agent.simgpu.simlimits) are kept in the same state directory.
     `cgroup_root` is where the node's cgroup v2 hierarchy is mounted: /sys/fs/cgroup on a v2 node, as
     NVIDIA requires; /sys/fs/cgroup/unified on a hybrid node, which only the simulation accepts.
     """
@@ -212,7 +212,7 @@ class SimulatedNvml:
         if g.mig_enabled:
             raise NvmlError(NvmlCode.NO_PERMISSION, "process query on a MIG-enabled GPU")
         listed = tuple(ProcessInfo(p.pid, p.used_mib) for p in self._admitted(g))
-        # Real processes the simulated allocator serves (agent.simalloc) have a context too.
+        # Real processes the simulated allocator serves (agent.simgpu.simalloc) have a context too.
         real = self.limits.holders(g.uuid)
         return listed + tuple(ProcessInfo(pid, real[pid] >> 20) for pid in sorted(real))
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from agent.nvml.base import ComputeMode, NvmlCode
+from agent.nvml.base import BackendConfigError, ComputeMode, NvmlCode
 from app.core import catalog
 from app.core.errors import FieldError, InputError
 
@@ -21,7 +21,7 @@ QUERIES = ("power", "temperature", "ecc", "utilization")
 _UUID_NS = uuidlib.UUID("6f1d3c52-2b7e-4d0a-9a51-1f0c7d6b9e10")  # fixed, so simulated UUIDs are stable
 
 
-class SimFileError(InputError):
+class SimFileError(InputError, BackendConfigError):
     """A simulated GPU set file that breaks one or more rules; lists every broken field."""
 
     def __init__(self, source: str, errors: list[FieldError]) -> None:

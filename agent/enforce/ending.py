@@ -1,9 +1,11 @@
-"""Ending one host process for the watchdog (agent.watchdog): an MPS client through the daemon first, then
+"""Ending one host process for the watchdog (agent.enforce.watchdog): an MPS client through the daemon first,
+then
 SIGKILL by its host pid.
 
 Measured (docs/node-side.md, "MPS as measured"): a busy MPS client killed outright makes every other client
 of its server fail with cudaErrorIllegalAddress; ended first with `terminate_client`, it fails alone. So a
-process the daemon lists as a client is drained (agent.drain) before the signal. The signal goes through a
+process the daemon lists as a client is drained (agent.mpsdaemon.drain) before the signal. The signal goes
+through a
 pidfd opened before the pid is checked again, so a pid that was reused between NVML's list and the signal
 is never hit: the process behind the pidfd is the one whose cgroup was read.
 """
@@ -18,9 +20,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent import drain as drains
-from agent.cgroup import PodRef, ProcResolver
-from agent.mpscontrol import Control
+from agent.enforce.cgroup import PodRef, ProcResolver
+from agent.mpsdaemon import drain as drains
+from agent.mpsdaemon.mpscontrol import Control
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 

@@ -6,8 +6,8 @@ from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent import isolation as iso
-from agent.sample import GpuSample, NodeSample
+from agent.nvml.sample import GpuSample, NodeSample
+from agent.report import isolation as iso
 from app.core import log
 from app.core.errors import KubeError
 from app.core.pods import PodInfo

@@ -77,7 +77,7 @@ class ProcResolver:
 
 
 class Listed(Protocol):
-    """A simulated GPU set (agent.nvml.simulated): the processes its file lists, and their pods."""
+    """A simulated GPU set (agent.simgpu.simulated): the processes its file lists, and their pods."""
 
     def owners(self) -> Mapping[int, object]: ...
     def pod_of(self, pid: int) -> PodRef | None: ...

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 
-from agent.mpscontrol import Control
+from agent.mpsdaemon.mpscontrol import Control
 
 
 @dataclass(frozen=True, slots=True)

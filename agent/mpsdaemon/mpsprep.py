@@ -112,7 +112,7 @@ def not_ready(pipe_dir: Path, uuids: list[str], want: ComputeMode | None, boot: 
 
 
 def readiness(pipe_dir: Path, boot: str) -> Callable[[Sequence[str]], str]:
-    """The node side's check before an MPS client starts (agent.nodeside.decide's `mps_not_ready`).
+    """The node side's check before an MPS client starts (agent.runtime.nodeside.decide's `mps_not_ready`).
 
     Only that the daemon pod prepared the node on this boot, whatever each GPU's mode: a GPU that was busy
     then is still in DEFAULT, an MPS client works there, and the agent switches it once it is idle. Its
