@@ -13,7 +13,7 @@ from typing import Any, Final
 
 import pydantic_core
 
-from app.core import managed, names, nearmiss, podview, quota, request, units
+from app.core import allocenv, managed, names, nearmiss, podview, quota, request, units
 from app.core.errors import RequestError
 from app.core.jsonpointer import pointer
 from app.core.podview import ContainerView, PodView
@@ -220,29 +220,10 @@ def _env_clashes(c: ContainerView, wanted: Sequence[dict[str, Json]], req: GpuRe
 
 
 def gpu_env(req: GpuRequest, pipe_dir: str = names.MPS_PIPE_DIRECTORY) -> list[dict[str, Json]]:
-    """Env for the GPU container. Values come from the allocation annotations the extender writes at bind.
-
-    Both *_VISIBLE_DEVICES use the GPU UUIDs: the toolkit renumbers the devices it exposes from 0, so
-    a host index in CUDA_VISIBLE_DEVICES would name the wrong GPU, while CUDA accepts UUIDs either way.
-    A missing annotation resolves to "", which both read as "no GPU" (fails closed). `pipe_dir` is where
-    the container mounts the node's MPS pipe directory. A burstable pod (gpu-memory-limit) also gets its
-    hard cap; its MPS pinned limit is that cap (the allocation writes it so), its memory limit the request.
-    """
-    env = [
-        _field(names.ENV_NVIDIA_VISIBLE_DEVICES, names.ALLOC_GPU_UUIDS),
-        _field(names.ENV_CUDA_VISIBLE_DEVICES, names.ALLOC_GPU_UUIDS),
-        _field(names.ENV_MEMORY_LIMIT_MIB, names.ALLOC_MEMORY_LIMIT_MIB),
-    ]
-    if req.burstable:  # the cap above the request, as the extender wrote it
-        env.append(_field(names.ENV_MEMORY_HARD_LIMIT_MIB, names.ALLOC_MEMORY_HARD_LIMIT_MIB))
-    if req.isolation is Isolation.MPS:
-        # Without MPS these would be inert, and without the pipe mount the client cannot reach a daemon.
-        env += [
-            _field(names.ENV_MPS_THREAD_PERCENTAGE, names.ALLOC_THREAD_PERCENTAGE),
-            _field(names.ENV_MPS_MEMORY_LIMIT, names.ALLOC_MPS_MEMORY_LIMIT),
-            _value(names.ENV_MPS_PIPE_DIRECTORY, pipe_dir),
-        ]
-    return env
+    """Env for the GPU container (app.core.allocenv): fieldRefs to the allocation annotations the extender
+    writes at bind, and the MPS pipe directory `pipe_dir` where the container mounts it."""
+    table = allocenv.gpu_env(burstable=req.burstable, mps=req.isolation is Isolation.MPS, pipe_dir=pipe_dir)
+    return [_field(v.name, v.annotation) if v.annotation else _value(v.name, v.value) for v in table]
 
 
 def node_requirements(req: GpuRequest) -> list[dict[str, Json]]:

@@ -11,21 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from app.core import names
+from app.core import allocenv, names
 from app.core.pods import PodInfo
-
-# Env var -> the allocation annotation the webhook's fieldRef reads it from.
-FROM_ANNOTATION: Mapping[str, str] = {
-    names.ENV_NVIDIA_VISIBLE_DEVICES: names.ALLOC_GPU_UUIDS,
-    names.ENV_CUDA_VISIBLE_DEVICES: names.ALLOC_GPU_UUIDS,
-    names.ENV_MPS_THREAD_PERCENTAGE: names.ALLOC_THREAD_PERCENTAGE,
-    names.ENV_MPS_MEMORY_LIMIT: names.ALLOC_MPS_MEMORY_LIMIT,
-    names.ENV_MEMORY_LIMIT_MIB: names.ALLOC_MEMORY_LIMIT_MIB,
-}
-# Set on a burstable pod's GPU container only, so checked only when present (like the MPS ones).
-BURSTABLE: Mapping[str, str] = {names.ENV_MEMORY_HARD_LIMIT_MIB: names.ALLOC_MEMORY_HARD_LIMIT_MIB}
-# Always set on the GPU container; the MPS ones are absent with isolation none, so checked only when present.
-REQUIRED = (names.ENV_NVIDIA_VISIBLE_DEVICES, names.ENV_CUDA_VISIBLE_DEVICES)
 
 
 def parse_environ(raw: bytes) -> dict[str, str]:
@@ -50,12 +37,14 @@ def mismatches(pod: PodInfo, container: str, env: Mapping[str, str]) -> tuple[st
         return ()
     want = pod.allocation.to_annotations()
     out = []
-    for var, annotation in {**FROM_ANNOTATION, **BURSTABLE}.items():
-        if var not in env and var not in REQUIRED:
+    # Each variable read from the allocation: those every GPU container has, and the others where present
+    # (the MPS and burstable ones depend on the request).
+    for var in allocenv.ANY_GPU_ENV:
+        if not var.annotation or (var.name not in env and not var.always):
             continue
-        have = env.get(var, "")
-        if have != want.get(annotation, ""):
-            out.append(_differs(var, have, want.get(annotation, "")))
+        have = env.get(var.name, "")
+        if have != want.get(var.annotation, ""):
+            out.append(_differs(var.name, have, want.get(var.annotation, "")))
     return tuple(out)
 
 

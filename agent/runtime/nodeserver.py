@@ -1,10 +1,10 @@
 """The agent's answer to the RuntimeClass handler: a unix socket, one JSON line in, one JSON line out.
 
-Each connection carries one question (agent.runtime.nodeside.Ask). The pod is read from the apiserver at that
-moment (a fresh list by name; the agent's periodic listing may predate a pod bound a second ago), the
-answer computed by agent.runtime.nodeside, and the pod's MPS directory prepared by agent.mpsdaemon.pipedirs.
-Every failure
-is an answer with a reason, never a dropped connection: the handler fails the container's OCI `create`
+Each connection carries one question (agent.runtime.nodeside). At a container's `create` the pod is read
+from the apiserver (a fresh list by name; the agent's periodic listing may predate a pod bound a second
+ago), its grant decided by agent.runtime.nodeside and kept (agent.runtime.grants) for the same container's
+hook, stop and delete, and the pod's MPS directory prepared by agent.mpsdaemon.pipedirs. Every failure is
+an answer with a reason, never a dropped connection: the handler fails the container's OCI `create`
 with it, which the pod's status shows. While the agent is down or restarting nothing listens, the
 handler's connect fails, and it refuses the container with that.
 
@@ -45,6 +45,7 @@ from agent.mpsdaemon.mpscontrol import Control
 from agent.mpsdaemon.mpsv3 import Namespaces
 from agent.mpsdaemon.pipedirs import PipeDirs
 from agent.runtime import nodeside
+from agent.runtime.grants import Grants
 from app.core import log, podview
 from app.core.errors import KubeError
 from app.kube import paths
@@ -104,6 +105,7 @@ class NodeServer:
         self.mps_control = mps_control  # the daemon's control client (None: no MPS on this node)
         self.drain_timeout_s = drain_timeout_s  # 0: stops are not drained
         self.clock = clock
+        self.grants = Grants()  # each container's grant from its create, for its hook, stop and delete
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -121,15 +123,22 @@ class NodeServer:
             return self._ended(message)
         if isinstance(message, nodeside.Stopping):
             return self._stopping(message)
-        ask = message.ask if isinstance(message, nodeside.Start) else message
-        grant = self._grant(ask)
+        if isinstance(message, nodeside.Start):
+            # The grant its create decided; decided again from the pod only where this agent has none (it
+            # restarted between the container's create and its hook).
+            kept = self.grants.of(message.ask.container_id, message.ask.pod_uid)
+            grant = kept if kept is not None else self._grant(message.ask)
+            return grant if isinstance(grant, nodeside.Answer) else self._start(message, grant)
+        grant = self._grant(message)
         if isinstance(grant, nodeside.Answer):
             return grant
-        if isinstance(message, nodeside.Start):
-            return self._start(message, grant)
-        return self._create(ask, grant)
+        answer = self._create(message, grant)
+        if answer.allowed:
+            self.grants.keep(message.container_id, message.pod_uid, grant)
+        return answer
 
     def _grant(self, ask: nodeside.Ask) -> nodeside.Grant | nodeside.Answer:
+        """The container's grant from one read of its pod (a refusal where there is none)."""
         try:
             listed = self.send(read_pod(ask.namespace, ask.name))
         except KubeError as exc:
@@ -197,6 +206,10 @@ class NodeServer:
         if self.mps_control is None or self.drain_timeout_s <= 0:
             MPS_STOP_DRAINS.labels(outcome=DrainOutcome.OFF).inc()
             return nodeside.Answer(True, "not drained: draining is off")
+        kept = self.grants.of(stop.ask.container_id, stop.ask.pod_uid)
+        if kept is not None and not kept.mps:  # granted no MPS directory at create: no client to end
+            MPS_STOP_DRAINS.labels(outcome=DrainOutcome.NO_CLIENTS).inc()
+            return nodeside.Answer(True)
         control = Control(self.mps_control.binary, self.mps_control.pipe_dir, self.drain_timeout_s)
         done = drain(control, stop.pids, self.drain_timeout_s)
         ask = stop.ask
@@ -228,6 +241,7 @@ class NodeServer:
         WRITES.labels(kind=AgentWrite.EVENT, result=AgentWriteResult.OK).inc()
 
     def _ended(self, ended: nodeside.Ended) -> nodeside.Answer:
+        self.grants.forget(ended.container_id)
         if self.limiter is not None:
             self.limiter.clear(ended.container_id)
         return nodeside.Answer(True)
@@ -288,6 +302,7 @@ class NodeServer:
             _log.warning("node-side maintenance: listing pods failed", extra={"error": exc.message})
             return
         keep = {str((p.get("metadata") or {}).get("uid") or "") for p in listed.get("items", [])}
+        self.grants.prune(keep)
         removed = self.pipe_dirs.prune(keep, older_than_s=2 * self.maintenance_s)
         if removed:
             _log.info("removed MPS directories of pods gone from the node", extra={"pods": removed})

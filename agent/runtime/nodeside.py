@@ -30,14 +30,13 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from agent.enforce import envcheck, memlimits
+from agent.enforce import memlimits
 from agent.enforce.memlimits import Limits
-from app.core import names, request
-from app.core.pods import info_of, is_gpupack
+from app.core import allocenv, names, request
+from app.core.pods import allocation_of, is_gpupack
 from app.core.podview import PodView
 from app.core.request import GpuRequest, Isolation
 
-MPS_ONLY = (names.ENV_MPS_THREAD_PERCENTAGE, names.ENV_MPS_MEMORY_LIMIT)
 # NVIDIA's memory-limit hook reads these (singular in the merged toolkit change, plural as KAI injects them;
 # which spellings a given toolkit reads is UNVERIFIED, so both go).
 NVIDIA_MEMORY_LIMIT_ENV = (
@@ -240,32 +239,31 @@ def decide(
             f"{ask.where} is no gpupack pod (no {names.DOMAIN}/* request): gpupack's RuntimeClass serves "
             "only pods the gpupack webhook admitted; remove spec.runtimeClassName"
         )
-    info = info_of(pod)
-    if ask.container != info.gpu_container:
+    if ask.container != (pod.gpu_container or ""):
         return Grant({names.ENV_NVIDIA_VISIBLE_DEVICES: names.NO_GPU})
-    if info.allocation is None:
-        why = info.allocation_error or "it has no allocation annotations (it was never placed by gpupack)"
+    allocation, allocation_error = allocation_of(pod)
+    if allocation is None:
+        why = allocation_error or "it has no allocation annotations (it was never placed by gpupack)"
         return refuse(f"the allocation of {ask.where} cannot be read: {why}")
-    if info.allocation.node != node:
-        return refuse(f"{ask.where} holds an allocation on node {info.allocation.node!r}, not {node!r}")
+    if allocation.node != node:
+        return refuse(f"{ask.where} holds an allocation on node {allocation.node!r}, not {node!r}")
     parsed = request.parse(pod)
     if not isinstance(parsed, GpuRequest):
         return refuse(f"the GPU request of {ask.where} is invalid: " + "; ".join(map(str, parsed)))
-    alloc = info.allocation.to_annotations()
+    alloc = allocation.to_annotations()
     mps = parsed.isolation is Isolation.MPS
-    if mps and (why := mps_not_ready(info.allocation.gpu_uuids)):
+    if mps and (why := mps_not_ready(allocation.gpu_uuids)):
         return refuse(f"container {ask.container!r} of {ask.where} would be an MPS client too early: {why}")
-    env = {var: alloc[ann] for var, ann in envcheck.FROM_ANNOTATION.items() if mps or var not in MPS_ONLY}
-    if mps:
-        env[names.ENV_MPS_PIPE_DIRECTORY] = names.MPS_PIPE_DIRECTORY
+    table = allocenv.gpu_env(burstable=parsed.burstable, mps=mps)
+    env = {v.name: alloc.get(v.annotation, "") if v.annotation else v.value for v in table}
     return Grant(
         env,
         mps=mps,
         unset=NVIDIA_MEMORY_LIMIT_ENV,
         # MIG devices carry no per-cgroup limits (NVIDIA: memory partitioning does not support MIG).
-        limits=None if parsed.isolation is Isolation.MIG else memlimits.limits_of(parsed, info.allocation),
-        gpu_uuids=info.allocation.gpu_uuids,
-        thread_percentage=info.allocation.thread_percentage,
+        limits=None if parsed.isolation is Isolation.MIG else memlimits.limits_of(parsed, allocation),
+        gpu_uuids=allocation.gpu_uuids,
+        thread_percentage=allocation.thread_percentage,
     )
 
 

@@ -64,14 +64,17 @@ def pod_info(pod: Mapping[str, Any]) -> PodInfo:
     return info_of(podview.read(pod))
 
 
+def allocation_of(view: PodView) -> tuple[Allocation | None, str]:
+    """The allocation the pod's annotations record (None when absent), or why it cannot be read."""
+    try:
+        return Allocation.from_annotations(view.annotations), ""
+    except ValueError as exc:
+        return None, str(exc)
+
+
 def info_of(view: PodView) -> PodInfo:
     """The record of a pod already read."""
-    allocation: Allocation | None = None
-    error = ""
-    try:
-        allocation = Allocation.from_annotations(view.annotations)
-    except ValueError as exc:
-        error = str(exc)
+    allocation, error = allocation_of(view)
     return PodInfo(
         uid=view.uid,
         namespace=view.namespace,

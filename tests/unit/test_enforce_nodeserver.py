@@ -20,13 +20,14 @@ import yaml
 
 from agent.enforce.limiter import Limiter
 from agent.enforce.memlimits import Capability
+from agent.mpsdaemon.mpscontrol import Control
 from agent.mpsdaemon.mpsv3 import Namespaces
 from agent.mpsdaemon.pipedirs import PipeDirs
 from agent.runtime import nodeside
 from agent.runtime.nodeserver import NodeServer
 from agent.simgpu.simalloc import Allocator
 from agent.simgpu.simulated import SimulatedNvml
-from app.core import names
+from app.core import names, request
 from app.core.model import Allocation
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin" / "mps_control.py"
@@ -280,3 +281,56 @@ def test_an_agent_restarted_between_create_and_hook_and_again_before_delete_lose
         .allowed
     )
     assert again.limits.limited(uuid) == {} and list((where / "records").iterdir()) == []
+
+
+def test_one_container_is_read_and_parsed_once_for_its_create_hook_stop_and_delete(
+    where: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An MPS container with per-cgroup limits asks the agent four times (create, the createRuntime hook, a
+    stop, the delete): its pod is read from the apiserver and its request parsed once, at create; the hook
+    sets the limits create granted, the stop drains through the daemon, the delete clears them."""
+    env = dict(
+        os.environ, CUDA_MPS_PIPE_DIRECTORY=str(where / "pipe"), CUDA_MPS_LOG_DIRECTORY=str(where / "log")
+    )
+    (where / "pipe").mkdir()
+    subprocess.run([sys.executable, str(STANDIN), "-d"], env=env, check=True, timeout=20)
+    try:
+        nvml = gpu(where)
+        uuid = nvml.uuid(0)
+        # as the extender writes a burstable pod's allocation: its cap above the request
+        pod = the_pod(uuid, {**BURST, names.ISOLATION: "mps", names.ALLOC_MEMORY_HARD_LIMIT_MIB: "8192"})
+        reads: list[str] = []
+
+        def send(req: Any) -> dict[str, Any]:
+            if req.method == "GET":
+                reads.append(req.path)
+            return {"items": [pod]}
+
+        parses = []
+        parse = request.parse
+
+        def counted(view: Any) -> Any:
+            parses.append(view.name)
+            return parse(view)
+
+        monkeypatch.setattr(request, "parse", counted)
+        s = NodeServer(
+            where / "agent.sock", NODE, PipeDirs(where / "pipe"), send,
+            limiter=Limiter(lambda: nvml, where / "records"), capability=lambda: CAN,
+            mps_control=Control(str(STANDIN), str(where / "pipe")),
+        )  # fmt: skip
+        created = s.reply(line())
+        assert created.allowed and created.hook, created.reason
+        assert created.env[names.ENV_MPS_PIPE_DIRECTORY] == names.MPS_PIPE_DIRECTORY
+        assert created.env[names.ENV_MEMORY_HARD_LIMIT_MIB] == "8192"  # burstable: its cap, as the webhook's
+        assert s.reply(start()).allowed
+        assert nvml.limits.limited(uuid)[ROOT + LEAF]["hard"] == 8192 * MIB
+        stopped = s.reply(line(op="stop", pids=[os.getpid()]))  # no MPS client among them: nothing to end
+        assert stopped.allowed, stopped.reason
+        assert s.reply(json.dumps({"op": "delete", "container_id": "c1"}).encode()).allowed
+        assert nvml.limits.limited(uuid) == {} and len(s.grants) == 0
+        assert (len(reads), parses) == (1, ["burst"])
+    finally:
+        subprocess.run(
+            [sys.executable, str(STANDIN)], input="quit\n", env=env, text=True, timeout=20, check=False
+        )
