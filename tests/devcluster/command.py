@@ -4,6 +4,7 @@ nodes, kept running in the background."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections.abc import Sequence
@@ -247,7 +248,11 @@ def cmd_up(args: argparse.Namespace) -> int:
             if args.real_node:
                 node = kubeletnode.RealNode.of(cluster)
                 progress(f"real node {node.name}: containerd + kubelet")
-                kubeletnode.start(cluster, node, progress)
+                claim = kubeletnode.claim_machine(cluster.dir, wait=False)
+                try:
+                    kubeletnode.start(cluster, node, progress)
+                finally:
+                    os.close(claim)  # the node's containerd now says who owns the machine's real node
                 kubeletnode.as_gpu_node(cluster, node, model, args.gpus_per_node)
                 nodes.append(node.name)
                 # The chart's node side on the real node (nodeside.py); every path inside the cluster dir.

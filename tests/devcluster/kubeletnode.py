@@ -16,6 +16,7 @@ forwards to it: pods on the node's bridge reach the API there (see README, "A re
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import json
 import os
 import shutil
@@ -61,6 +62,12 @@ DEVICE_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 CNI_RESULTS_DIR = Path("/var/lib/cni/results")
 KUBEPODS = "kubepods"
 META_KEY = "real_node"
+# One real node per machine: its name, bridge, cgroup root and CNI files are fixed, so a second one at the
+# same time (another checkout's test run or dev cluster) would take the first one's containers down. A test
+# run holds MACHINE_LOCK for its life; a dev cluster, whose processes outlive the command that started them,
+# records itself in MACHINE_OWNER (its containerd) until `down`.
+MACHINE_LOCK = Path("/tmp/gpupack-real-node.lock")
+MACHINE_OWNER = Path("/tmp/gpupack-real-node.owner.json")
 TAINT_KEY = str(realnode.NODE_TAINT["key"])
 
 
@@ -267,6 +274,53 @@ def create_bridge(node: RealNode) -> None:
     _run(["ip", "link", "set", node.bridge, "up"], "bring the CNI bridge up")
 
 
+def claim_machine(cluster_dir: Path, wait: bool) -> int:
+    """Take this machine's real node for the cluster in `cluster_dir`: the lock (waiting for a test run that
+    holds it where `wait`), then no other dev cluster's real node may be running. Returns the lock's fd: a
+    test run keeps it open for its life, a dev cluster closes it once its node runs (start records it)."""
+    fd = os.open(MACHINE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        if not wait:
+            os.close(fd)
+            raise RealNodeError(
+                f"a real-node test run on this machine holds its real node ({MACHINE_LOCK}); try again when "
+                "it ends"
+            ) from None
+        print(f"\nwaiting for the real node of another run on this machine ({MACHINE_LOCK})", file=sys.stderr)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+    owner = machine_owner()
+    if owner is not None and owner != str(cluster_dir):
+        os.close(fd)
+        raise RealNodeError(
+            f"the dev cluster in {owner} runs this machine's real node; stop it first: "
+            f"python -m tests.devcluster down --dir {owner}"
+        )
+    return fd
+
+
+def machine_owner() -> str | None:
+    """The directory of the cluster whose real node runs on this machine now (None: none, or it died)."""
+    try:
+        raw = json.loads(MACHINE_OWNER.read_text())
+        alive = pid_alive(int(raw["pid"]), int(raw["ticks"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return str(raw["cluster"]) if alive else None
+
+
+def _record_owner(cluster: Cluster, node: RealNode) -> None:
+    proc = next(p for p in cluster.processes if p.name == node.containerd_process)
+    _write(MACHINE_OWNER, json.dumps({"cluster": str(cluster.dir), "pid": proc.pid, "ticks": proc.ticks}))
+
+
+def _release_owner(cluster: Cluster) -> None:
+    with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+        if json.loads(MACHINE_OWNER.read_text())["cluster"] == str(cluster.dir):
+            MACHINE_OWNER.unlink()
+
+
 def start(cluster: Cluster, node: RealNode, progress: Progress = _quiet, timeout_s: float = 120) -> None:
     """containerd, the images, then the kubelet; returns once the Node is Ready. Recorded in state.json.
 
@@ -279,6 +333,7 @@ def start(cluster: Cluster, node: RealNode, progress: Progress = _quiet, timeout
     cluster.save()
     try:
         _start(cluster, node, progress, timeout_s)
+        _record_owner(cluster, node)
     except BaseException:
         stop(cluster, node)
         raise
@@ -455,6 +510,8 @@ def stop(cluster: Cluster, node: RealNode) -> None:
     if node.root.exists() and not _mounts_under(node.root):
         _step(failures, "remove the node's directory", lambda: shutil.rmtree(node.root, ignore_errors=False))
     left = leftovers(node, ids)
+    if not left:
+        _release_owner(cluster)
     cluster.meta.pop(META_KEY, None)
     if cluster.layout.state.exists():
         cluster.save()

@@ -18,7 +18,6 @@ helm: tests/helm/build.sh) FAILS the tier.
 
 from __future__ import annotations
 
-import fcntl
 import os
 import sys
 import time
@@ -44,19 +43,6 @@ if str(REPO / "tests/integration") not in sys.path:
 from controlplane import attach_log_tails  # noqa: E402
 
 _active: list[Cluster] = []
-# One real node per machine: its name, bridge, cgroup root and CNI files are fixed, so a second run at the
-# same time (another checkout's) would take the first one's containers down. The second waits.
-MACHINE_LOCK = Path("/tmp/gpupack-real-node.lock")
-
-
-def _one_real_node_per_machine() -> int:
-    fd = os.open(MACHINE_LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        print(f"\nwaiting for the real node of another run on this machine ({MACHINE_LOCK})", file=sys.stderr)
-        fcntl.flock(fd, fcntl.LOCK_EX)
-    return fd
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
@@ -92,8 +78,12 @@ def real_cluster(
         pytest.fail(
             "the real-node tier needs (make deps installs them): " + "; ".join(missing), pytrace=False
         )
-    lock = _one_real_node_per_machine()  # released when the fixture ends (or the process does)
-    cluster = Cluster.prepare(tmp_path_factory.mktemp("realnode"), bins)
+    cluster_dir = tmp_path_factory.mktemp("realnode")
+    try:  # held until the fixture ends (or the process does): one real node per machine
+        lock = kubeletnode.claim_machine(cluster_dir, wait=True)
+    except kubeletnode.RealNodeError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    cluster = Cluster.prepare(cluster_dir, bins)
     cluster.meta["service_accounts"] = True
     node = kubeletnode.RealNode.of(cluster)
     try:
