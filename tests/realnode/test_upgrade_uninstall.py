@@ -443,8 +443,8 @@ def test_uninstall_removes_every_object_of_the_chart_and_the_daemon(
     # A pod whose env asks for every GPU gets it again: nothing of gpupack is left in the way.
     ns = new_namespace(kube)
     plain = busybox_pod(
-        "after-uninstall", {}, {"main": ("sh", "-c", 'tr "\\0" "\\n" < /proc/1/environ')}, node.name
-    )
+        "after-uninstall", {}, {"main": ("sh", "-c", 'tr "\\0" "\\n" < /proc/1/environ; echo')}, node.name
+    )  # (not the shell's last command: it would exec tr, and an environ opened before exec reads empty)
     plain["spec"]["containers"][0]["env"] = [{"name": names.ENV_NVIDIA_VISIBLE_DEVICES, "value": "all"}]
     plain["spec"]["nodeName"] = node.name  # no scheduler needed
     done = run_to_completion(kube, ns, plain)
