@@ -188,14 +188,18 @@ func hasEnv(spec map[string]any, names []string) bool {
 
 // mountRecord mounts the record read-only at RecordPath, unless the pod mounts something there or at a
 // directory above it: a mount point made inside a volume of the pod's (a hostPath of the node's
-// /run/gpupack, say) would be a file created in that volume. The record then stays on the node only.
+// /run/gpupack, say) would be a file created in that volume. /var/run counts as /run, which it links to in
+// most images. The record then stays on the node only.
 func mountRecord(spec map[string]any, source string) {
+	within := func(d, path string) bool {
+		return d == path || strings.HasPrefix(path, strings.TrimSuffix(d, "/")+"/")
+	}
 	mounts, _ := spec["mounts"].([]any)
 	for _, m := range mounts {
 		mm, _ := m.(map[string]any)
 		d, _ := mm["destination"].(string)
 		d = filepath.Clean(d)
-		if d == RecordPath || strings.HasPrefix(RecordPath, strings.TrimSuffix(d, "/")+"/") {
+		if within(d, RecordPath) || within(d, "/var"+RecordPath) {
 			return
 		}
 	}

@@ -204,7 +204,7 @@ func TestAnAllocatedPodKeepsItsDevicesAndLosesNvidiasMemoryLimitEnv(t *testing.T
 }
 
 func TestTheRecordIsNotMountedIntoAVolumeAboveIt(t *testing.T) {
-	for _, dest := range []string{"/run/gpupack", "/run", "/run/gpupack/injection.json"} {
+	for _, dest := range []string{"/run/gpupack", "/run", "/run/gpupack/injection.json", "/var/run", "/var/run/gpupack/"} {
 		t.Run(dest, func(t *testing.T) {
 			state := t.TempDir()
 			own := map[string]any{"destination": dest, "type": "bind", "source": "/run/gpupack"}
