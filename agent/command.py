@@ -130,6 +130,25 @@ def register(sub: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     handler.add_argument("--daemonset", required=True, help="this pod's DaemonSet (gone: an uninstall)")
     handler.add_argument("--namespace", required=True, help="the DaemonSet's namespace")
     handler.add_argument(
+        "--guard",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="also install the guard as the node's default runtime (no GPU for a container gpupack did not "
+        "allocate one to); --no-guard restores the node's previous default runtime",
+    )
+    handler.add_argument(
+        "--exempt-namespace",
+        action="append",
+        default=[],
+        help="the guard leaves this namespace's pods as they are",
+    )
+    handler.add_argument(
+        "--exempt-pod",
+        action="append",
+        default=[],
+        help="<namespace>/<pod name prefix>: the guard leaves those pods as they are",
+    )
+    handler.add_argument(
         "--kubeconfig", default=None, help="kubeconfig file (default: in-cluster, then ~/.kube/config)"
     )
     handler.add_argument("--log-level", default="info")
@@ -225,12 +244,19 @@ def handler_command(args: argparse.Namespace) -> int:
            if not v.is_absolute()]  # fmt: skip
     if not args.source.is_file():
         bad.append(f"--source={args.source}: no such file")
+    exempt_namespaces, exempt_pods = tuple(args.exempt_namespace), tuple(args.exempt_pod)
+    bad += hi.exemption_problems(exempt_namespaces, exempt_pods)
     if bad:
         for line in bad:
             print(f"gpupack agent handler: {line}", file=sys.stderr)
         return 2
     files = hi.HandlerFiles(args.install_dir, args.runtime, args.socket, args.state_dir)
+    guard = hi.GuardFiles(args.install_dir, args.state_dir, exempt_namespaces, exempt_pods)
     hi.install(files, args.source)
+    if args.guard:
+        hi.install_guard(guard, args.source)
+    else:
+        hi.uninstall_guard(guard)  # the chart turned it off: the node's previous default runtime again
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
@@ -241,10 +267,12 @@ def handler_command(args: argparse.Namespace) -> int:
         kube = Kube.connect(args.kubeconfig)
     except Exception as exc:  # no configuration at all: the ServiceAccount is gone with the release
         _log.info("no Kubernetes configuration left; treating as an uninstall", extra={"error": str(exc)})
+        hi.uninstall_guard(guard)
         hi.uninstall(files)
         return 0
     try:
         if hi.release_gone(kube.send, args.namespace, args.daemonset):
+            hi.uninstall_guard(guard)
             hi.uninstall(files)
         else:
             _log.info("rollout: the runtime handler stays for the next agent pod")

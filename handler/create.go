@@ -68,6 +68,7 @@ type record struct {
 	BoottimeNs  int64             `json:"boottime_ns"`
 	RealtimeNs  int64             `json:"realtime_ns"`
 	Handler     string            `json:"handler"`
+	Guard       string            `json:"guard,omitempty"` // set by the guard (the default runtime): its verdict
 }
 
 func recordPath(cfg config, id string) string {
@@ -76,19 +77,11 @@ func recordPath(cfg config, id string) string {
 
 // prepare edits the bundle of a container about to be created; nil leaves it as it is.
 func prepare(inv invocation, cfg config) error {
-	specPath := filepath.Join(inv.Bundle, "config.json")
-	raw, err := os.ReadFile(specPath)
+	specPath, spec, err := readSpec(inv.Bundle)
 	if err != nil {
-		return fmt.Errorf("gpupack runtime handler: cannot read the container's spec: %w", err)
+		return err
 	}
-	dec := json.NewDecoder(bytes.NewReader(raw))
-	dec.UseNumber() // keep every number as written (uids, limits): the spec is passed on otherwise unchanged
-	var spec map[string]any
-	if err := dec.Decode(&spec); err != nil {
-		return fmt.Errorf("gpupack runtime handler: %s is not JSON: %w", specPath, err)
-	}
-	ann, _ := spec["annotations"].(map[string]any)
-	str := func(k string) string { s, _ := ann[k].(string); return s }
+	str := annotations(spec)
 	q := ask{str(annSandboxUID), str(annSandboxNS), str(annSandboxName), str(annContainerName), inv.ID}
 	kind := str(annType)
 	if kind == "" {
@@ -137,15 +130,38 @@ func prepare(inv invocation, cfg config) error {
 	return nil
 }
 
-// edit sets the agent's env (replacing a variable of the same name), drops the env it unsets, and adds its
-// mounts, plus the record.
-func edit(spec map[string]any, a answer, rec string) error {
+// readSpec reads a bundle's config.json, every number kept as written (uids, limits): the spec is passed on
+// otherwise unchanged.
+func readSpec(bundle string) (string, map[string]any, error) {
+	specPath := filepath.Join(bundle, "config.json")
+	raw, err := os.ReadFile(specPath)
+	if err != nil {
+		return specPath, nil, fmt.Errorf("gpupack runtime handler: cannot read the container's spec: %w", err)
+	}
+	dec := json.NewDecoder(bytes.NewReader(raw))
+	dec.UseNumber()
+	var spec map[string]any
+	if err := dec.Decode(&spec); err != nil {
+		return specPath, nil, fmt.Errorf("gpupack runtime handler: %s is not JSON: %w", specPath, err)
+	}
+	return specPath, spec, nil
+}
+
+// annotations reads the spec's annotations by key ("" when absent or not a string).
+func annotations(spec map[string]any) func(string) string {
+	ann, _ := spec["annotations"].(map[string]any)
+	return func(k string) string { s, _ := ann[k].(string); return s }
+}
+
+// setEnv sets `set` in the process's env (replacing a variable of the same name, wherever it was) and drops
+// every variable named in `unset`.
+func setEnv(spec map[string]any, set map[string]string, unset []string) error {
 	process, _ := spec["process"].(map[string]any)
 	if process == nil {
 		return fmt.Errorf("the container's spec has no process")
 	}
 	drop := map[string]bool{}
-	for _, name := range a.Unset {
+	for _, name := range unset {
 		drop[name] = true
 	}
 	var env []any
@@ -153,19 +169,28 @@ func edit(spec map[string]any, a answer, rec string) error {
 	for _, e := range existing {
 		s, _ := e.(string)
 		name, _, _ := strings.Cut(s, "=")
-		if _, ours := a.Env[name]; !ours && !drop[name] {
+		if _, ours := set[name]; !ours && !drop[name] {
 			env = append(env, e)
 		}
 	}
-	names := make([]string, 0, len(a.Env))
-	for k := range a.Env {
+	names := make([]string, 0, len(set))
+	for k := range set {
 		names = append(names, k)
 	}
 	sort.Strings(names)
 	for _, k := range names {
-		env = append(env, k+"="+a.Env[k])
+		env = append(env, k+"="+set[k])
 	}
 	process["env"] = env
+	return nil
+}
+
+// edit sets the agent's env (replacing a variable of the same name), drops the env it unsets, and adds its
+// mounts, plus the record.
+func edit(spec map[string]any, a answer, rec string) error {
+	if err := setEnv(spec, a.Env, a.Unset); err != nil {
+		return err
+	}
 	mounts, _ := spec["mounts"].([]any)
 	taken := map[string]bool{}
 	for _, m := range mounts {

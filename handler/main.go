@@ -8,6 +8,9 @@
 // answers no, `create` fails with the reason (the kubelet shows it as CreateContainerError) and the
 // container never starts without its share's state: the handler fails closed.
 //
+// Installed a second time as gpupack-runc-guard, the node's default runtime, it is the guard instead
+// (guard.go): no GPU for a container whose pod gpupack did not allocate one to.
+//
 // Configuration: gpupack-runc.json next to the binary (written by the chart's installer):
 //
 //	{"runtime": "runc", "socket": "/run/gpupack/agent.sock", "state_dir": "/run/gpupack"}
@@ -29,6 +32,10 @@ func main() {
 	args := os.Args[1:]
 	if len(args) == 1 && args[0] == "--gpupack-version" {
 		fmt.Println("gpupack-runc", Version)
+		return
+	}
+	if exe, err := os.Executable(); err == nil && filepath.Base(exe) == GuardBinary {
+		runGuard(args)
 		return
 	}
 	if len(args) >= 1 && args[0] == HookFlag {

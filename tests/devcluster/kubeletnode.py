@@ -172,6 +172,11 @@ def write_files(cluster: Cluster, node: RealNode, port: int, healthz_port: int) 
     for d in (paths.containerd_root, paths.containerd_state, paths.cni_conf_dir, paths.kubelet_root):
         d.mkdir(parents=True, exist_ok=True)
     _write(paths.containerd_config, realnode.containerd_config(paths, PAUSE_IMAGE))
+    # Node preparation for the guard: its path links to the node's runc until the chart installs it.
+    paths.handler_dir.mkdir(parents=True, exist_ok=True)
+    guard = paths.handler_dir / realnode.GUARD_BINARY
+    if not guard.is_symlink() and not guard.exists():
+        guard.symlink_to(shutil.which("runc") or "/usr/sbin/runc")
     conflist = realnode.cni_conflist(node.bridge, node.subnet, paths.cni_ipam_dir)
     _write(paths.cni_conf_dir / "10-gpupack.conflist", json.dumps(conflist, indent=2) + "\n")
     pki = cluster.layout.pki

@@ -21,6 +21,11 @@ DEFAULT_SUBNET = "10.250.0.0/24"  # the real node's pod network; its first host 
 NODE_TAINT = {"key": "gpupack.test/real-node", "value": "true", "effect": "NoSchedule"}
 HANDLER = "gpupack"  # the chart's nodeSide.handler
 HANDLER_BINARY = "gpupack-runc"
+# The node's default runtime: gpupack's guard once the chart installed it (nodeSide.guard), runc before
+# and after (docs/node-side.md, "The guard").
+GUARD = "gpupack-guard"
+GUARD_BINARY = "gpupack-runc-guard"
+GUARD_POD_ANNOTATIONS = ("gpupack.io/gpu-uuids",)  # what containerd passes into each container's spec
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,10 @@ def containerd_config(paths: NodePaths, sandbox_image: str, cni_bin_dir: Path = 
             # Sandbox network namespaces under our state dir, not /var/run/netns: a teardown unmounts
             # everything under the node's root and nothing of the node is left elsewhere.
             "  netns_mounts_under_state_dir = true",
+            # Node preparation for the guard: every container not under another RuntimeClass is created by
+            # <handler dir>/gpupack-runc-guard, a link to runc until the chart puts the guard there.
+            f"[{cri}.containerd]",
+            f"  default_runtime_name = {_toml_str(GUARD)}",
             f"[{cri}.cni]",
             f"  bin_dir = {_toml_str(cni_bin_dir)}",
             f"  conf_dir = {_toml_str(paths.cni_conf_dir)}",
@@ -124,6 +133,12 @@ def containerd_config(paths: NodePaths, sandbox_image: str, cni_bin_dir: Path = 
             '  runtime_type = "io.containerd.runc.v2"',
             f"[{cri}.containerd.runtimes.{HANDLER}.options]",
             f"  BinaryName = {_toml_str(paths.handler_dir / HANDLER_BINARY)}",
+            f"  Root = {_toml_str(paths.runc_root)}",
+            f"[{cri}.containerd.runtimes.{GUARD}]",
+            '  runtime_type = "io.containerd.runc.v2"',
+            f"  pod_annotations = [{', '.join(_toml_str(a) for a in GUARD_POD_ANNOTATIONS)}]",
+            f"[{cri}.containerd.runtimes.{GUARD}.options]",
+            f"  BinaryName = {_toml_str(paths.handler_dir / GUARD_BINARY)}",
             f"  Root = {_toml_str(paths.runc_root)}",
             "",
         ]

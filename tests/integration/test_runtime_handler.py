@@ -384,3 +384,69 @@ def test_limits_are_set_by_the_hook_on_the_containers_own_cgroup_and_cleared_by_
         container.kill()
         container.wait()
         (Path(root) / leaf.lstrip("/")).rmdir()
+
+
+def test_handler_go_unit_tests_pass() -> None:
+    """handler/*_test.go (the guard's decision and its edits of the spec), run by Go's own test runner."""
+    env = {**os.environ, "CGO_ENABLED": "0", "GOTOOLCHAIN": os.environ.get("GOTOOLCHAIN", "local")}
+    done = subprocess.run(
+        ["go", "test", "-count=1", "./..."], cwd=REPO / "handler", capture_output=True, text=True, env=env,
+        timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_guard_as_installed_voids_a_plain_pod_without_an_agent_and_uninstall_restores_the_runtime(
+    built: Path,
+) -> None:
+    """The installer puts the guard where node preparation linked containerd's default runtime; with no
+    agent on the node, a pod with no gpupack allocation whose image says NVIDIA_VISIBLE_DEVICES=all is
+    created with `void`, an exempt pod as it asked; uninstall makes the path the previous runtime again."""
+    from agent import handlerinstall as hi
+
+    root = Path(tempfile.mkdtemp(prefix="gg-", dir="/tmp"))
+    try:
+        install, state, out, bundle = (root / d for d in ("bin", "state", "out", "bundle"))
+        for d in (install, state, out, bundle):
+            d.mkdir()
+        runtime = root / "fake-runc"
+        runtime.write_text(FAKE_RUNTIME.format(out=out, bundle=bundle))
+        runtime.chmod(0o755)
+        (install / hi.GUARD_BINARY).symlink_to(runtime)  # node preparation
+        files = hi.GuardFiles(install, state, ("gpu-operator",), ())
+        assert hi.install_guard(files, built) == ""
+
+        def create(namespace: str, cid: str) -> dict[str, Any]:
+            doc = spec(container="main")
+            doc["annotations"]["io.kubernetes.cri.sandbox-namespace"] = namespace
+            doc["process"]["env"] = ["PATH=/bin", "NVIDIA_VISIBLE_DEVICES=all"]
+            (bundle / "config.json").write_text(json.dumps(doc))
+            done = subprocess.run(
+                [str(files.binary), "--root", "/run/x", "create", "--bundle", str(bundle), cid],
+                capture_output=True, text=True, timeout=30, check=False,
+            )  # fmt: skip
+            assert done.returncode == 0, done.stderr
+            assert (out / "argv").read_text().splitlines()[-1] == cid
+            seen: dict[str, Any] = json.loads((out / "seen.json").read_text())
+            return seen
+
+        plain = create("team-a", "c1")
+        assert env_of(plain)["NVIDIA_VISIBLE_DEVICES"] == "void"
+        record = json.loads((state / "guarded" / "c1.json").read_text())
+        assert (record["namespace"], record["guard"], record["env"]) == (
+            "team-a", "no-gpu", {"NVIDIA_VISIBLE_DEVICES": "void"},
+        )  # fmt: skip
+        assert {"destination": "/run/gpupack/injection.json", "type": "bind",
+                "source": str(state / "guarded" / "c1.json"),
+                "options": ["rbind", "ro", "nosuid", "nodev"]} in plain["mounts"]  # fmt: skip
+        assert env_of(create("gpu-operator", "c2"))["NVIDIA_VISIBLE_DEVICES"] == "all"
+        delete = subprocess.run(
+            [str(files.binary), "delete", "c1"], capture_output=True, timeout=30, check=False
+        )
+        assert delete.returncode == 0 and not (state / "guarded" / "c1.json").exists()
+
+        assert hi.uninstall_guard(files)
+        assert os.readlink(files.binary) == str(runtime)
+        assert env_of(create("team-a", "c3"))["NVIDIA_VISIBLE_DEVICES"] == "all"  # the runtime as before
+    finally:
+        shutil.rmtree(root)

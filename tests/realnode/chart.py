@@ -60,6 +60,10 @@ def build_image(archive: Path) -> str:
     return out.strip().splitlines()[-1]
 
 
+# A namespace an operator exempted from the guard (nodeSide.guard.exemptNamespaces).
+GUARD_EXEMPT_NAMESPACE = "guard-exempt"
+
+
 def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str, gpus: int) -> dict[str, Any]:
     repository, tag = image.rsplit(":", 1)
     sim = sim_file_for(model, gpus, sorted((REPO / SIM_SAMPLES_RELPATH).glob("*.yaml")), cluster.dir / "sim")
@@ -80,6 +84,8 @@ def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str,
         "nodeSide": {
             "installDir": str(node.paths.handler_dir),
             "stateDir": str(node_side_state_dir(cluster)),
+            # The guard is on by default; its default runtime entry is node preparation too (kubeletnode).
+            "guard": {"exemptNamespaces": ["gpu-operator", GUARD_EXEMPT_NAMESPACE]},
         },
         "agent": {
             "simulated": yaml.safe_dump(gpu_set, sort_keys=False),

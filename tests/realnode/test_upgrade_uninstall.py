@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 from collections.abc import Iterator
@@ -377,7 +378,16 @@ def test_uninstall_removes_every_object_of_the_chart_and_the_daemon(
 ) -> None:
     cluster, node = real_cluster
     handler = node.paths.handler_dir
-    assert sorted(p.name for p in handler.iterdir()) == ["gpupack-runc", "gpupack-runc.json"]
+    guard = handler / "gpupack-runc-guard"  # containerd's default runtime (node preparation: kubeletnode)
+    runc = os.readlink(handler / "gpupack-runc-guard.previous")  # the node's previous default runtime
+    assert sorted(p.name for p in handler.iterdir()) == [
+        "gpupack-runc",
+        "gpupack-runc-guard",
+        "gpupack-runc-guard.json",
+        "gpupack-runc-guard.previous",
+        "gpupack-runc.json",
+    ]
+    assert not guard.is_symlink()  # the guard in its place
     kube.send(Request("DELETE", f"/api/v1/namespaces/{holders.namespace}"))
     # Drain what runs under the handler first (docs/node-side.md, "Uninstall"): it needs the binary to stop.
     under = [
@@ -421,11 +431,25 @@ def test_uninstall_removes_every_object_of_the_chart_and_the_daemon(
         ]
 
     wait_for(lambda: not left(), 60, "no object of the release left")
-    # The node side's installer removed the handler from the node (no container runs under it any more);
-    # containerd's declaration of the handler is node preparation, not the chart's (docs/node-side.md).
+    # The node side's installer removed the handler from the node (no container runs under it any more)
+    # and put the node's previous default runtime back where containerd's default runtime names it;
+    # containerd's declarations are node preparation, not the chart's (docs/node-side.md).
     wait_for(
-        lambda: not handler.exists() or not any(handler.iterdir()), 60, "the handler removed from the node"
+        lambda: sorted(p.name for p in handler.iterdir()) == ["gpupack-runc-guard"] and guard.is_symlink(),
+        60,
+        "the handler removed from the node and the previous default runtime back",
     )
+    assert os.readlink(guard) == runc == shutil.which("runc")
+    # A pod whose env asks for every GPU gets it again: nothing of gpupack is left in the way.
+    ns = new_namespace(kube)
+    plain = busybox_pod(
+        "after-uninstall", {}, {"main": ("sh", "-c", 'tr "\\0" "\\n" < /proc/1/environ; echo')}, node.name
+    )  # (not the shell's last command: it would exec tr, and an environ opened before exec reads empty)
+    plain["spec"]["containers"][0]["env"] = [{"name": names.ENV_NVIDIA_VISIBLE_DEVICES, "value": "all"}]
+    plain["spec"]["nodeName"] = node.name  # no scheduler needed
+    done = run_to_completion(kube, ns, plain)
+    assert done["status"]["phase"] == "Succeeded", done["status"]
+    assert env_of(kube, ns, "after-uninstall", "main")[names.ENV_NVIDIA_VISIBLE_DEVICES] == "all"
     # No daemon left on the node: no stand-in process, no control socket answering.
     wait_for(lambda: not _standin_processes(), 60, "no MPS daemon process left on the node")
     assert not (chart.mps_pipe_dir(cluster) / "control").exists()

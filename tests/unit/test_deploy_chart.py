@@ -177,6 +177,26 @@ def test_mps_daemon_matches_its_plain_manifest_and_never_rolls(objects: list[dic
     assert pipe in agent["volumes"]  # the agent reaches the same control pipe
 
 
+def test_node_side_matches_its_plain_manifest_and_exempts_the_release_from_the_guard(
+    objects: list[dict[str, Any]],
+) -> None:
+    ref = next(
+        d
+        for d in yaml.safe_load_all((REPO / "deploy/agent/node-side.yaml").read_text())
+        if d["kind"] == "DaemonSet"
+    )["spec"]["template"]["spec"]
+    got = find(objects, "DaemonSet", "gpupack-node-side")["spec"]["template"]["spec"]
+    for key in ("nodeSelector", "tolerations", "priorityClassName", "volumes"):
+        assert got[key] == ref[key], key
+    (rc,), (gc,) = ref["containers"], got["containers"]
+    for key in ("args", "volumeMounts", "securityContext", "resources"):
+        assert gc[key] == rc[key], key
+    args = build_parser().parse_args(gc["args"])
+    # The guard is on by default, and gpupack's own pods (the agent, the MPS daemon) are never voided.
+    assert args.guard is True
+    assert args.exempt_namespace[0] == NS and "gpu-operator" in args.exempt_namespace
+
+
 def test_agent_rbac_matches_the_agents_own(objects: list[dict[str, Any]]) -> None:
     ref = [d for d in yaml.safe_load_all((REPO / "deploy/agent/rbac.yaml").read_text()) if d]
     ref_rules = next(d for d in ref if d["kind"] == "ClusterRole")["rules"]

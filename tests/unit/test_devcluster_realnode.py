@@ -36,6 +36,20 @@ def test_containerd_config_is_toml_with_private_paths_and_the_oom_setting() -> N
     assert Path(cri["containerd"]["runtimes"]["runc"]["options"]["Root"]).is_relative_to(PATHS.root)
 
 
+def test_containerd_config_makes_the_guard_the_default_runtime_with_runcs_options() -> None:
+    runtimes = tomllib.loads(realnode.containerd_config(PATHS, "localhost/pause:1"))["plugins"][
+        "io.containerd.grpc.v1.cri"
+    ]["containerd"]
+    assert runtimes["default_runtime_name"] == "gpupack-guard"
+    guard = runtimes["runtimes"]["gpupack-guard"]
+    assert guard["options"] == {
+        "BinaryName": str(PATHS.handler_dir / "gpupack-runc-guard"),
+        "Root": runtimes["runtimes"]["runc"]["options"]["Root"],
+    }
+    # The allocation reaches the guard: a gpupack pod outside the RuntimeClass keeps its GPUs.
+    assert guard["pod_annotations"] == ["gpupack.io/gpu-uuids"]
+
+
 def test_containerd_config_quotes_paths_it_is_given() -> None:
     odd = NodePaths(Path('/tmp/a "b"\\c'))
     conf = tomllib.loads(realnode.containerd_config(odd, "localhost/pause:1"))
