@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from agent.nodeside import NVIDIA_MEMORY_LIMIT_ENV
+from agent.runtime.nodeside import NVIDIA_MEMORY_LIMIT_ENV
 from app.core import log, names
 from app.core.errors import KubeError
 from app.kube.calls import Request

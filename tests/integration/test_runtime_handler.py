@@ -402,7 +402,7 @@ def test_the_guard_as_installed_voids_a_plain_pod_without_an_agent_and_uninstall
     """The installer puts the guard where node preparation linked containerd's default runtime; with no
     agent on the node, a pod with no gpupack allocation whose image says NVIDIA_VISIBLE_DEVICES=all is
     created with `void`, an exempt pod as it asked; uninstall makes the path the previous runtime again."""
-    from agent import handlerinstall as hi
+    from agent.runtime import handlerinstall as hi
 
     root = Path(tempfile.mkdtemp(prefix="gg-", dir="/tmp"))
     try:
