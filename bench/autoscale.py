@@ -212,12 +212,12 @@ def live(arrivals: list[Arrival], waves: int, per_wave: int, model: str) -> dict
     from tests.devcluster.karpenter import NODEPOOL_LABEL
 
     env = {**os.environ, "GPUPACK_K8S_BIN": str(ensure_binaries())}
-    cli = [str(REPO / ".venv/bin/gpupack"), "dev"]
+    cli = [sys.executable, "-m", "tests.devcluster"]  # the dev cluster, as `make dev` starts it
     with tempfile.TemporaryDirectory(prefix="gpupack-autoscale-") as tmp:
         d = Path(tmp) / "dev"
         up = [*cli, "up", "--dir", str(d), "--nodes", "1", "--gpu-model", model, "--autoscaler"]
         t0 = time.monotonic()
-        subprocess.run(up, env=env, check=True, capture_output=True, timeout=600)
+        subprocess.run(up, env=env, cwd=REPO, check=True, capture_output=True, timeout=600)
         up_s = time.monotonic() - t0
         try:
             with config.new_client_from_config(config_file=str(d / "kubeconfig")) as api:
@@ -286,7 +286,12 @@ def live(arrivals: list[Arrival], waves: int, per_wave: int, model: str) -> dict
                 return {"dev_up_s": round(up_s, 1), "model": model, "waves": out}
         finally:
             subprocess.run(
-                [*cli, "down", "--dir", str(d)], env=env, check=False, capture_output=True, timeout=120
+                [*cli, "down", "--dir", str(d)],
+                env=env,
+                cwd=REPO,
+                check=False,
+                capture_output=True,
+                timeout=120,
             )
 
 

@@ -17,8 +17,12 @@ directory.
 from __future__ import annotations
 
 import base64
+import os
 import subprocess
 import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -27,8 +31,8 @@ import yaml
 
 from app.kube.calls import MERGE_PATCH, Request
 from app.kube.client import Kube
-from tests.devcluster import Cluster, ComponentSpec, kubeletnode
-from tests.devcluster.addons import SIM_SAMPLES_RELPATH, sim_file_for
+from tests.devcluster import Cluster, ComponentSpec, kubeletnode, wait_for
+from tests.devcluster.addons import SIM_SAMPLES_RELPATH, sim_file_for, wait_for_gpunodes
 from tests.devcluster.identities import GPUPACK_NAMESPACE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -210,3 +214,63 @@ def uninstall_if_installed(helm_bin: str, cluster: Cluster) -> None:
     listed = helm(helm_bin, cluster, "list", "--short")
     if RELEASE in listed.split():
         helm(helm_bin, cluster, "uninstall", RELEASE, "--wait", "--timeout", "120s")
+
+
+INSTALL_TIMEOUT_S = 180
+
+
+@contextmanager
+def real_node_installed(
+    cluster_dir: Path,
+    bins: Path,
+    helm_bin: str,
+    *,
+    model: str,
+    gpus: int,
+    on_cluster: Callable[[Cluster | None], None] = lambda c: None,
+) -> Iterator[tuple[Cluster, kubeletnode.RealNode]]:
+    """The machine's real node taken (waiting for another run's), a control plane, the node, the image built
+    and imported, `helm install` of the chart; yields once every component is Ready and the node's GPUNode
+    is published. On exit: uninstall (if still installed), the node stopped (RealNodeError naming anything
+    left on the machine), the control plane stopped, the machine released. `on_cluster` is told the
+    cluster once it runs and None once it stops (the test tier attaches its logs to failures)."""
+    lock = kubeletnode.claim_machine(cluster_dir, wait=True)
+    cluster = Cluster.prepare(cluster_dir, bins)
+    cluster.meta["service_accounts"] = True  # the chart's pods need their ServiceAccount tokens
+    node = kubeletnode.RealNode.of(cluster)
+    try:
+        cluster.start()
+        on_cluster(cluster)
+        kubeletnode.start(cluster, node)
+        t0 = time.monotonic()
+        image = build_image(cluster.dir / "gpupack-image.tar")
+        kube = Kube.connect(str(cluster.kubeconfig))
+        try:
+            prepare(kube, cluster, node, cluster.dir / "gpupack-image.tar")
+            helm(
+                helm_bin,
+                cluster,
+                "install",
+                RELEASE,
+                str(CHART),
+                values_doc=values(cluster, node, image, model, gpus),
+            )
+            start_extender_relay(cluster)
+            wait_for(lambda: installed(kube), INSTALL_TIMEOUT_S, "chart components Ready", interval=1)
+            with cluster.api_client() as api:
+                wait_for_gpunodes(api, [node.name], timeout_s=60)
+        finally:
+            kube.close()
+        print(f"\nimage + helm install + Ready: {time.monotonic() - t0:.0f}s", file=sys.stderr)
+        yield cluster, node
+    finally:
+        on_cluster(None)
+        try:
+            if any(p.name == "kube-apiserver" for p in cluster.processes):
+                uninstall_if_installed(helm_bin, cluster)
+        finally:
+            try:
+                kubeletnode.stop(cluster, node)
+            finally:
+                cluster.stop()
+                os.close(lock)

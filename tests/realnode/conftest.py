@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from app.kube.client import Kube
-from tests.devcluster import BinariesError, Cluster, ensure_binaries, kubeletnode, wait_for
-from tests.devcluster.addons import wait_for_gpunodes
+from tests.devcluster import BinariesError, Cluster, ensure_binaries, kubeletnode
 
 from . import chart
 
@@ -36,7 +33,6 @@ HERE = Path(__file__).parent
 REPO = HERE.parents[1]
 MODEL = "A100-40GB"
 GPUS = 2
-INSTALL_TIMEOUT_S = 180
 if str(REPO / "tests/integration") not in sys.path:
     sys.path.insert(0, str(REPO / "tests/integration"))
 
@@ -78,42 +74,15 @@ def real_cluster(
         pytest.fail(
             "the real-node tier needs (make deps installs them): " + "; ".join(missing), pytrace=False
         )
-    cluster_dir = tmp_path_factory.mktemp("realnode")
-    try:  # held until the fixture ends (or the process does): one real node per machine
-        lock = kubeletnode.claim_machine(cluster_dir, wait=True)
-    except kubeletnode.RealNodeError as exc:
-        pytest.fail(str(exc), pytrace=False)
-    cluster = Cluster.prepare(cluster_dir, bins)
-    cluster.meta["service_accounts"] = True
-    node = kubeletnode.RealNode.of(cluster)
+
+    def track(cluster: Cluster | None) -> None:
+        _active.clear()
+        _active.extend([cluster] if cluster is not None else [])
+
     try:
-        cluster.start()
-        _active.append(cluster)
-        kubeletnode.start(cluster, node)
-        t0 = time.monotonic()
-        image = chart.build_image(cluster.dir / "gpupack-image.tar")
-        kube = Kube.connect(str(cluster.kubeconfig))
-        try:
-            chart.prepare(kube, cluster, node, cluster.dir / "gpupack-image.tar")
-            doc = chart.values(cluster, node, image, MODEL, GPUS)
-            chart.helm(helm_bin, cluster, "install", chart.RELEASE, str(chart.CHART), values_doc=doc)
-            chart.start_extender_relay(cluster)
-            wait_for(lambda: chart.installed(kube), INSTALL_TIMEOUT_S, "chart components Ready", interval=1)
-            with cluster.api_client() as api:
-                wait_for_gpunodes(api, [node.name], timeout_s=60)
-        finally:
-            kube.close()
-        print(f"\nimage + helm install + Ready: {time.monotonic() - t0:.0f}s", file=sys.stderr)
-        yield cluster, node
-    finally:
-        if cluster in _active:
-            _active.remove(cluster)
-        try:
-            if any(p.name == "kube-apiserver" for p in cluster.processes):
-                chart.uninstall_if_installed(helm_bin, cluster)
-        finally:
-            try:
-                kubeletnode.stop(cluster, node)  # raises RealNodeError naming anything left behind
-            finally:
-                cluster.stop()
-                os.close(lock)
+        with chart.real_node_installed(
+            tmp_path_factory.mktemp("realnode"), bins, helm_bin, model=MODEL, gpus=GPUS, on_cluster=track
+        ) as (cluster, node):
+            yield cluster, node
+    except kubeletnode.RealNodeError as exc:  # another real node runs, or this one left something behind
+        pytest.fail(str(exc), pytrace=False)
