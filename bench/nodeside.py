@@ -152,6 +152,8 @@ def phases(timers: list[Timer]) -> dict[str, dict[str, dict[str, float]]]:
     out: dict[str, dict[str, dict[str, float]]] = {}
     for kind in KINDS:
         mine = [tm.t for tm in timers if tm.kind == kind]
+        if not mine:
+            continue
         out[kind] = {
             "create_to_bound_ms": ms([t["bound"] - t["created"] for t in mine]),
             "bound_to_running_ms": ms([t["running"] - t["bound"] for t in mine]),
