@@ -27,7 +27,7 @@ from agent.nvml.simfile import SimFileError
 from agent.pipedirs import PipeDirs
 from agent.reporter import ReporterConfig
 from agent.settings import Settings
-from agent.simalloc import Allocator
+from agent.simalloc import Allocator, mps_view
 from agent.watchdog import Policy
 from app.core import log
 from app.kube.calls import Request
@@ -187,7 +187,11 @@ def sim_allocator(settings: Settings, agent: Agent) -> Allocator | None:
         return None
     if not agent.nvml_ready:
         agent.nvml.init()
-    return Allocator(agent.nvml, settings.sim_allocator, settings.proc_root, agent.nvml.cgroup_root)
+    control = Control(settings.mps_binary, settings.mps_pipe_dir) if settings.mps else None
+    return Allocator(
+        agent.nvml, settings.sim_allocator, settings.proc_root, agent.nvml.cgroup_root,
+        mps=lambda: mps_view(control),
+    )  # fmt: skip
 
 
 class Runner:
