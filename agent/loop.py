@@ -18,6 +18,7 @@ from agent.nvml.base import ComputeMode, Nvml, NvmlCode, NvmlError
 from agent.sample import NodeSample, Sampler
 from app.core import log
 from app.core.errors import KubeError
+from app.core.model import Demand
 from app.core.pods import PodInfo, pod_info
 from app.kube import calls
 from app.kube.calls import Request
@@ -160,6 +161,7 @@ class Agent:
             config=self.config.reporter,
             env_device_selection=self.config.env_device_selection,
             node_facts=self.config.isolation,
+            mps_server=self.mps.server_running,
         )
         self.reporter.tick(spec, status, now)
         self._handle_violations(verify.Verdict({}, (), verify.unhealthy(status.gpus, self._pods), ()), now)
@@ -175,8 +177,18 @@ class Agent:
             return
         if now - self._modes_at < self.config.reporter.heartbeat_s:
             return
+        if self._pods_at == float("-inf"):
+            return  # the node's pods not read yet: which GPUs hold `isolation: none` shares is not known
         self._modes_at = now
-        modes = mpsprep.apply(self.nvml, want, self.config.mps_time_slice_gpus)
+        # A GPU holding an `isolation: none` share stays in DEFAULT even while idle between its processes:
+        # in EXCLUSIVE_PROCESS, with the server running, that pod's next process would be refused.
+        keep = set(self.config.mps_time_slice_gpus) | {
+            i
+            for p in self._pods.values()
+            if p.allocation and isinstance(p.demand, Demand) and p.demand.timeslice
+            for i in p.allocation.gpu_indexes
+        }
+        modes = mpsprep.apply(self.nvml, want, keep)
         for gpu in modes:
             if gpu.switched:
                 _log.info("compute mode set", extra={"gpu": gpu.uuid, "mode": gpu.mode})

@@ -69,6 +69,10 @@ class MpsSupervisor:
     With `prestart_server`, a server is started once the defaults hold, so a GPU in EXCLUSIVE_PROCESS
     refuses plain processes before the first MPS client comes; MPS is RUNNING only once it runs.
 
+    `server_running` says whether a server ran when this cycle last asked (the daemon's `get_server_list`):
+    only then does a GPU in EXCLUSIVE_PROCESS refuse a plain process (measured), so the GPUNode claims
+    `exclusive` only then (agent.reporter).
+
     `lost` is set by the cycle that finds a daemon, which this agent had seen running, gone: every MPS
     client on the node failed with it (measured) and a CUDA process started meanwhile runs without limits.
     Listeners added with `on_new_daemon` run once each new daemon instance is configured (the node side
@@ -86,6 +90,7 @@ class MpsSupervisor:
         self._said: str = ""
         self.control = Control(config.binary, config.pipe_dir, config.command_timeout_s)
         self.lost = False  # this cycle found the daemon gone that an earlier one saw running
+        self.server_running = False  # a server was listed by this cycle's daemon (after any pre-start)
         self._listeners: list[Callable[[], None]] = []
 
     def on_new_daemon(self, listener: Callable[[], None]) -> None:
@@ -124,7 +129,9 @@ class MpsSupervisor:
         instance = self._instance_id()
         was_running = self.state is MpsState.RUNNING
         self.lost = False
-        if instance is None or not self._probe():
+        self.server_running = False
+        servers = self.control.server_list() if instance is not None else "no control socket"
+        if isinstance(servers, str):
             self._instance = None
             self.lost = was_running
             where = self.config.pipe_dir / "control"
@@ -135,7 +142,7 @@ class MpsSupervisor:
                 self.restarts += 1
                 self.lost = was_running  # replaced between two cycles: its clients died with it too
             self._instance, self._configured = instance, set()
-        err = self._apply_defaults(devs) or self._ensure_server()
+        err = self._apply_defaults(devs) or self._ensure_server(servers)
         if err:
             self._instance = None  # try the whole set again next time
             return self._set(MpsState.STARTING, err)
@@ -166,24 +173,19 @@ class MpsSupervisor:
         # Not the change time: every pod directory's hard link to the socket changes it (the link count).
         return st.st_ino, st.st_mtime_ns
 
-    def _probe(self) -> bool:
-        return isinstance(self.control.server_list(), list)
-
-    def _ensure_server(self) -> str:
-        """A server running before any client ("" when one runs, or none is wanted; else why not)."""
-        if not self.config.prestart_server:
-            return ""
-        servers = self.control.server_list()
-        if isinstance(servers, str):
-            return servers
-        if servers:
+    def _ensure_server(self, servers: list[int]) -> str:
+        """A server running before any client ("" when one runs, or none is wanted; else why not), given the
+        servers the daemon listed this cycle; sets `server_running`."""
+        self.server_running = bool(servers)
+        if servers or not self.config.prestart_server:
             return ""
         started = self.control.command("start_server -uid 0")
         if not started.ok:
             return f"'start_server -uid 0' refused: {started}"
-        servers = self.control.server_list()
-        if not servers or isinstance(servers, str):
-            return f"no MPS server runs after 'start_server -uid 0' ({servers or 'none listed'})"
+        listed = self.control.server_list()
+        if not listed or isinstance(listed, str):
+            return f"no MPS server runs after 'start_server -uid 0' ({listed or 'none listed'})"
+        self.server_running = True
         return ""
 
     def _apply_defaults(self, devices: tuple[Device, ...]) -> str:

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agent import isolation as iso
+from agent.nvml.base import ComputeMode
 from agent.sample import GpuSample, NodeSample
 from app.core import log
 from app.core.errors import KubeError
@@ -135,15 +136,19 @@ def build_status(
     config: ReporterConfig,
     env_device_selection: str = "unknown",
     node_facts: iso.NodeFacts = iso.NO_NODE_FACTS,
+    mps_server: bool,
 ) -> GPUNodeStatus:
+    """`mps_server`: an MPS server ran when the agent last asked the daemon (MpsSupervisor.server_running)."""
     serving = mps.isolation == gpunode.ISOLATION_MPS
 
     def isolation(g: GpuSample) -> GpuIsolation | None:  # a MIG device is its own hardware partition
-        return (
-            None
-            if g.mig_enabled
-            else iso.decide(node_facts.of(g.compute_mode, serving, sample.driver_version))
-        )
+        if g.mig_enabled:
+            return None
+        # Measured: EXCLUSIVE_PROCESS refuses a plain process only while a server runs; with none, the first
+        # plain process takes the GPU and MPS clients wait. So such a GPU is taken as one without MPS
+        # (`closed`), never `exclusive`, until a server runs.
+        serves = serving and (mps_server or g.compute_mode is not ComputeMode.EXCLUSIVE_PROCESS)
+        return iso.decide(node_facts.of(g.compute_mode, serves, sample.driver_version))
 
     gpus = tuple(_gpu_status(g, owners, gpupack_pods, isolation(g)) for g in sample.gpus)
     if sample.error:  # no reading at all: every known GPU is unhealthy, with NVML's reason
