@@ -358,7 +358,12 @@ def test_quota_policy_refuses_new_limits_on_the_placement_resources_naming_the_q
 def test_every_policy_has_a_denying_binding(objects: list[dict[str, Any]]) -> None:
     policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
     bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert policies == {"gpupack-pod-allocation", "gpupack-agent-own-node", "gpupack-quota-resources"}
+    assert policies == {
+        "gpupack-pod-allocation",
+        "gpupack-agent-own-node",
+        "gpupack-quota-resources",
+        "gpupack-mps-pipe-dir",
+    }
     assert {b["spec"]["policyName"] for b in bindings} == policies
     assert all(
         b["spec"]["validationActions"] == ["Deny"] and "matchResources" not in b["spec"] for b in bindings
