@@ -1,5 +1,5 @@
 """Closed by default on a real kubelet + containerd node: on an MPS GPU, a process that is not an MPS client
-is refused the GPU before any MPS client has come; on the GPU left for time-slicing it is served.
+is refused the GPU before any MPS client has come, while the pod's own MPS client is served.
 
 The node is prepared as the chart ships it (agent.mps.exclusiveProcess and multiUser on: the daemon pod's
 init step puts idle MPS GPUs in EXCLUSIVE_PROCESS, the agent starts a server before any client); the
@@ -75,13 +75,20 @@ def test_a_plain_process_on_an_mps_gpu_is_refused_before_any_mps_client_came(
     image = chart.pods(kube, "agent")[0]["spec"]["containers"][0]["image"]  # has python3 for the client
     configmap = {"metadata": {"name": "standin"}, "data": {"gpu_alloc.py": SOURCE.read_text()}}
     kube.send(Request("POST", f"/api/v1/namespaces/{ns}/configmaps", configmap))
-    # GPU 1 (time-sliced) taken whole by an `isolation: none` pod running the same plain process: the share
-    # can only go to GPU 0.
-    whole, whole_at = run(
-        kube, ns, image, node.name, name="whole", asked={names.GPU_FRACTION: "1", names.ISOLATION: "none"}
+    # GPU 1 (time-sliced) taken whole by an `isolation: none` pod: the share can only go to GPU 0.
+    whole = busybox_pod(
+        "whole", {names.GPU_FRACTION: "1", names.ISOLATION: "none"}, {"main": ("sleep", "3600")}, node.name
     )
-    assert whole_at == "1"
-    assert whole["PLAIN"] == "1: ok used=104857600", whole  # DEFAULT: a plain process runs
+    kube.send(Request("POST", f"/api/v1/namespaces/{ns}/pods", whole))
+    wait_for(
+        lambda: (
+            kube.send(Request("GET", f"/api/v1/namespaces/{ns}/pods/whole"))["status"].get("phase")
+            == "Running"
+        ),
+        RUN_TIMEOUT_S,
+        "a pod holding GPU 1 whole",
+        interval=0.5,
+    )
     share, share_at = run(kube, ns, image, node.name, name="share", asked={names.GPU_FRACTION: "0.5"})
     assert share_at == "0"
     assert share["PLAIN"].startswith("1: refused CUDA_ERROR_DEVICE_UNAVAILABLE"), share
