@@ -162,6 +162,7 @@ class Agent:
             env_device_selection=self.config.env_device_selection,
             node_facts=self.config.isolation,
             mps_server=self.mps.server_running,
+            mps_defaults_current=self.mps.stale_server is None,
         )
         self.reporter.tick(spec, status, now)
         self._handle_violations(verify.Verdict({}, (), verify.unhealthy(status.gpus, self._pods), ()), now)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from agent import isolation as iso
@@ -137,9 +137,13 @@ def build_status(
     env_device_selection: str = "unknown",
     node_facts: iso.NodeFacts = iso.NO_NODE_FACTS,
     mps_server: bool,
+    mps_defaults_current: bool,
 ) -> GPUNodeStatus:
-    """`mps_server`: an MPS server ran when the agent last asked the daemon (MpsSupervisor.server_running)."""
+    """`mps_server`: an MPS server ran when the agent last asked the daemon (MpsSupervisor.server_running);
+    `mps_defaults_current`: no server runs with the daemon's earlier defaults (MpsSupervisor.stale_server)."""
     serving = mps.isolation == gpunode.ISOLATION_MPS
+    # A server started before the daemon's memory cap was set does not have it: no daemon-wide cap to claim.
+    node_facts = replace(node_facts, daemon_memory_cap=node_facts.daemon_memory_cap and mps_defaults_current)
 
     def isolation(g: GpuSample) -> GpuIsolation | None:  # a MIG device is its own hardware partition
         if g.mig_enabled:

@@ -64,7 +64,11 @@ def test_new_defaults_reach_clients_only_with_a_new_daemon_pod(pipe: Path) -> No
     upgraded = MpsConfig(
         binary=str(STANDIN), pipe_dir=pipe, default_thread_percentage=50, command_timeout_s=20
     )
-    assert MpsSupervisor(upgraded).tick(DEVS, 0.0).state == "running"
+    status = MpsSupervisor(upgraded).tick(DEVS, 0.0)
+    assert status.state == "running"
+    # The GPUNode's words, as the docs quote them (the server's pid as <pid>, the rest after ":" elided).
+    quoted = status.message.replace(server, "<pid>").split(": ")[0] + ": …"
+    assert f"`{quoted}`" in UPGRADES, quoted
     assert control(pipe, "get_default_active_thread_percentage").split()[-1] in ("50", "50.0")
     assert control(pipe, "get_server_list").split() == [server]  # the running server is kept
     assert "will only affect the next server" in UPGRADES

@@ -543,3 +543,53 @@ def test_a_gpu_holding_an_isolation_none_share_is_not_switched_while_idle(tmp_pa
         agent.step()
         clock.now += 31
     assert [nvml.compute_mode(i) for i in (0, 1)] == [EXCL, EXCL]
+
+
+def test_a_server_started_before_the_daemons_memory_cap_gives_no_daemon_default_claim(tmp_path: Path) -> None:
+    """An agent that adds a daemon-wide memory cap (agent.mps.defaultPinnedMemoryLimitMiB) to a daemon whose
+    server already runs: that server keeps running without the cap, so the GPU claims `client-env` memory, not
+    `daemon-default`, until the server has been replaced."""
+    sim_file = tmp_path / "gpus.yaml"
+    write_yaml(sim_file, {"gpus": [{"model": "A100-40GB"}]})
+    nvml = SimulatedNvml(sim_file, "n1", state_dir=tmp_path / "driver", privileged=True)
+    pipe = tmp_path / "pipe"
+    nvml.init()
+    mpsprep.write_ready(pipe, mpsprep.apply(nvml, EXCL), mpsprep.boot_id())
+    start_standin(pipe)
+    try:
+        assert standin(pipe, command="start_server -uid 0\n").returncode == 0  # an earlier agent's server
+        (server,) = standin(pipe, command="get_server_list\n").stdout.split()
+        clock = Clock()
+        agent = Agent(
+            AgentConfig(
+                "n1",
+                ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256),
+                mps_compute_mode=EXCL,
+                isolation=iso.NodeFacts(daemon_memory_cap=True),
+            ),
+            nvml=nvml,
+            resolver=nvml,
+            mps=MpsSupervisor(
+                MpsConfig(
+                    binary=str(STANDIN),
+                    pipe_dir=pipe,
+                    default_pinned_mem_limit_mib=8192,
+                    command_timeout_s=20,
+                )
+            ),
+            send=lambda _req: {},
+            clock=clock,
+        )
+        first = agent.step()
+        assert first.mps.state == "running" and server in first.mps.message
+        assert [(g.isolation.mps_mode, g.isolation.memory) for g in first.gpus if g.isolation] == [
+            ("exclusive", M.CLIENT_ENV)
+        ]
+        assert standin(pipe, command=f"shutdown_server {server} -f\n").returncode == 0
+        clock.now += 5
+        after = agent.step()  # a new server, started with the cap
+        assert [(g.isolation.mps_mode, g.isolation.memory) for g in after.gpus if g.isolation] == [
+            ("exclusive", M.DAEMON_DEFAULT)
+        ]
+    finally:
+        stop_standin(pipe)
