@@ -109,3 +109,12 @@ def test_other_hostpaths_pass(policed: Kube, namespace: str, path: str) -> None:
 def test_the_releases_own_namespace_is_exempt(policed: Kube) -> None:
     """The MPS daemon and the agent mount the pipe directory; their namespace is left out of the policy."""
     assert admit(policed, GPUPACK_NAMESPACE, pod(PIPE)) == ""
+
+
+def test_a_namespace_marked_by_an_administrator_is_exempt(policed: Kube, core: Any, namespace: str) -> None:
+    """Pods that still mount the directory themselves (admitted before the node side) go in a namespace
+    labelled gpupack.io/mps-pipe-dir=allowed."""
+    core.patch_namespace(namespace, {"metadata": {"labels": {"gpupack.io/mps-pipe-dir": "allowed"}}})
+    wait_for(
+        lambda: admit(policed, namespace, pod(PIPE)) == "", 30, "the marked namespace exempt", interval=0.2
+    )
