@@ -88,9 +88,10 @@ def test_a_killed_daemon_is_seen_new_pods_wait_a_process_started_meanwhile_is_en
         configmap = kube.send(Request("GET", f"/api/v1/namespaces/{ns}/configmaps/standin"))
         configmap["data"]["gpu_alloc.py"] = ALLOC.read_text()
         kube.send(Request("PUT", f"/api/v1/namespaces/{ns}/configmaps/standin", configmap))
-        half = {names.GPU_FRACTION: "0.5"}
-        client_pod(kube, ns, "old-a", OLD_A, node=node, annotations=half)
-        client_pod(kube, ns, "old-b", OLD_B, node=node, annotations=half)
+        # A quarter each: the new pod's half fits beside them on GPU 0 (GPU 1 is held whole).
+        quarter, half = {names.GPU_FRACTION: "0.25"}, {names.GPU_FRACTION: "0.5"}
+        client_pod(kube, ns, "old-a", OLD_A, node=node, annotations=quarter)
+        client_pod(kube, ns, "old-b", OLD_B, node=node, annotations=quarter)
         for name in ("old-a", "old-b"):
             served = functools.partial(lambda n: "server " in log(kube, ns, n), name)
             wait_for(served, RUN_TIMEOUT_S, f"{name} an MPS client")
