@@ -94,6 +94,7 @@ class Agent:
         self._spec: GPUNodeSpec | None = None
         self._pods: dict[str, PodInfo] = {}
         self._pods_at = float("-inf")
+        self._pods_read = False  # listed at least once (a failed listing leaves the last one)
         self._refs: dict[int, PodRef | None] = {}
         self._reported: set[tuple[str, verify.Kind, str]] = set()
         self._series: dict[Any, set[tuple[str, ...]]] = {}
@@ -178,7 +179,7 @@ class Agent:
             return
         if now - self._modes_at < self.config.reporter.heartbeat_s:
             return
-        if self._pods_at == float("-inf"):
+        if not self._pods_read:
             return  # the node's pods not read yet: which GPUs hold `isolation: none` shares is not known
         self._modes_at = now
         # A GPU holding an `isolation: none` share stays in DEFAULT even while idle between its processes:
@@ -223,6 +224,7 @@ class Agent:
             _log.warning("listing pods failed", extra={"code": exc.code, "error": exc.message})
             return
         self._pods = {p.uid: p for p in (pod_info(i) for i in out.get("items", [])) if p.uid}
+        self._pods_read = True
         self._reported = {k for k in self._reported if k[0] in self._pods}
 
     def _check_env(self, now: float) -> None:
