@@ -593,3 +593,16 @@ def test_a_server_started_before_the_daemons_memory_cap_gives_no_daemon_default_
         ]
     finally:
         stop_standin(pipe)
+
+
+def test_a_gpu_with_room_held_only_by_its_mode_is_the_reason_not_the_others_room() -> None:
+    """While the MPS daemon is down, an MPS GPU is `closed`: a new MPS pod that would fit there is told so,
+    not that the node's other (full) GPU lacks room."""
+    down = node(gpu(0, Sharing.CLOSED, milli=500), gpu(1, Sharing.SHARED, M.CLIENT_ENV, milli=1000))
+    reason = node_misfit(down, HALF)
+    assert reason is not None and reason.shortfall is Shortfall.ISOLATION, reason
+    assert "GPU 0 in EXCLUSIVE_PROCESS with no MPS daemon serving it (sharing 'closed')" in reason.rule
+    # No room anywhere: the room is the reason.
+    full = node(gpu(0, Sharing.CLOSED, milli=1000), gpu(1, Sharing.SHARED, M.CLIENT_ENV, milli=1000))
+    reason = node_misfit(full, HALF)
+    assert reason is not None and reason.shortfall is Shortfall.GPU_SHARE
