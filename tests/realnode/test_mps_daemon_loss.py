@@ -45,7 +45,8 @@ OLD_A = (
     f'echo "STOPPED $({NOW})"; sleep 3600'
 )
 OLD_B = f'{CLIENT} --hold; echo "LOST exit=$?"; sleep 3600'
-NEW = f'{CLIENT}; echo "EXIT=$?"'
+# The new pod: its thread share (env set at the node), then an MPS client telling what it could allocate.
+NEW = f'echo "THREADS=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"; {CLIENT} --memory; echo "EXIT=$?"'
 # Generous bounds: the agent's cycle is 5 s; the issue asks for the GPUNode within 10 s.
 SEEN_WITHIN_S = 20
 
@@ -160,9 +161,11 @@ def test_a_killed_daemon_is_seen_new_pods_wait_a_process_started_meanwhile_is_en
         wait_for(lambda: "EXIT=" in log(kube, ns, "new"), 120, "the new pod's MPS client served", interval=1)
         new_log = log(kube, ns, "new")
         print("the new pod:", new_log)
-        assert "server " in new_log and "threads 50" in new_log and "EXIT=0" in new_log, report(
-            kube, ns, "new"
-        )
+        assert "server " in new_log and "EXIT=0" in new_log, report(kube, ns, "new")
+        assert "THREADS=50" in new_log, new_log  # half a GPU: 50 % of its threads
+        (usable,) = [int(ln.split()[1]) for ln in new_log.splitlines() if ln.startswith("usable ")]
+        # Half an A100-40GB (20 480 MiB) less the context's 514 MiB, within 2 % (docs/node-side.md).
+        assert abs(usable - (20480 - 514)) <= 0.02 * 20480, new_log
 
         events = kube.send(Request("GET", f"/api/v1/namespaces/{ns}/events"))["items"]
         lost = {e["involvedObject"]["name"] for e in events if e.get("reason") == "GPUMPSDaemonLost"}
