@@ -19,6 +19,7 @@ from agent.report import isolation as iso
 from agent.report import reporter as rep
 from app.core import log
 from app.core.errors import KubeError
+from app.core.model import Demand
 from app.core.pods import PodInfo, pod_info
 from app.kube import calls
 from app.kube.calls import Request
@@ -97,6 +98,7 @@ class Agent:
         self._spec: GPUNodeSpec | None = None
         self._pods: dict[str, PodInfo] = {}
         self._pods_at = float("-inf")
+        self._pods_read = False  # listed at least once (a failed listing leaves the last one)
         self._refs: dict[int, PodRef | None] = {}
         self._reported: set[tuple[str, verify.Kind, str]] = set()
         self._series: dict[Any, set[tuple[str, ...]]] = {}
@@ -164,6 +166,8 @@ class Agent:
             config=self.config.reporter,
             env_device_selection=self.config.env_device_selection,
             node_facts=self.config.isolation,
+            mps_server=self.mps.server_running,
+            mps_defaults_current=self.mps.stale_server is None,
         )
         self.reporter.tick(spec, status, now)
         self._handle_violations(verify.Verdict({}, (), verify.unhealthy(status.gpus, self._pods), ()), now)
@@ -179,8 +183,18 @@ class Agent:
             return
         if now - self._modes_at < self.config.reporter.heartbeat_s:
             return
+        if not self._pods_read:
+            return  # the node's pods not read yet: which GPUs hold `isolation: none` shares is not known
         self._modes_at = now
-        modes = mpsprep.apply(self.nvml, want, self.config.mps_time_slice_gpus)
+        # A GPU holding an `isolation: none` share stays in DEFAULT even while idle between its processes:
+        # in EXCLUSIVE_PROCESS, with the server running, that pod's next process would be refused.
+        keep = set(self.config.mps_time_slice_gpus) | {
+            i
+            for p in self._pods.values()
+            if p.allocation and isinstance(p.demand, Demand) and p.demand.timeslice
+            for i in p.allocation.gpu_indexes
+        }
+        modes = mpsprep.apply(self.nvml, want, keep)
         for gpu in modes:
             if gpu.switched:
                 _log.info("compute mode set", extra={"gpu": gpu.uuid, "mode": gpu.mode})
@@ -214,6 +228,7 @@ class Agent:
             _log.warning("listing pods failed", extra={"code": exc.code, "error": exc.message})
             return
         self._pods = {p.uid: p for p in (pod_info(i) for i in out.get("items", [])) if p.uid}
+        self._pods_read = True
         self._reported = {k for k in self._reported if k[0] in self._pods}
 
     def _check_env(self, now: float) -> None:

@@ -187,13 +187,17 @@ def sim_allocator(settings: Settings, agent: Agent) -> Allocator | None:
     """The simulated GPUs' allocator (agent.simgpu.simalloc), where --sim-allocator asks for one."""
     if settings.sim_allocator is None or settings.sim is None:
         return None
-    from agent.simgpu.simalloc import Allocator
+    from agent.simgpu.simalloc import Allocator, mps_view
     from agent.simgpu.simulated import SimulatedNvml
 
     assert isinstance(agent.nvml, SimulatedNvml)
     if not agent.nvml_ready:
         agent.nvml.init()
-    return Allocator(agent.nvml, settings.sim_allocator, settings.proc_root, agent.nvml.cgroup_root)
+    control = Control(settings.mps_binary, settings.mps_pipe_dir) if settings.mps else None
+    return Allocator(
+        agent.nvml, settings.sim_allocator, settings.proc_root, agent.nvml.cgroup_root,
+        mps=lambda: mps_view(control),
+    )  # fmt: skip
 
 
 class Runner:

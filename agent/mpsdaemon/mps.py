@@ -69,6 +69,15 @@ class MpsSupervisor:
     With `prestart_server`, a server is started once the defaults hold, so a GPU in EXCLUSIVE_PROCESS
     refuses plain processes before the first MPS client comes; MPS is RUNNING only once it runs.
 
+    `server_running` says whether a server ran when this cycle last asked (the daemon's `get_server_list`):
+    only then does a GPU in EXCLUSIVE_PROCESS refuse a plain process (measured), so the GPUNode claims
+    `exclusive` only then (agent.report.reporter).
+
+    `stale_server` is a server that already ran when this agent changed one of the daemon's defaults: NVIDIA
+    documents a changed default as reaching only servers started later, and the pre-started server lives as
+    long as its daemon. While it runs, MPS is RUNNING with a message saying so, and the GPUNode claims no
+    daemon-wide memory cap (agent.report.reporter).
+
     `lost` is set by the cycle that finds a daemon, which this agent had seen running, gone: every MPS
     client on the node failed with it (measured) and a CUDA process started meanwhile runs without limits.
     Listeners added with `on_new_daemon` run once each new daemon instance is configured (the node side
@@ -86,6 +95,9 @@ class MpsSupervisor:
         self._said: str = ""
         self.control = Control(config.binary, config.pipe_dir, config.command_timeout_s)
         self.lost = False  # this cycle found the daemon gone that an earlier one saw running
+        self.server_running = False  # a server was listed by this cycle's daemon (after any pre-start)
+        # A server that was running when this agent changed the daemon's defaults: it keeps the earlier ones.
+        self.stale_server: int | None = None
         self._listeners: list[Callable[[], None]] = []
 
     def on_new_daemon(self, listener: Callable[[], None]) -> None:
@@ -124,8 +136,10 @@ class MpsSupervisor:
         instance = self._instance_id()
         was_running = self.state is MpsState.RUNNING
         self.lost = False
-        if instance is None or not self._probe():
-            self._instance = None
+        self.server_running = False
+        servers = self.control.server_list() if instance is not None else "no control socket"
+        if isinstance(servers, str):
+            self._instance, self.stale_server = None, None
             self.lost = was_running
             where = self.config.pipe_dir / "control"
             return self._set(MpsState.STARTING, f"no MPS control daemon answers at {where} (its pod runs it)")
@@ -135,14 +149,24 @@ class MpsSupervisor:
                 self.restarts += 1
                 self.lost = was_running  # replaced between two cycles: its clients died with it too
             self._instance, self._configured = instance, set()
-        err = self._apply_defaults(devs) or self._ensure_server()
+        if self.stale_server is not None and self.stale_server not in servers:
+            self.stale_server = None  # it has exited: servers started from now on have the defaults
+        err = self._apply_defaults(devs, servers) or self._ensure_server(servers)
         if err:
             self._instance = None  # try the whole set again next time
             return self._set(MpsState.STARTING, err)
         if new:
             for listener in self._listeners:
                 listener()
-        return self._set(MpsState.RUNNING, "")
+        return self._set(MpsState.RUNNING, self._stale_message())
+
+    def _stale_message(self) -> str:
+        if self.stale_server is None:
+            return ""
+        return (
+            f"MPS server {self.stale_server} runs with the daemon's earlier defaults: gpupack's reach "
+            "servers started after it (replace the mps-daemon pod, once its MPS pods are drained)"
+        )
 
     def _set(self, state: MpsState, message: str) -> MpsStatus:
         said = f"{state.value}: {message}"
@@ -166,27 +190,22 @@ class MpsSupervisor:
         # Not the change time: every pod directory's hard link to the socket changes it (the link count).
         return st.st_ino, st.st_mtime_ns
 
-    def _probe(self) -> bool:
-        return isinstance(self.control.server_list(), list)
-
-    def _ensure_server(self) -> str:
-        """A server running before any client ("" when one runs, or none is wanted; else why not)."""
-        if not self.config.prestart_server:
-            return ""
-        servers = self.control.server_list()
-        if isinstance(servers, str):
-            return servers
-        if servers:
+    def _ensure_server(self, servers: list[int]) -> str:
+        """A server running before any client ("" when one runs, or none is wanted; else why not), given the
+        servers the daemon listed this cycle; sets `server_running`."""
+        self.server_running = bool(servers)
+        if servers or not self.config.prestart_server:
             return ""
         started = self.control.command("start_server -uid 0")
         if not started.ok:
             return f"'start_server -uid 0' refused: {started}"
-        servers = self.control.server_list()
-        if not servers or isinstance(servers, str):
-            return f"no MPS server runs after 'start_server -uid 0' ({servers or 'none listed'})"
+        listed = self.control.server_list()
+        if not listed or isinstance(listed, str):
+            return f"no MPS server runs after 'start_server -uid 0' ({listed or 'none listed'})"
+        self.server_running = True
         return ""
 
-    def _apply_defaults(self, devices: tuple[Device, ...]) -> str:
+    def _apply_defaults(self, devices: tuple[Device, ...], servers: list[int]) -> str:
         """The configured defaults on this daemon instance, each read back: the thread share once, each
         device's memory cap once (a GPU that joins later gets its own then; one that leaves keeps its
         harmless default). "" when all hold, else what the daemon said."""
@@ -204,7 +223,11 @@ class MpsSupervisor:
                     f"get_default_device_pinned_mem_limit {d.uuid}",
                     limit,
                 ))  # fmt: skip
+        changed = False
         for set_, get, want in steps:
+            before = self.control.command(get)
+            was = number(before.text) if before.ok else None
+            changed |= was is None or abs(was - want) > 0.5
             done = self.control.command(set_)
             if not done.ok:
                 return f"{set_!r} refused: {done}"
@@ -214,4 +237,7 @@ class MpsSupervisor:
                 said = back.text if back.ok else str(back)
                 return f"{set_!r} did not hold: {get!r} says {said[:200]!r}"
         self._configured |= {"", *(d.uuid for d in devices)}
+        if changed and servers:
+            # NVIDIA: a default changed while a server runs "will only affect the next server".
+            self.stale_server = servers[0]
         return ""

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from agent.nvml.base import ComputeMode
 from agent.nvml.sample import GpuSample, NodeSample
 from agent.report import isolation as iso
 from app.core import log
@@ -135,15 +136,23 @@ def build_status(
     config: ReporterConfig,
     env_device_selection: str = "unknown",
     node_facts: iso.NodeFacts = iso.NO_NODE_FACTS,
+    mps_server: bool,
+    mps_defaults_current: bool,
 ) -> GPUNodeStatus:
+    """`mps_server`: an MPS server ran when the agent last asked the daemon (MpsSupervisor.server_running);
+    `mps_defaults_current`: no server runs with the daemon's earlier defaults (MpsSupervisor.stale_server)."""
     serving = mps.isolation == gpunode.ISOLATION_MPS
+    # A server started before the daemon's memory cap was set does not have it: no daemon-wide cap to claim.
+    node_facts = replace(node_facts, daemon_memory_cap=node_facts.daemon_memory_cap and mps_defaults_current)
 
     def isolation(g: GpuSample) -> GpuIsolation | None:  # a MIG device is its own hardware partition
-        return (
-            None
-            if g.mig_enabled
-            else iso.decide(node_facts.of(g.compute_mode, serving, sample.driver_version))
-        )
+        if g.mig_enabled:
+            return None
+        # Measured: EXCLUSIVE_PROCESS refuses a plain process only while a server runs; with none, the first
+        # plain process takes the GPU and MPS clients wait. So such a GPU is taken as one without MPS
+        # (`closed`), never `exclusive`, until a server runs.
+        serves = serving and (mps_server or g.compute_mode is not ComputeMode.EXCLUSIVE_PROCESS)
+        return iso.decide(node_facts.of(g.compute_mode, serves, sample.driver_version))
 
     gpus = tuple(_gpu_status(g, owners, gpupack_pods, isolation(g)) for g in sample.gpus)
     if sample.error:  # no reading at all: every known GPU is unhealthy, with NVML's reason

@@ -6,7 +6,10 @@ node side mounts the socket's directory there) connects and sends one command a 
   whoami               -> `pid <pid> cgroup <cgroup v2 dir>` as the allocator identified the caller
   limits               -> per GPU, `; `-separated: `<uuid> soft=<B> hard=<B> used=<B> set_boottime_ns=<N>`
                           (nvmlDeviceGetMemoryLimits_v1 for the caller's cgroup; `unlimited` where none)
-  alloc <uuid> <MiB>   -> `ok used=<B>` or `refused <CUDA error>: <why>`; held until the connection closes
+  alloc <uuid> <MiB>   -> `ok used=<B>` or `refused <CUDA error>: <why>`; held until the connection closes.
+                          A connection's first alloc on a GPU opens its context there, which the GPU's
+                          compute mode may refuse (SimulatedNvml.context_refusal: a plain process on a GPU
+                          in EXCLUSIVE_PROCESS while an MPS server runs gets CUDA_ERROR_DEVICE_UNAVAILABLE)
 
 The caller is identified as NVIDIA's memory accounting identifies an MPS client: by the pid in its socket's
 peer credentials (SO_PEERCRED), then /proc/<pid>/cgroup. The kernel gives that pid as seen from the
@@ -25,12 +28,14 @@ import socket
 import socketserver
 import struct
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from agent.enforce import memlimits
+from agent.mpsdaemon.mpscontrol import Control
 from agent.nvml.base import MEMORY_LIMIT_MAX, NvmlError
 from agent.simgpu.simlimits import Refused
-from agent.simgpu.simulated import SimulatedNvml
+from agent.simgpu.simulated import MpsView, SimulatedNvml
 from app.core import log
 
 _log = log.get("gpupack.agent.simalloc")
@@ -43,12 +48,32 @@ def peer_pid(conn: socket.socket) -> int:
     return int(pid)
 
 
+def mps_view(control: Control | None) -> MpsView:
+    """The node's MPS servers and their clients, from its daemon (none when no daemon answers)."""
+    servers = control.server_list() if control is not None else []
+    if isinstance(servers, str) or control is None:
+        return MpsView()
+    clients: set[int] = set()
+    for server in servers:
+        listed = control.client_list(server)
+        clients |= set(listed) if isinstance(listed, list) else set()
+    return MpsView(tuple(servers), frozenset(clients))
+
+
 class Allocator:
     """Answers callers over `socket_path`; `proc_root` is the host's /proc; `cgroup_root` where cgroup v2
-    is mounted (the simulated NVML's root)."""
+    is mounted (the simulated NVML's root); `mps` reads the node's MPS servers when a context opens."""
 
-    def __init__(self, nvml: SimulatedNvml, socket_path: Path, proc_root: Path, cgroup_root: str) -> None:
+    def __init__(
+        self,
+        nvml: SimulatedNvml,
+        socket_path: Path,
+        proc_root: Path,
+        cgroup_root: str,
+        mps: Callable[[], MpsView] = MpsView,
+    ) -> None:
         self.nvml = nvml
+        self.mps = mps
         self.socket_path = socket_path
         self.proc_root = proc_root
         self.cgroup_root = cgroup_root.rstrip("/")
@@ -66,13 +91,21 @@ class Allocator:
             return ""
         return "" if line is None else self.cgroup_root + line
 
-    def answer(self, words: list[str], pid: int, cgroup: str, holder: str) -> str:
+    def answer(
+        self, words: list[str], pid: int, cgroup: str, holder: str, opened: set[str] | None = None
+    ) -> str:
+        """One command's answer; `opened`: the GPUs this connection holds a context on (updated)."""
         if words == ["whoami"]:
             return f"pid {pid} cgroup {cgroup or '-'}"
         if words == ["limits"]:
             return "; ".join(self._limits(cgroup)) or "no GPUs"
         if len(words) == 3 and words[0] == "alloc" and words[2].isdigit():
             uuid, mib = words[1], int(words[2])
+            if opened is not None and uuid not in opened:
+                refused = self.nvml.context_refusal(uuid, pid, self.mps())
+                if refused is not None:
+                    return f"refused {refused.reason}"
+                opened.add(uuid)
             # Unregistered (pid 0): the allocation is charged nowhere, as with MPS memacct.
             where = cgroup or self.cgroup_root + "/(unregistered)"
             got = self.nvml.allocate(uuid, where, holder, mib * MIB, pid=pid)
@@ -106,18 +139,16 @@ class Allocator:
                 extra={"pid": pid},
             )  # fmt: skip
         holder = f"{os.getpid()}:{next(self._ids)}"
-        uuids = []
+        opened: set[str] = set()
         try:
             with conn.makefile("rwb", buffering=0) as f:
                 for raw in f:
                     words = raw.decode(errors="replace").split()
-                    if words[:1] == ["alloc"] and len(words) > 1:
-                        uuids.append(words[1])
-                    f.write(self.answer(words, pid, cgroup, holder).encode() + b"\n")
+                    f.write(self.answer(words, pid, cgroup, holder, opened).encode() + b"\n")
         except OSError:
             pass
         finally:
-            for uuid in set(uuids):  # the process's memory goes with its context
+            for uuid in opened:  # the process's memory goes with its context
                 self.nvml.limits.release(uuid, holder)
 
     def start(self) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 from agent.enforce.cgroup import PodRef
@@ -24,6 +25,17 @@ from agent.simgpu.simlimits import LimitTable, Refused
 from app.core import log
 
 _log = log.get("gpupack.agent.simgpu")
+# CUDA's error when the compute mode refuses a context (measured: EXCLUSIVE_PROCESS, a server running).
+DEVICE_UNAVAILABLE = "CUDA_ERROR_DEVICE_UNAVAILABLE"
+
+
+@dataclass(frozen=True, slots=True)
+class MpsView:
+    """The node's MPS servers as the driver knows them: whether one runs, and the pids of their clients
+    (the daemon's `get_server_list` and `get_client_list`, host pids)."""
+
+    servers: tuple[int, ...] = ()
+    clients: frozenset[int] = frozenset()
 
 
 class SimulatedNvml:
@@ -304,6 +316,43 @@ class SimulatedNvml:
         self.limits.set(g.uuid, namespace, soft_bytes, hard_bytes)
 
     # --- the simulated allocator's side (no NVML call: what cuMemAlloc meets in the driver) ---
+
+    def context_refusal(self, uuid: str, pid: int, mps: MpsView) -> Refused | None:
+        """Whether process `pid` (a host pid; 0: not known) may open a context on GPU `uuid` now, by the
+        GPU's compute mode, as measured (docs/node-side.md, "MPS as measured", "Compute mode"):
+
+        - DEFAULT: every process;
+        - EXCLUSIVE_PROCESS and an MPS server runs: the server's clients; a plain process is refused
+          (CUDA_ERROR_DEVICE_UNAVAILABLE);
+        - EXCLUSIVE_PROCESS and no server (no daemon, or a daemon before its first server): the first plain
+          process takes the GPU, a second is refused;
+        - PROHIBITED: no process (unmeasured; NVIDIA documents it).
+        A process this GPU's allocations already name keeps its context. Not modelled: an MPS client that
+        waits while a plain process holds the GPU (measured: it runs once that one exits).
+        """
+        s = self._require()
+        g = next((g for g in s.gpus if g.uuid == uuid), None)
+        if g is None or g.lost:
+            return Refused(f"CUDA_ERROR_INVALID_DEVICE: no GPU {uuid} on this node")
+        mode = self._mode(g)
+        holders = self.limits.holders(uuid)
+        if mode is ComputeMode.DEFAULT or pid <= 0 or pid in holders:
+            return None  # pid 0: the caller is unknown to the driver's accounting as to MPS's
+        if mode is ComputeMode.PROHIBITED:
+            return Refused(f"{DEVICE_UNAVAILABLE}: GPU {uuid} is in PROHIBITED compute mode")
+        if mps.servers:
+            if pid in mps.clients:
+                return None
+            return Refused(
+                f"{DEVICE_UNAVAILABLE}: GPU {uuid} is in EXCLUSIVE_PROCESS and an MPS server runs "
+                f"(pid {mps.servers[0]}): only its clients may use it"
+            )
+        plain = sorted(p for p in holders if p not in mps.clients)
+        if plain:
+            return Refused(
+                f"{DEVICE_UNAVAILABLE}: GPU {uuid} is in EXCLUSIVE_PROCESS and process {plain[0]} holds it"
+            )
+        return None
 
     def allocate(self, uuid: str, namespace: str, holder: str, nbytes: int, *, pid: int = 0) -> int | Refused:
         """Charge an allocation of process `pid` (0: unknown) in cgroup `namespace` on GPU `uuid`: its

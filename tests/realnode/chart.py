@@ -100,8 +100,9 @@ def values(cluster: Cluster, node: kubeletnode.RealNode, image: str, model: str,
                 "binary": STANDIN_MPS,  # the stand-in daemon (no GPU, no NVIDIA binary here)
                 "pipeDir": str(mps_pipe_dir(cluster)),
                 "logDir": str(cluster.dir / "mps-log"),
-                "exclusiveProcess": True,
-                # GPU 1 stays in DEFAULT: the node offers both modes (MPS-only GPU 0, time-slicing GPU 1).
+                # exclusiveProcess and multiUser as shipped (on): MPS GPUs in EXCLUSIVE_PROCESS, a server
+                # started before any client. GPU 1 stays in DEFAULT: the node offers both modes (MPS-only
+                # GPU 0, time-slicing GPU 1).
                 "timeSliceGpus": [1],
             },
             "toolkitConfigDir": str(cluster.dir / "toolkit"),

@@ -231,7 +231,11 @@ def test_upgrade_rolls_the_components_but_not_the_daemon_and_running_pods_keep_t
     # A pod as gpupack admitted MPS shares before the node side: the whole pipe dir as a hostPath volume,
     # no RuntimeClass. It must keep running, reaching the daemon, through the rollout (docs/node-side.md).
     # 0.25: it fits beside a 0.75 holder.
-    legacy_ns = new_namespace(kube, {"pod-security.kubernetes.io/enforce": "privileged"})
+    # Its namespace marked as one whose pods may still mount the pipe directory (the chart's mps-pipe-dir
+    # policy refuses such a pod created anywhere else).
+    legacy_ns = new_namespace(
+        kube, {"pod-security.kubernetes.io/enforce": "privileged", "gpupack.io/mps-pipe-dir": "allowed"}
+    )
     probe = "while true; do test -S /tmp/nvidia-mps/control && echo reach-$(date +%s); sleep 1; done"
     legacy = busybox_pod("legacy", {names.GPU_FRACTION: "0.25"}, {"main": ("sh", "-c", probe)}, node.name)
     legacy["spec"]["volumes"] = [

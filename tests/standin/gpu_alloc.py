@@ -14,7 +14,10 @@ Default socket: /run/gpupack/sim-gpu/alloc.sock (where the node side mounts it).
 
 Like a CUDA process, it is an MPS client wherever its CUDA_MPS_PIPE_DIRECTORY has a live daemon: it attaches
 to the (stand-in) daemon for its whole life, so the daemon lists it (get_client_list) by its pid; with no
-daemon there it runs as a plain process (docs/node-side.md, "MPS as measured": a direct context).
+daemon there it runs as a plain process (docs/node-side.md, "MPS as measured": a direct context). Its first
+`alloc` on a GPU opens its context there, which the GPU's compute mode may refuse: a plain process on a GPU in
+EXCLUSIVE_PROCESS gets `refused CUDA_ERROR_DEVICE_UNAVAILABLE` while an MPS server runs (measured), or while
+another plain process holds it (agent.simgpu.simulated.SimulatedNvml.context_refusal).
 """
 
 from __future__ import annotations

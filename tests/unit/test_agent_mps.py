@@ -246,3 +246,27 @@ def test_a_pods_link_to_the_socket_is_not_a_new_daemon(cfg: MpsConfig) -> None:
     os.link(cfg.pipe_dir / "control", pod_dir / "control")
     assert sup.not_ready() == ""
     assert sup.tick(DEVS, 5.0).state == "running" and sup.restarts == 0 and not sup.lost
+
+
+def test_new_defaults_on_a_daemon_whose_server_runs_are_said_to_wait_for_a_new_server(cfg: MpsConfig) -> None:
+    """NVIDIA: a default changed while a server runs "will only affect the next server". A new agent with
+    other defaults sets them, keeps the running server (its clients' contexts live there), and says that
+    server still has the earlier ones, until it is gone; the next server is started with the new ones."""
+    daemon(cfg)
+    assert MpsSupervisor(cfg).tick(DEVS, 0.0).state == "running"
+    (server,) = run(cfg, "get_server_list").split()
+    same = MpsSupervisor(cfg)  # a restarted agent, same defaults: nothing changed
+    assert same.tick(DEVS, 0.0).message == "" and same.stale_server is None
+    changed = MpsSupervisor(
+        MpsConfig(
+            binary=cfg.binary, pipe_dir=cfg.pipe_dir, default_pinned_mem_limit_mib=8192, command_timeout_s=20
+        )
+    )
+    status = changed.tick(DEVS, 0.0)
+    assert status.state == "running" and changed.stale_server == int(server)
+    assert f"MPS server {server} runs with the daemon's earlier defaults" in status.message
+    assert run(cfg, "get_server_list").split() == [server]  # kept
+    run(cfg, f"shutdown_server {server} -f")
+    status = changed.tick(DEVS, 5.0)
+    assert status.state == "running" and status.message == "" and changed.stale_server is None
+    assert run(cfg, "get_server_list").split() not in ([], [server])  # a new server, with the new defaults

@@ -171,6 +171,12 @@ def test_mps_daemon_matches_its_plain_manifest_and_never_rolls(objects: list[dic
                 assert gc.get(key) == rc.get(key), (kind, key)
     (daemon,) = gt["containers"]
     assert daemon["command"] == ["nvidia-cuda-mps-control", "-f", "-M"]  # foreground, multi-user
+    # Closed by default (docs/node-side.md): idle MPS GPUs in EXCLUSIVE_PROCESS before the daemon starts,
+    # kept there by the agent, which starts a server before any client (no --no-mps-prestart-server).
+    (prepare,) = gt["initContainers"]
+    assert "--compute-mode=exclusive-process" in prepare["args"]
+    args = find(objects, "DaemonSet", "gpupack-agent")["spec"]["template"]["spec"]["containers"][0]["args"]
+    assert "--mps-exclusive-process" in args and "--no-mps-prestart-server" not in args
     agent = find(objects, "DaemonSet", "gpupack-agent")["spec"]["template"]["spec"]
     assert "hostIPC" not in agent  # the agent holds no part of MPS any more
     pipe = next(v for v in gt["volumes"] if v["name"] == "mps-pipe")
@@ -372,7 +378,12 @@ def test_quota_policy_refuses_new_limits_on_the_placement_resources_naming_the_q
 def test_every_policy_has_a_denying_binding(objects: list[dict[str, Any]]) -> None:
     policies = {o["metadata"]["name"] for o in objects if o["kind"] == "ValidatingAdmissionPolicy"}
     bindings = [o for o in objects if o["kind"] == "ValidatingAdmissionPolicyBinding"]
-    assert policies == {"gpupack-pod-allocation", "gpupack-agent-own-node", "gpupack-quota-resources"}
+    assert policies == {
+        "gpupack-pod-allocation",
+        "gpupack-agent-own-node",
+        "gpupack-quota-resources",
+        "gpupack-mps-pipe-dir",
+    }
     assert {b["spec"]["policyName"] for b in bindings} == policies
     assert all(
         b["spec"]["validationActions"] == ["Deny"] and "matchResources" not in b["spec"] for b in bindings

@@ -27,11 +27,12 @@ from agent.simgpu.simulated import SimulatedNvml
 from app.core import explain, names, request
 from app.core.errors import Shortfall
 from app.core.isolation import ComputeEnforcement, MemoryEnforcement, Sharing
-from app.core.model import Demand, Gpu, Node
+from app.core.model import Allocation, Demand, Gpu, Node
 from app.core.placement import Placement, place, registry
 from app.core.placement.fit import headroom, headroom_fits, is_share, node_fits, node_misfit
 from app.core.podview import ContainerView, Kind, PodView
 from app.core.request import GpuRequest
+from app.kube.calls import Request
 from app.kube.gpunode import (
     GpuIsolation,
     GPUNode,
@@ -462,3 +463,146 @@ def test_the_agent_offers_per_cgroup_limits_only_with_its_node_socket(tmp_path: 
     root = Path("/sys/fs/cgroup")
     expected = (root / "cgroup.controllers").exists() or (root / "unified" / "cgroup.controllers").exists()
     assert build(with_socket, lambda r: {}, time.monotonic).config.isolation.per_cgroup_memory is expected
+
+
+def test_an_exclusive_process_gpu_is_claimed_exclusive_only_while_a_server_runs(tmp_path: Path) -> None:
+    """Measured (docs/node-side.md, "MPS as measured"): EXCLUSIVE_PROCESS refuses a plain process only while
+    an MPS server runs. A daemon with no server (here one the agent does not pre-start a server on) leaves
+    the GPU open to the first plain process, so the GPUNode says `closed` (no new share), not `exclusive`,
+    until the daemon lists a server; then `exclusive` in the same cycle."""
+    sim_file = tmp_path / "gpus.yaml"
+    write_yaml(sim_file, {"gpus": [{"model": "A100-40GB"}]})
+    nvml = SimulatedNvml(sim_file, "n1", state_dir=tmp_path / "driver", privileged=True)
+    pipe = tmp_path / "pipe"
+    nvml.init()
+    mpsprep.write_ready(pipe, mpsprep.apply(nvml, EXCL), mpsprep.boot_id())
+    start_standin(pipe)
+    try:
+        agent = Agent(
+            AgentConfig(
+                "n1",
+                ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256),
+                mps_compute_mode=EXCL,
+            ),
+            nvml=nvml,
+            resolver=nvml,
+            mps=MpsSupervisor(MpsConfig(binary=str(STANDIN), pipe_dir=pipe, prestart_server=False)),
+            send=lambda _req: {},
+            clock=Clock(),
+        )
+        first = agent.step()
+        assert first.mps.state == "running" and standin(pipe, command="get_server_list\n").stdout == ""
+        assert [g.isolation.mps_mode for g in first.gpus if g.isolation] == ["closed"]
+        assert standin(pipe, command="start_server -uid 0\n").returncode == 0  # e.g. a client came
+        after = agent.step()
+        assert [g.isolation.mps_mode for g in after.gpus if g.isolation] == ["exclusive"]
+    finally:
+        stop_standin(pipe)
+
+
+def test_a_gpu_holding_an_isolation_none_share_is_not_switched_while_idle(tmp_path: Path) -> None:
+    """With EXCLUSIVE_PROCESS the default, an upgrade or a busy start can leave an `isolation: none` share on
+    a DEFAULT GPU. Between its processes that GPU is idle; switched then, the pod's next process would be
+    refused (a server runs). It stays DEFAULT while the share is there, and is switched once it is gone."""
+    sim_file = tmp_path / "gpus.yaml"
+    write_yaml(sim_file, {"gpus": [{"model": "A100-40GB"}, {"model": "A100-40GB"}]})
+    nvml = SimulatedNvml(sim_file, "n1", state_dir=tmp_path / "driver", privileged=True)
+    nvml.init()
+    alloc = Allocation("n1", (0,), (nvml.uuid(0),), 500, 20480)
+    asked = {names.GPU_FRACTION: "0.5", names.ISOLATION: "none", **alloc.to_annotations()}
+    pod = {
+        "metadata": {"uid": "u-none", "namespace": "ml", "name": "plain",
+                     "labels": {names.LABEL_MANAGED: "true"}, "annotations": asked},
+        "spec": {"nodeName": "n1", "containers": [{"name": "main"}]},
+        "status": {"phase": "Running"},
+    }  # fmt: skip
+    pods = [pod]
+
+    def send(req: Request) -> dict[str, object]:
+        return {"items": pods} if req.method == "GET" and req.path == "/api/v1/pods" else {}
+
+    clock = Clock()
+    agent = Agent(
+        AgentConfig(
+            "n1",
+            ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256),
+            mps_compute_mode=EXCL,
+        ),
+        nvml=nvml,
+        resolver=nvml,
+        mps=MpsSupervisor(MpsConfig(binary=str(STANDIN), pipe_dir=tmp_path / "pipe")),  # no daemon runs
+        send=send,
+        clock=clock,
+    )
+    for _ in range(2):
+        agent.step()
+        clock.now += 31
+    assert [nvml.compute_mode(i) for i in (0, 1)] == [DEFAULT, EXCL]
+    pods.clear()  # the share has gone
+    for _ in range(3):
+        agent.step()
+        clock.now += 31
+    assert [nvml.compute_mode(i) for i in (0, 1)] == [EXCL, EXCL]
+
+
+def test_a_server_started_before_the_daemons_memory_cap_gives_no_daemon_default_claim(tmp_path: Path) -> None:
+    """An agent that adds a daemon-wide memory cap (agent.mps.defaultPinnedMemoryLimitMiB) to a daemon whose
+    server already runs: that server keeps running without the cap, so the GPU claims `client-env` memory, not
+    `daemon-default`, until the server has been replaced."""
+    sim_file = tmp_path / "gpus.yaml"
+    write_yaml(sim_file, {"gpus": [{"model": "A100-40GB"}]})
+    nvml = SimulatedNvml(sim_file, "n1", state_dir=tmp_path / "driver", privileged=True)
+    pipe = tmp_path / "pipe"
+    nvml.init()
+    mpsprep.write_ready(pipe, mpsprep.apply(nvml, EXCL), mpsprep.boot_id())
+    start_standin(pipe)
+    try:
+        assert standin(pipe, command="start_server -uid 0\n").returncode == 0  # an earlier agent's server
+        (server,) = standin(pipe, command="get_server_list\n").stdout.split()
+        clock = Clock()
+        agent = Agent(
+            AgentConfig(
+                "n1",
+                ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256),
+                mps_compute_mode=EXCL,
+                isolation=iso.NodeFacts(daemon_memory_cap=True),
+            ),
+            nvml=nvml,
+            resolver=nvml,
+            mps=MpsSupervisor(
+                MpsConfig(
+                    binary=str(STANDIN),
+                    pipe_dir=pipe,
+                    default_pinned_mem_limit_mib=8192,
+                    command_timeout_s=20,
+                )
+            ),
+            send=lambda _req: {},
+            clock=clock,
+        )
+        first = agent.step()
+        assert first.mps.state == "running" and server in first.mps.message
+        assert [(g.isolation.mps_mode, g.isolation.memory) for g in first.gpus if g.isolation] == [
+            ("exclusive", M.CLIENT_ENV)
+        ]
+        assert standin(pipe, command=f"shutdown_server {server} -f\n").returncode == 0
+        clock.now += 5
+        after = agent.step()  # a new server, started with the cap
+        assert [(g.isolation.mps_mode, g.isolation.memory) for g in after.gpus if g.isolation] == [
+            ("exclusive", M.DAEMON_DEFAULT)
+        ]
+    finally:
+        stop_standin(pipe)
+
+
+def test_a_gpu_with_room_held_only_by_its_mode_is_the_reason_not_the_others_room() -> None:
+    """While the MPS daemon is down, an MPS GPU is `closed`: a new MPS pod that would fit there is told so,
+    not that the node's other (full) GPU lacks room."""
+    down = node(gpu(0, Sharing.CLOSED, milli=500), gpu(1, Sharing.SHARED, M.CLIENT_ENV, milli=1000))
+    reason = node_misfit(down, HALF)
+    assert reason is not None and reason.shortfall is Shortfall.ISOLATION, reason
+    assert "GPU 0 in EXCLUSIVE_PROCESS with no MPS daemon serving it (sharing 'closed')" in reason.rule
+    # No room anywhere: the room is the reason.
+    full = node(gpu(0, Sharing.CLOSED, milli=1000), gpu(1, Sharing.SHARED, M.CLIENT_ENV, milli=1000))
+    reason = node_misfit(full, HALF)
+    assert reason is not None and reason.shortfall is Shortfall.GPU_SHARE

@@ -381,15 +381,25 @@ def _gpu_shortfall(node: Node, demand: Demand, margin_mib: int) -> PlacementReas
             passing=len(admitted),
             detail=mode_misfit(gpus, demand),
         )
-    gpus = admitted
     checks: tuple[tuple[_Check, Shortfall], ...] = (
         (_milli_check, Shortfall.GPU_SHARE),
         (_memory_check, Shortfall.GPU_MEMORY),
     )
+    # GPUs with room that only their mode keeps from the demand (e.g. `closed` while the MPS daemon is
+    # down): if they are what is missing, their mode is the reason, not the room of the others.
+    held_by_mode = [
+        g for g in gpus if g not in admitted and all(c(g, demand, margin_mib)[0] for c, _ in checks)
+    ]
+    gpus = admitted
     for check, shortfall in checks:
         results = [check(g, demand, margin_mib) for g in gpus]
         passing = [g for g, r in zip(gpus, results, strict=True) if r[0]]
         if len(passing) < demand.count:
+            if len(passing) + len(held_by_mode) >= demand.count:
+                return PlacementReason(
+                    node.name, None, Shortfall.ISOLATION, count=demand.count, passing=len(admitted),
+                    detail=mode_misfit(held_by_mode, demand),
+                )  # fmt: skip
             return PlacementReason(
                 node.name,
                 None,
