@@ -181,7 +181,11 @@ def run_cluster(
                     extra=("--policy", policy, "--heartbeat-timeout", "86400"),
                 )
                 web = webhook_spec(
-                    cluster.webhook_port, cluster.webhook_cert_file, cluster.webhook_key_file, cluster.ca_file
+                    cluster.webhook_port,
+                    cluster.webhook_cert_file,
+                    cluster.webhook_key_file,
+                    cluster.ca_file,
+                    cluster.kubeconfig_for(WEBHOOK),
                 )
                 cluster.start_processes([ext, web], lambda m: progress(f"{policy}: {m}"))
                 Components().register_webhook(cluster)

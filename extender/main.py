@@ -64,6 +64,7 @@ def create_app(settings: Settings, runtime: Runtime | None = None) -> FastAPI:
     app.state.runtime = rt
     app.state.pod_readings = Readings()
     app.state.metrics_registry = metrics.registry(lambda: gauges_of(rt))
+    app.router.routes += scheduling.VERB_ROUTES
     for router in (scheduling.router, ops.router, state.router):
         app.include_router(router)
     app.add_exception_handler(RequestValidationError, _malformed)  # type: ignore[arg-type]

@@ -338,3 +338,19 @@ def test_pod_readers_never_raise_on_wrong_types(obj: Any) -> None:
     info = pod_info(obj)
     assert isinstance(info.demand, Demand | tuple)
     assert pod_demand(read(obj)) == info.demand
+
+
+UNPARSED = [
+    pytest.param(b"", 422, "body: Field required", id="empty"),
+    pytest.param(b'{"Pod": ', 422, "body: JSON decode error at character 8", id="cut-short"),
+    pytest.param(b'{"Pod": "\x80"}', 400, "body: There was an error parsing the body", id="not-utf8"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "message"), UNPARSED)
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_bodies_that_are_not_json_name_the_body(
+    extender: TestClient, verb: str, body: bytes, status: int, message: str
+) -> None:
+    r = _post(extender, f"/{verb}", body)
+    assert (r.status_code, r.json()["message"]) == (status, message)

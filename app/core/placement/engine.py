@@ -316,11 +316,14 @@ class Engine:
         if len(wanted) < BATCH_MIN:
             return
         batch = list(wanted.values())
-        answers = shape.array.judge(batch, [self.read(node) for node in batch], shape.demand)
-        remember = self.standing.remember
-        for (sid, node), got in zip(wanted.items(), answers, strict=True):
-            if got is not None:  # else the array form leaves this one to the policy
-                memo[sid] = remember(node, got)
+        # `read` per node, by the state ids already at hand (a call per node is a tenth of the pass).
+        assert self.array is not None  # a shape has an array form only where the engine does
+        reads, read = self.reads, self.array.read
+        rows = [
+            reads[sid] if sid in reads else reads.setdefault(sid, read(node)) for sid, node in wanted.items()
+        ]
+        answers = shape.array.judge(batch, rows, shape.demand)
+        self.standing.remember(memo, wanted.items(), answers)
 
     def score(self, shape: Shape, node: Node, sid: int) -> float:
         """The policy's score of `node` (state `sid`) for `shape`, keeping the GPUs it would use."""
@@ -435,8 +438,11 @@ class Standing(Protocol):
         """Judge the positions of `todo` for `shape` at their current versions, onto its heap."""
         ...
 
-    def remember(self, node: Node, got: Judged) -> object:
-        """The memo entry for an array form's answer on `node`."""
+    def remember(
+        self, memo: dict[int, object], judged: Iterable[tuple[int, Node]], answers: Iterable[Judged | None]
+    ) -> None:
+        """Enter an array form's answers on the (state id, node) pairs of `judged` in `memo`, but for the
+        nodes it leaves to the policy (None)."""
         ...
 
     def verdict(self, engine: Engine, shape: Shape, node: Node) -> Verdict:
@@ -509,10 +515,16 @@ class RefusalStanding:
     def _refused(self, node: Node, reason: PlacementReason) -> tuple[Verdict, Refusal]:
         return Verdict(node, reason), (reason, self.describe(reason))
 
-    def remember(self, node: Node, got: Judged) -> object:
-        if isinstance(got, PlacementReason):
-            return self._refused(node, got)
-        return (Verdict(node, None, got), None)
+    def remember(
+        self, memo: dict[int, object], judged: Iterable[tuple[int, Node]], answers: Iterable[Judged | None]
+    ) -> None:
+        refused = self._refused
+        for (sid, node), got in zip(judged, answers, strict=True):
+            if got is None:
+                continue
+            memo[sid] = (
+                refused(node, got) if isinstance(got, PlacementReason) else (Verdict(node, None, got), None)
+            )
 
     def verdict(self, engine: Engine, shape: Shape, node: Node) -> Verdict:
         sid = engine.intern(node)
@@ -588,8 +600,12 @@ class HeadroomStanding:
                 elif share:
                     unfit[i] = v
 
-    def remember(self, node: Node, got: Judged) -> object:
-        return None if isinstance(got, PlacementReason) else got
+    def remember(
+        self, memo: dict[int, object], judged: Iterable[tuple[int, Node]], answers: Iterable[Judged | None]
+    ) -> None:
+        for (sid, _), got in zip(judged, answers, strict=True):
+            if got is not None:
+                memo[sid] = None if isinstance(got, PlacementReason) else got
 
     def verdict(self, engine: Engine, shape: Shape, node: Node) -> Verdict:
         raise ValueError("verdicts carry refusals: build the engine with a RefusalStanding")
