@@ -48,7 +48,10 @@ def policy(kube: Any, helm_path: str) -> Iterator[Namespaces]:
     core = client.CoreV1Api(kube)
     for name in (ns.guarded, ns.exempt):
         core.create_namespace({"metadata": {"name": name}})
-    for name in (REFUSED, "gpupack"):  # the admission plugin refuses a pod of a class that does not exist
+    node_api = client.NodeV1Api(kube)
+    existing = {rc.metadata.name for rc in node_api.list_runtime_class().items}
+    made = [name for name in (REFUSED, "gpupack") if name not in existing]
+    for name in made:  # the admission plugin refuses a pod of a class that does not exist
         create(kube, {"apiVersion": "node.k8s.io/v1", "kind": "RuntimeClass", "metadata": {"name": name},
                       "handler": name})  # fmt: skip
     docs = render(
@@ -87,6 +90,8 @@ def policy(kube: Any, helm_path: str) -> Iterator[Namespaces]:
         api.delete_validating_admission_policy(policy["metadata"]["name"])
         for name in (ns.guarded, ns.exempt):
             core.delete_namespace(name)
+        for name in made:  # the shared control plane as this module found it (the chart installs "gpupack")
+            node_api.delete_runtime_class(name)
 
 
 def admit(core: Any, namespace: str, name: str, runtime_class: str | None) -> str | None:
