@@ -9,6 +9,7 @@ import random
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -332,19 +333,7 @@ def test_a_gpu_busy_at_the_daemons_start_is_placed_by_its_actual_mode_until_swit
     start_standin(pipe)
     try:
         clock = Clock()
-        agent = Agent(
-            AgentConfig(
-                "n1",
-                ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256),
-                mps_compute_mode=EXCL,
-                isolation=iso.NodeFacts(daemon_memory_cap=True),
-            ),
-            nvml=nvml,
-            resolver=nvml,
-            mps=MpsSupervisor(mps_config),
-            send=lambda _req: {},
-            clock=clock,
-        )
+        agent = exclusive_agent(nvml, mps_config, clock=clock, facts=iso.NodeFacts(daemon_memory_cap=True))
         first = agent.step()
         assert [g.isolation.mps_mode for g in first.gpus if g.isolation] == ["exclusive", "shared"]
         assert first.summary.memory_enforcement == "client-env"  # the weakest GPU's
@@ -393,6 +382,25 @@ def standin(pipe: Path, *args: str, command: str = "") -> subprocess.CompletedPr
         [sys.executable, str(STANDIN), *args], input=command, env=env, capture_output=True, text=True,
         timeout=20, check=False,
     )  # fmt: skip
+
+
+def exclusive_agent(
+    nvml: SimulatedNvml,
+    mps: MpsConfig,
+    *,
+    clock: Clock,
+    send: Callable[[Request], dict[str, object]] = lambda _req: {},
+    facts: iso.NodeFacts | None = None,
+) -> Agent:
+    """An agent whose MPS GPUs go to EXCLUSIVE_PROCESS, with the stand-in daemon as `mps` configures it."""
+    config = AgentConfig(
+        "n1",
+        ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256),
+        mps_compute_mode=EXCL,
+    )
+    if facts is not None:
+        config = replace(config, isolation=facts)
+    return Agent(config, nvml=nvml, resolver=nvml, mps=MpsSupervisor(mps), send=send, clock=clock)
 
 
 def start_standin(pipe: Path) -> None:
@@ -478,17 +486,8 @@ def test_an_exclusive_process_gpu_is_claimed_exclusive_only_while_a_server_runs(
     mpsprep.write_ready(pipe, mpsprep.apply(nvml, EXCL), mpsprep.boot_id())
     start_standin(pipe)
     try:
-        agent = Agent(
-            AgentConfig(
-                "n1",
-                ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256),
-                mps_compute_mode=EXCL,
-            ),
-            nvml=nvml,
-            resolver=nvml,
-            mps=MpsSupervisor(MpsConfig(binary=str(STANDIN), pipe_dir=pipe, prestart_server=False)),
-            send=lambda _req: {},
-            clock=Clock(),
+        agent = exclusive_agent(
+            nvml, MpsConfig(binary=str(STANDIN), pipe_dir=pipe, prestart_server=False), clock=Clock()
         )
         first = agent.step()
         assert first.mps.state == "running" and standin(pipe, command="get_server_list\n").stdout == ""
@@ -522,18 +521,9 @@ def test_a_gpu_holding_an_isolation_none_share_is_not_switched_while_idle(tmp_pa
         return {"items": pods} if req.method == "GET" and req.path == "/api/v1/pods" else {}
 
     clock = Clock()
-    agent = Agent(
-        AgentConfig(
-            "n1",
-            ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256),
-            mps_compute_mode=EXCL,
-        ),
-        nvml=nvml,
-        resolver=nvml,
-        mps=MpsSupervisor(MpsConfig(binary=str(STANDIN), pipe_dir=tmp_path / "pipe")),  # no daemon runs
-        send=send,
-        clock=clock,
-    )
+    agent = exclusive_agent(
+        nvml, MpsConfig(binary=str(STANDIN), pipe_dir=tmp_path / "pipe"), clock=clock, send=send
+    )  # no daemon runs
     for _ in range(2):
         agent.step()
         clock.now += 31
@@ -560,25 +550,16 @@ def test_a_server_started_before_the_daemons_memory_cap_gives_no_daemon_default_
         assert standin(pipe, command="start_server -uid 0\n").returncode == 0  # an earlier agent's server
         (server,) = standin(pipe, command="get_server_list\n").stdout.split()
         clock = Clock()
-        agent = Agent(
-            AgentConfig(
-                "n1",
-                ReporterConfig(heartbeat_s=30, min_interval_s=5, memory_threshold_mib=256),
-                mps_compute_mode=EXCL,
-                isolation=iso.NodeFacts(daemon_memory_cap=True),
+        agent = exclusive_agent(
+            nvml,
+            MpsConfig(
+                binary=str(STANDIN),
+                pipe_dir=pipe,
+                default_pinned_mem_limit_mib=8192,
+                command_timeout_s=20,
             ),
-            nvml=nvml,
-            resolver=nvml,
-            mps=MpsSupervisor(
-                MpsConfig(
-                    binary=str(STANDIN),
-                    pipe_dir=pipe,
-                    default_pinned_mem_limit_mib=8192,
-                    command_timeout_s=20,
-                )
-            ),
-            send=lambda _req: {},
             clock=clock,
+            facts=iso.NodeFacts(daemon_memory_cap=True),
         )
         first = agent.step()
         assert first.mps.state == "running" and server in first.mps.message
