@@ -25,6 +25,7 @@ from pathlib import Path
 
 import pytest
 
+from app.kube.client import Kube
 from tests.devcluster import BinariesError, Cluster, ensure_binaries, kubeletnode
 
 from . import chart
@@ -86,3 +87,11 @@ def real_cluster(
             yield cluster, node
     except kubeletnode.RealNodeError as exc:  # another real node runs, or this one left something behind
         pytest.fail(str(exc), pytrace=False)
+
+
+@pytest.fixture
+def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
+    """A client of the real node's cluster, closed after the test."""
+    k = Kube.connect(str(real_cluster[0].kubeconfig))
+    yield k
+    k.close()

@@ -15,10 +15,7 @@ CUDA_ERROR_DEVICE_UNAVAILABLE).
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
-
-import pytest
 
 from app.core import names
 from app.kube import paths
@@ -38,13 +35,6 @@ SCRIPT = (
     'echo "MPS $(python3 /standin/gpu_alloc.py "alloc $G 100")"; '
     "echo DONE; sleep 3600"
 )
-
-
-@pytest.fixture
-def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
-    k = Kube.connect(str(real_cluster[0].kubeconfig))
-    yield k
-    k.close()
 
 
 def mps_clients(cluster: Cluster) -> dict[str, str]:

@@ -18,7 +18,6 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -49,13 +48,6 @@ def script(first: int, second: int) -> str:
         f'python3 /standin/gpu_alloc.py "alloc $G {first}" "alloc $G {second}" "alloc $G 1" limits; '
         "echo DONE; sleep 3600"
     )
-
-
-@pytest.fixture
-def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
-    k = Kube.connect(str(real_cluster[0].kubeconfig))
-    yield k
-    k.close()
 
 
 def table(cluster: Cluster, uuid: str) -> dict[str, Any]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import urllib.request
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -23,13 +22,6 @@ PROBE = "gpupack-realnode-probe"
 MAIN = ("sh", "-c", 'env; echo "MPSDIR=$(ls -A "$CUDA_MPS_PIPE_DIRECTORY" | tr "\\n" " ")"')
 SIDE = ("env",)
 ENV_CHECK_TIMEOUT_S = 60  # the chart's agent samples every 5 s
-
-
-@pytest.fixture
-def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
-    k = Kube.connect(str(real_cluster[0].kubeconfig))
-    yield k
-    k.close()
 
 
 @pytest.fixture

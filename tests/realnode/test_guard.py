@@ -11,7 +11,6 @@ spec's, and the guard's record mounted in it.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -31,13 +30,6 @@ ASKS = [
     {"name": names.ENV_NVIDIA_VISIBLE_DEVICES, "value": "all"},  # what a CUDA base image sets
     {"name": "NVIDIA_GPU_MEMORY_LIMIT", "value": "80G"},
 ]
-
-
-@pytest.fixture
-def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
-    k = Kube.connect(str(real_cluster[0].kubeconfig))
-    yield k
-    k.close()
 
 
 def asking_for_every_gpu(name: str, node: str, annotations: dict[str, str] | None = None) -> dict[str, Any]:

@@ -2,10 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-
-import pytest
-
 from app.core import names
 from app.kube.calls import Request
 from app.kube.client import Kube
@@ -13,13 +9,6 @@ from tests.devcluster import Cluster, kubeletnode
 from tests.devcluster.identities import GPUPACK_NAMESPACE
 
 from . import chart
-
-
-@pytest.fixture
-def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
-    k = Kube.connect(str(real_cluster[0].kubeconfig))
-    yield k
-    k.close()
 
 
 def test_components_run_on_the_real_node_from_the_local_image(

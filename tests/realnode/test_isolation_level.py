@@ -11,10 +11,7 @@ simulated driver keeps the compute modes.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from app.core import names
 from app.kube import paths
@@ -23,13 +20,6 @@ from app.kube.client import Kube
 from tests.devcluster import Cluster, kubeletnode, wait_for
 
 from .pods import busybox_pod, idle_node, new_namespace, run_to_completion
-
-
-@pytest.fixture
-def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
-    k = Kube.connect(str(real_cluster[0].kubeconfig))
-    yield k
-    k.close()
 
 
 def isolation_of(kube: Kube, node: str) -> list[dict[str, Any]]:

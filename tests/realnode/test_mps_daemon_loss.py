@@ -19,11 +19,8 @@ import functools
 import os
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from app.core import names
 from app.kube import paths
@@ -49,13 +46,6 @@ OLD_B = f'{CLIENT} --hold; echo "LOST exit=$?"; sleep 3600'
 NEW = f'echo "THREADS=$CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"; {CLIENT} --memory; echo "EXIT=$?"'
 # Generous bounds: the agent's cycle is 5 s; the issue asks for the GPUNode within 10 s.
 SEEN_WITHIN_S = 20
-
-
-@pytest.fixture
-def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
-    k = Kube.connect(str(real_cluster[0].kubeconfig))
-    yield k
-    k.close()
 
 
 def mps_of(kube: Kube, node: str) -> tuple[str, list[str]]:

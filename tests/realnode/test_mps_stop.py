@@ -41,13 +41,6 @@ VICTIM = f"trap 'kill -TERM $P; wait $P; exit 143' TERM; {CLIENT} --work 600 & P
 NEIGHBOUR = f'{CLIENT} --work 20; echo "EXIT=$?"'
 
 
-@pytest.fixture
-def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
-    k = Kube.connect(str(real_cluster[0].kubeconfig))
-    yield k
-    k.close()
-
-
 def _pod_path(ns: str, name: str) -> str:
     return f"/api/v1/namespaces/{ns}/pods/{name}"
 

@@ -11,10 +11,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
 from typing import Any
-
-import pytest
 
 from app.core import names
 from app.kube.calls import MERGE_PATCH, Request
@@ -50,13 +47,6 @@ CLIENT = (
     "echo \"END=$(cut -d' ' -f1 /proc/uptime)\"; "
     'echo "MPSDIR=$(ls -A "$CUDA_MPS_PIPE_DIRECTORY" | tr "\\n" " ")"'
 )
-
-
-@pytest.fixture
-def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
-    k = Kube.connect(str(real_cluster[0].kubeconfig))
-    yield k
-    k.close()
 
 
 def log_of(kube: Kube, ns: str, pod: str, container: str = "main", previous: bool = False) -> dict[str, str]:

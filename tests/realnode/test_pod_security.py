@@ -9,7 +9,6 @@ A share with isolation `none` adds nothing Pod Security checks and runs at `rest
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -30,13 +29,6 @@ RESTRICTED_POD_SECURITY = {
     "seccompProfile": {"type": "RuntimeDefault"},
 }
 RESTRICTED_CONTAINER_SECURITY = {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}}
-
-
-@pytest.fixture
-def kube(real_cluster: tuple[Cluster, kubeletnode.RealNode]) -> Iterator[Kube]:
-    k = Kube.connect(str(real_cluster[0].kubeconfig))
-    yield k
-    k.close()
 
 
 def restricted(pod: dict[str, Any]) -> dict[str, Any]:
