@@ -99,6 +99,7 @@ class Agent:
         self._pods: dict[str, PodInfo] = {}
         self._pods_at = float("-inf")
         self._pods_read = False  # listed at least once (a failed listing leaves the last one)
+        self._daemon_loss_untold: set[str] = set()  # shared GPUs of a daemon lost, its pods not yet told
         self._refs: dict[int, PodRef | None] = {}
         self._reported: set[tuple[str, verify.Kind, str]] = set()
         self._series: dict[Any, set[tuple[str, ...]]] = {}
@@ -148,9 +149,16 @@ class Agent:
         self._spec = spec
         mps = self.mps.tick([Device(g.uuid, g.memory_mib) for g in spec.shared_gpus], now)
         if self.mps.lost:
-            self._tell_daemon_lost({g.uuid for g in spec.shared_gpus}, now)
+            # Told from the node's pods as they are now: one placed since the last listing (read once a
+            # heartbeat) lost its clients too. Until a listing succeeds, each cycle lists again.
+            self._daemon_loss_untold = {g.uuid for g in spec.shared_gpus}
+        if self._daemon_loss_untold:
+            self._pods_at = float("-inf")
         refs = self._resolve(sample)
-        self._refresh_pods(sample, now)
+        listed = self._refresh_pods(sample, now)
+        if self._daemon_loss_untold and listed:
+            self._tell_daemon_lost(self._daemon_loss_untold, now)
+            self._daemon_loss_untold = set()
         self._check_env(now)
         verdict = verify.verify(sample, refs, self._pods)
         self._handle_violations(verdict, now)
@@ -211,7 +219,8 @@ class Agent:
         }
         return self._refs
 
-    def _refresh_pods(self, sample: NodeSample, now: float) -> None:
+    def _refresh_pods(self, sample: NodeSample, now: float) -> bool:
+        """Read the node's pods when due; True when this call read them."""
         cfg = self.config.reporter
         unknown = any(
             ref is not None and ref.pod_uid not in self._pods for ref in self._refs.values()
@@ -220,16 +229,17 @@ class Agent:
             (unknown or self._env_relist) and now - self._pods_at >= cfg.min_interval_s
         )
         if not due:
-            return
+            return False
         self._pods_at = now
         try:
             out = self.send(verify.list_pods(self.config.node))
         except KubeError as exc:
             _log.warning("listing pods failed", extra={"code": exc.code, "error": exc.message})
-            return
+            return False
         self._pods = {p.uid: p for p in (pod_info(i) for i in out.get("items", [])) if p.uid}
         self._pods_read = True
         self._reported = {k for k in self._reported if k[0] in self._pods}
+        return True
 
     def _check_env(self, now: float) -> None:
         """Each new process of a gpupack pod's container, once: its env against the allocation

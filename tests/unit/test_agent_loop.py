@@ -264,7 +264,8 @@ def test_the_daemons_death_is_told_to_the_pods_on_its_gpus(
     setup: tuple[Agent, FakeKube, Clock, Path], tmp_path: Path
 ) -> None:
     """docs/node-side.md, "MPS as measured": the daemon's death ends every MPS client on the node. The cycle
-    that finds it gone puts an Event naming that cause on each pod placed on the node's shared GPUs."""
+    that finds it gone puts an Event naming that cause on each pod placed on the node's shared GPUs, a pod
+    placed since the agent last listed the node's pods included."""
     agent, kube, clock, _ = setup
     standin = Path(__file__).resolve().parents[1] / "standin" / "mps_control.py"
     pipe = Path(tempfile.mkdtemp(prefix="loop-mps-", dir="/tmp")) / "pipe"
@@ -279,6 +280,9 @@ def test_the_daemons_death_is_told_to_the_pods_on_its_gpus(
             r for r in kube.requests if r.path.endswith("/events") and r.body["reason"] == "GPUMPSDaemonLost"
         ]
         assert lost == []
+        late = managed_pod(agent.nvml, gpu=0)  # bound after that listing; the next is due in 30 s
+        late["metadata"] |= {"uid": "late-uid", "name": "late"}
+        kube.pods.append(late)
         subprocess.run(
             [sys.executable, str(standin)], input="quit\n", env=env, text=True, timeout=20, check=True
         )
@@ -290,11 +294,9 @@ def test_the_daemons_death_is_told_to_the_pods_on_its_gpus(
         lost = [
             r for r in kube.requests if r.path.endswith("/events") and r.body["reason"] == "GPUMPSDaemonLost"
         ]
-        (event,) = lost
-        assert (
-            event.path == "/api/v1/namespaces/ml/events" and event.body["involvedObject"]["name"] == "train"
-        )
-        assert "CUDA_ERROR_MPS_RPC_FAILURE" in event.body["message"]
+        assert sorted(e.body["involvedObject"]["name"] for e in lost) == ["late", "train"]
+        assert {e.path for e in lost} == {"/api/v1/namespaces/ml/events"}
+        assert all("CUDA_ERROR_MPS_RPC_FAILURE" in e.body["message"] for e in lost)
     finally:
         subprocess.run(
             [sys.executable, str(standin)], input="quit\n", env=env, text=True, timeout=20, check=False
