@@ -56,13 +56,11 @@ class AgentConfig:
     env_device_selection: str = "unknown"
     # The compute mode of the node's MPS GPUs (EXCLUSIVE_PROCESS: no process bypasses MPS); None: leave
     # modes as they are. The MPS daemon pod's init container sets it before the daemon starts
-    # (agent.mpsdaemon.mpsprep);
-    # the agent switches a GPU that was busy then, once it is idle.
+    # (agent.mpsdaemon.mpsprep); the agent switches a GPU that was busy then, once it is idle.
     mps_compute_mode: ComputeMode | None = None
     mps_time_slice_gpus: tuple[int, ...] = ()  # GPU indexes kept in DEFAULT (time-slicing beside MPS)
-    isolation: iso.NodeFacts = (
-        iso.NO_NODE_FACTS
-    )  # what holds for every GPU's isolation (agent.report.isolation)
+    # What holds for every GPU's isolation (agent.report.isolation).
+    isolation: iso.NodeFacts = iso.NO_NODE_FACTS
     watchdog: wd.Policy | None = None  # None: processes out of place are reported, not ended
 
 

@@ -1,13 +1,11 @@
 """Ending one host process for the watchdog (agent.enforce.watchdog): an MPS client through the daemon first,
-then
-SIGKILL by its host pid.
+then SIGKILL by its host pid.
 
 Measured (docs/node-side.md, "MPS as measured"): a busy MPS client killed outright makes every other client
 of its server fail with cudaErrorIllegalAddress; ended first with `terminate_client`, it fails alone. So a
 process the daemon lists as a client is drained (agent.mpsdaemon.drain) before the signal. The signal goes
-through a
-pidfd opened before the pid is checked again, so a pid that was reused between NVML's list and the signal
-is never hit: the process behind the pidfd is the one whose cgroup was read.
+through a pidfd opened before the pid is checked again, so a pid that was reused between NVML's list and the
+signal is never hit: the process behind the pidfd is the one whose cgroup was read.
 """
 
 from __future__ import annotations

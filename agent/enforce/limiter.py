@@ -1,10 +1,9 @@
 """Sets and clears each container's per-cgroup GPU memory limits through NVML, and remembers what it set.
 
 Driven by the node server (agent.runtime.nodeserver): `apply` when the runtime handler's createRuntime hook
-reports a
-new container instance (its cgroup exists, its first process has not run), `clear` when the handler passes
-on the container's `runc delete`, and `sweep` for containers whose pod has left the node (a missed delete:
-the agent was down). Clearing zeroes the soft limit and lifts the hard one (NVML: soft 0, hard
+reports a new container instance (its cgroup exists, its first process has not run), `clear` when the handler
+passes on the container's `runc delete`, and `sweep` for containers whose pod has left the node (a missed
+delete: the agent was down). Clearing zeroes the soft limit and lifts the hard one (NVML: soft 0, hard
 NVML_DEVICE_MEMORY_LIMIT_MAX): on the dmem backend a soft limit left on a removed cgroup keeps reserving
 memory in every ancestor (NVIDIA, mpsv3-memory-partitioning).
 

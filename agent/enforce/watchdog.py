@@ -1,11 +1,10 @@
 """Which compute processes on shared GPUs must be ended, and which pods evicted for it (pure).
 
 Each agent cycle the loop hands over what it read: NVML's per-GPU process lists (agent.nvml.sample), each
-pid's
-pod (its cgroup, agent.enforce.cgroup) and command name, the node's gpupack pods and their allocation check
-(agent.enforce.verify), and the MPS daemon's servers and clients. `decide` names every process that is not
-where
-its allocation says, with the rule it breaks; the loop ends them (agent.enforce.ending) and tells their pods.
+pid's pod (its cgroup, agent.enforce.cgroup) and command name, the node's gpupack pods and their allocation
+check (agent.enforce.verify), and the MPS daemon's servers and clients. `decide` names every process that is
+not where its allocation says, with the rule it breaks; the loop ends them (agent.enforce.ending) and tells
+their pods.
 
 What counts as where its allocation says, on a GPU gpupack shares (not MIG-enabled):
 - a process of a gpupack pod whose allocation names the GPU, in the pod's GPU container, with the pod's

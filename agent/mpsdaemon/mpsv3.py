@@ -7,10 +7,9 @@ from its server, so both are always set), mounted into the container as its whol
 (`<pipe>/<server>/<namespace>`, whose `control` socket routes clients to that namespace), and deleted when
 the container ends. Commands are r615's CLI as NVIDIA documents it (`namespace create <ns> --server=<s>`,
 ...); the node's control binary is run once per command with the daemon's pipe directory
-(agent.mpsdaemon.mpscontrol: an answer is judged by its words, as the legacy binary exits 0 when it refuses),
-and a
-namespace's limits are read back from `namespace list` before its container may start. The v3 CLI's answers
-are UNVERIFIED on r615 (docs/node-side.md).
+(agent.mpsdaemon.mpscontrol: an answer is judged by its words, as the legacy binary exits 0 when it
+refuses), and a namespace's limits are read back from `namespace list` before its container may start. The
+v3 CLI's answers are UNVERIFIED on r615 (docs/node-side.md).
 """
 
 from __future__ import annotations

@@ -18,8 +18,7 @@ allocation, or refused (the container does not start); `delete` clears them. Wit
 A stop of a running container (`runc kill`, `runc delete --force`, seen by the handler before it passes
 them on) is a `stop` carrying the container's host pids: its MPS clients are ended through the daemon first
 (agent.mpsdaemon.drain), within `drain_timeout_s`, and the handler's stop goes on whatever the outcome; a
-drain that
-did not finish is logged, counted and told to the pod with an Event (`GPUStopNotDrained`).
+drain that did not finish is logged, counted and told to the pod with an Event (`GPUStopNotDrained`).
 
 A maintenance thread renews the pods' links to the MPS daemon, removes the directories of pods that left
 the node, and clears limits and namespaces of containers whose pod has left (a delete the agent missed).
@@ -94,9 +93,8 @@ class NodeServer:
         self.maintenance_s = maintenance_s
         self.mps_not_ready = mps_not_ready
         # Why the MPS daemon may serve no new client now (agent.mpsdaemon.mps.MpsSupervisor.not_ready): its
-        # defaults
-        # not applied and read back on the daemon behind the socket. A client started then would run
-        # without them.
+        # defaults not applied and read back on the daemon behind the socket. A client started then would
+        # run without them.
         self.daemon_not_ready = daemon_not_ready
         self.limiter = limiter
         self.capability = capability

@@ -11,17 +11,15 @@ The agent reads the pod from the apiserver and answers here:
   the NVIDIA toolkit's `apply-cuda-memory-limits` hook): gpupack alone sets the share's limits, so the
   hook never applies a second, tenant-chosen limit or reservation on top (docs/node-side.md);
 - every other container: `NVIDIA_VISIBLE_DEVICES=void` (no GPU), nothing else;
-- the GPU container's per-cgroup GPU memory limits (agent.enforce.memlimits: hard = the pod's limit, soft =
-its
-  share), which the node sets when the container's cgroup exists and before its first process: the answer
-  asks the handler for its createRuntime hook, whose `start` message (`parse_message`) names the
+- the GPU container's per-cgroup GPU memory limits (agent.enforce.memlimits: hard = the pod's limit,
+  soft = its share), which the node sets when the container's cgroup exists and before its first process:
+  the answer asks the handler for its createRuntime hook, whose `start` message (`parse_message`) names the
   container's pid and cgroup; `delete` (the container's `runc delete`) clears them again;
 - a refusal with the reason wherever the answer cannot be right: the pod is gone or on another node, it
   is no gpupack pod, its allocation cannot be read, its request is invalid, or (an MPS share) the MPS
   daemon pod has not prepared the node since it booted (its ready record, agent.mpsdaemon.mpsprep). The
-  handler
-  then fails the container's `create` with that reason (the pod shows CreateContainerError) rather than
-  start it without its share's state: the node side fails closed.
+  handler then fails the container's `create` with that reason (the pod shows CreateContainerError) rather
+  than start it without its share's state: the node side fails closed.
 """
 
 from __future__ import annotations
@@ -227,8 +225,7 @@ def decide(
 
     `mps_not_ready(uuids)`: why an MPS client on those GPUs must not start now ("" when it may), from the
     MPS daemon pod's ready record (agent.mpsdaemon.mpsprep.not_ready): missing, or written before this boot,
-    the
-    daemon pod has not prepared the GPUs' compute modes, and the container is refused with that reason.
+    the daemon pod has not prepared the GPUs' compute modes, and the container is refused with that reason.
     """
     if pod is None or pod.uid != ask.pod_uid:
         return refuse(f"{ask.where} is not in the apiserver (deleted, or recreated under the same name)")

@@ -166,8 +166,7 @@ class ProcessStatus(_Wire):
 
 
 class GpuIsolation(_Wire):
-    """What one whole GPU enforces between the pods sharing it (agent.report.isolation decides it from
-    facts)."""
+    """What one whole GPU enforces between the pods sharing it (agent.report.isolation decides it)."""
 
     driver_version: StrictStr = ""
     compute_mode: StrictStr = ""  # NVML's: Default | ExclusiveProcess | Prohibited ("" could not be read)

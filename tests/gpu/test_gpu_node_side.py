@@ -1,8 +1,6 @@
 """The node side's own code on NVIDIA's daemon: the agent's probe finds it (agent/mpsdaemon/pipedirs.py), the
-agent's
-drain before a stop keeps a busy neighbour working (agent/mpsdaemon/drain.py), and a share's env as gpupack
-sets it
-gives the memory the docs promise (docs/node-side.md, "Memory a share can use")."""
+agent's drain before a stop keeps a busy neighbour working (agent/mpsdaemon/drain.py), and a share's env as
+gpupack sets it gives the memory the docs promise (docs/node-side.md, "Memory a share can use")."""
 
 from __future__ import annotations
 

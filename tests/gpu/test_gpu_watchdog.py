@@ -4,9 +4,8 @@ NVIDIA's daemon.
 UNVERIFIED until run on a GPU: written without one. It asks whether NVML's compute-process list of an MPS
 GPU shows a plain process (a context of its own, no pipe directory) and the daemon's clients and server,
 whether the watchdog, told by the daemon's client list, picks the plain process and leaves the client and
-the server alone, and whether ending it (agent.enforce.ending.HostProcesses: SIGKILL through a pidfd) stops
-it while
-the MPS client keeps its memory.
+the server alone, and whether ending it (agent.enforce.ending.HostProcesses: SIGKILL through a pidfd) stops it
+while the MPS client keeps its memory.
 """
 
 from __future__ import annotations

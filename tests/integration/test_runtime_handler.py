@@ -1,8 +1,8 @@
 """gpupack-runc (handler/, the RuntimeClass handler) run as containerd's shim runs it, answered by the real
 agent.runtime.nodeserver on a unix socket; the "real runtime" it hands over to is a script that records what
-it
-got. What the handler must do: edit only `create` of a Kubernetes container, from the agent's answer, before
-the runtime runs; refuse (exit 1, the reason in runc's JSON log) when the agent cannot answer or says no."""
+it got. What the handler must do: edit only `create` of a Kubernetes container, from the agent's answer,
+before the runtime runs; refuse (exit 1, the reason in runc's JSON log) when the agent cannot answer or says
+no."""
 
 from __future__ import annotations
 

@@ -1,11 +1,10 @@
 """A stop of a busy MPS container through gpupack-runc (the RuntimeClass handler), as containerd's shim runs
-it: `runc kill` (and `delete --force`) first asks the real agent.runtime.nodeserver to end the container's
-MPS clients
-through the daemon, so a busy neighbour on the same server finishes its work; with the drain off the
+it: `runc kill` (and `delete --force`) first asks the real agent.runtime.nodeserver to end the container's MPS
+clients through the daemon, so a busy neighbour on the same server finishes its work; with the drain off the
 neighbour fails. The daemon and both CUDA clients are the stand-in (tests/standin/mps_control.py), which
-follows the measured table (docs/node-side.md, "MPS as measured", "Lifetimes": a busy client killed breaks
-the server's other clients, 4 of 4; ended by terminate_client first, the others finish, 2 of 2). The
-"real runtime" is a script: `state` reports the container's init pid, `kill` signals it as runc would.
+follows the measured table (docs/node-side.md, "MPS as measured", "Lifetimes": a busy client killed breaks the
+server's other clients, 4 of 4; ended by terminate_client first, the others finish, 2 of 2). The "real
+runtime" is a script: `state` reports the container's init pid, `kill` signals it as runc would.
 """
 
 from __future__ import annotations

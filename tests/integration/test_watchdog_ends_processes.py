@@ -1,12 +1,11 @@
 """The watchdog in the real agent (agent.main.build, its Runner) over simulated GPUs, against real processes.
 
 A real process holds memory on a simulated GPU through the agent's simulated allocator
-(agent/simgpu/simalloc.py,
-the stand-in CUDA process tests/standin/gpu_alloc.py --hold), so the simulated NVML lists it as NVML lists a
-process with a context. It runs outside any pod: a host process on a GPU gpupack shares. With the watchdog
-on it is ended by SIGKILL; each ending's runtime (from the process's start to its end, as the agent's cycle
-of `--interval 5s` finds it) is printed. With the watchdog off it keeps running. No control plane is needed:
-the Kubernetes API is a recorder.
+(agent/simgpu/simalloc.py, the stand-in CUDA process tests/standin/gpu_alloc.py --hold), so the simulated NVML
+lists it as NVML lists a process with a context. It runs outside any pod: a host process on a GPU gpupack
+shares. With the watchdog on it is ended by SIGKILL; each ending's runtime (from the process's start to its
+end, as the agent's cycle of `--interval 5s` finds it) is printed. With the watchdog off it keeps running. No
+control plane is needed: the Kubernetes API is a recorder.
 
     .venv/bin/pytest -m integration tests/integration/test_watchdog_ends_processes.py -s
 """

@@ -7,10 +7,10 @@ No GPU here: the GPU is simulated (its driver reports r615, so per-cgroup limits
 its per-cgroup limits and allocations in the simulated driver's state (agent/simgpu/simlimits.py, a file per
 GPU under the cluster's `sim-driver` directory, read here from the host). The containers allocate through
 the agent's simulated allocator (agent/simgpu/simalloc.py) with the STAND-IN CUDA process
-tests/standin/gpu_alloc.py;
-the allocator knows each caller by its socket peer pid and /proc/<pid>/cgroup, as MPS memory accounting
-does. The node runs hybrid cgroups (v2 at /sys/fs/cgroup/unified): the simulation keys limits by the
-container's v2 leaf there, which real NVIDIA drivers would not accept (they need v2 at /sys/fs/cgroup).
+tests/standin/gpu_alloc.py; the allocator knows each caller by its socket peer pid and /proc/<pid>/cgroup, as
+MPS memory accounting does. The node runs hybrid cgroups (v2 at /sys/fs/cgroup/unified): the simulation keys
+limits by the container's v2 leaf there, which real NVIDIA drivers would not accept (they need v2 at
+/sys/fs/cgroup).
 """
 
 from __future__ import annotations

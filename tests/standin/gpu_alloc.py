@@ -1,8 +1,7 @@
 #!/usr/bin/env python3
 """A stand-in CUDA process for simulated GPUs: it allocates device memory through the agent's simulated
 allocator (agent/simgpu/simalloc.py) instead of a driver. STAND-IN: no GPU, no CUDA. Standard library only,
-so a
-test can mount it into any image with python3.
+so a test can mount it into any image with python3.
 
   gpu_alloc.py [--socket PATH] [--hold] COMMAND...
                                             each COMMAND (quoted, e.g. "alloc GPU-... 4096", "limits",

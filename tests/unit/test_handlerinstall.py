@@ -1,6 +1,5 @@
 """agent.runtime.handlerinstall: the handler's files appear on install and go on uninstall, never under a
-running
-container, and only an uninstall (the DaemonSet gone or unreadable) removes them."""
+running container, and only an uninstall (the DaemonSet gone or unreadable) removes them."""
 
 from __future__ import annotations
 
