@@ -150,10 +150,8 @@ class Agent:
             # Told from the node's pods as they are now: one placed since the last listing (read once a
             # heartbeat) lost its clients too. Until a listing succeeds, each cycle lists again.
             self._daemon_loss_untold = {g.uuid for g in spec.shared_gpus}
-        if self._daemon_loss_untold:
-            self._pods_at = float("-inf")
         refs = self._resolve(sample)
-        listed = self._refresh_pods(sample, now)
+        listed = self._refresh_pods(sample, now, at_once=bool(self._daemon_loss_untold))
         if self._daemon_loss_untold and listed:
             self._tell_daemon_lost(self._daemon_loss_untold, now)
             self._daemon_loss_untold = set()
@@ -217,14 +215,16 @@ class Agent:
         }
         return self._refs
 
-    def _refresh_pods(self, sample: NodeSample, now: float) -> bool:
-        """Read the node's pods when due; True when this call read them."""
+    def _refresh_pods(self, sample: NodeSample, now: float, *, at_once: bool = False) -> bool:
+        """Read the node's pods when due (`at_once`: whatever the cadence); True when this call read them."""
         cfg = self.config.reporter
         unknown = any(
             ref is not None and ref.pod_uid not in self._pods for ref in self._refs.values()
         )  # a process of a pod we have not seen yet: a new container started
-        due = now - self._pods_at >= cfg.heartbeat_s or (
-            (unknown or self._env_relist) and now - self._pods_at >= cfg.min_interval_s
+        due = (
+            at_once
+            or now - self._pods_at >= cfg.heartbeat_s
+            or ((unknown or self._env_relist) and now - self._pods_at >= cfg.min_interval_s)
         )
         if not due:
             return False
