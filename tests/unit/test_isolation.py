@@ -322,14 +322,12 @@ def test_a_gpu_busy_at_the_daemons_start_is_placed_by_its_actual_mode_until_swit
     GPU 1 has a process when the daemon pod's init runs, so it stays DEFAULT and is reported "shared";
     placement then puts an `isolation: none` pod there only. Once idle, the agent switches it, the ready
     record follows, and the GPUNode says "exclusive" (a change worth a scheduler retry)."""
-    sim_file = tmp_path / "gpus.yaml"
     busy = [{"pid": 4242, "used_mib": 100}]
-    write_yaml(sim_file, {"gpus": [{"model": "A100-40GB"}, {"model": "A100-40GB", "processes": busy}]})
-    nvml = SimulatedNvml(sim_file, "n1", state_dir=tmp_path / "driver", privileged=True)
-    pipe = tmp_path / "pipe"
+    nvml, pipe = prepared_for_mps(
+        tmp_path, [{"model": "A100-40GB"}, {"model": "A100-40GB", "processes": busy}]
+    )
+    sim_file = tmp_path / "gpus.yaml"  # rewritten below: GPU 1 goes idle
     mps_config = MpsConfig(binary=str(STANDIN), pipe_dir=pipe, command_timeout_s=20)
-    nvml.init()
-    mpsprep.write_ready(pipe, mpsprep.apply(nvml, EXCL), mpsprep.boot_id())  # the daemon pod's init
     start_standin(pipe)
     try:
         clock = Clock()
@@ -382,6 +380,18 @@ def standin(pipe: Path, *args: str, command: str = "") -> subprocess.CompletedPr
         [sys.executable, str(STANDIN), *args], input=command, env=env, capture_output=True, text=True,
         timeout=20, check=False,
     )  # fmt: skip
+
+
+def prepared_for_mps(tmp_path: Path, gpus: list[dict[str, object]]) -> tuple[SimulatedNvml, Path]:
+    """Simulated `gpus` (their file: tmp_path/gpus.yaml) as the MPS daemon pod's init leaves them: in
+    EXCLUSIVE_PROCESS where idle, its ready record written in the pipe directory (returned) for this boot."""
+    sim_file = tmp_path / "gpus.yaml"
+    write_yaml(sim_file, {"gpus": gpus})
+    nvml = SimulatedNvml(sim_file, "n1", state_dir=tmp_path / "driver", privileged=True)
+    pipe = tmp_path / "pipe"
+    nvml.init()
+    mpsprep.write_ready(pipe, mpsprep.apply(nvml, EXCL), mpsprep.boot_id())
+    return nvml, pipe
 
 
 def exclusive_agent(
@@ -478,12 +488,7 @@ def test_an_exclusive_process_gpu_is_claimed_exclusive_only_while_a_server_runs(
     an MPS server runs. A daemon with no server (here one the agent does not pre-start a server on) leaves
     the GPU open to the first plain process, so the GPUNode says `closed` (no new share), not `exclusive`,
     until the daemon lists a server; then `exclusive` in the same cycle."""
-    sim_file = tmp_path / "gpus.yaml"
-    write_yaml(sim_file, {"gpus": [{"model": "A100-40GB"}]})
-    nvml = SimulatedNvml(sim_file, "n1", state_dir=tmp_path / "driver", privileged=True)
-    pipe = tmp_path / "pipe"
-    nvml.init()
-    mpsprep.write_ready(pipe, mpsprep.apply(nvml, EXCL), mpsprep.boot_id())
+    nvml, pipe = prepared_for_mps(tmp_path, [{"model": "A100-40GB"}])
     start_standin(pipe)
     try:
         agent = exclusive_agent(
@@ -539,12 +544,7 @@ def test_a_server_started_before_the_daemons_memory_cap_gives_no_daemon_default_
     """An agent that adds a daemon-wide memory cap (agent.mps.defaultPinnedMemoryLimitMiB) to a daemon whose
     server already runs: that server keeps running without the cap, so the GPU claims `client-env` memory, not
     `daemon-default`, until the server has been replaced."""
-    sim_file = tmp_path / "gpus.yaml"
-    write_yaml(sim_file, {"gpus": [{"model": "A100-40GB"}]})
-    nvml = SimulatedNvml(sim_file, "n1", state_dir=tmp_path / "driver", privileged=True)
-    pipe = tmp_path / "pipe"
-    nvml.init()
-    mpsprep.write_ready(pipe, mpsprep.apply(nvml, EXCL), mpsprep.boot_id())
+    nvml, pipe = prepared_for_mps(tmp_path, [{"model": "A100-40GB"}])
     start_standin(pipe)
     try:
         assert standin(pipe, command="start_server -uid 0\n").returncode == 0  # an earlier agent's server
