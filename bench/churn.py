@@ -37,6 +37,7 @@ from app.core import names  # noqa: E402
 from app.core.errors import KubeError  # noqa: E402
 from app.kube.calls import Request  # noqa: E402
 from app.kube.client import Kube  # noqa: E402
+from bench.quantiles import nearest_rank  # noqa: E402
 from tests.devcluster import Cluster, ensure_binaries  # noqa: E402
 from tests.devcluster.addons import AGENT_PREFIX, EXTENDER  # noqa: E402
 
@@ -168,7 +169,7 @@ def run(cluster: Cluster, args: argparse.Namespace) -> dict[str, Any]:
         "unbound_or_late": len(unbound),
         "create_to_bound_s": {
             "p50": round(statistics.median(waits), 2),
-            "p99": round(waits[min(len(waits) - 1, round(0.99 * (len(waits) - 1)))], 2),
+            "p99": round(nearest_rank(waits, 0.99), 2),
             "max": round(waits[-1], 2),
         },
         "errors": errors[:20],

@@ -43,6 +43,7 @@ from app.core import names  # noqa: E402
 from app.core.errors import KubeError  # noqa: E402
 from app.kube.calls import Request  # noqa: E402
 from app.kube.client import Kube  # noqa: E402
+from bench.quantiles import nearest_rank  # noqa: E402
 from tests.devcluster import ensure_binaries, kubeletnode  # noqa: E402
 from tests.realnode import chart  # noqa: E402
 
@@ -140,7 +141,7 @@ def start_and_stop(kube: Kube, namespace: str, node: str, names_kinds: list[tupl
 
 def ms(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    p99 = ordered[min(len(ordered) - 1, round(0.99 * (len(ordered) - 1)))]
+    p99 = nearest_rank(ordered, 0.99)
     return {
         "p50": round(statistics.median(ordered) * 1000, 1),
         "p99": round(p99 * 1000, 1),
