@@ -267,10 +267,11 @@ class Cluster:
     def start(self, progress: Progress = _quiet) -> None:
         """Start the control plane in order, each healthy before the next; on failure stop what started."""
         try:
-            # meta "service_accounts" (set before start): see components.apiserver.
+            # meta "service_accounts" and "node_lease_s" (set before start): see components.apiserver, .kwok.
             sa = bool(self.meta.get("service_accounts"))
+            lease_s = int(self.meta.get("node_lease_s", components.KWOK_NODE_LEASE_S))
             for spec in components.control_plane(
-                self.bin_dir, self.layout, self.ports, service_account_admission=sa
+                self.bin_dir, self.layout, self.ports, service_account_admission=sa, node_lease_s=lease_s
             ):
                 self.start_process(spec, progress)
                 if spec.name == "kube-apiserver":

@@ -89,8 +89,13 @@ def apiserver(
     )
 
 
-def controller_manager(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
-    """The controllers a cluster enables by default (`*`), each as its own kube-system ServiceAccount."""
+def controller_manager(
+    bins: Path, layout: Layout, ports: Ports, *, node_lease_s: int = KWOK_NODE_LEASE_S
+) -> ComponentSpec:
+    """The controllers a cluster enables by default (`*`), each as its own kube-system ServiceAccount.
+
+    `node_lease_s`: the fake nodes' lease (see `kwok`); a node is unreachable after it plus 10 s unrenewed.
+    """
     pki = layout.pki
     return ComponentSpec(
         name="kube-controller-manager",
@@ -112,6 +117,8 @@ def controller_manager(bins: Path, layout: Layout, ports: Ports) -> ComponentSpe
             f"--cluster-cidr={POD_CIDR}",
             # One instance per cluster: leader election would only delay a restart by a lease period.
             "--leader-elect=false",
+            # The default 50 s suits the kubelet's 40 s lease; a longer lease needs a longer grace.
+            f"--node-monitor-grace-period={node_lease_s + 10}s",
             "--bind-address=127.0.0.1",
             f"--secure-port={ports.controller_manager}",
             f"--tls-cert-file={pki.controller_manager.cert}",
@@ -143,7 +150,9 @@ def scheduler(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
     )
 
 
-def kwok(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
+def kwok(bins: Path, layout: Layout, ports: Ports, *, node_lease_s: int = KWOK_NODE_LEASE_S) -> ComponentSpec:
+    """`node_lease_s`: each fake node's lease, renewed every quarter of it. The kubelet's 40 s means one
+    write every 10 s per node: 500 a second at 5 000 nodes, more than 2 cores serve beside a benchmark."""
     key, value = KWOK_NODE_ANNOTATION
     return ComponentSpec(
         name="kwok",
@@ -157,7 +166,7 @@ def kwok(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
             # Renew a Lease per fake node, as a kubelet does: kube-controller-manager's node lifecycle
             # controller otherwise sees no heartbeat after the first status and taints every kwok node
             # unreachable (NoSchedule, then NoExecute) about 50 s after it was created.
-            f"--node-lease-duration-seconds={KWOK_NODE_LEASE_S}",
+            f"--node-lease-duration-seconds={node_lease_s}",
             f"--cidr={POD_CIDR}",
             "--node-ip=10.244.0.1",
             f"--server-address=127.0.0.1:{ports.kwok}",
@@ -168,15 +177,20 @@ def kwok(bins: Path, layout: Layout, ports: Ports) -> ComponentSpec:
 
 
 def control_plane(
-    bins: Path, layout: Layout, ports: Ports, *, service_account_admission: bool = False
+    bins: Path,
+    layout: Layout,
+    ports: Ports,
+    *,
+    service_account_admission: bool = False,
+    node_lease_s: int = KWOK_NODE_LEASE_S,
 ) -> list[ComponentSpec]:
     """In start order. The scheduler before kwok: kwok only acts on pods the scheduler already bound."""
     return [
         etcd(bins, layout, ports),
         apiserver(bins, layout, ports, service_account_admission=service_account_admission),
-        controller_manager(bins, layout, ports),
+        controller_manager(bins, layout, ports, node_lease_s=node_lease_s),
         scheduler(bins, layout, ports),
-        kwok(bins, layout, ports),
+        kwok(bins, layout, ports, node_lease_s=node_lease_s),
     ]
 
 

@@ -145,6 +145,23 @@ def test_control_plane_order_and_flags(tmp_path: Path) -> None:
     assert "--server-address=127.0.0.1:5" in kwok.argv
 
 
+@pytest.mark.parametrize(
+    ("lease_s", "renewed_every_s", "grace"),
+    [(None, 10, "50s"), (600, 150, "610s")],
+    ids=["kubelet-default", "long-lease-for-scale"],
+)
+def test_fake_nodes_stay_reachable_for_their_lease(
+    tmp_path: Path, lease_s: int | None, renewed_every_s: int, grace: str
+) -> None:
+    """kwok renews each node's lease every quarter of it; the node lifecycle controller must wait longer."""
+    kw = {} if lease_s is None else {"node_lease_s": lease_s}
+    _, _, kcm, _, kwok = components.control_plane(Path("/bin"), Layout(tmp_path), PORTS, **kw)
+    lease = int(_flag(kwok.argv, "node-lease-duration-seconds"))
+    assert lease // 4 == renewed_every_s
+    assert _flag(kcm.argv, "node-monitor-grace-period") == grace
+    assert int(grace.rstrip("s")) > lease  # a node is never marked unreachable while its lease holds
+
+
 def _flag(argv: tuple[str, ...], name: str) -> str:
     values = [a.split("=", 1)[1] for a in argv if a.startswith(f"--{name}=")]
     assert len(values) == 1, f"--{name} given {len(values)} times in {argv}"
