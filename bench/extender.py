@@ -28,12 +28,14 @@ import json
 import os
 import platform
 import random
+import shlex
 import statistics
 import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -280,17 +282,31 @@ def _pct(xs: list[float]) -> dict[str, float]:
     }
 
 
-def throughput(n_pods: int, rounds: int, n_nodes: int) -> dict[str, Any]:
-    """Real kube-scheduler on one kwok cluster: plain pods vs gpupack pods, alternating rounds."""
+# The three kinds of burst, alternating within each round on one cluster:
+#   plain:       CPU only; kube-scheduler (the one calling the extender) never calls it for them.
+#   no_extender: the gpupack pod as the webhook leaves it (gpupack's extended resources, annotation, env),
+#                scheduled by a second kube-scheduler, same binary and config but no extender: the
+#                kube-scheduler alone, fitting the pod on the nodes' extended resources. Without the managed
+#                label, so the extender does not follow pods it never placed.
+#   gpupack:     the same pod with the managed label, scheduled through filter, prioritize and bind.
+KINDS = ("plain", "no_extender", "gpupack")
+NO_EXTENDER_SCHEDULER = "bench-no-extender"
+
+
+def throughput(n_pods: int, rounds: int, n_nodes: int, node_lease_s: int) -> dict[str, Any]:
+    """Real kube-scheduler on one kwok cluster: the three KINDS of pods, alternating bursts per round."""
     import yaml
     from kubernetes import client
 
+    from app.kube import calls
     from app.kube.client import Kube
     from tests.devcluster import Cluster, ComponentSpec, HealthCheck, ensure_binaries, wait_for
+    from tests.devcluster.nodes import node_body, node_names, wait_for_ready_nodes
 
     bins = ensure_binaries()
     with tempfile.TemporaryDirectory(prefix="gpupack-bench-") as tmp:
         cluster = Cluster.prepare(Path(tmp), bins)
+        cluster.meta["node_lease_s"] = node_lease_s
         cluster.start()
         try:
             api = cluster.api_client()
@@ -309,14 +325,27 @@ def throughput(n_pods: int, rounds: int, n_nodes: int) -> dict[str, Any]:
             )
             if not any(ns.metadata.name == "gpupack-system" for ns in core.list_namespace().items):
                 core.create_namespace({"metadata": {"name": "gpupack-system"}})
-            nodes = cluster.create_gpu_nodes(n_nodes, GPUS, MODEL, prefix="bench-")
+            t_nodes = time.perf_counter()
             kube = Kube.connect(str(cluster.kubeconfig))
+            nodes = node_names("bench-", n_nodes)
+            # A few at once: one by one, 5 000 nodes' writes (and their GPUNodes' two each) take minutes of
+            # round trips. kwok then marks them Ready at its own pace.
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(lambda n: kube.send(calls.create(node_body(n, GPUS, MODEL))), nodes))
+            wait_for_ready_nodes(api, nodes, 60 + n_nodes / 10)
+            nodes_ready_s = time.perf_counter() - t_nodes
             now = time.time()
-            for n in nodes:
+            t_gpunodes = time.perf_counter()
+
+            def publish(n: str) -> None:  # what the node's agent does at its start
                 gn = gpunode.read(gpunode_obj(n, now))
                 assert gn.status is not None
                 kube.send(gpunode.create(n, gn.spec))
                 kube.send(gpunode.patch_status(n, gn.status))
+
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(publish, nodes))
+            gpunodes_s = time.perf_counter() - t_gpunodes
             conf = yaml.safe_load(cluster.layout.scheduler_config.read_text())
             url = str(conf["extenders"][0]["urlPrefix"]).rstrip("/")
             argv = (
@@ -327,61 +356,152 @@ def throughput(n_pods: int, rounds: int, n_nodes: int) -> dict[str, Any]:
             )  # fmt: skip
             # kube-scheduler calls the verbs over mutual TLS; probes use the plain ops port.
             health = HealthCheck(f"http://127.0.0.1:{cluster.extender_ops_port}/readyz")
-            cluster.start_process(ComponentSpec("extender", argv, health=health))
-            results: dict[str, list[float]] = {"plain": [], "gpupack": []}
+            t_ext = time.perf_counter()
+            cluster.start_process(ComponentSpec("extender", argv, health=health, ready_timeout_s=180))
+            extender_ready_s = time.perf_counter() - t_ext
+            cluster.start_process(_scheduler_without_extender(cluster, conf, Path(tmp)))
+            procs = {p.name: p.pid for p in cluster.processes}
+            # What each process spends with no pod coming (informers, leases, kwok's heartbeats): subtracted
+            # from a burst's CPU, it leaves what the pods cost.
+            idle_s = 20.0
+            cpu0 = {name: _cpu_s(pid) for name, pid in procs.items()}
+            time.sleep(idle_s)
+            idle_ms_per_s = {name: (_cpu_s(pid) - cpu0[name]) * 1e3 / idle_s for name, pid in procs.items()}
+            results: dict[str, list[dict[str, Any]]] = {k: [] for k in KINDS}
             for r in range(rounds):
-                for kind in ("plain", "gpupack"):
-                    ns = f"{kind}-{r}"
+                for kind in KINDS:
+                    ns = f"{kind.replace('_', '-')}-{r}"
                     core.create_namespace({"metadata": {"name": ns}})
-                    results[kind].append(_burst(core, ns, n_pods, kind == "gpupack"))
+                    results[kind].append(
+                        _burst(core, ns, n_pods, kind, procs=procs, idle_ms_per_s=idle_ms_per_s)
+                    )
+                    print(kind, r, json.dumps(results[kind][-1]), flush=True)
+            rate = {k: [b["pods_per_s"] for b in results[k]] for k in KINDS}
+            med = {k: statistics.median(rate[k]) for k in KINDS}
+            net = {
+                k: {
+                    name: round(statistics.median(b["net_cpu_ms_per_pod"][name] for b in results[k]), 2)
+                    for name in results[k][0]["net_cpu_ms_per_pod"]
+                }
+                for k in KINDS
+            }
             return {
                 "nodes": n_nodes,
                 "gpus_per_node": GPUS,
                 "pods_per_burst": n_pods,
                 "rounds": rounds,
-                "plain_pods_per_s": [round(x, 1) for x in results["plain"]],
-                "gpupack_pods_per_s": [round(x, 1) for x in results["gpupack"]],
-                "plain_median": round(statistics.median(results["plain"]), 1),
-                "gpupack_median": round(statistics.median(results["gpupack"]), 1),
-                # Same cluster, same run, rounds alternating: the ratio the issue's >= 0.9 target is about.
-                "ratio_of_medians": round(
-                    statistics.median(results["gpupack"]) / statistics.median(results["plain"]), 2
-                ),
-                "ratio_per_round": [
-                    round(g / p, 2) for g, p in zip(results["gpupack"], results["plain"], strict=True)
+                "node_lease_s": node_lease_s,
+                "setup_s": {
+                    "nodes_created_and_ready": round(nodes_ready_s, 1),
+                    "gpunodes_created": round(gpunodes_s, 1),
+                    "extender_ready": round(extender_ready_s, 1),
+                },
+                **{f"{k}_pods_per_s": [round(x, 1) for x in rate[k]] for k in KINDS},
+                **{f"{k}_median": round(med[k], 1) for k in KINDS},
+                # Same cluster, same run, rounds alternating. The goal (>= 1.0) is gpupack over the same pods
+                # scheduled without the extender; the ratio over CPU-only pods is kept for the earlier runs.
+                "ratio_gpupack_over_no_extender": round(med["gpupack"] / med["no_extender"], 2),
+                "ratio_gpupack_over_no_extender_per_round": [
+                    round(g / p, 2) for g, p in zip(rate["gpupack"], rate["no_extender"], strict=True)
                 ],
+                "ratio_gpupack_over_plain": round(med["gpupack"] / med["plain"], 2),
+                "idle_cpu_ms_per_s": {name: round(v, 1) for name, v in sorted(idle_ms_per_s.items())},
+                # CPU time each process spent during a burst (create of the first pod .. last one bound) less
+                # its idle rate over the same time, per pod, median of the rounds: what a pod costs each
+                # process, without the waits for a shared CPU; "total" is the sum over the processes.
+                "net_cpu_ms_per_pod_median": net,
+                "bursts": results,
             }
         finally:
             cluster.stop()
 
 
-def _burst(core: Any, ns: str, n: int, gpu: bool) -> float:
+def _scheduler_without_extender(cluster: Any, conf: dict[str, Any], tmp: Path) -> Any:
+    """A second kube-scheduler: the same binary, flags and configuration, less the extender, own name."""
+    import dataclasses
+
+    import yaml
+
+    from tests.devcluster import components
+    from tests.devcluster.ports import free_ports
+
+    plain_conf = {k: v for k, v in conf.items() if k != "extenders"}
+    plain_conf["profiles"] = [{**conf["profiles"][0], "schedulerName": NO_EXTENDER_SCHEDULER}]
+    path = tmp / "kube-scheduler-no-extender.yaml"
+    path.write_text(yaml.safe_dump(plain_conf, sort_keys=False))
+    port = free_ports(1)[0]
+    spec = components.scheduler(cluster.bin_dir, cluster.layout, cluster.ports)
+    argv = tuple(
+        f"--config={path}"
+        if a.startswith("--config=")
+        else f"--secure-port={port}"
+        if a.startswith("--secure-port=")
+        else a
+        for a in spec.argv
+    )
+    assert spec.health is not None
+    health = dataclasses.replace(
+        spec.health, url=spec.health.url.replace(f":{cluster.ports.scheduler}/", f":{port}/")
+    )
+    return dataclasses.replace(spec, name="kube-scheduler-no-extender", argv=argv, health=health)
+
+
+def _cpu_s(pid: int) -> float:
+    """User + system CPU seconds of a process so far (from /proc; 0 once it is gone)."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _pod_body(i: int, kind: str) -> dict[str, Any]:
+    """Pod `p<i>` of a burst of `kind` (see KINDS)."""
+    meta: dict[str, Any] = {"name": f"p{i}"}
+    res: dict[str, str] = {"cpu": "10m"}
+    spec: dict[str, Any] = {}
+    container: dict[str, Any] = {"name": "c", "image": "x"}
+    if kind != "plain":
+        meta["annotations"] = {names.GPU_FRACTION: "0.25"}
+        res = {**res, names.RESOURCE_GPU_MILLI: "250"}
+        container["env"] = [GPU_ENV]  # as the webhook leaves it: the extender places only such pods
+    if kind == "gpupack":
+        meta["labels"] = {names.LABEL_MANAGED: "true"}
+    if kind == "no_extender":
+        spec["schedulerName"] = NO_EXTENDER_SCHEDULER
+    container["resources"] = {"requests": res, "limits": res}
+    return {"metadata": meta, "spec": {**spec, "containers": [container]}}
+
+
+def _burst(
+    core: Any, ns: str, n: int, kind: str, *, procs: dict[str, int], idle_ms_per_s: dict[str, float]
+) -> dict[str, Any]:
     """Create `n` pods as fast as possible; pods/s from the first create to the last one bound."""
     from tests.devcluster import wait_for
 
+    cpu0 = {name: _cpu_s(pid) for name, pid in procs.items()}
     t0 = time.perf_counter()
     for i in range(n):
-        meta: dict[str, Any] = {"name": f"p{i}", "namespace": ns}
-        res: dict[str, str] = {"cpu": "10m"}
-        if gpu:
-            meta["annotations"] = {names.GPU_FRACTION: "0.25"}
-            meta["labels"] = {names.LABEL_MANAGED: "true"}
-            res = {**res, names.RESOURCE_GPU_MILLI: "250"}
-        container: dict[str, Any] = {"name": "c", "image": "x", "resources": {"requests": res, "limits": res}}
-        if gpu:
-            container["env"] = [GPU_ENV]  # as the webhook leaves it: the extender places only such pods
-        body = {"metadata": meta, "spec": {"containers": [container]}}
-        core.create_namespaced_pod(ns, body)
+        core.create_namespaced_pod(ns, _pod_body(i, kind))
 
     def all_bound() -> bool:
-        return all(p.spec.node_name for p in core.list_namespaced_pod(ns).items)
+        # One unbound pod is enough to know: the apiserver answers from its watch cache, whatever the size.
+        return not core.list_namespaced_pod(ns, field_selector="spec.nodeName=", limit=1).items
 
-    wait_for(all_bound, 300, f"{n} pods bound in {ns}", interval=0.1)
-    rate = n / (time.perf_counter() - t0)
+    wait_for(all_bound, 600, f"{n} pods bound in {ns}", interval=0.1)
+    wall = time.perf_counter() - t0
+    cpu_ms = {name: (_cpu_s(pid) - cpu0[name]) * 1e3 for name, pid in procs.items()}
+    net = {name: (ms - idle_ms_per_s[name] * wall) / n for name, ms in cpu_ms.items()}
+    net["total"] = sum(net.values())
     # Free the GPUs before the next round, so every round starts from the same empty cluster.
     core.delete_collection_namespaced_pod(ns, grace_period_seconds=0)
-    wait_for(lambda: not core.list_namespaced_pod(ns).items, 120, f"pods of {ns} gone", interval=0.2)
-    return rate
+    wait_for(lambda: not core.list_namespaced_pod(ns, limit=1).items, 300, f"pods of {ns} gone", interval=0.2)
+    return {
+        "pods_per_s": n / wall,
+        "wall_s": round(wall, 2),
+        "net_cpu_ms_per_pod": {name: round(v, 2) for name, v in sorted(net.items())},
+        "loadavg_1m_after": round(os.getloadavg()[0], 1),
+    }
 
 
 def main() -> int:
@@ -393,19 +513,50 @@ def main() -> int:
     ap.add_argument("--pods", type=int, default=300, help="pods per throughput burst (0 skips part 2)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--cluster-nodes", type=int, default=20)
+    ap.add_argument(
+        "--node-lease-s",
+        type=int,
+        default=40,
+        help="kwok's node lease (renewed every quarter of it, as a kubelet does); 40 = the kubelet's default",
+    )
     ap.add_argument("--out", default=str(REPO / "bench/results/extender.json"))
     ap.add_argument(
         "--keep-latency",
         action="store_true",
-        help="with --nodes '': keep the latency part of the existing --out file (a throughput-only re-run)",
+        help="accepted for older commands: a run with --nodes '' always keeps the file's latency part",
     )
     args = ap.parse_args()
-    kept: list[Any] = []
-    if args.keep_latency and Path(args.out).exists():
-        before = json.loads(Path(args.out).read_text())
-        kept = [{**row, "measured_with": before.get("inputs")} for row in before.get("latency", [])]
-    out: dict[str, Any] = {
+    out_path = Path(args.out)
+    # The file holds one run per part: {latency_run, latency, throughput_run, throughput}. A run of one part
+    # keeps the other part's run as it is; a throughput result it replaces moves to throughput_earlier.
+    out: dict[str, Any] = json.loads(out_path.read_text()) if out_path.exists() else {}
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if args.nodes:
+        out["latency_run"] = _run_meta(args)
+        out["latency"] = []
+        for n in (int(x) for x in args.nodes.split(",") if x):
+            res = latency(n, args.calls, args.policy, args.runs)
+            print(json.dumps(res), flush=True)
+            out["latency"].append(res)
+            out_path.write_text(json.dumps(out, indent=2) + "\n")  # keep what is done if part 2 fails
+        out["latency_run"]["loadavg_at_end"] = [round(x, 1) for x in os.getloadavg()]
+    if args.pods:
+        run = _run_meta(args)
+        result = throughput(args.pods, args.rounds, args.cluster_nodes, args.node_lease_s)
+        print(json.dumps(result), flush=True)
+        if "throughput" in out:
+            earlier = {"run": out.get("throughput_run"), "throughput": out["throughput"]}
+            out["throughput_earlier"] = [earlier, *out.get("throughput_earlier", [])]
+        out["throughput_run"] = {**run, "loadavg_at_end": [round(x, 1) for x in os.getloadavg()]}
+        out["throughput"] = result
+    out_path.write_text(json.dumps(out, indent=2) + "\n")
+    return 0
+
+
+def _run_meta(args: argparse.Namespace) -> dict[str, Any]:
+    return {
         "inputs": vars(args),
+        "command": " ".join(["python", *(shlex.quote(a) for a in sys.argv)]),
         "python": platform.python_version(),
         "machine": platform.machine(),
         "cpus": os.cpu_count(),
@@ -415,20 +566,7 @@ def main() -> int:
         "uvicorn_http": "httptools" if importlib.util.find_spec("httptools") else "h11",
         "uvicorn_loop": "uvloop" if importlib.util.find_spec("uvloop") else "asyncio",
         "latency_timed": "request sent (body encoded before the clock) .. reply read and decoded",
-        "latency": kept,
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    for n in (int(x) for x in args.nodes.split(",") if x):
-        res = latency(n, args.calls, args.policy, args.runs)
-        print(json.dumps(res), flush=True)
-        out["latency"].append(res)
-        Path(args.out).write_text(json.dumps(out, indent=2) + "\n")  # keep what is done if part 2 fails
-    if args.pods:
-        out["throughput"] = throughput(args.pods, args.rounds, args.cluster_nodes)
-        print(json.dumps(out["throughput"]), flush=True)
-    out["loadavg_at_end"] = [round(x, 1) for x in os.getloadavg()]
-    Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    return 0
 
 
 if __name__ == "__main__":
