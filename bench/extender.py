@@ -10,13 +10,17 @@ clock starts (kube-scheduler encodes in Go: Python's json.dumps of 5 000 names, 
 extender's cost); the server and this client share the process, so their CPU still competes. Next to
 the wall clock, the process's CPU time over the same warm calls: the cost without the waits for a
 shared CPU.
-Part 2 (real control plane, tests.devcluster): the same kwok cluster and kube-scheduler; a burst of plain
-pods (the extender is not called), then a burst of gpupack pods (filter, prioritize and bind through our
-extender process), alternating rounds; pods/s = pods / (create of the first .. last one bound).
+Part 2 (real control plane, tests.devcluster): one kwok cluster of --cluster-nodes nodes x 8 GPUs, the real
+kube-scheduler calling our extender process as deployed, and a second kube-scheduler with the same
+configuration but no extender. Per round, three bursts of --pods pods: plain (CPU only), no_extender (the pod
+the webhook makes, gpupack's extended resources, scheduled by the scheduler without the extender) and
+gpupack (the same pod through filter, prioritize and bind); pods/s = pods / (create of the first .. last one
+bound), and each process's CPU per pod less its idle rate. The goal is gpupack / no_extender >= 1.0.
 
 Usage: .venv/bin/python bench/extender.py [--nodes 1000,5000] [--calls 200] [--runs 3] [--pods 300]
-       [--rounds 2]
-Writes bench/results/extender.json.
+       [--rounds 2] [--cluster-nodes 20] [--node-lease-s 40]
+Writes bench/results/extender.json: latency_run + latency, throughput_run + throughput (a run with
+--nodes '' keeps the latency part; a run with --pods 0 keeps the throughput part).
 """
 
 from __future__ import annotations
