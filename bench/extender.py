@@ -83,6 +83,9 @@ def pod_obj(name: str, milli: int, node: str = "", alloc: Allocation | None = No
             "name": name,
             "namespace": "bench",
             "uid": f"uid-{name}",
+            # As every pod kube-scheduler sends has (its informer's copy): the extender keeps its reading of
+            # a pod by uid and resourceVersion, so prioritize does not read the pod filter read.
+            "resourceVersion": "2" if node else "1",
             "annotations": ann,
             "labels": {names.LABEL_MANAGED: "true"},
         },

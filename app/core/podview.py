@@ -19,8 +19,7 @@ import math
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from fractions import Fraction
-from functools import cached_property
+from functools import cached_property, lru_cache
 from types import MappingProxyType
 from typing import Any, Final, NamedTuple
 
@@ -402,11 +401,21 @@ def _ours(requests: Mapping[str, Any], limits: Mapping[str, Any]) -> tuple[tuple
 def _host(requests: Mapping[str, Any], limits: Mapping[str, Any]) -> HostResources:
     """CPU (milli) and memory (MiB) requested, rounded up; a limit without a request defaults the request
     to the limit (the apiserver does it too)."""
+    cpu, memory = requests.get("cpu", limits.get("cpu")), requests.get("memory", limits.get("memory"))
+    if (cpu is None or type(cpu) is str) and (memory is None or type(memory) is str):
+        return _host_of(cpu, memory)
+    return _host_uncached(cpu, memory)
 
-    def value(key: str) -> Fraction:
-        return quantity(requests.get(key, limits.get(key)))
 
-    return HostResources(math.ceil(value("cpu") * 1000), math.ceil(value("memory") / MIB))
+@lru_cache(maxsize=4096)
+def _host_of(cpu: str | None, memory: str | None) -> HostResources:
+    """Containers repeat a few request pairs ("500m", "8Gi"): the exact arithmetic on fractions is done
+    once per pair, not for every container of every pod a relist reads."""
+    return _host_uncached(cpu, memory)
+
+
+def _host_uncached(cpu: object, memory: object) -> HostResources:
+    return HostResources(math.ceil(quantity(cpu) * 1000), math.ceil(quantity(memory) / MIB))
 
 
 def _container_ids(status: Mapping[str, Any]) -> dict[str, str]:

@@ -24,6 +24,7 @@ import urllib3
 from kubernetes.client.exceptions import ApiException
 
 from app.core.errors import KubeError
+from app.core.objects import read_json
 from app.kube.calls import JsonDict, Request
 
 
@@ -100,7 +101,7 @@ class Kube:
         finally:
             resp.release_conn()
         try:
-            out = json.loads(data) if data else {}
+            out = read_json(data) if data else {}
         except ValueError as exc:
             raise KubeError(0, "BadResponse", f"{req.method} {req.path}: reply is not JSON: {exc}") from None
         if not isinstance(out, dict):
@@ -230,7 +231,7 @@ def _lines(resp: Any, path: str) -> Iterator[str]:
 
 def _event(line: str, path: str) -> JsonDict:
     try:
-        event = json.loads(line)
+        event = read_json(line)
     except ValueError:
         raise KubeError(0, "BadResponse", f"watch {path}: line is not JSON: {line[:200]!r}") from None
     if not isinstance(event, dict) or not isinstance(event.get("object"), dict):

@@ -28,6 +28,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.core import log, wire
 from app.core.model import Demand
+from app.core.objects import read_json
 from app.core.request import PodDemand
 from extender import schemas, verbs
 from extender.deps import BinderDep, PendingDep, ReadyDep
@@ -188,7 +189,7 @@ def _parse(raw: bytes) -> schemas.ExtenderArgs | tuple[int, dict[str, Any]]:
     if not raw:
         return 422, wire.body([{"loc": ("body",), "msg": "Field required", "type": "missing"}])
     try:
-        data = json.loads(raw)
+        data = read_json(raw)
     except json.JSONDecodeError as exc:
         problem = {"loc": ("body", exc.pos), "msg": "JSON decode error", "type": "json_invalid"}
         return 422, wire.body([problem])

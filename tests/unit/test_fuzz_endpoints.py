@@ -354,3 +354,27 @@ def test_bodies_that_are_not_json_name_the_body(
 ) -> None:
     r = _post(extender, f"/{verb}", body)
     assert (r.status_code, r.json()["message"]) == (status, message)
+
+
+# JSON that the fast reader refuses and `json.loads` accepts: answered as the same body in UTF-8 was.
+OTHER_ENCODINGS = [
+    pytest.param(lambda text: text.encode("utf-16"), id="utf-16"),
+    pytest.param(lambda text: text.encode("utf-32-le"), id="utf-32-le"),
+    pytest.param(lambda text: text.encode("utf-8-sig"), id="utf-8-bom"),
+]
+
+
+@pytest.mark.parametrize("encode", OTHER_ENCODINGS)
+@pytest.mark.parametrize("verb", ["filter", "prioritize"])
+def test_bodies_in_other_json_encodings_are_answered_as_utf8(
+    extender: TestClient, verb: str, encode: Any
+) -> None:
+    pod = {
+        "metadata": {"name": "p", "namespace": "ns", "uid": "u-enc", "labels": {names.LABEL_MANAGED: "true"}},
+        "spec": {"containers": [{"name": "c", "resources": {"limits": {names.RESOURCE_GPU_MILLI: "500"}}}]},
+    }
+    text = json.dumps({"Pod": pod, "NodeNames": ["n1", "n2", "gone"]})
+    want = _post(extender, f"/{verb}", text.encode())
+    got = _post(extender, f"/{verb}", encode(text))
+    assert want.status_code == 200, want.text
+    assert (got.status_code, got.json()) == (200, want.json())
