@@ -59,7 +59,9 @@ class ClientLists:
     A caller that finds no listing running starts one. A caller that finds one running waits for the next
     one, which it shares with every caller that arrived during the same running listing: the listing it
     reads began after it asked. Under a burst of N drains the daemon is asked about twice per listing time
-    instead of N times; a lone drain waits for no one."""
+    instead of N times; a lone drain waits for no one. A caller waits for other callers' listings no longer
+    than it is told (its drain's deadline); the daemon's own answers are bounded by the control binary's
+    timeout."""
 
     def __init__(self, control: Control) -> None:
         self.control = control
@@ -74,8 +76,9 @@ class ClientLists:
         with self._cond:
             return self._waiting
 
-    def pairs(self) -> list[Pair] | str:
-        """Every pair the daemon lists now, or why they cannot be had."""
+    def pairs(self, wait_s: float) -> list[Pair] | str:
+        """Every pair the daemon lists now, or why they cannot be had (none within `wait_s` included)."""
+        until = time.monotonic() + wait_s
         with self._cond:
             if self._running is None:
                 mine = self._running = _Round()
@@ -87,8 +90,11 @@ class ClientLists:
                     if self._running is None:  # the listing before ended: this caller asks now
                         self._running, self._next = mine, None
                         break
+                    left = until - time.monotonic()
+                    if left <= 0:
+                        return f"no listing of the MPS daemon's clients within {wait_s:g} s"
                     self._waiting += 1
-                    self._cond.wait()
+                    self._cond.wait(left)
                     self._waiting -= 1
         answer: list[Pair] | str = "the MPS daemon's clients were not listed"
         try:
@@ -112,7 +118,7 @@ def drain(
     start = clock()
     deadline = start + timeout_s
     mine = set(pids)
-    found = _among(lists.pairs(), mine)
+    found = _among(lists.pairs(timeout_s), mine)
     if isinstance(found, str):
         return Drained(problem=found, seconds=clock() - start)
     if not found:
@@ -125,7 +131,7 @@ def drain(
             return Drained(left=tuple(found), problem=asked, seconds=clock() - start)
     left: list[Pair] | str = found
     while True:
-        left = _among(lists.pairs(), mine)
+        left = _among(lists.pairs(max(0.0, deadline - clock())), mine)
         if isinstance(left, str):
             return Drained(left=tuple(found), problem=left, seconds=clock() - start)
         if not left or clock() >= deadline:

@@ -146,13 +146,13 @@ def test_a_drain_never_reads_a_listing_that_began_before_it_asked(daemon: Daemon
     lists = ClientLists(daemon.control)
     (daemon.dir / "hold").touch()
     first: list[list[Pair] | str] = []
-    before = threading.Thread(target=lambda: first.append(lists.pairs()))
+    before = threading.Thread(target=lambda: first.append(lists.pairs(DEADLINE_S)))
     before.start()
     until((daemon.dir / "held").exists, "the first listing in flight")
     late, server = daemon.client(600)  # a client the first listing cannot hold
     try:
         later: list[list[Pair] | str] = []
-        waiting = [threading.Thread(target=lambda: later.append(lists.pairs())) for _ in range(3)]
+        waiting = [threading.Thread(target=lambda: later.append(lists.pairs(DEADLINE_S))) for _ in range(3)]
         for t in waiting:
             t.start()
         until(lambda: lists.waiting == 3, "three callers waiting for the next listing")
@@ -166,6 +166,21 @@ def test_a_drain_never_reads_a_listing_that_began_before_it_asked(daemon: Daemon
     finally:
         late.kill()
         late.wait(20)
+
+
+def test_a_stop_waits_for_another_stops_listing_no_longer_than_its_drain_may_take(daemon: Daemon) -> None:
+    lists = ClientLists(daemon.control)
+    (daemon.dir / "hold").touch()
+    before = threading.Thread(target=lists.pairs, args=(DEADLINE_S,))
+    before.start()
+    try:
+        until((daemon.dir / "held").exists, "the first listing in flight")
+        drained = drain(lists, [os.getpid()], 0.2)
+        assert not drained.complete
+        assert drained.problem == "no listing of the MPS daemon's clients within 0.2 s", drained
+    finally:
+        (daemon.dir / "release").touch()
+        before.join(DEADLINE_S)
 
 
 def test_a_daemon_that_does_not_answer_is_the_drains_problem_for_every_waiting_stop(daemon: Daemon) -> None:
