@@ -14,17 +14,26 @@ Per pod: create → bound (scheduled), bound → Running (what the node does: sa
 delete → gone (the stop: the handler's drain for `mps`, then the kubelet's kill and cleanup). Each pod's
 container exits on SIGTERM at once, so the stop measures the node, not a grace period. Times are the bench's
 own clock polling the apiserver every 20 ms (a phase is seen up to 20 ms late, alike for every kind).
-First one pod at a time (--pods of each kind), then --burst of each kind created at once.
+First one pod at a time (--pods of each kind, the kinds' order rotating from one pod to the next), then
+--burst pods of one kind created at once and deleted at once, each kind in turn, for --burst-rounds rounds
+whose order of kinds rotates too, so no kind always runs first or last.
+
+Beside the wall clock, the CPU time of gpupack's node-side processes (the agent with the control-binary runs
+it waited for, and the MPS control daemon), read from the host's /proc at each phase's ends: what the node
+side spends on a pod, less exposed to the other work on the machine than its wall time. The machine's load
+average is sampled once per pod (one at a time) and per burst.
 
 The MPS daemon is the stand-in (a Python script per control command); NVIDIA's binary answers faster, so
 the `mps` stop here bounds the real one from above (UNVERIFIED on a GPU).
 
-Run (root): .venv/bin/python bench/nodeside.py [--pods 50 --burst 30 --out bench/results/nodeside.json]
+Run (root, under the machine's bench lock):
+  flock /tmp/gpupack-bench.lock .venv/bin/python bench/nodeside.py --pods 50 --burst 30 [--burst-rounds 3]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import platform
@@ -33,6 +42,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +64,12 @@ KINDS = {
 }
 POLL_S = 0.02
 TIMEOUT_S = 120.0
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# How the real node's gpupack processes are told apart from other gpupack processes on the machine (a dev
+# cluster's simulated agents run on the host too): the argument only the chart's agent has, and the stand-in
+# daemon's path in the image, in the foreground.
+AGENT_MARK = ("agent", "run", "--proc-root=/host/proc")
+DAEMON_MARK = ("/opt/gpupack-standin/nvidia-cuda-mps-control", "-f")
 # Runs until SIGTERM, then exits at once (busybox sh: the trap runs between sleeps of 0.1 s).
 COMMAND = ["sh", "-c", "trap 'exit 0' TERM; while true; do sleep 0.1; done"]
 
@@ -82,6 +98,42 @@ def a_pod(name: str, kind: str, node: str) -> dict[str, Any]:
 def running(pod: dict[str, Any]) -> bool:
     statuses = pod.get("status", {}).get("containerStatuses") or []
     return bool(statuses) and all("running" in (s.get("state") or {}) for s in statuses)
+
+
+class NodeSideCpu:
+    """CPU seconds gpupack's node-side processes on the real node have used: the agent (its own, and the
+    control-binary runs it waited for) and the MPS control daemon. Found once by their command lines in the
+    host's /proc (`pids`: those found; a process not found counts nothing, and the JSON says so)."""
+
+    def __init__(self) -> None:
+        found = {"agent": _find(AGENT_MARK), "mps_daemon": _find(DAEMON_MARK)}
+        self.pids = {name: pid for name, pid in found.items() if pid is not None}
+
+    def now(self) -> float:
+        total = 0.0
+        for pid in self.pids.values():
+            with contextlib.suppress(OSError):  # gone (restarted): the JSON's figures then say too little
+                total += _cpu_s(pid)
+        return total
+
+
+def _find(mark: tuple[str, ...]) -> int | None:
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().decode(errors="replace").split("\0")
+        except OSError:
+            continue
+        if all(m in argv for m in mark):
+            return int(entry.name)
+    return None
+
+
+def _cpu_s(pid: int) -> float:
+    """utime + stime + cutime + cstime of `pid` (children once waited for), in seconds."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS
 
 
 class Timer:
@@ -125,26 +177,46 @@ def until(check: Callable[[], bool], what: str) -> None:
         time.sleep(POLL_S)
 
 
-def start_and_stop(kube: Kube, namespace: str, node: str, names_kinds: list[tuple[str, str]]) -> list[Timer]:
+@dataclass
+class Round:
+    """Pods started and stopped together: each pod's phases, the node side's CPU seconds while they started
+    (create → all Running) and while they stopped (delete → all gone), the wall time until the last was
+    gone, and the 1-minute load average when the round began."""
+
+    timers: list[Timer]
+    start_cpu_s: float
+    stop_cpu_s: float
+    all_gone_s: float
+    loadavg_1m: float
+
+
+def start_and_stop(
+    kube: Kube, cpu: NodeSideCpu, namespace: str, node: str, names_kinds: list[tuple[str, str]]
+) -> Round:
     """Create the pods at once, wait until each runs, delete them at once, wait until each is gone."""
+    load = os.getloadavg()[0]
     timers = [Timer(kube, namespace, n, k) for n, k in names_kinds]
+    cpu0 = cpu.now()
     for tm, (n, k) in zip(timers, names_kinds, strict=True):
         tm.t["created"] = time.monotonic()
         kube.send(Request("POST", f"/api/v1/namespaces/{namespace}/pods", a_pod(n, k, node)))
     until(lambda: all([tm.poll() for tm in timers if "running" not in tm.t] or [True]), "pods Running")
+    cpu1 = cpu.now()
+    deleted = time.monotonic()
     for tm in timers:
         tm.t["deleted"] = time.monotonic()
         kube.send(Request("DELETE", tm.path))
     until(lambda: all([tm.gone() for tm in timers if "gone" not in tm.t] or [True]), "pods gone")
-    return timers
+    all_gone = max(tm.t["gone"] for tm in timers) - deleted
+    return Round(timers, cpu1 - cpu0, cpu.now() - cpu1, all_gone, load)
 
 
 def ms(values: list[float]) -> dict[str, float]:
     ordered = sorted(values)
-    p99 = nearest_rank(ordered, 0.99)
     return {
         "p50": round(statistics.median(ordered) * 1000, 1),
-        "p99": round(p99 * 1000, 1),
+        "p90": round(nearest_rank(ordered, 0.90) * 1000, 1),
+        "p99": round(nearest_rank(ordered, 0.99) * 1000, 1),
         "n": len(ordered),
     }
 
@@ -163,39 +235,97 @@ def phases(timers: list[Timer]) -> dict[str, dict[str, dict[str, float]]]:
     return out
 
 
-def added(by_kind: dict[str, dict[str, dict[str, float]]]) -> dict[str, dict[str, float]]:
-    """What each gpupack kind adds over `plain` on the node: start (bound → Running) and stop."""
+def added(by_kind: dict[str, dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """What each gpupack kind adds over `plain` on the node, each quantile of one kind minus the same
+    quantile of `plain`: start (bound → Running), stop (delete → gone) and, where measured, the node side's
+    CPU time."""
     out: dict[str, dict[str, float]] = {}
     for kind in ("mps", "shared"):
-        for phase in ("bound_to_running_ms", "delete_to_gone_ms"):
-            for q in ("p50", "p99"):
-                out.setdefault(kind, {})[f"{phase.removesuffix('_ms')}_{q}_added_ms"] = round(
-                    by_kind[kind][phase][q] - by_kind["plain"][phase][q], 1
-                )
+        for phase, quantiles in by_kind[kind].items():
+            if phase == "create_to_bound_ms":  # the scheduler's, not the node's
+                continue
+            for q in ("p50", "p90", "p99"):
+                if isinstance(quantiles, dict) and q in quantiles:  # not the list of rounds
+                    out.setdefault(kind, {})[f"{phase.removesuffix('_ms')}_{q}_added_ms"] = round(
+                        quantiles[q] - by_kind["plain"][phase][q], 1
+                    )
     return out
 
 
-def measure(kube: Kube, node: str, pods: int, burst_size: int) -> tuple[list[Timer], dict[str, Any]]:
-    kube.send(Request("POST", "/api/v1/namespaces", {"metadata": {"name": "bench"}}))
-    one: list[Timer] = []
-    for i in range(pods):
-        for kind in KINDS:  # interleaved: machine noise falls on every kind alike
-            one += start_and_stop(kube, "bench", node, [(f"{kind}-{i}", kind)])
-        print(f"one at a time: {i + 1}/{pods} of each kind", file=sys.stderr, flush=True)
-    burst: dict[str, Any] = {}
+def cpu_ms(rounds: list[tuple[str, Round]]) -> dict[str, dict[str, dict[str, float]]]:
+    """Per kind, the node side's CPU time per round: while its pods started, and while they stopped."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
     for kind in KINDS:
-        print(f"burst: {burst_size} {kind} pods at once", file=sys.stderr, flush=True)
-        timers = start_and_stop(kube, "bench", node, [(f"{kind}-burst-{i}", kind) for i in range(burst_size)])
-        burst[kind] = phases(timers)[kind]
-    return one, burst
+        mine = [r for k, r in rounds if k == kind]
+        out[kind] = {
+            "node_side_cpu_start_ms": ms([r.start_cpu_s for r in mine]),
+            "node_side_cpu_stop_ms": ms([r.stop_cpu_s for r in mine]),
+        }
+    return out
+
+
+def rotated(i: int) -> list[str]:
+    kinds = list(KINDS)
+    return kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
+
+
+def measure(
+    kube: Kube, cpu: NodeSideCpu, node: str, *, pods: int, burst_size: int, burst_rounds: int
+) -> tuple[list[tuple[str, Round]], list[tuple[str, Round]]]:
+    kube.send(Request("POST", "/api/v1/namespaces", {"metadata": {"name": "bench"}}))
+    one: list[tuple[str, Round]] = []
+    for i in range(pods):
+        for kind in rotated(i):  # interleaved: machine noise falls on every kind alike
+            one.append((kind, start_and_stop(kube, cpu, "bench", node, [(f"{kind}-{i}", kind)])))
+        print(f"one at a time: {i + 1}/{pods} of each kind", file=sys.stderr, flush=True)
+    bursts: list[tuple[str, Round]] = []
+    for r in range(burst_rounds):
+        for kind in rotated(r):
+            print(f"burst round {r + 1}/{burst_rounds}: {burst_size} {kind} pods at once", file=sys.stderr,
+                  flush=True)  # fmt: skip
+            pods_of = [(f"{kind}-burst-{r}-{i}", kind) for i in range(burst_size)]
+            bursts.append((kind, start_and_stop(kube, cpu, "bench", node, pods_of)))
+    return one, bursts
+
+
+def burst_summary(bursts: list[tuple[str, Round]]) -> dict[str, Any]:
+    """Per kind: every pod's phases over all rounds, the node side's CPU per burst, the wall time from the
+    burst's delete to its last pod gone, and each round as it ran."""
+    by_kind: dict[str, Any] = phases([tm for _, r in bursts for tm in r.timers])
+    cpu = cpu_ms(bursts)
+    for kind in KINDS:
+        mine = [r for k, r in bursts if k == kind]
+        by_kind[kind] |= cpu[kind] | {"delete_to_all_gone_ms": ms([r.all_gone_s for r in mine])}
+        by_kind[kind]["rounds"] = [
+            {"position": [i for i, (k, _) in enumerate(bursts) if k == kind][j],
+             "loadavg_1m": round(r.loadavg_1m, 2),
+             "bound_to_running_p50_ms": ms([tm.t["running"] - tm.t["bound"] for tm in r.timers])["p50"],
+             "delete_to_gone_p50_ms": ms([tm.t["gone"] - tm.t["deleted"] for tm in r.timers])["p50"],
+             "delete_to_all_gone_ms": round(r.all_gone_s * 1000, 1),
+             "node_side_cpu_stop_ms": round(r.stop_cpu_s * 1000, 1)}
+            for j, r in enumerate(mine)
+        ]  # fmt: skip
+    return by_kind
+
+
+def loadavg(rounds: list[tuple[str, Round]]) -> dict[str, float]:
+    values = sorted(r.loadavg_1m for _, r in rounds)
+    return {
+        "min": round(values[0], 2),
+        "p50": round(statistics.median(values), 2),
+        "max": round(values[-1], 2),
+    }
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n", 1)[0])
     ap.add_argument("--pods", type=int, default=50, help="pods of each kind, one at a time")
     ap.add_argument("--burst", type=int, default=30, help="pods of each kind created at once")
+    ap.add_argument("--burst-rounds", type=int, default=3, help="rounds of bursts, the kinds' order rotating")
     ap.add_argument("--out", default=str(REPO / "bench/results/nodeside.json"))
     args = ap.parse_args()
+    command = " ".join(["bench/nodeside.py", *sys.argv[1:]])
+    loadavg_at_start = [round(x, 2) for x in os.getloadavg()]
     bins, helm_bin = ensure_binaries(), chart.helm_binary()
     t0 = time.monotonic()
     with (
@@ -204,17 +334,32 @@ def main() -> int:
     ):
         up_s = time.monotonic() - t0
         kube = Kube.connect(str(cluster.kubeconfig))
+        cpu = NodeSideCpu()
+        print(f"node-side processes measured for CPU time: {cpu.pids}", file=sys.stderr, flush=True)
         try:
-            one, burst = measure(kube, node.name, args.pods, args.burst)
+            one, bursts = measure(
+                kube, cpu, node.name, pods=args.pods, burst_size=args.burst, burst_rounds=args.burst_rounds
+            )
         finally:
             kube.close()
-    single = phases(one)
+    single = phases([tm for _, r in one for tm in r.timers])
+    single_cpu = cpu_ms(one)
+    for kind in KINDS:
+        single[kind] |= single_cpu[kind]
+    burst = burst_summary(bursts)
     doc = {
         "bench": "nodeside",
+        "command": command,
         "machine": {"cpus": len(os.sched_getaffinity(0)), "platform": platform.platform()},
-        "inputs": {"pods_each_kind": args.pods, "burst_each_kind": args.burst, "poll_ms": POLL_S * 1000,
+        "inputs": {"pods_each_kind": args.pods, "burst_each_kind": args.burst,
+                   "burst_rounds": args.burst_rounds, "poll_ms": POLL_S * 1000,
                    "kinds": {k: v or "no GPU keys" for k, v in KINDS.items()}},
+        "loadavg_at_start": loadavg_at_start,
+        "loadavg_1m_one_at_a_time": loadavg(one),
+        "loadavg_1m_bursts": loadavg(bursts),
+        "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
         "real_node_up_s": round(up_s, 1),
+        "cpu_time_of": sorted(cpu.pids),
         "one_at_a_time": single,
         "one_at_a_time_added_over_plain": added(single),
         "burst": burst,

@@ -53,7 +53,7 @@ class HostProcesses:
     def __init__(self, proc_root: Path, control: Control | None = None, drain_timeout_s: float = 0.0) -> None:
         self.proc_root = proc_root
         self.resolver = ProcResolver(proc_root)
-        self.control = control
+        self.mps_clients = drains.ClientLists(control) if control is not None else None
         self.drain_timeout_s = drain_timeout_s
 
     def comm(self, pid: int) -> str:
@@ -96,8 +96,8 @@ class HostProcesses:
                 return Ended(False, "already gone (its pid now names another process)")
             ran = self.ran_s(pid)
             note = ""
-            if mps_client and self.control is not None and self.drain_timeout_s > 0:
-                done = drains.drain(self.control, [pid], self.drain_timeout_s)
+            if mps_client and self.mps_clients is not None and self.drain_timeout_s > 0:
+                done = drains.drain(self.mps_clients, [pid], self.drain_timeout_s)
                 note = "ended through the MPS daemon first; " if done.complete else f"{done.problem}; "
             try:
                 signal.pidfd_send_signal(fd, signal.SIGKILL)

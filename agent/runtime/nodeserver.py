@@ -39,7 +39,7 @@ from agent.enforce import memlimits, verify
 from agent.enforce.limiter import Limiter, Record
 from agent.enforce.memlimits import Capability
 from agent.metrics import MPS_STOP_DRAINS, WRITES, AgentWrite, AgentWriteResult, DrainOutcome
-from agent.mpsdaemon.drain import Drained, drain
+from agent.mpsdaemon.drain import ClientLists, Drained, drain
 from agent.mpsdaemon.mpscontrol import Control
 from agent.mpsdaemon.mpsv3 import Namespaces
 from agent.mpsdaemon.pipedirs import PipeDirs
@@ -100,8 +100,13 @@ class NodeServer:
         self.capability = capability
         self.namespaces = namespaces  # MPS v3: a namespace per GPU container (None: the pod's own dir)
         self.gpu_mounts = tuple(gpu_mounts)  # e.g. the simulated allocator's socket directory
-        self.mps_control = mps_control  # the daemon's control client (None: no MPS on this node)
         self.drain_timeout_s = drain_timeout_s  # 0: stops are not drained
+        # One listing of the daemon's clients at a time, shared by the stops that arrive together.
+        self.mps_clients = (
+            ClientLists(Control(mps_control.binary, mps_control.pipe_dir, drain_timeout_s))
+            if mps_control is not None
+            else None
+        )
         self.clock = clock
         self.grants = Grants()  # each container's grant from its create, for its hook, stop and delete
         self._server: socketserver.ThreadingUnixStreamServer | None = None
@@ -201,15 +206,14 @@ class NodeServer:
     def _stopping(self, stop: nodeside.Stopping) -> nodeside.Answer:
         """End the stopping container's MPS clients through the daemon before the handler signals them.
         Refused (allowed=False) only to tell the handler the drain did not finish: it stops anyway."""
-        if self.mps_control is None or self.drain_timeout_s <= 0:
+        if self.mps_clients is None or self.drain_timeout_s <= 0:
             MPS_STOP_DRAINS.labels(outcome=DrainOutcome.OFF).inc()
             return nodeside.Answer(True, "not drained: draining is off")
         kept = self.grants.of(stop.ask.container_id, stop.ask.pod_uid)
         if kept is not None and not kept.mps:  # granted no MPS directory at create: no client to end
             MPS_STOP_DRAINS.labels(outcome=DrainOutcome.NO_CLIENTS).inc()
             return nodeside.Answer(True)
-        control = Control(self.mps_control.binary, self.mps_control.pipe_dir, self.drain_timeout_s)
-        done = drain(control, stop.pids, self.drain_timeout_s)
+        done = drain(self.mps_clients, stop.pids, self.drain_timeout_s)
         ask = stop.ask
         fields = {"container_id": ask.container_id, "pod": f"{ask.namespace}/{ask.name}",
                   "ended": len(done.ended), "seconds": round(done.seconds, 3)}  # fmt: skip

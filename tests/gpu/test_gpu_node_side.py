@@ -15,7 +15,7 @@ from gpuhelpers import Report
 from gpuhost import REHEARSAL
 from gpumps import Daemon
 
-from agent.mpsdaemon.drain import drain
+from agent.mpsdaemon.drain import ClientLists, drain
 from agent.mpsdaemon.mpscontrol import Control
 from agent.mpsdaemon.pipedirs import PipeDirs
 from agent.nvml.base import Nvml
@@ -62,7 +62,8 @@ def test_a_drained_stop_keeps_a_busy_neighbour_working(
 ) -> None:
     victim, victim_pid = _busy(driver, daemon, 120)
     neighbour, _ = _busy(driver, daemon, 10)
-    done = drain(Control(daemon.config.binary, daemon.pipe_dir, 10), [victim_pid], 5.0) if drained else None
+    lists = ClientLists(Control(daemon.config.binary, daemon.pipe_dir, 10))
+    done = drain(lists, [victim_pid], 5.0) if drained else None
     os.kill(victim_pid, signal.SIGKILL)
     victim.wait(30)
     result = Clients.finish(neighbour, 60)
