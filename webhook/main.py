@@ -24,6 +24,8 @@ from webhook.schemas import AdmissionReview
 from webhook.settings import Settings
 
 _log = log.get("gpupack.webhook")
+# Each outcome's counter, looked up once rather than by label on every review.
+_REVIEWS_BY_OUTCOME = {outcome: WEBHOOK_REVIEWS.labels(outcome.value) for outcome in WebhookOutcome}
 
 
 def create_app(
@@ -201,15 +203,16 @@ def _internal_error(uid: str) -> mutate.Decision:
 
 def _record(review: AdmissionReview, decision: mutate.Decision, start: float) -> None:
     elapsed = time.perf_counter() - start
-    WEBHOOK_REVIEWS.labels(decision.outcome.value).inc()
+    _REVIEWS_BY_OUTCOME[decision.outcome].inc()
     WEBHOOK_REVIEW_SECONDS.observe(elapsed)
     req = review.request
     meta = (req.object or {}).get("metadata")
     if not isinstance(meta, dict):  # only a Pod's shape is validated; other kinds may carry anything
         meta = {}
-    _log.info(
+    log.info(
+        _log,
         "review",
-        extra={
+        {
             "uid": req.uid,
             "namespace": req.namespace,
             "pod": req.name or meta.get("name") or meta.get("generateName", ""),
