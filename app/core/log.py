@@ -8,6 +8,8 @@ import sys
 import time
 from typing import Any
 
+# json.dumps(out, default=str) builds an encoder per call; one, made once, writes the same text.
+_ENCODER = json.JSONEncoder(default=str)
 _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"message", "asctime"}
 
 
@@ -35,7 +37,7 @@ class JsonFormatter(logging.Formatter):
                 out[key] = value
         if record.exc_info:
             out["exc"] = self.formatException(record.exc_info)
-        return json.dumps(out, default=str)
+        return _ENCODER.encode(out)
 
 
 def setup(level: str = "info") -> None:
