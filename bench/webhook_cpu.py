@@ -94,7 +94,11 @@ def main() -> int:
     old_commit = commit_of(args.against)
     dirty = bool(
         subprocess.run(
-            ["git", "status", "--porcelain"], cwd=REPO, capture_output=True, text=True, check=True
+            ["git", "status", "--porcelain", "--", "app", "webhook", "bench/webhook.py"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout
     )
     load_at_start = os.getloadavg()
@@ -120,7 +124,7 @@ def main() -> int:
         "inputs": {
             "old_commit": old_commit,
             "new_commit": commit_of("HEAD"),
-            "new_tree_has_uncommitted_changes": dirty,
+            "new_code_has_uncommitted_changes": dirty,  # app/, webhook/, the review
             "rounds": args.rounds,
             "requests_per_run": args.requests,
             "warmup_per_run": args.warmup,
