@@ -6,15 +6,19 @@ them with bench/loadgen, a small Go load generator (built once per source and Go
 bench/loadgen/build.sh): one keep-alive TLS connection per client, requests pre-encoded, so the client
 costs a fraction of the server's CPU on the cores they share (both are recorded per request, with the CPU
 count and the load). Each cell (mode, clients, workers) is bounded by a request count and a wall-clock
-limit and run --runs times, the servers taking turns; `summary` has the medians. Two modes:
+limit and run --runs times, the servers taking turns; `summary` has the medians. Beside them, in the
+same runs, a reference server (bench/echo_server.py: bare uvicorn + the same TLS, the same client and body,
+one fixed AdmissionReview back; --no-echo leaves it out): `vs_echo` has, per cell, the medians over the
+runs of the webhook's server CPU per review, the echo's, their ratio and their difference (what the
+webhook's own per-review Python costs). Two modes:
 - closed loop (saturation): each client sends its next request as soon as the last one returns;
 - paced (--rate, requests/s over all clients): sends are scheduled at a fixed total rate, and latency is
   measured from the *scheduled* send time, so a stalled server is not hidden (no coordinated omission).
   This is closer to an apiserver, which calls us once per pod create, not in a tight loop.
 Writes bench/results/webhook.json (--out to write elsewhere).
 
-    .venv/bin/python bench/webhook.py [--workers 1,2] [--runs 3] [--levels 1,16,64] [--seconds 10] \
-        [--rate 200] [--out bench/results/webhook.json]
+    flock /tmp/gpupack-bench.lock .venv/bin/python bench/webhook.py [--workers 1,2] [--runs 3] \
+        [--levels 1,16,64] [--seconds 10] [--rate 200] [--no-echo] [--out bench/results/webhook.json]
 """
 
 from __future__ import annotations
@@ -102,11 +106,19 @@ def free_port() -> int:
         return port
 
 
-def start_server(workdir: Path, port: int, workers: int) -> subprocess.Popen[bytes]:
+ECHO = "echo"  # the reference server's label; the webhook's are "workers-N"
+
+
+def start_server(workdir: Path, port: int, label: str) -> subprocess.Popen[bytes]:
+    """`gpupack webhook serve --workers N` for "workers-N", bench/echo_server.py for ECHO."""
     certs.write_bundle(workdir, ["localhost"], ["127.0.0.1"])
-    argv = [sys.executable, "-m", "app.cli", "webhook", "serve", "--cert", str(workdir / "tls.crt")]
-    argv += ["--key", str(workdir / "tls.key"), "--host", "127.0.0.1", "--port", str(port)]
-    argv += ["--workers", str(workers)]
+    tls = ["--cert", str(workdir / "tls.crt"), "--key", str(workdir / "tls.key")]
+    listen = ["--host", "127.0.0.1", "--port", str(port)]
+    if label == ECHO:
+        argv = [sys.executable, str(REPO / "bench" / "echo_server.py"), *tls, *listen]
+    else:
+        workers = label.removeprefix("workers-")
+        argv = [sys.executable, "-m", "app.cli", "webhook", "serve", *tls, *listen, "--workers", workers]
     log = (workdir / "server.log").open("wb")
     return subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=log, start_new_session=True)
 
@@ -131,11 +143,14 @@ def wait_healthy(port: int, ctx: ssl.SSLContext, proc: subprocess.Popen[bytes], 
 
 
 def server_seconds(port: int, ctx: ssl.SSLContext) -> tuple[float, float]:
-    """(sum, count) of the server's own review-duration histogram: time inside the handler."""
+    """(sum, count) of the server's own review-duration histogram: time inside the handler ((0, 0) for
+    the echo, which has none)."""
     conn = http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=5)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
-    values = {}
+    values = dict.fromkeys(
+        ("gpupack_webhook_review_duration_seconds_sum", "gpupack_webhook_review_duration_seconds_count"), 0.0
+    )
     for line in text.splitlines():
         for name in (
             "gpupack_webhook_review_duration_seconds_sum",
@@ -244,6 +259,25 @@ def median_of(runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
+def against_echo(webhook: list[dict[str, Any]], echo: list[dict[str, Any]]) -> dict[str, Any]:
+    """Server CPU per review, the webhook's beside the echo's, run by run (the same run's pairs): medians of
+    each, of their ratio and of their difference."""
+    pairs = [
+        (w["server_cpu_us_per_request"], e["server_cpu_us_per_request"])
+        for w, e in zip(webhook, echo, strict=True)
+        if w["server_cpu_us_per_request"] and e["server_cpu_us_per_request"]
+    ]
+    if not pairs:
+        return {"runs": 0}
+    return {
+        "runs": len(pairs),
+        "webhook_server_cpu_us_per_request": statistics.median(w for w, _ in pairs),
+        "echo_server_cpu_us_per_request": statistics.median(e for _, e in pairs),
+        "ratio_webhook_to_echo": round(statistics.median(w / e for w, e in pairs), 2),
+        "webhook_minus_echo_us": round(statistics.median(w - e for w, e in pairs), 1),
+    }
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument(
@@ -259,47 +293,57 @@ def main() -> int:
     parser.add_argument(
         "--rate", type=float, default=200.0, help="total req/s of the paced runs (0: skip them)"
     )
+    parser.add_argument(
+        "--echo",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the bare uvicorn + TLS echo server beside the webhook, as a reference row",
+    )
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     levels = [int(x) for x in args.levels.split(",")]
     worker_counts = [int(x) for x in args.workers.split(",")]
+    labels = [f"workers-{n}" for n in worker_counts] + ([ECHO] if args.echo else [])
     load_at_start = os.getloadavg()
     tool = loadgen()
 
-    # One server per worker count, all started up front; every (mode, clients) cell is run on each server
-    # in turn, run after run, so a burst of load from elsewhere on the machine hits them all alike.
+    # One server per worker count (and the echo), all started up front; every (mode, clients) cell is run
+    # on each server in turn, run after run, so a burst of load from elsewhere on the machine hits them
+    # all alike.
     with tempfile.TemporaryDirectory(prefix="gpupack-bench-") as tmp:
-        servers: dict[int, tuple[Path, int, subprocess.Popen[bytes]]] = {}
+        servers: dict[str, tuple[Path, int, subprocess.Popen[bytes]]] = {}
         try:
-            for n in worker_counts:
-                workdir = Path(tmp) / f"workers-{n}"
+            for label in labels:
+                workdir = Path(tmp) / label
                 workdir.mkdir()
                 port = free_port()
-                servers[n] = (workdir, port, start_server(workdir, port, n))
-                wait_healthy(port, tls_context(workdir), servers[n][2])
-                run_level(tool, *servers[n], clients=16, total=args.warmup, seconds=args.seconds)
-            results, summary = [], []
+                servers[label] = (workdir, port, start_server(workdir, port, label))
+                wait_healthy(port, tls_context(workdir), servers[label][2])
+                run_level(tool, *servers[label], clients=16, total=args.warmup, seconds=args.seconds)
+            results, summary, vs_echo = [], [], []
             modes: list[float | None] = [None, args.rate] if args.rate else [None]
             for rate in modes:
                 for clients in levels:
-                    runs: dict[int, list[dict[str, Any]]] = {n: [] for n in worker_counts}
+                    runs: dict[str, list[dict[str, Any]]] = {label: [] for label in labels}
                     for _ in range(args.runs):
-                        for n in worker_counts:
-                            res = {"workers": n}
+                        for label in labels:
+                            res = {"server": label}
                             res |= run_level(
                                 tool,
-                                *servers[n],
+                                *servers[label],
                                 clients=clients,
                                 total=args.requests,
                                 seconds=args.seconds,
                                 rate=rate,
                             )
                             print(json.dumps(res), file=sys.stderr)
-                            runs[n].append(res)
-                    for n in worker_counts:
-                        results += runs[n]
-                        cell = {"workers": n, "clients": clients, "mode": runs[n][0]["mode"]}
-                        summary.append(cell | median_of(runs[n]))
+                            runs[label].append(res)
+                    for label in labels:
+                        results += runs[label]
+                        cell = {"server": label, "clients": clients, "mode": runs[label][0]["mode"]}
+                        summary.append(cell | median_of(runs[label]))
+                        if label != ECHO and args.echo:
+                            vs_echo.append(cell | against_echo(runs[label], runs[ECHO]))
         finally:
             for _, _, proc in servers.values():
                 proc.terminate()
@@ -312,6 +356,7 @@ def main() -> int:
         "inputs": {
             "levels": levels,
             "workers": worker_counts,
+            "echo_reference": args.echo,
             "runs_per_level": args.runs,
             "paced_rate_rps": args.rate or None,
             "requests_per_level": args.requests,
@@ -334,11 +379,13 @@ def main() -> int:
         },
         "versions": versions(),
         "summary": summary,
+        "vs_echo": vs_echo,
         "results": results,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=2) + "\n")
     print(json.dumps(summary, indent=1), file=sys.stderr)
+    print(json.dumps(vs_echo, indent=1), file=sys.stderr)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0
 

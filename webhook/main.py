@@ -24,6 +24,8 @@ from webhook.schemas import AdmissionReview
 from webhook.settings import Settings
 
 _log = log.get("gpupack.webhook")
+# Each outcome's counter, looked up once rather than by label on every review.
+_REVIEWS_BY_OUTCOME = {outcome: WEBHOOK_REVIEWS.labels(outcome.value) for outcome in WebhookOutcome}
 
 
 def create_app(
@@ -34,12 +36,13 @@ def create_app(
     errors = settings.validate()
     if errors:
         raise ValueError("invalid webhook settings: " + "; ".join(map(str, errors)))
-    app = FastAPI(title="gpupack admission webhook", docs_url=None, redoc_url=None)
+    # The hot path is a bare ASGI endpoint that WebhookApp calls before FastAPI's middleware and router
+    # (no dependency solving, the body parsed and validated once); the routes below answer the rest
+    # (GET /mutate: 405), and _document() describes it in /openapi.json.
+    endpoint = MutateEndpoint(settings, fleet)
+    app = WebhookApp(endpoint, title="gpupack admission webhook", docs_url=None, redoc_url=None)
     registry = webhook_metrics.registry()
     app.state.metrics_registry = registry
-    # The hot path is a bare ASGI endpoint, not a FastAPI route: no dependency solving, the body
-    # parsed and validated once; _document() describes it in /openapi.json.
-    endpoint = MutateEndpoint(settings, fleet)
     app.router.routes += [
         Route("/mutate", endpoint, methods=["POST"]),
         Route("/mutate/pod-security/{level}", endpoint, methods=["POST"]),
@@ -60,6 +63,32 @@ def create_app(
         return Response(generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
 
     return app
+
+
+_POD_SECURITY_PREFIX = "/mutate/pod-security/"
+
+
+class WebhookApp(FastAPI):
+    """The FastAPI app, with every POST to /mutate and /mutate/pod-security/<level> handed straight to
+    the mutate endpoint: its middleware stack and router cost more CPU per review than the endpoint's own
+    reading of the body. Any other request (another method or path) goes through FastAPI as usual."""
+
+    def __init__(self, mutate_endpoint: MutateEndpoint, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.mutate_endpoint = mutate_endpoint
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST":
+            path: str = scope["path"]
+            if path == "/mutate":
+                await self.mutate_endpoint({**scope, "path_params": {}}, receive, send)
+                return
+            # As the route "/mutate/pod-security/{level}" matches: one non-empty path segment.
+            level = path.removeprefix(_POD_SECURITY_PREFIX)
+            if level != path and level and "/" not in level:
+                await self.mutate_endpoint({**scope, "path_params": {"level": level}}, receive, send)
+                return
+        await super().__call__(scope, receive, send)
 
 
 class MutateEndpoint:
@@ -174,15 +203,16 @@ def _internal_error(uid: str) -> mutate.Decision:
 
 def _record(review: AdmissionReview, decision: mutate.Decision, start: float) -> None:
     elapsed = time.perf_counter() - start
-    WEBHOOK_REVIEWS.labels(decision.outcome.value).inc()
+    _REVIEWS_BY_OUTCOME[decision.outcome].inc()
     WEBHOOK_REVIEW_SECONDS.observe(elapsed)
     req = review.request
     meta = (req.object or {}).get("metadata")
     if not isinstance(meta, dict):  # only a Pod's shape is validated; other kinds may carry anything
         meta = {}
-    _log.info(
+    log.info(
+        _log,
         "review",
-        extra={
+        {
             "uid": req.uid,
             "namespace": req.namespace,
             "pod": req.name or meta.get("name") or meta.get("generateName", ""),

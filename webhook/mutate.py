@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Final
 
 import pydantic_core
@@ -151,7 +152,7 @@ def pod_patch(
     pod_ops: list[Op] = []
     for c in pod.containers:
         if c.name != req.container:
-            ops += _missing_env_ops(c, [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, names.NO_GPU)])
+            ops += _missing_env_ops(c, _NO_GPU_ENV)
             continue
         wrote = plans.get(c.pointer)
         if isinstance(wrote, RequestError):
@@ -179,7 +180,7 @@ def clashes(pod: PodView, req: GpuRequest, plans: Plans) -> tuple[RequestError, 
     errors: list[RequestError] = []
     for c in pod.containers:
         if c.name != req.container:
-            errors += _env_clashes(c, [_value(names.ENV_NVIDIA_VISIBLE_DEVICES, names.NO_GPU)], req)
+            errors += _env_clashes(c, _NO_GPU_ENV, req)
             continue
         pipe_dir = names.MPS_PIPE_DIRECTORY
         wrote = plans.get(c.pointer)
@@ -222,8 +223,16 @@ def _env_clashes(c: ContainerView, wanted: Sequence[dict[str, Json]], req: GpuRe
 def gpu_env(req: GpuRequest, pipe_dir: str = names.MPS_PIPE_DIRECTORY) -> list[dict[str, Json]]:
     """Env for the GPU container (app.core.allocenv): fieldRefs to the allocation annotations the extender
     writes at bind, and the MPS pipe directory `pipe_dir` where the container mounts it."""
-    table = allocenv.gpu_env(burstable=req.burstable, mps=req.isolation is Isolation.MPS, pipe_dir=pipe_dir)
-    return [_field(v.name, v.annotation) if v.annotation else _value(v.name, v.value) for v in table]
+    return list(_gpu_env_entries(req.burstable, req.isolation is Isolation.MPS, pipe_dir))
+
+
+@lru_cache(maxsize=64)
+def _gpu_env_entries(burstable: bool, mps: bool, pipe_dir: str) -> tuple[dict[str, Json], ...]:
+    # Nearly every review has one of a few (burstable, mps, pipe dir) combinations (a pipe dir other than
+    # the default is a user's own mount path, hence a bounded cache), so the entries are built once and
+    # reused; they are only read (compared, or serialised into the patch), never changed.
+    table = allocenv.gpu_env(burstable=burstable, mps=mps, pipe_dir=pipe_dir)
+    return tuple(_field(v.name, v.annotation) if v.annotation else _value(v.name, v.value) for v in table)
 
 
 def node_requirements(req: GpuRequest) -> list[dict[str, Json]]:
@@ -249,6 +258,10 @@ def _field(name: str, annotation: str) -> dict[str, Json]:
 
 def _value(name: str, value: str) -> dict[str, Json]:
     return {"name": name, "value": value}
+
+
+# What every container but the GPU one gets: no GPU (read only, as the GPU container's cached entries).
+_NO_GPU_ENV: Final = (_value(names.ENV_NVIDIA_VISIBLE_DEVICES, names.NO_GPU),)
 
 
 def _covers(have: Json, want: Json) -> bool:

@@ -240,3 +240,32 @@ _schema = schemathesis.openapi.from_asgi("/openapi.json", create_app(Settings())
 def test_openapi_fuzz_finds_no_5xx(case: Any) -> None:
     response = case.call()
     assert response.status_code < 500, (case.method, case.path, case.body, response.text[:300])
+
+
+@pytest.mark.parametrize(
+    ("path", "status", "location"),
+    [
+        ("/mutate/", 307, "/mutate"),
+        ("/mutate//", 307, "/mutate"),
+        ("/mutate/pod-security/", 404, None),
+        ("/mutate/pod-security//", 404, None),
+        ("/mutate/pod-security/baseline/", 307, "/mutate/pod-security/baseline"),
+        ("/mutate/other", 404, None),
+    ],
+)
+def test_paths_near_mutate_are_answered_by_the_router(
+    client: TestClient, path: str, status: int, location: str | None
+) -> None:
+    """Only /mutate and /mutate/pod-security/<one segment> take the fast path; the rest are redirected or
+    404 exactly as FastAPI's routes answer them."""
+    resp = client.post(path, json=review({names.GPU_FRACTION: "0.5"}), follow_redirects=False)
+    assert resp.status_code == status
+    assert resp.headers.get("location") == (f"http://testserver{location}" if location else None)
+
+
+def test_an_encoded_level_is_read_decoded_and_named(client: TestClient) -> None:
+    resp = client.post("/mutate/pod-security/base%20line", json=review({names.GPU_FRACTION: "0.5"}))
+    assert (resp.status_code, resp.json()) == (
+        404,
+        {"error": "level='base line': must be one of baseline, restricted"},
+    )

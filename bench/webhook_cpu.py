@@ -1,0 +1,157 @@
+"""The webhook's own CPU per review, in process: this tree against an earlier commit, taking turns.
+
+Each run starts a fresh Python process that builds the webhook's app (`webhook.main.create_app`, JSON log
+lines to /dev/null), sends it --warmup reviews, then --requests more through its ASGI entry (no server,
+no TLS: what is left is the webhook's own per-review Python: reading and validating the review, the
+mutation, the log line and metrics), and reports the process CPU time per review. The two trees take
+turns (the order flips each round) and each round's new ÷ old ratio is kept, so a load that changes over
+the sitting moves both sides of a ratio alike; `summary` has the medians. The body is bench/webhook.py's
+review. The earlier tree is `git archive --against` unpacked in a temporary directory.
+Writes bench/results/webhook_cpu.json (--out to write elsewhere).
+
+    flock /tmp/gpupack-bench.lock .venv/bin/python bench/webhook_cpu.py --against <commit> [--rounds 9]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+OUT = REPO / "bench" / "results" / "webhook_cpu.json"
+
+# Run in a fresh process with the tree to measure first on sys.path; prints CPU µs per review.
+_MEASURE = r"""
+import asyncio, logging, sys, time
+sys.path.insert(0, sys.argv[1])
+from bench.webhook import review_body
+from app.core import log
+log.setup("info")
+logging.getLogger().handlers[0].stream = open(__import__("os").devnull, "w")
+from webhook.main import create_app
+from webhook.settings import Settings
+
+app = create_app(Settings())
+body = review_body(1)
+scope = {
+    "type": "http", "method": "POST", "path": "/mutate", "raw_path": b"/mutate", "root_path": "",
+    "query_string": b"", "http_version": "1.1", "scheme": "https", "asgi": {"version": "3.0"},
+    "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())],
+    "server": ("127.0.0.1", 8443), "client": ("127.0.0.1", 5555),
+}
+
+async def receive():
+    return {"type": "http.request", "body": body, "more_body": False}
+
+async def send(message):
+    pass
+
+async def many(n):
+    for _ in range(n):
+        await app(dict(scope), receive, send)
+
+loop = asyncio.new_event_loop()
+loop.run_until_complete(many(int(sys.argv[2])))
+n = int(sys.argv[3])
+start = time.process_time()
+loop.run_until_complete(many(n))
+print((time.process_time() - start) / n * 1e6)
+"""
+
+
+def measure(tree: Path, warmup: int, requests: int) -> float:
+    out = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(tree), str(warmup), str(requests)],
+        cwd=tree,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    return float(out.stdout.strip().splitlines()[-1])
+
+
+def commit_of(rev: str) -> str:
+    return subprocess.run(
+        ["git", "rev-parse", rev], cwd=REPO, capture_output=True, text=True, check=True
+    ).stdout.strip()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--against", required=True, help="the earlier commit to compare with")
+    parser.add_argument("--rounds", type=int, default=9, help="rounds, each measuring both trees once")
+    parser.add_argument("--requests", type=int, default=3000, help="measured reviews per run")
+    parser.add_argument("--warmup", type=int, default=500, help="unmeasured reviews first, per run")
+    parser.add_argument("--out", type=Path, default=OUT)
+    args = parser.parse_args()
+    old_commit = commit_of(args.against)
+    dirty = bool(
+        subprocess.run(
+            ["git", "status", "--porcelain", "--", "app", "webhook", "bench/webhook.py"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+    )
+    load_at_start = os.getloadavg()
+    old_us: list[float] = []
+    new_us: list[float] = []
+    ratios: list[float] = []
+    with tempfile.TemporaryDirectory(prefix="webhook-cpu-") as tmp:
+        old_tree = Path(tmp)
+        archive = subprocess.run(["git", "archive", old_commit], cwd=REPO, capture_output=True, check=True)
+        subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive.stdout, check=True)
+        for i in range(args.rounds):
+            got: dict[str, float] = {}
+            for side in ("old", "new") if i % 2 == 0 else ("new", "old"):
+                got[side] = measure(old_tree if side == "old" else REPO, args.warmup, args.requests)
+            old_us.append(got["old"])
+            new_us.append(got["new"])
+            ratios.append(got["new"] / got["old"])
+            print(f"round {i + 1}: old {got['old']:.1f} µs, new {got['new']:.1f} µs, ratio {ratios[-1]:.3f}")
+    result = {
+        "question": "the webhook's own CPU per review (in process, no server or TLS): this tree vs a commit",
+        "command": "flock /tmp/gpupack-bench.lock .venv/bin/python bench/webhook_cpu.py "
+        + " ".join(sys.argv[1:]),
+        "inputs": {
+            "old_commit": old_commit,
+            "new_commit": commit_of("HEAD"),
+            "new_code_has_uncommitted_changes": dirty,  # app/, webhook/, the review
+            "rounds": args.rounds,
+            "requests_per_run": args.requests,
+            "warmup_per_run": args.warmup,
+            "review": "bench/webhook.py review_body: gpu-fraction 0.25 x 2, gpu-model, 2 containers + 1 init",
+            "host": {
+                "cpus": os.cpu_count(),
+                "loadavg_at_start": load_at_start,
+                "loadavg_at_end": os.getloadavg(),
+                "platform": platform.platform(),
+                "python": platform.python_version(),
+            },
+        },
+        "summary": {
+            "median_old_cpu_us_per_review": round(statistics.median(old_us), 1),
+            "median_new_cpu_us_per_review": round(statistics.median(new_us), 1),
+            "median_ratio_new_over_old": round(statistics.median(ratios), 3),
+        },
+        "results": {
+            "old_cpu_us_per_review": [round(v, 1) for v in old_us],
+            "new_cpu_us_per_review": [round(v, 1) for v in new_us],
+            "ratio_new_over_old": [round(v, 3) for v in ratios],
+        },
+    }
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result["summary"]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
