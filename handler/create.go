@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -224,7 +225,7 @@ func edit(spec map[string]any, a answer, rec string) error {
 
 func askAgent(cfg config, q any) (answer, error) {
 	deadline := time.Now().Add(time.Duration(cfg.TimeoutS * float64(time.Second)))
-	conn, err := net.DialTimeout("unix", cfg.Socket, time.Until(deadline))
+	conn, err := dialAgent(cfg.Socket, deadline)
 	if err != nil {
 		return answer{}, err
 	}
@@ -246,6 +247,23 @@ func askAgent(cfg config, q any) (answer, error) {
 		a.Reason = "refused without a reason"
 	}
 	return a, nil
+}
+
+// dialAgent connects to the agent's socket. A listening agent whose accept queue is full (a burst of
+// containers created or stopped at once on the node) refuses a unix-socket connect with EAGAIN instead of
+// queueing it: that agent is busy, not gone, so the dial is tried again, backing off, until the deadline.
+// A socket that nobody listens on (ENOENT, ECONNREFUSED: the agent is down) fails at once; the kubelet
+// retries the container.
+func dialAgent(path string, deadline time.Time) (net.Conn, error) {
+	wait := 2 * time.Millisecond
+	for {
+		conn, err := net.DialTimeout("unix", path, time.Until(deadline))
+		if err == nil || !errors.Is(err, syscall.EAGAIN) || time.Now().Add(wait).After(deadline) {
+			return conn, err
+		}
+		time.Sleep(wait)
+		wait = min(2*wait, 100*time.Millisecond)
+	}
 }
 
 // writeJSON writes v to path atomically (a temporary file renamed over it).

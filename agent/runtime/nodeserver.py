@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import socketserver
 import threading
 import time
@@ -63,6 +64,17 @@ def read_pod(namespace: str, name: str) -> Request:
     """One pod, read fresh (no resourceVersion: a quorum read), as a list by name: the agent's RBAC lists
     pods and needs no `get` for this."""
     return Request("GET", paths.pods(namespace), query={"fieldSelector": f"metadata.name={name}"})
+
+
+class AgentSocket(socketserver.ThreadingUnixStreamServer):
+    """The node side's listening socket, a thread per question.
+
+    Its accept queue is the kernel's largest (`SOMAXCONN`), not socketserver's 5: the kubelet creates and
+    stops many containers at once (a Deployment scaled up, a node drained), each asks here at create, at its
+    createRuntime hook and at its stop, and a unix socket whose queue is full refuses a non-blocking connect
+    (the handler's) with EAGAIN instead of queueing it, which failed 30 pods started together."""
+
+    request_queue_size = socket.SOMAXCONN
 
 
 class NodeServer:
@@ -275,7 +287,7 @@ class NodeServer:
 
         old = os.umask(0o177)
         try:
-            self._server = socketserver.ThreadingUnixStreamServer(str(self.socket_path), Handler)
+            self._server = AgentSocket(str(self.socket_path), Handler)
         finally:
             os.umask(old)
         self._server.daemon_threads = True

@@ -7,9 +7,12 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import socketserver
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,7 +27,7 @@ from agent.mpsdaemon.mpscontrol import Control
 from agent.mpsdaemon.mpsv3 import Namespaces
 from agent.mpsdaemon.pipedirs import PipeDirs
 from agent.runtime import nodeside
-from agent.runtime.nodeserver import NodeServer
+from agent.runtime.nodeserver import AgentSocket, NodeServer
 from agent.simgpu.simalloc import Allocator
 from agent.simgpu.simulated import SimulatedNvml
 from app.core import names, request
@@ -334,3 +337,36 @@ def test_one_container_is_read_and_parsed_once_for_its_create_hook_stop_and_dele
         subprocess.run(
             [sys.executable, str(STANDIN)], input="quit\n", env=env, text=True, timeout=20, check=False
         )
+
+
+def test_a_burst_of_questions_that_arrive_before_any_is_accepted_is_queued_then_answered(where: Path) -> None:
+    """The kubelet starts and stops many containers at once; each asks the node side over a non-blocking
+    unix-socket connect (the handler's), which the kernel refuses with EAGAIN once the accept queue is full.
+    64 connects that arrive before the socket accepts any all get in, and each is answered."""
+
+    class Echo(socketserver.StreamRequestHandler):
+        def handle(self) -> None:
+            self.wfile.write(self.rfile.readline())
+
+    path = where / "agent.sock"
+    server = AgentSocket(str(path), Echo)  # listening, not yet accepting: a busy agent
+    waiting = []
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    try:
+        for i in range(64):
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            s.setblocking(False)
+            s.connect(str(path))  # BlockingIOError (EAGAIN) if the queue were full
+            waiting.append((i, s))
+        serving.start()
+        for i, s in waiting:
+            s.setblocking(True)
+            s.settimeout(10)
+            s.sendall(f"question {i}\n".encode())
+            assert s.makefile("rb").readline() == f"question {i}\n".encode()
+    finally:
+        for _, s in waiting:
+            s.close()
+        if serving.is_alive():
+            server.shutdown()
+        server.server_close()
