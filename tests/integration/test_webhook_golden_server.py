@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from httpsprobe import wait_until_healthy
 
 from app.service import certs
-from tests.devcluster import wait_for
 from tests.devcluster.ports import free_ports
 
 REPO = Path(__file__).resolve().parents[2]
@@ -70,16 +70,8 @@ def server(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str
     def connect() -> http.client.HTTPSConnection:
         return http.client.HTTPSConnection("127.0.0.1", port, context=ctx, timeout=10)
 
-    def healthy() -> bool:
-        try:
-            conn = connect()
-            conn.request("GET", "/healthz")
-            return conn.getresponse().status == 200
-        except OSError:
-            return False
-
     try:
-        wait_for(healthy, 60, "the webhook answering /healthz")
+        wait_until_healthy(connect, "the webhook")
         yield flags, connect
     finally:
         proc.terminate()

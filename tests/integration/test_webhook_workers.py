@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from cryptography import x509
+from httpsprobe import wait_until_healthy
 from prometheus_client.parser import text_string_to_metric_families
 
 from app.core import names
@@ -68,16 +69,8 @@ def server(tmp_path: Path) -> Iterator[Server]:
     )
     srv = Server(proc, port, tmp_path)
 
-    def healthy() -> bool:
-        try:
-            conn = srv.connect()
-            conn.request("GET", "/healthz")
-            return conn.getresponse().status == 200
-        except OSError:
-            return False
-
     try:
-        wait_for(healthy, 60, "the webhook answering /healthz")
+        wait_until_healthy(srv.connect, "the webhook")
         wait_for(lambda: len(srv.workers()) == WORKERS, 10, f"{WORKERS} worker processes")
         _every_worker_serving(srv)  # each has loaded its certificate: a rotation from now on is a reload
         yield srv
