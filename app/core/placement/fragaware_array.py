@@ -9,15 +9,19 @@ sigmoid's exp may differ by an ulp from `math.exp`: a node whose score lands nex
 again the scalar way. Nodes the pass does not model (MIG devices, GPUs of mixed models or sizes, an
 over-committed GPU, GPUs `fit.array_modelled` keeps out, such as a CLOSED one), demands with an
 isolation need (`fit.mode_neutral`) and refusals other than a GPU share or memory
-shortfall are left to the policy itself (None in the answer). What the pass reads of a node (`read`) is
-kept by the engine per node state, so later shapes skip reading the GPUs.
+shortfall are left to the policy itself (None in the answer). What the pass reads of a node (`read`: its
+GPUs' numbers and free CPU packed as int64 bytes, and its host fields) is kept by the engine per node
+state, so later shapes skip reading the GPUs: a group's rows become one matrix by one join, and the
+node-wide rule is asked once per distinct host fields.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import cache
 from itertools import chain
 from operator import attrgetter
+from struct import Struct
 
 import numpy as np
 import numpy.typing as npt
@@ -25,7 +29,7 @@ import numpy.typing as npt
 from app.core.errors import PlacementReason, Shortfall
 from app.core.model import MILLI_PER_GPU, Demand, Node
 from app.core.placement.base import Judged
-from app.core.placement.fit import array_modelled, host_fits, mode_neutral
+from app.core.placement.fit import array_modelled, host_shortfall, mode_neutral
 from app.core.placement.fragaware import FragAware, score_of
 from app.core.placement.workload import TargetWorkload
 
@@ -37,8 +41,13 @@ _NEAR_INTEGER = 1e-9
 _NOT_FITTING = 2 * MILLI_PER_GPU  # sorts after every free share
 
 Group = tuple[int, str, int]  # GPUs, model, memory of each GPU
-# A node's group, and its GPUs' (milli used, healthy, memory used, foreign memory) one after another.
-Row = tuple[Group, tuple[int, ...]]
+# What `fit.host_shortfall` reads of a node: schedulable, CPU and memory free (None: not tracked), MPS.
+Host = tuple[bool, int | None, int | None, bool]
+# A node's group, its host fields, and its GPUs' (milli used, healthy, memory used, foreign memory) one
+# after another then its free CPU and whether that is known, packed as int64s: a group's rows are joined
+# and read as one matrix without a Python int per value.
+Row = tuple[Group, Host, bytes]
+_PER_GPU = 4  # int64s per GPU in a row
 
 
 class FragAwareArray:
@@ -64,7 +73,12 @@ class FragAwareArray:
         if len(kinds) != 1 or not all(map(array_modelled, gpus)):
             return None  # no GPUs, GPUs of several models or sizes, or a GPU under a rule arrays skip
         _, model, memory_mib = kinds.pop()
-        return (len(gpus), model, memory_mib), tuple(chain.from_iterable(map(_usage, gpus)))
+        cpu = node.cpu_milli_free
+        host = (node.schedulable, cpu, node.memory_mib_free, node.mps)
+        packed = _packer(len(gpus)).pack(
+            *chain.from_iterable(map(_usage, gpus)), 0 if cpu is None else cpu, cpu is not None
+        )
+        return (len(gpus), model, memory_mib), host, packed
 
     def judge(
         self, nodes: Sequence[Node], reads: Sequence[Row | None], demand: Demand
@@ -73,14 +87,20 @@ class FragAwareArray:
         out: list[Judged | None] = [None] * len(nodes)
         if not self.covers(demand):
             return out
-        groups: dict[Group, tuple[list[int], list[int]]] = {}
+        groups: dict[Group, tuple[list[int], list[Host], list[bytes]]] = {}
         for i, row in enumerate(reads):
             if row is not None:
-                idx, usage = groups.setdefault(row[0], ([], []))
+                idx, hosts, packed = groups.setdefault(row[0], ([], [], []))
                 idx.append(i)
-                usage += row[1]
-        for (_, model, memory_mib), (idx, usage) in groups.items():
-            _Pass(self.policy, demand, (model, memory_mib), [nodes[i] for i in idx], usage).fill(out, idx)
+                hosts.append(row[1])
+                packed.append(row[2])
+        for (_, model, memory_mib), (idx, hosts, packed) in groups.items():
+            # The node-wide rule is fit.py's own, asked once per distinct host fields.
+            host_fits = {host: host_shortfall(*host, demand) is None for host in set(hosts)}
+            host_ok = np.fromiter(map(host_fits.__getitem__, hosts), dtype=np.bool_, count=len(idx))
+            group = [nodes[i] for i in idx]
+            kind = (model, memory_mib)
+            _Pass(self.policy, demand, kind, group, packed=b"".join(packed), host_ok=host_ok).fill(out, idx)
         return out
 
 
@@ -88,10 +108,10 @@ _kind = attrgetter("mig_profile", "model", "memory_mib")
 _usage = attrgetter("milli_used", "healthy", "memory_used_mib", "foreign_mib")
 
 
-def _column(values: list[int | None]) -> tuple[Ints, Bools]:
-    """Values with None as 0, and where they are known."""
-    known = np.array([v is not None for v in values], dtype=np.bool_)
-    return np.array([0 if v is None else v for v in values], dtype=np.int64), known
+@cache
+def _packer(gpus: int) -> Struct:
+    """A row's int64s for a node of `gpus` GPUs (native order: read back by numpy on this machine)."""
+    return Struct(f"={_PER_GPU * gpus + 2}q")
 
 
 class _Pass:
@@ -103,28 +123,29 @@ class _Pass:
         demand: Demand,
         kind: tuple[str, int],
         nodes: list[Node],
-        usage: list[int],
+        *,
+        packed: bytes,
+        host_ok: Bools,
     ):
         model, memory_mib = kind  # of every GPU of these nodes
         self.policy, self.demand, self.model, self.nodes = policy, demand, model, nodes
         self.workload: TargetWorkload = policy.workload
         self.milli, self.mib = demand.on(memory_mib)
-        gpus = np.fromiter(usage, dtype=np.int64, count=len(usage)).reshape(len(nodes), -1, 4)
+        rows = np.frombuffer(packed, dtype=np.int64).reshape(len(nodes), -1)
+        gpus = rows[:, :-2].reshape(len(nodes), -1, _PER_GPU)
         self.free: Ints = MILLI_PER_GPU - gpus[:, :, 0]
         self.healthy: Bools = gpus[:, :, 1] != 0
         foreign = gpus[:, :, 3]
         self.foreign: Bools = foreign > 0
         # memory_room: total - reserved - foreign, less the margin where foreign processes run
         self.room: Ints = memory_mib - gpus[:, :, 2] - foreign - np.where(self.foreign, policy.margin_mib, 0)
-        self.cpu, self.cpu_known = _column([n.cpu_milli_free for n in nodes])
-        # The node-wide rules are fit.py's own (one place for every feasibility rule), asked per node.
-        host_ok = np.fromiter((host_fits(n, demand) for n in nodes), dtype=np.bool_, count=len(nodes))
+        self.cpu: Ints = rows[:, -2]
+        self.cpu_known: Bools = rows[:, -1] != 0
         # An over-committed GPU (reservations past its capacity) is the policy's to judge.
-        host_ok &= ((self.free >= 0) & (self.free <= MILLI_PER_GPU)).all(axis=1)
-        self.host_ok = host_ok
+        self.host_ok = host_ok & ((self.free >= 0) & (self.free <= MILLI_PER_GPU)).all(axis=1)
         self.share_ok = self.healthy & (self.milli <= self.free)
         self.gpu_fit = self.share_ok & (self.mib <= self.room) & demand.accepts(model)
-        self.fits = host_ok & (self.gpu_fit.sum(axis=1) >= demand.count)
+        self.fits = self.host_ok & (self.gpu_fit.sum(axis=1) >= demand.count)
         # The shares the workload's shapes ask, where node_frag splits a node's free shares.
         shares = sorted({milli for _, milli, count, _ in self.workload.plan(model) if count})
         self.thresholds: Ints = np.array(shares, dtype=np.int64)
@@ -179,7 +200,7 @@ class _Pass:
         cpu, known = self.cpu[fitting], self.cpu_known[fitting]
         lefts = np.where(healthy, free, 0)  # an unhealthy GPU adds nothing to any frag sum
         cpu_after = cpu - demand.cpu_milli
-        small, at_least, below = self._below(lefts)
+        small, at_least, below, below_lefts = self._below(lefts)
         total = lefts.sum(axis=1)
         before = self._accumulate(small, at_least, total, self._cpu_ok(cpu, known))
         strand = options.strand_weight
@@ -189,7 +210,7 @@ class _Pass:
             # shape's share move by that one GPU's terms, so no after state is summed from scratch.
             taken = lefts - self.milli
             taken_below = taken < self.thresholds[:, None, None]
-            after_small = small[:, :, None] - np.where(below, lefts, 0) + np.where(taken_below, taken, 0)
+            after_small = small[:, :, None] - below_lefts + np.where(taken_below, taken, 0)
             after_at_least = at_least[:, :, None] + below - taken_below
             cpu_ok = {c: ok[:, None] for c, ok in self._cpu_ok(cpu_after, known).items()}
             frag_after = self._accumulate(after_small, after_at_least, (total - self.milli)[:, None], cpu_ok)
@@ -222,7 +243,7 @@ class _Pass:
         order = np.argsort(np.where(fit, free, _NOT_FITTING), axis=1, kind="stable")
         after = lefts.copy()
         after[np.arange(len(after))[:, None], order[:, : demand.count]] -= self.milli
-        after_small, after_at_least, _ = self._below(after)
+        after_small, after_at_least, _, _ = self._below(after)
         cpu_ok = self._cpu_ok(cpu_after, known)
         delta = before - self._accumulate(after_small, after_at_least, after.sum(axis=1), cpu_ok)
         if strand and stranded_before is not None:
@@ -235,32 +256,45 @@ class _Pass:
             delta = delta - scarce * (self.milli * demand.count)
         return self._sigmoid(delta)
 
-    def _below(self, lefts: Ints) -> tuple[Floats, Floats, Bools]:
+    def _below(self, lefts: Ints) -> tuple[Floats, Ints, Bools, Floats]:
         """Per threshold (a shape's share) and row: the free shares below it summed, how many GPUs have
-        at least it, and which GPUs are below it (thresholds first). Sums of integers: exact as floats."""
+        at least it, which GPUs are below it and their free shares (0 for the others), thresholds first.
+        Sums of integers: exact as floats."""
         below = lefts < self.thresholds[:, None, None]
-        ones = np.ones(lefts.shape[1], dtype=np.float64)
-        small: Floats = np.where(below, lefts, 0).astype(np.float64) @ ones
-        at_least: Floats = lefts.shape[1] - below.astype(np.float64) @ ones
-        return small, at_least, below
+        below_lefts: Floats = np.where(below, lefts.astype(np.float64), 0.0)
+        small: Floats = below_lefts @ np.ones(lefts.shape[1], dtype=np.float64)
+        at_least: Ints = lefts.shape[1] - np.count_nonzero(below, axis=2)
+        return small, at_least, below, below_lefts
 
     def _cpu_ok(self, cpu: Ints, known: Bools) -> dict[int, Bools]:
         """Per CPU request of the workload's shapes: whether each node has that much CPU free."""
         return {c: ~known | (cpu >= c) for _, _, count, c in self.workload.plan(self.model) if count}
 
     def _accumulate(
-        self, small: Floats, at_least: Floats, total: Ints | Floats, cpu_ok: dict[int, Bools]
+        self, small: Floats, at_least: Ints, total: Ints | Floats, cpu_ok: dict[int, Bools]
     ) -> Floats:
         """`node_frag` per element from `_below`'s sums and `_cpu_ok`'s answers."""
         frag = np.zeros(small.shape[1:], dtype=np.float64)
-        # Shape order and one multiply-add per shape, as node_frag: the same float in every element.
+        term = np.empty_like(frag)
+        # A shape's frag term before its weight: the free shares below its share where enough GPUs have
+        # it and the host its CPU, else all free shares. Shapes of one share and count (many ask a whole
+        # GPU) share the first part; a CPU request every node meets adds nothing to it.
+        by_share: dict[tuple[int, int], Floats] = {}
+        # Shape order and one multiply-add per shape, as node_frag: the same float in every element
+        # (into reused arrays: they are large, and x * w == w * x).
         for weight, milli, count, shape_cpu in self.workload.plan(self.model):
             if count:
                 t = self.threshold_index[milli]
-                ok = (at_least[t] >= count) & cpu_ok[shape_cpu]
-                frag = frag + weight * np.where(ok, small[t], total)
+                unweighted = by_share.get((t, count))
+                if unweighted is None:
+                    unweighted = by_share[t, count] = np.where(at_least[t] >= count, small[t], total)
+                ok = cpu_ok[shape_cpu]
+                if not ok.all():
+                    unweighted = np.where(ok, unweighted, total)
+                np.multiply(unweighted, weight, out=term)
+                frag += term
             else:
-                frag = frag + weight * total
+                frag += weight * total
         return frag
 
     def _stranded(self, lefts: Ints, healthy: Bools, cpu: Ints, known: Bools) -> Floats:
