@@ -16,18 +16,18 @@ _RESERVED = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {"me
 class JsonFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__()
-        self._second = (
-            -1
-        )  # the whole second last formatted, and its text: a busy service logs many per second
-        self._second_text = ""
+        # The whole second last formatted and its text, as one value (a busy service logs many lines a
+        # second; one assignment, so a second and another second's text are never paired).
+        self._second: tuple[int, str] = (-1, "")
 
     def format(self, record: logging.LogRecord) -> str:
-        second = int(record.created)
-        if second != self._second:
-            self._second_text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            self._second = second
+        second, text = self._second
+        if int(record.created) != second:
+            second = int(record.created)
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, text)
         out: dict[str, Any] = {
-            "ts": f"{self._second_text}.{int(record.msecs):03d}Z",
+            "ts": f"{text}.{int(record.msecs):03d}Z",
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
