@@ -90,11 +90,12 @@ def decide(
         )
     ):
         return _deny(uid, (refused,), told)
-    if errors := clashes(pod, parsed, plans):
-        return _deny(uid, errors, told)
     if fleet is None:
         fleet = Fleet(fallback_memory_mib=settings.quota_gpu_memory_mib)
-    ops = taken + pod_patch(pod, parsed, plans, settings, fleet)
+    patch = changes(pod, parsed, plans, settings, fleet)
+    if isinstance(patch, tuple):
+        return _deny(uid, patch, told)
+    ops = taken + patch
     warnings = told + parsed.warnings
     response: dict[str, Json] = {"allowed": True}
     if ops:
@@ -141,27 +142,45 @@ def pipe_plans(pod: PodView, req: GpuRequest, settings: Settings) -> Plans:
     return out
 
 
-def pod_patch(
+def changes(
     pod: PodView, req: GpuRequest, plans: Plans, settings: Settings, fleet: Fleet = quota.UNKNOWN_FLEET
-) -> list[Op]:
-    """The JSONPatch ops that bring `pod` in line with `req`; empty when it already is.
+) -> list[Op] | tuple[RequestError, ...]:
+    """The JSONPatch ops that bring `pod` in line with `req` (empty when it already is), or what in the pod
+    the mutation would have to overwrite or duplicate: we refuse rather than do either.
 
-    The pod must have passed `clashes` (no env of ours set otherwise, a pipe mount we can add or reuse).
+    - An env var we set, written by the user with another value (the last entry of a name is the one
+      that counts): overwriting it would silently change their pod, keeping it would break the share.
+    - A mount of some other volume where the GPU container's MPS pipe mount goes (see webhook.pipe).
+    - A runtimeClassName of the pod's own where an MPS share needs gpupack's RuntimeClass.
+
+    One pass over the containers finds both; the ops are dropped when there is anything to refuse.
     """
+    errors: list[RequestError] = []
     ops = _label_ops(pod.labels) + disruption.annotation_ops(pod.annotations)
     pod_ops: list[Op] = []
     for c in pod.containers:
         if c.name != req.container:
-            ops += _missing_env_ops(c, _NO_GPU_ENV)
+            ops += _env_ops(c, _NO_GPU_ENV, req, errors)
             continue
+        pipe_dir = names.MPS_PIPE_DIRECTORY
         wrote = plans.get(c.pointer)
         if isinstance(wrote, RequestError):
-            raise ValueError(str(wrote))
-        ops += _missing_env_ops(c, gpu_env(req, wrote.pipe_dir if wrote else names.MPS_PIPE_DIRECTORY))
+            errors.append(wrote)
+            wrote = None
+        elif wrote is not None:
+            pipe_dir = wrote.pipe_dir
+            if clash := pipe.runtime_class_clash(pod, wrote):
+                errors.append(clash)
+        env = _gpu_env_entries(req.burstable, req.isolation is Isolation.MPS, pipe_dir)
+        ops += _env_ops(c, env, req, errors)
+        if errors:
+            continue  # refused: the ops are not needed, only every error
         ops += _resource_ops(c, req, fleet)
         if wrote is not None:
             mount_ops, pod_ops = pipe.ops(wrote, pod, c)
             ops += mount_ops
+    if errors:
+        return tuple(errors)
     ops += pod_ops
     ops += _affinity_ops(pod.affinity, node_requirements(req))
     if settings.scheduler_name and pod.scheduler_name != settings.scheduler_name:
@@ -169,55 +188,41 @@ def pod_patch(
     return ops
 
 
-def clashes(pod: PodView, req: GpuRequest, plans: Plans) -> tuple[RequestError, ...]:
-    """What in the pod the mutation would have to overwrite or duplicate: we refuse rather than do either.
-
-    - An env var we set, written by the user with another value (the last entry of a name is the one
-      that counts): overwriting it would silently change their pod, keeping it would break the share.
-    - A mount of some other volume where the GPU container's MPS pipe mount goes (see webhook.pipe).
-    - A runtimeClassName of the pod's own where an MPS share needs gpupack's RuntimeClass.
-    """
-    errors: list[RequestError] = []
-    for c in pod.containers:
-        if c.name != req.container:
-            errors += _env_clashes(c, _NO_GPU_ENV, req)
-            continue
-        pipe_dir = names.MPS_PIPE_DIRECTORY
-        wrote = plans.get(c.pointer)
-        if isinstance(wrote, RequestError):
-            errors.append(wrote)
-        elif wrote is not None:
-            pipe_dir = wrote.pipe_dir
-            if clash := pipe.runtime_class_clash(pod, wrote):
-                errors.append(clash)
-        errors += _env_clashes(c, gpu_env(req, pipe_dir), req)
-    return tuple(errors)
-
-
-def _env_clashes(c: ContainerView, wanted: Sequence[dict[str, Json]], req: GpuRequest) -> list[RequestError]:
-    gpu = c.name == req.container
-    errors = []
+def _env_ops(
+    c: ContainerView, wanted: Sequence[dict[str, Json]], req: GpuRequest, errors: list[RequestError]
+) -> list[Op]:
+    """Append each wanted env var that the container lacks; never touch the user's entries. An entry of
+    that name with other content is a clash, added to `errors`."""
+    if not c.env:
+        return [{"op": "add", "path": f"{c.pointer}/env", "value": list(wanted)}]
+    have, path = c.env, f"{c.pointer}/env/-"
+    ops: list[Op] = []
     for item in wanted:
-        entry = c.env.get(item["name"])
-        if entry is None or _covers(entry, item):
-            continue
-        if not gpu:
-            rule = (
-                f"must be {names.NO_GPU!r} or unset: only the GPU container ({req.container!r}) gets a GPU, "
-                "and gpupack sets it so this one sees none; remove it"
-            )
-        elif item["name"] == names.ENV_MPS_PIPE_DIRECTORY:
-            rule = (
-                f"must be {item['value']!r} or unset: gpupack points it at the container's mount of the "
-                "node's MPS pipe directory; remove it"
-            )
-        else:
-            rule = (
-                "is set by gpupack on the GPU container from the pod's allocation (the gpupack.io/* "
-                "annotations written when it is scheduled); remove it"
-            )
-        errors.append(RequestError(f"{c.where}.env[{item['name']}]", managed.describe_env(entry), rule))
-    return errors
+        entry = have.get(item["name"])
+        if entry is None:
+            ops.append({"op": "add", "path": path, "value": item})
+        elif not _covers(entry, item):
+            errors.append(_env_clash(c, item, entry, req))
+    return ops
+
+
+def _env_clash(c: ContainerView, item: dict[str, Json], entry: Json, req: GpuRequest) -> RequestError:
+    if c.name != req.container:
+        rule = (
+            f"must be {names.NO_GPU!r} or unset: only the GPU container ({req.container!r}) gets a GPU, "
+            "and gpupack sets it so this one sees none; remove it"
+        )
+    elif item["name"] == names.ENV_MPS_PIPE_DIRECTORY:
+        rule = (
+            f"must be {item['value']!r} or unset: gpupack points it at the container's mount of the "
+            "node's MPS pipe directory; remove it"
+        )
+    else:
+        rule = (
+            "is set by gpupack on the GPU container from the pod's allocation (the gpupack.io/* "
+            "annotations written when it is scheduled); remove it"
+        )
+    return RequestError(f"{c.where}.env[{item['name']}]", managed.describe_env(entry), rule)
 
 
 def gpu_env(req: GpuRequest, pipe_dir: str = names.MPS_PIPE_DIRECTORY) -> list[dict[str, Json]]:
@@ -266,7 +271,8 @@ _NO_GPU_ENV: Final = (_value(names.ENV_NVIDIA_VISIBLE_DEVICES, names.NO_GPU),)
 
 def _covers(have: Json, want: Json) -> bool:
     """True when `have` already says everything `want` says (extra fields, e.g. defaults, are fine)."""
-    if isinstance(want, Mapping):
+    # `want` is always gpupack's own value (dicts, lists, strings): a dict check, not the slower Mapping one.
+    if isinstance(want, dict):
         return isinstance(have, Mapping) and all(k in have and _covers(have[k], v) for k, v in want.items())
     return bool(have == want)
 
@@ -279,22 +285,8 @@ def _label_ops(labels: Mapping[str, str]) -> list[Op]:
     return []
 
 
-def _missing_env_ops(c: ContainerView, wanted: Sequence[dict[str, Json]]) -> list[Op]:
-    """Append each wanted env var that the container lacks; never touch the user's entries.
-
-    An entry of that name with other content is a clash, refused before the patch is made (`clashes`).
-    """
-    if not c.env:
-        return [{"op": "add", "path": f"{c.pointer}/env", "value": list(wanted)}]
-    return [
-        {"op": "add", "path": f"{c.pointer}/env/-", "value": item}
-        for item in wanted
-        if item["name"] not in c.env
-    ]
-
-
-def _same_quantity(have: str | None, want: int) -> bool:
-    return units.quantity_value(str(have)) == want
+def _same_quantity(have: Json, want: int) -> bool:
+    return have is not None and units.quantity_value(str(have)) == want
 
 
 def gpu_resources(req: GpuRequest, fleet: Fleet = quota.UNKNOWN_FLEET) -> dict[str, int]:
@@ -303,31 +295,47 @@ def gpu_resources(req: GpuRequest, fleet: Fleet = quota.UNKNOWN_FLEET) -> dict[s
     return {name: amount, **quota.charge(req, fleet).resources()}
 
 
+@dataclass(frozen=True, slots=True)
+class _Resources:
+    """The gpupack resources a request writes on the GPU container, in each form the patch needs."""
+
+    amounts: Mapping[str, int]  # by resource name
+    quantities: Mapping[str, str]  # the same, as the quantities written
+    escaped: tuple[tuple[str, str, int], ...]  # (resource name, "/" + its JSON-pointer segment, amount)
+
+
+@lru_cache(maxsize=256)
+def _resources(req: GpuRequest, fleet: Fleet) -> _Resources:
+    # Worked out once per kind of request and fleet (the pods of a workload share both); only ever read,
+    # like the env entries.
+    amounts = gpu_resources(req, fleet)
+    quantities = {k: str(v) for k, v in amounts.items()}
+    return _Resources(amounts, quantities, tuple((k, pointer(k), v) for k, v in amounts.items()))
+
+
 def _resource_ops(c: ContainerView, req: GpuRequest, fleet: Fleet) -> list[Op]:
     """Request and limit our extended resources (they must be equal), with the values the request implies.
 
     gpupack.io/* resources are the webhook's to set: any other one on the GPU container (the other kind a
     stale pass set, a charge the user wrote to shrink their quota use) is removed, a wrong value replaced.
     """
-    wanted = gpu_resources(req, fleet)
-    quantities = {k: str(v) for k, v in wanted.items()}
+    wanted = _resources(req, fleet)
     path = c.pointer
     if not c.has_resources:
-        value = {"requests": quantities, "limits": dict(quantities)}
+        value = {"requests": dict(wanted.quantities), "limits": dict(wanted.quantities)}
         return [{"op": "add", "path": f"{path}/resources", "value": value}]
     ops: list[Op] = []
     for part, current in (("requests", c.requests), ("limits", c.limits)):
+        at = f"{path}/resources/{part}"
         if not current:
-            ops.append({"op": "add", "path": f"{path}/resources/{part}", "value": dict(quantities)})
+            ops.append({"op": "add", "path": at, "value": dict(wanted.quantities)})
             continue
         for key in current:
-            if str(key).startswith(names.RESOURCE_PREFIX) and key not in wanted:
-                ops.append({"op": "remove", "path": f"{path}/resources/{part}" + pointer(key)})
-        for name, amount in wanted.items():
+            if str(key).startswith(names.RESOURCE_PREFIX) and key not in wanted.amounts:
+                ops.append({"op": "remove", "path": at + pointer(key)})
+        for name, segment, amount in wanted.escaped:
             if not _same_quantity(current.get(name), amount):
-                ops.append(
-                    {"op": "add", "path": f"{path}/resources/{part}" + pointer(name), "value": str(amount)}
-                )
+                ops.append({"op": "add", "path": at + segment, "value": wanted.quantities[name]})
     return ops
 
 

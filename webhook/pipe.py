@@ -104,10 +104,11 @@ def free_volume_name(pod: PodView) -> str:
 def plan(pod: PodView, container: ContainerView, host_dir: str) -> PipeMount | RequestError:
     """How `container` gets the pipe dir, or why it cannot without a clash."""
     volumes = host_dir_volumes(pod, host_dir)
-    for mount in container.mounts:
+    mounts = container.mounts
+    for mount in mounts:
         if mount.volume in volumes and mount.whole_dir:
             return PipeMount(mount.volume, mount.path, add_volume=False, add_mount=False)
-    for mount in container.mounts:
+    for mount in mounts:
         if _norm(mount.path) == _norm(names.MPS_PIPE_DIRECTORY):
             return RequestError(
                 f"{container.where}.volumeMounts[{mount.volume}]",

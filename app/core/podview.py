@@ -16,18 +16,46 @@ meaning. Entries of the wrong type read as empty, so no caller crashes on a hand
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Generic, NamedTuple, TypeVar, overload
 
 from app.core import names
 from app.core.hostres import MIB, ZERO, HostResources, quantity
 from app.core.objects import as_list, as_object, string_map
 
 WHOLE_GPU_RESOURCE: Final = "nvidia.com/gpu"
+
+_T = TypeVar("_T")
+
+
+class cached_property(Generic[_T]):  # noqa: N801 (named as the functools one it stands in for)
+    """functools.cached_property without its lock: on Python 3.11 that takes an RLock on every first read,
+    which costs more than most of what PodView works out lazily. The value is pure, so two threads racing
+    for a first read at worst both work it out; the first to store it wins, as in Python 3.12."""
+
+    def __init__(self, func: Callable[[Any], _T]) -> None:
+        self.func = func
+        self.name = func.__name__
+        self.__doc__ = func.__doc__
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    @overload
+    def __get__(self, instance: None, owner: type | None = None) -> cached_property[_T]: ...
+    @overload
+    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
+    def __get__(self, instance: object, owner: type | None = None) -> _T | cached_property[_T]:
+        if instance is None:
+            return self
+        # A non-data descriptor: once stored in the instance's __dict__, the value is read from there.
+        return instance.__dict__.setdefault(self.name, self.func(instance))  # type: ignore[no-any-return]
+
+
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
 

@@ -65,6 +65,9 @@ class Fleet:
     models: Mapping[str, int] = field(default_factory=dict)
     fallback_memory_mib: int | None = None
 
+    def __hash__(self) -> int:  # `models` is a mapping; a fleet is hashed by its content, as it compares
+        return hash((tuple(self.models.items()), self.fallback_memory_mib))
+
     def allowed(self, models: tuple[str, ...]) -> dict[str, int]:
         """The fleet's models a request naming `models` (none: any) may land on."""
         return {m: mib for m, mib in self.models.items() if not models or m in models}

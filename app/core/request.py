@@ -1,8 +1,11 @@
 """The request model: a pod's view (app.core.podview) → GpuRequest, or every rule its annotations break
 (pure).
 
-Each rule is one function over `_Reading`, which holds the pod's view and each unit-valued annotation
-parsed once (its value, or the error its rule reports); `_build` takes the parsed values as they are.
+The rules read `Asked`, the part of the view they need (the GPU-share annotations and a few facts per
+container): a value, so each distinct one is checked once and the pods that share it (a workload's
+replicas) get its verdict from a table. Each rule is one function over `_Reading`, which holds the `Asked`
+and each unit-valued annotation parsed once (its value, or the error its rule reports); `_build` takes the
+parsed values as they are.
 """
 
 from __future__ import annotations
@@ -13,13 +16,14 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from fractions import Fraction
-from typing import Final, TypeVar
+from functools import lru_cache
+from typing import Final, NamedTuple, TypeVar
 
 from app.core import catalog, names, nvfractions, units
 from app.core.errors import RequestError
 from app.core.isolation import MemoryEnforcement, memory_levels
 from app.core.model import MILLI_PER_GPU, Demand
-from app.core.podview import WHOLE_GPU_RESOURCE, ContainerView, PodView, portion_key
+from app.core.podview import WHOLE_GPU_RESOURCE, ContainerView, GpuAsk, Kind, PodView, portion_key
 
 MAX_DEVICES: Final = 16  # more GPUs than any node we know of carries; a typo guard, not a policy
 
@@ -111,13 +115,53 @@ def unannotated_errors(pod: PodView) -> tuple[RequestError, ...]:
     )
 
 
-def _kind(c: ContainerView) -> str:
+def _kind(c: ContainerView | ContainerFacts) -> str:
     return "init container" if c.init else "container"
 
 
 def parse(pod: PodView) -> GpuRequest | tuple[RequestError, ...]:
     """Check every rule; return the request, or all errors in rule order."""
-    reading = _Reading.of(pod)
+    return _verdict(Asked.of(pod))
+
+
+class ContainerFacts(NamedTuple):
+    """What the rules read of one container."""
+
+    kind: Kind
+    name: str
+    whole_gpus: str | None  # nvidia.com/gpu as written, if any
+    ours: tuple[tuple[str, str], ...]  # its gpupack.io/* resources
+
+    @property
+    def init(self) -> bool:
+        return self.kind is Kind.INIT
+
+
+class Asked(NamedTuple):
+    """Everything of a pod that the rules read: its GPU-share annotations and a few facts per container.
+
+    A value: the pods of one workload (a Deployment's replicas, a Job's) share it, so its verdict is worked
+    out once (`_verdict`) and every later pod of that kind only reads it.
+    """
+
+    ask: GpuAsk
+    containers: tuple[ContainerFacts, ...]  # the regular containers in order, then the init containers
+    gpu_container: str | None  # as PodView.gpu_container names it
+
+    @classmethod
+    def of(cls, pod: PodView) -> Asked:
+        facts = tuple(ContainerFacts(c.kind, c.name, c.whole_gpus, c.ours) for c in pod.containers)
+        return cls(pod.ask, facts, pod.gpu_container)
+
+    @property
+    def regular(self) -> tuple[ContainerFacts, ...]:
+        return tuple(c for c in self.containers if c.kind is Kind.REGULAR)
+
+
+@lru_cache(maxsize=1024)
+def _verdict(asked: Asked) -> GpuRequest | tuple[RequestError, ...]:
+    # A bounded table: the values are the users', and a cluster runs far fewer kinds of GPU pod than this.
+    reading = _Reading.of(asked)
     errors = tuple(err for rule in RULES for err in rule(reading))
     if errors:
         return errors
@@ -206,9 +250,9 @@ def _parsed(key: str, raw: str | None, parser: Callable[[str], _T]) -> _T | Requ
 
 @dataclass(frozen=True, slots=True)
 class _Reading:
-    """What the rules read: the pod's view and each unit-valued annotation parsed once."""
+    """What the rules read: the pod's `Asked` and each unit-valued annotation parsed once."""
 
-    pod: PodView
+    asked: Asked
     milli: int | RequestError | None
     memory: units.Memory | RequestError | None
     limit: units.Memory | RequestError | None
@@ -222,8 +266,8 @@ class _Reading:
     share_at: tuple[str, str | None] = (names.KAI_FRACTION_LIMIT, None)
 
     @classmethod
-    def of(cls, pod: PodView) -> _Reading:
-        ask = pod.ask
+    def of(cls, asked: Asked) -> _Reading:
+        ask = asked.ask
         nv = nvfractions.read(ask.nv_fractions)
         memory_at: tuple[str, str | None] = (names.GPU_MEMORY, ask.memory)
         limit_at: tuple[str, str | None] = (names.GPU_MEMORY_LIMIT, ask.memory_limit)
@@ -250,7 +294,7 @@ class _Reading:
                 share_at,
             )
         return cls(
-            pod,
+            asked,
             milli=_parsed(names.GPU_FRACTION, ask.fraction, units.fraction_milli),
             memory=_parsed(*memory_at, parser),
             limit=_parsed(*limit_at, limit_parser),
@@ -271,7 +315,7 @@ class _Reading:
 
 
 def _one_of_fraction_or_memory(r: _Reading) -> Iterable[RequestError]:
-    fraction, memory, profile = r.pod.ask.fraction, r.pod.ask.memory, r.pod.ask.mig_profile
+    fraction, memory, profile = r.asked.ask.fraction, r.asked.ask.memory, r.asked.ask.mig_profile
     if r.nv.memory is not None:
         return  # KAI's names ask for memory; _nv_fractions refuses gpupack's request names beside them
     if profile is not None and (fraction is not None or memory is not None):
@@ -296,7 +340,7 @@ def _one_of_fraction_or_memory(r: _Reading) -> Iterable[RequestError]:
 
 
 def _no_whole_gpus(r: _Reading) -> Iterable[RequestError]:
-    ask = r.pod.ask
+    ask = r.asked.ask
     key, raw = next(
         (
             (k, v)
@@ -310,7 +354,7 @@ def _no_whole_gpus(r: _Reading) -> Iterable[RequestError]:
         (names.GPU_MEMORY, None),
     )
     # An explicit 0 asks for no whole GPU, so charts that template `nvidia.com/gpu: 0` still work.
-    offenders = [c.name for c in r.pod.containers if c.whole_gpus not in (None, "0")]
+    offenders = [c.name for c in r.asked.containers if c.whole_gpus not in (None, "0")]
     if raw is not None and offenders:
         which = ", ".join(repr(n) for n in offenders)
         yield RequestError(
@@ -335,9 +379,9 @@ def _num_devices(r: _Reading) -> Iterable[RequestError]:
 
 def _container_name(r: _Reading) -> Iterable[RequestError]:
     """Any container may get the share, init containers (sidecars included) too, as in KAI-Scheduler."""
-    raw = r.pod.ask.container
-    every = tuple(c.name for c in r.pod.containers)
-    if r.pod.gpu_container is None or not r.pod.regular:
+    raw = r.asked.ask.container
+    every = tuple(c.name for c in r.asked.containers)
+    if r.asked.gpu_container is None or not r.asked.regular:
         yield RequestError(
             names.GPU_FRACTION_CONTAINER_NAME, raw or "", "the pod has no container to give the GPU to"
         )
@@ -351,28 +395,14 @@ def _container_name(r: _Reading) -> Iterable[RequestError]:
 
 
 def _gpu_models(r: _Reading) -> Iterable[RequestError]:
-    raw = r.pod.ask.model
-    if raw is None:
-        return
-    models = raw.split("|")
-    if "" in models:
-        yield RequestError(
-            names.GPU_MODEL, raw, "must be a |-separated list of GPU model names with no empty entry"
-        )
-    for model in models:
-        if model and _canonical_model(model) is None:
-            yield RequestError(
-                names.GPU_MODEL,
-                raw,
-                f"model {model!r} must be a known GPU model or a node label value "
-                "(at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or digit)",
-            )
+    raw = r.asked.ask.model
+    return () if raw is None else _read_models(raw).errors
 
 
 def _gpupack_resources_only_on_the_gpu_container(r: _Reading) -> Iterable[RequestError]:
     """The webhook writes our resource on the GPU container; one elsewhere would be an unaccounted share."""
-    target = r.pod.gpu_container
-    for c in r.pod.containers:
+    target = r.asked.gpu_container
+    for c in r.asked.containers:
         if c.name != target:
             for resource, raw in c.ours:
                 yield RequestError(
@@ -385,33 +415,33 @@ def _gpupack_resources_only_on_the_gpu_container(r: _Reading) -> Iterable[Reques
 
 
 def _isolation(r: _Reading) -> Iterable[RequestError]:
-    raw = r.pod.ask.isolation
+    raw = r.asked.ask.isolation
     if raw is not None and raw not in {i.value for i in Isolation}:
         yield RequestError(names.ISOLATION, raw, "must be one of 'mps', 'none', 'mig'")
     elif raw is None:
         return
-    elif raw == Isolation.MIG and r.pod.ask.fraction is not None:
+    elif raw == Isolation.MIG and r.asked.ask.fraction is not None:
         yield RequestError(
             names.ISOLATION,
             raw,
             f"needs {names.GPU_MEMORY} or {names.MIG_PROFILE}, not {names.GPU_FRACTION}: a MIG device is "
             "taken whole, never shared",
         )
-    elif raw != Isolation.MIG and r.pod.ask.mig_profile is not None:
+    elif raw != Isolation.MIG and r.asked.ask.mig_profile is not None:
         yield RequestError(
             names.ISOLATION, raw, f"must be 'mig' or absent with {names.MIG_PROFILE}: a MIG device has no MPS"
         )
 
 
 def _memory_enforcement(r: _Reading) -> Iterable[RequestError]:
-    raw = r.pod.ask.memory_enforcement
+    raw = r.asked.ask.memory_enforcement
     if raw is not None and raw not in {m.value for m in MemoryEnforcement}:
         yield RequestError(
             names.MEMORY_ENFORCEMENT,
             raw,
             f"must be one of {memory_levels()} (weakest first): the least a GPU must enforce",
         )
-    elif raw in _MPS_LEVELS and r.pod.ask.isolation == Isolation.NONE:
+    elif raw in _MPS_LEVELS and r.asked.ask.isolation == Isolation.NONE:
         yield RequestError(
             names.MEMORY_ENFORCEMENT,
             raw,
@@ -424,7 +454,7 @@ _MPS_LEVELS: Final = frozenset({MemoryEnforcement.CLIENT_ENV.value, MemoryEnforc
 
 
 def _mig_profile_value(r: _Reading) -> Iterable[RequestError]:
-    raw = r.pod.ask.mig_profile
+    raw = r.asked.ask.mig_profile
     known = catalog.mig_profile_names()
     if raw is not None and raw not in known:
         yield RequestError(
@@ -437,7 +467,7 @@ def _memory_fits_a_gpu(r: _Reading) -> Iterable[RequestError]:
     if raw is None or not isinstance(r.memory, units.Memory):
         return  # absent, or already reported by _memory_value
     mib = r.memory.mib
-    if r.pod.ask.isolation == Isolation.MIG:
+    if r.asked.ask.isolation == Isolation.MIG:
         profile = max(
             (p for m in catalog.models().values() for p in m.mig_profiles), key=lambda p: p.memory_mib
         )
@@ -449,7 +479,7 @@ def _memory_fits_a_gpu(r: _Reading) -> Iterable[RequestError]:
                 f"({profile.name} has {profile.memory_mib} MiB)",
             )
         return
-    largest, scope = _largest_gpu(r.pod.ask.model)
+    largest, scope = _largest_gpu(r.asked.ask.model)
     if mib > largest.memory_mib:
         yield RequestError(
             key, raw, f"is {mib} MiB, more than any GPU{scope} ({largest.name} has {largest.memory_mib} MiB)"
@@ -460,7 +490,7 @@ def _memory_limit(r: _Reading) -> Iterable[RequestError]:
     """The limit is the most the pod may use on each GPU, its request the least it is guaranteed there;
     a fraction's request is its share of the GPU it lands on, so it is judged on the largest GPU it may
     land on (the webhook cannot know which)."""
-    ask, limit = r.pod.ask, r.limit
+    ask, limit = r.asked.ask, r.limit
     if isinstance(limit, RequestError):
         yield limit
         return
@@ -493,9 +523,9 @@ def _memory_limit(r: _Reading) -> Iterable[RequestError]:
 def _nv_fractions(r: _Reading) -> Iterable[RequestError]:
     """KAI's NvFractions names: one container, which the pod has; not beside gpupack's own request names
     (both would say how much, and a silent winner would ignore what the user wrote); sm-sharing needs MPS."""
-    nv, ask = r.nv, r.pod.ask
+    nv, ask = r.nv, r.asked.ask
     yield from nv.errors
-    every = tuple(c.name for c in r.pod.containers)
+    every = tuple(c.name for c in r.asked.containers)
     key, value = next(((k, v) for k, v in ask.nv_fractions if k != names.KAI_POD_COMPUTE_MODE), ("", ""))
     if nv.container is not None and nv.container not in every:
         rule = (
@@ -527,7 +557,7 @@ def _kai_limits(r: _Reading) -> Iterable[RequestError]:
     """KAI 0.18's limits, as KAI reads them: gpu-fraction.limit and the per-container portion limit only
     beside gpu-fraction, on the GPU container, agreeing when both are written; gpu-memory.limit only beside
     gpu-memory; none beside gpupack's own limit name (both would set the limit, one silently ignored)."""
-    ask = r.pod.ask
+    ask = r.asked.ask
     shares: tuple[tuple[str, str], ...] = ask.portion_limits
     if ask.fraction_limit is not None:
         shares = ((names.KAI_FRACTION_LIMIT, ask.fraction_limit), *shares)
@@ -552,7 +582,7 @@ def _kai_limits(r: _Reading) -> Iterable[RequestError]:
             rule = f"must not be set together with {names.GPU_MEMORY_LIMIT}: both set the limit; use one"
             yield RequestError(key, raw, rule)
     for key, raw in ask.portion_limits:
-        container, target = portion_key(key), r.pod.gpu_container
+        container, target = portion_key(key), r.asked.gpu_container
         if target is not None and container != target:
             rule = (
                 f"names container {container!r}, but the GPU share goes to {target!r} "
@@ -578,9 +608,8 @@ def _memory_share_limit(r: _Reading) -> Iterable[RequestError]:
     if isinstance(share, RequestError):
         yield share
     elif share is not None and isinstance(r.milli, int) and share * MILLI_PER_GPU < r.milli:
-        rule = (
-            f"is less than {names.GPU_FRACTION}={r.pod.ask.fraction}: the limit must be at least the request"
-        )
+        fraction = r.asked.ask.fraction
+        rule = f"is less than {names.GPU_FRACTION}={fraction}: the limit must be at least the request"
         yield RequestError(key, raw or "", rule)
 
 
@@ -617,14 +646,57 @@ def _canonical_model(name: str) -> str | None:
 
 def gpu_models(raw: str | None) -> tuple[str, ...]:
     """The acceptable models a |-separated list names, canonical, in the user's order, repeats dropped."""
-    if raw is None:
-        return ()
+    return () if raw is None else _read_models(raw).models
+
+
+@dataclass(frozen=True, slots=True)
+class _Models:
+    """A gpupack.io/gpu-model value, read once."""
+
+    models: tuple[str, ...]  # canonical, in the user's order, repeats dropped
+    errors: tuple[RequestError, ...]  # the rule it breaks
+    warnings: tuple[str, ...]  # for a valid value: a name read as another, or one a typo of a known model
+
+
+@lru_cache(maxsize=256)
+def _read_models(raw: str) -> _Models:
+    # Pods repeat a few values ("A100-40GB", "V100M16|V100M32"), and the catalogue is fixed: each value is
+    # checked against it once (a bounded cache: the value is the user's).
     out: dict[str, None] = {}  # ordered set: keep the user's order, drop repeats
-    for model in raw.split("|"):
+    errors: list[RequestError] = []
+    warnings: list[str] = []
+    entries = raw.split("|")
+    if "" in entries:
+        errors.append(
+            RequestError(
+                names.GPU_MODEL, raw, "must be a |-separated list of GPU model names with no empty entry"
+            )
+        )
+    for model in entries:
         canonical = _canonical_model(model)
         if canonical is not None:
             out[canonical] = None
-    return tuple(out)
+        if not model:
+            continue
+        if canonical is None:
+            errors.append(
+                RequestError(
+                    names.GPU_MODEL,
+                    raw,
+                    f"model {model!r} must be a known GPU model or a node label value "
+                    "(at most 63 letters, digits, '-', '_' or '.', starting and ending with a letter or "
+                    "digit)",
+                )
+            )
+        elif canonical != model:
+            warnings.append(f"{names.GPU_MODEL}: {model!r} is read as {canonical!r}")
+        elif model not in catalog.models() and (close := _close_models(model)):
+            meant = " or ".join(map(repr, close))
+            warnings.append(
+                f"{names.GPU_MODEL}: {model!r} is no GPU model gpupack knows, so only nodes labelled "
+                f"{names.NODE_LABEL_GPU_MODEL}={model} match it; did you mean {meant}?"
+            )
+    return _Models(tuple(out), tuple(errors), tuple(warnings))
 
 
 def _largest_gpu(raw_models: str | None) -> tuple[catalog.GpuModel, str]:
@@ -661,7 +733,7 @@ def _isolation_written(isolation: str | None, nv: nvfractions.NvAsk) -> str:
     return ""
 
 
-def _first_container_warning(pod: PodView) -> str | None:
+def _first_container_warning(pod: Asked) -> str | None:
     """With several containers and none named, the GPU goes to the first: say which, so a sidecar listed
     first (a log shipper) is not silently the one that gets it."""
     regular = pod.regular
@@ -677,32 +749,26 @@ def _first_container_warning(pod: PodView) -> str | None:
 
 def _build(r: _Reading) -> GpuRequest:
     """The request, from a pod that passed every rule (so every parsed value is a value)."""
-    ask = r.pod.ask
+    ask = r.asked.ask
     assert not isinstance(r.milli, RequestError) and not isinstance(r.memory, RequestError)
-    assert not isinstance(r.count, RequestError) and r.pod.gpu_container is not None
+    assert not isinstance(r.count, RequestError) and r.asked.gpu_container is not None
     assert not isinstance(r.limit, RequestError) and not isinstance(r.share, RequestError)
     warnings: list[str] = []
     for (key, raw), memory in ((r.memory_at, r.memory), (r.limit_at, r.limit)):
         if memory is not None and memory.rounded_from is not None:
             warnings.append(f"{key}={raw!r} is {memory.rounded_from} MiB; rounded up to {memory.mib} MiB")
-    for model in ask.model.split("|") if ask.model else ():
-        if (canonical := _canonical_model(model)) != model:
-            warnings.append(f"{names.GPU_MODEL}: {model!r} is read as {canonical!r}")
-        elif model not in catalog.models() and (close := _close_models(model)):
-            meant = " or ".join(map(repr, close))
-            warnings.append(
-                f"{names.GPU_MODEL}: {model!r} is no GPU model gpupack knows, so only nodes labelled "
-                f"{names.NODE_LABEL_GPU_MODEL}={model} match it; did you mean {meant}?"
-            )
-    if warning := _first_container_warning(r.pod):
+    models = _read_models(ask.model) if ask.model is not None else None
+    if models is not None:
+        warnings += models.warnings
+    if warning := _first_container_warning(r.asked):
         warnings.append(warning)
     return GpuRequest(
-        container=r.pod.gpu_container,
+        container=r.asked.gpu_container,
         count=r.count if r.count is not None else 1,
         milli=r.milli,
         memory_mib=None if r.memory is None else r.memory.mib,
         mig_profile=ask.mig_profile or "",
-        models=gpu_models(ask.model),
+        models=models.models if models is not None else (),
         memory_limit_mib=None if r.limit is None else r.limit.mib,
         memory_limit_share=r.share,
         isolation=Isolation.MIG if ask.mig_profile else Isolation(ask.isolation or Isolation.MPS),
