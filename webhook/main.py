@@ -81,12 +81,12 @@ class WebhookApp(FastAPI):
         if scope["type"] == "http" and scope["method"] == "POST":
             path: str = scope["path"]
             if path == "/mutate":
-                await self.mutate_endpoint({**scope, "path_params": {}}, receive, send)
+                await self.mutate_endpoint.serve(receive, send, path, None)
                 return
             # As the route "/mutate/pod-security/{level}" matches: one non-empty path segment.
             level = path.removeprefix(_POD_SECURITY_PREFIX)
             if level != path and level and "/" not in level:
-                await self.mutate_endpoint({**scope, "path_params": {"level": level}}, receive, send)
+                await self.mutate_endpoint.serve(receive, send, path, level)
                 return
         await super().__call__(scope, receive, send)
 
@@ -105,13 +105,19 @@ class MutateEndpoint:
         self._fleet = fleet or (lambda: unknown)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        chunks = []
-        while True:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            if not message.get("more_body"):
-                break
-        status, body = self.answer(b"".join(chunks), scope["path_params"].get("level"), scope["path"])
+        await self.serve(receive, send, scope["path"], scope["path_params"].get("level"))
+
+    async def serve(self, receive: Receive, send: Send, path: str, pod_security: str | None) -> None:
+        """Answer one request to `path`; `pod_security`: the level its path names, if any."""
+        message = await receive()
+        raw: bytes = message.get("body", b"")
+        if message.get("more_body"):  # a body in several chunks: read them all
+            chunks = [raw]
+            while message.get("more_body"):
+                message = await receive()
+                chunks.append(message.get("body", b""))
+            raw = b"".join(chunks)
+        status, body = self.answer(raw, pod_security, path)
         headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": body})

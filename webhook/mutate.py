@@ -71,9 +71,10 @@ def decide(
         if isinstance(takeover, tuple):
             return _deny(uid, takeover)
         pod, taken, told = takeover.pod, takeover.ops, takeover.warnings
+    wanted = pod.ask.wanted
     # Keys gpupack does not read that look like ones it does: said, never acted on (app.core.nearmiss).
-    told += nearmiss.warnings(pod.annotations, pod.ask.wanted)
-    if not pod.ask.wanted:
+    told += nearmiss.warnings(pod.annotations, wanted)
+    if not wanted:
         # Our resources without our annotations: refused, never guessed (see README, "Requesting GPUs").
         if errors := request.unannotated_errors(pod):
             return _deny(uid, errors, told)
