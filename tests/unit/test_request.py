@@ -510,3 +510,26 @@ def test_the_burstable_example_is_a_4gi_request_with_an_8gi_limit() -> None:
     doc = yaml.safe_load((Path(__file__).parents[2] / "deploy/examples/burstable-pod.yaml").read_text())
     req = request.parse(podview.read(doc))
     assert isinstance(req, GpuRequest) and (req.memory_mib, req.memory_limit_mib) == (4096, 8192)
+
+
+def test_a_pod_like_one_already_judged_is_judged_on_its_own_containers() -> None:
+    """Pods of one workload share a verdict; a pod with the same annotations but other containers (a whole
+    GPU asked, a gpupack resource elsewhere, another container first, a name missing) gets its own."""
+    ask = {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_CONTAINER_NAME: "main"}
+    first = parsed(ask)
+    assert parsed(ask) == first  # a replica: the same request
+    assert messages(ask, (Container("main", whole_gpus="1"),)) == [
+        "gpu-fraction='0.5': must not be combined with nvidia.com/gpu (requested by container 'main')"
+    ]
+    assert parsed(ask) == first  # and the kind already seen is still admitted
+    assert parsed(ask, (Container("main"), Container("side"))).container == "main"
+    charged = (Container("main"), Container("side", ours=((names.RESOURCE_GPU_MILLI, "100"),)))
+    refused = parse(ask, charged)
+    assert isinstance(refused, tuple) and [e.field for e in refused] == [names.RESOURCE_GPU_MILLI]
+    assert messages(ask, (Container("other"),)) == [
+        "gpu-fraction-container-name='main': must name one of the pod's containers or init containers "
+        "('other')"
+    ]
+    unnamed = {names.GPU_FRACTION: "0.5"}
+    assert parsed(unnamed, (Container("main"),)).warnings == ()
+    assert parsed(unnamed, (Container("log"), Container("main"))).container == "log"
