@@ -6,10 +6,13 @@ no TLS: what is left is the webhook's own per-review Python: reading and validat
 mutation, the log line and metrics), and reports the process CPU time per review. The two trees take
 turns (the order flips each round) and each round's new ÷ old ratio is kept, so a load that changes over
 the sitting moves both sides of a ratio alike; `summary` has the medians. The body is bench/webhook.py's
-review. The earlier tree is `git archive --against` unpacked in a temporary directory.
-Writes bench/results/webhook_cpu.json (--out to write elsewhere).
+review, the same each time as a workload's replicas send it; with --distinct each review is a kind of pod
+not seen before (its GPU container named anew), so the webhook's tables per kind of pod never help. The
+earlier tree is `git archive --against` unpacked in a temporary directory.
+Writes bench/results/webhook_cpu.json, or webhook_cpu_distinct.json with --distinct (--out: elsewhere).
 
-    flock /tmp/gpupack-bench.lock .venv/bin/python bench/webhook_cpu.py --against <commit> [--rounds 9]
+    flock /tmp/gpupack-bench.lock .venv/bin/python bench/webhook_cpu.py --against <commit> [--rounds 9] \
+        [--distinct]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "bench" / "results" / "webhook_cpu.json"
+OUT_DISTINCT = REPO / "bench" / "results" / "webhook_cpu_distinct.json"
 
 # Run in a fresh process with the tree to measure first on sys.path; prints CPU µs per review.
 _MEASURE = r"""
@@ -39,7 +43,18 @@ from webhook.main import create_app
 from webhook.settings import Settings
 
 app = create_app(Settings())
+warmup, n, distinct = int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
 body = review_body(1)
+if distinct:  # every review a kind of pod not seen before: the GPU container named anew each time
+    import json
+    review = json.loads(body)
+    bodies = []
+    for i in range(warmup + n):
+        review["request"]["object"]["spec"]["containers"][0]["name"] = f"trainer-{i}"
+        bodies.append(json.dumps(review).encode())
+else:
+    bodies = [body] * (warmup + n)
+sent = iter(bodies)
 scope = {
     "type": "http", "method": "POST", "path": "/mutate", "raw_path": b"/mutate", "root_path": "",
     "query_string": b"", "http_version": "1.1", "scheme": "https", "asgi": {"version": "3.0"},
@@ -48,7 +63,7 @@ scope = {
 }
 
 async def receive():
-    return {"type": "http.request", "body": body, "more_body": False}
+    return {"type": "http.request", "body": next(sent), "more_body": False}
 
 async def send(message):
     pass
@@ -58,17 +73,16 @@ async def many(n):
         await app(dict(scope), receive, send)
 
 loop = asyncio.new_event_loop()
-loop.run_until_complete(many(int(sys.argv[2])))
-n = int(sys.argv[3])
+loop.run_until_complete(many(warmup))
 start = time.process_time()
 loop.run_until_complete(many(n))
 print((time.process_time() - start) / n * 1e6)
 """
 
 
-def measure(tree: Path, warmup: int, requests: int) -> float:
+def measure(tree: Path, warmup: int, requests: int, distinct: bool) -> float:
     out = subprocess.run(
-        [sys.executable, "-c", _MEASURE, str(tree), str(warmup), str(requests)],
+        [sys.executable, "-c", _MEASURE, str(tree), str(warmup), str(requests), "1" if distinct else "0"],
         cwd=tree,
         capture_output=True,
         text=True,
@@ -89,8 +103,21 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=9, help="rounds, each measuring both trees once")
     parser.add_argument("--requests", type=int, default=3000, help="measured reviews per run")
     parser.add_argument("--warmup", type=int, default=500, help="unmeasured reviews first, per run")
-    parser.add_argument("--out", type=Path, default=OUT)
+    parser.add_argument(
+        "--distinct",
+        action="store_true",
+        help="every review a kind of pod not seen before (its GPU container named anew), so nothing the "
+        "webhook keeps per kind of pod is reused; default: the same review each time (a workload's "
+        "replicas)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help=f"default: {OUT.relative_to(REPO)}, or {OUT_DISTINCT.relative_to(REPO)} with --distinct",
+    )
     args = parser.parse_args()
+    out = args.out or (OUT_DISTINCT if args.distinct else OUT)
     old_commit = commit_of(args.against)
     dirty = bool(
         subprocess.run(
@@ -112,7 +139,9 @@ def main() -> int:
         for i in range(args.rounds):
             got: dict[str, float] = {}
             for side in ("old", "new") if i % 2 == 0 else ("new", "old"):
-                got[side] = measure(old_tree if side == "old" else REPO, args.warmup, args.requests)
+                got[side] = measure(
+                    old_tree if side == "old" else REPO, args.warmup, args.requests, args.distinct
+                )
             old_us.append(got["old"])
             new_us.append(got["new"])
             ratios.append(got["new"] / got["old"])
@@ -129,6 +158,7 @@ def main() -> int:
             "requests_per_run": args.requests,
             "warmup_per_run": args.warmup,
             "review": "bench/webhook.py review_body: gpu-fraction 0.25 x 2, gpu-model, 2 containers + 1 init",
+            "distinct_kinds": args.distinct,  # each review's GPU container named anew (a new kind of pod)
             "host": {
                 "cpus": os.cpu_count(),
                 "loadavg_at_start": load_at_start,
@@ -148,7 +178,7 @@ def main() -> int:
             "ratio_new_over_old": [round(v, 3) for v in ratios],
         },
     }
-    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    out.write_text(json.dumps(result, indent=1) + "\n")
     print(json.dumps(result["summary"]))
     return 0
 
