@@ -63,7 +63,7 @@ def decide(
     is_pod = req.kind.group == "" and req.kind.kind == "Pod"
     if req.operation != "CREATE" or not is_pod or req.object is None:
         return Decision(WebhookOutcome.SKIPPED, _answer(uid, {"allowed": True}))
-    pod = podview.read(req.object)  # the object's shape was validated with the review (schemas.Pod)
+    pod = podview.read(req.object)  # its shape was checked with the review (schemas.Pod)
     taken: list[Op] = []
     told: tuple[str, ...] = ()
     if settings.hami_takeover and not pod.ask.wanted and hami.asks(pod):
