@@ -3,7 +3,8 @@
 The API's list pages are written to files first (JSON as the apiserver sends it: 500 objects a page,
 pods with managedFields, status conditions and container statuses). A fresh process then runs the
 extender's three informers (GPUNodes, pods, Nodes) over a stand-in API client that reads those pages
-(`app.core.objects.read_json` of the bytes, as app.kube.client does), and reports the time until all three are
+(`app.kube.calls.read_reply` of the bytes, as app.kube.client does: the pod pages straight into the pod
+informer's shape), and reports the time until all three are
 synced plus what the replica does as it turns Ready (every node's view and array rows built, the heap
 frozen), the first filter after that (the pod shape's ranking), the resident memory then and its peak.
 Medians of --runs fresh processes.
@@ -227,10 +228,10 @@ def child(root: Path) -> dict[str, Any]:
     """In a fresh process: sync the three informers from the page files, then one filter."""
     t0 = time.perf_counter()
     from app.core import podview, request
-    from app.core.objects import read_json
     from app.core.placement import registry
     from app.kube.assume import AssumeCache
     from app.kube.cache import ClusterCache
+    from app.kube.calls import read_reply
     from extender import verbs
     from extender.config import Settings
     from extender.rankings import Rankings
@@ -245,7 +246,7 @@ def child(root: Path) -> dict[str, Any]:
         def send(self, req: Any) -> Any:
             name = {paths.gpunodes(): "gpunodes", paths.pods(): "pods", paths.nodes(): "nodes"}[req.path]
             token = dict(req.query or ()).get("continue") or "0"
-            return read_json((root / f"{name}-{token}.json").read_bytes())
+            return read_reply(req, (root / f"{name}-{token}.json").read_bytes())
 
         def watch(self, *a: Any, **k: Any) -> Any:
             raise AssertionError("not watched")

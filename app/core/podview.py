@@ -16,15 +16,15 @@ meaning. Entries of the wrong type read as empty, so no caller crashes on a hand
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field, replace
 from enum import StrEnum
-from functools import cached_property, lru_cache
+from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Generic, NamedTuple, Self, TypeVar, overload
 
 from app.core import names
-from app.core.hostres import MIB, ZERO, HostResources, quantity
+from app.core.hostres import MIB, HostResources, quantity
 from app.core.objects import as_list, as_object, string_map
 
 WHOLE_GPU_RESOURCE: Final = "nvidia.com/gpu"
@@ -164,6 +164,8 @@ class GpuAsk(NamedTuple):
 
 def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
     """The GPU-share request annotations among `annotations`."""
+    if not annotations:
+        return _NO_ASK  # most pods of a cluster carry no annotation at all
     get = annotations.get
     nv: list[tuple[str, str]] = []
     portions: list[tuple[str, str]] = []
@@ -190,6 +192,8 @@ def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
     )
 
 
+_NO_ASK: Final = GpuAsk()
+
 # Where every KAI key gpupack reads per container or per pod starts (kai.scheduler/: the pod compute mode).
 _KAI_PREFIXES: Final = (names.KAI_CONTAINER_PREFIX, "kai.scheduler/")
 _NV_FIELDS: Final = frozenset({names.KAI_MEMORY_REQUEST, names.KAI_MEMORY_LIMIT, names.KAI_COMPUTE_MODE})
@@ -210,6 +214,32 @@ def portion_key(key: str) -> str | None:
         return None
     container, _, field_ = key[len(names.KAI_PORTION_PREFIX) :].partition(".")
     return container if field_ == names.KAI_PORTION_LIMIT and container else None
+
+
+_T = TypeVar("_T")
+
+
+class _once(Generic[_T]):  # noqa: N801 (a decorator, named like functools.cached_property)
+    """functools.cached_property without its lock: Python 3.11's takes a lock shared by every instance on
+    each first read, and a relist makes one such read for every pod it reads. Two threads reading a view
+    at once may both work a value out; they get equal values, and the last one is kept."""
+
+    def __init__(self, fn: Callable[[Any], _T]) -> None:
+        self._fn = fn
+        self._name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Self: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> _T | Self:
+        if obj is None:
+            return self
+        value = obj.__dict__[self._name] = self._fn(obj)  # read from the instance from now on
+        return value
 
 
 @dataclass(frozen=True)
@@ -235,48 +265,56 @@ class PodView:
     scheduler_name: str | None = None
     source: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)  # the pod as sent
 
-    @cached_property
+    @_once
     def _spec(self) -> Mapping[str, Any]:
         return as_object(self.source.get("spec"))
 
-    @cached_property
+    @_once
     def ephemeral(self) -> tuple[ContainerView, ...]:
         """Ephemeral containers (`kubectl debug`): never counted among `containers`."""
         items = as_list(self._spec.get(Kind.EPHEMERAL))
         return tuple(_container(Kind.EPHEMERAL, i, item) for i, item in enumerate(items))
 
-    @cached_property
+    @_once
     def volumes(self) -> tuple[Volume, ...]:
         return tuple(_volume(v) for v in as_list(self._spec.get("volumes")))
 
-    @cached_property
+    @_once
     def runtime_class_name(self) -> str | None:
         """spec.runtimeClassName as sent (None when unset or not a string)."""
         value = self._spec.get("runtimeClassName")
         return value if isinstance(value, str) else None
 
-    @cached_property
+    @_once
     def container_ids(self) -> Mapping[str, str]:
         """Runtime container ID (without the runtime:// prefix) -> container name, init containers too."""
         return _container_ids(as_object(self.source.get("status")))
 
-    @cached_property
+    @_once
     def host(self) -> HostResources:
         """The pod's effective request, as kube-scheduler's NodeResourcesFit computes it.
 
         max(regular containers + restartable (sidecar) init containers, each plain init container plus the
         sidecars started before it) + pod overhead. CPU rounds up to a milli-core, memory up to a MiB.
         """
-        running = sidecars = init_peak = ZERO
+        cpu = memory = sidecar_cpu = sidecar_memory = init_cpu = init_memory = 0  # plain ints: read per pod
         for c in self.containers:
+            host = c.host
             if c.kind is Kind.REGULAR:
-                running = running + c.host
+                cpu += host.cpu_milli
+                memory += host.memory_mib
             elif c.sidecar:
-                sidecars = sidecars + c.host
-                init_peak = init_peak.max(sidecars)
+                sidecar_cpu += host.cpu_milli
+                sidecar_memory += host.memory_mib
+                init_cpu, init_memory = max(init_cpu, sidecar_cpu), max(init_memory, sidecar_memory)
             else:
-                init_peak = init_peak.max(sidecars + c.host)
-        return (running + sidecars).max(init_peak) + _host(as_object(self._spec.get("overhead")), {})
+                init_cpu = max(init_cpu, sidecar_cpu + host.cpu_milli)
+                init_memory = max(init_memory, sidecar_memory + host.memory_mib)
+        overhead = _host(as_object(self._spec.get("overhead")), {})
+        return HostResources(
+            max(cpu + sidecar_cpu, init_cpu) + overhead.cpu_milli,
+            max(memory + sidecar_memory, init_memory) + overhead.memory_mib,
+        )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ask", ask_of(self.annotations))
@@ -285,7 +323,7 @@ class PodView:
     def regular(self) -> tuple[ContainerView, ...]:
         return tuple(c for c in self.containers if c.kind is Kind.REGULAR)
 
-    @cached_property
+    @_once
     def gpu_container(self) -> str | None:
         """The name of the container that gets the GPU: the one gpu-fraction-container-name or else an
         NvFractions annotation names, else the first regular container; None for a pod with neither.

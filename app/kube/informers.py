@@ -16,6 +16,7 @@ from typing import Any, Protocol
 
 from app.core import log
 from app.core.errors import KubeError
+from app.core.objects import shaped
 from app.kube import calls
 from app.kube.calls import JsonDict, Request
 
@@ -99,14 +100,15 @@ class Informer:
         config: InformerConfig,
         sleep: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
-        slim: Callable[[JsonDict], JsonDict] | None = None,
+        shape: type[Any] | None = None,
     ) -> None:
         self.kube = kube
         self.path = path
         self.handler = handler
-        # What to keep of each object, applied as each list page and watch event arrives: a full list
-        # is handed over at once, so without it every listed object is held whole until the last page.
-        self.slim = slim
+        # What to keep of each object (a TypedDict, app.core.objects): list pages are read straight into
+        # it, watched objects are cut to it. A full list is handed over at once, so without it every
+        # listed object would be held whole until the last page.
+        self.shape = shape
         self.name = name
         self.label_selector = label_selector
         self.config = config
@@ -250,11 +252,12 @@ class Informer:
         token = ""
         rv = ""
         while True:
-            req = calls.list_request(self.path, self.label_selector, self.config.page_limit, token)
-            page = self.kube.send(req)
+            req = calls.list_request(
+                self.path, self.label_selector, self.config.page_limit, token, item_shape=self.shape
+            )
+            page = self.kube.send(req)  # its items come in `shape` already
             self._beat()  # a long paginated list is progress, not a stuck thread
-            listed = page.get("items") or []
-            items.extend(listed if self.slim is None else map(self.slim, listed))
+            items.extend(page.get("items") or [])
             meta = page.get("metadata") or {}
             rv = str(meta.get("resourceVersion", ""))
             token = str(meta.get("continue") or "")
@@ -280,7 +283,7 @@ class Informer:
             obj = event.get("object") or {}
             rv = (obj.get("metadata") or {}).get("resourceVersion")
             if kind in ("ADDED", "MODIFIED"):
-                self.handler.upsert(obj if self.slim is None else self.slim(obj))
+                self.handler.upsert(obj if self.shape is None else shaped(obj, self.shape))
             elif kind == "DELETED":
                 self.handler.delete(obj)
             elif kind != "BOOKMARK":

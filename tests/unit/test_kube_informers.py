@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
+import json
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
 from app.core.errors import KubeError
-from app.kube.calls import JsonDict, Request
+from app.kube.calls import JsonDict, Request, read_reply
 from app.kube.informers import Informer, InformerConfig, object_key
 from extender.config import Settings as ExtenderSettings
 from extender.runtime import informer_config
@@ -34,7 +35,8 @@ class FakeKube:
         page = self.pages.pop(0)
         if isinstance(page, Exception):
             raise page
-        return page
+        reply: JsonDict = read_reply(req, json.dumps(page).encode())  # as the client reads the bytes
+        return reply
 
     def watch(
         self, path: str, query: Mapping[str, str | int | bool], timeout_s: int = 300
@@ -295,7 +297,11 @@ def test_config_bounds_are_consistent() -> None:
     ]
 
 
-def test_slim_keeps_only_what_the_handler_needs_of_listed_and_watched_objects() -> None:
+class Named(TypedDict, total=False):
+    metadata: Any
+
+
+def test_a_shape_keeps_only_what_the_handler_needs_of_listed_and_watched_objects() -> None:
     kube = FakeKube()
     kube.pages = [
         {"items": [{**obj("a", "1"), "spec": {"big": "x" * 100}}], "metadata": {"resourceVersion": "5"}}
@@ -308,7 +314,7 @@ def test_slim_keeps_only_what_the_handler_needs_of_listed_and_watched_objects() 
         rec,
         name="pods",
         config=informer_config(ExtenderSettings()),
-        slim=lambda o: {"metadata": o["metadata"]},
+        shape=Named,
     )
     inf.step()
     inf.step()
