@@ -8,9 +8,11 @@ when the view may be stale and not-alive when the thread is dead or stuck.
 
 from __future__ import annotations
 
+import gc
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -84,6 +86,41 @@ def object_key(obj: Mapping[str, Any]) -> str:
     meta = obj.get("metadata") or {}
     ns = meta.get("namespace")
     return f"{ns}/{meta.get('name', '')}" if ns else str(meta.get("name", ""))
+
+
+class CollectorPause:
+    """No cyclic garbage collection while a list is read, in any thread: the collector runs again when the
+    last list running ends (if it ran before the first began).
+
+    A list builds every object of its collection at once, and all of them live on. Python's collector
+    walks the whole heap again each time the objects that survived since its last full pass grew by a
+    quarter: during a list of 50 000 pods it walked it 11 times, a third of the list's CPU (measured,
+    bench/coldstart.py); paused, it walks them once afterwards. Objects still go as soon as nothing refers
+    to them; only garbage in reference cycles waits, for as long as the list takes.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lists = 0  # lists running now
+        self._resume = False  # the collector ran when the first of them began
+
+    @contextmanager
+    def during_list(self) -> Iterator[None]:
+        with self._lock:
+            if self._lists == 0:
+                self._resume = gc.isenabled()
+                gc.disable()
+            self._lists += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._lists -= 1
+                if self._lists == 0 and self._resume:
+                    gc.enable()
+
+
+COLLECTOR_PAUSE = CollectorPause()  # one per process, as the collector is
 
 
 class Informer:
@@ -247,6 +284,10 @@ class Informer:
 
     def list_all(self) -> None:
         """Fetch every page, then hand the complete set to the handler at once."""
+        with COLLECTOR_PAUSE.during_list():
+            self._list_all()
+
+    def _list_all(self) -> None:
         self.handler.listing()
         items: list[JsonDict] = []
         token = ""

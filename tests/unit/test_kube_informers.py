@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import threading
 from collections.abc import Iterator, Mapping
@@ -319,3 +320,29 @@ def test_a_shape_keeps_only_what_the_handler_needs_of_listed_and_watched_objects
     inf.step()
     inf.step()
     assert rec.store == {"default/a": obj("a", "1"), "default/b": obj("b", "6")}
+
+
+def test_the_garbage_collector_waits_while_any_list_runs_and_only_then() -> None:
+    """Two informers list at once (as the extender's do at start): the collector is off while either
+    reads its pages, on again after the last, and a failed list turns it back on too."""
+    kube = FakeKube()
+    seen: list[tuple[str, bool]] = []
+
+    class Nested(Recorder):
+        def replace(self, objs: list[JsonDict]) -> None:
+            seen.append(("outer", gc.isenabled()))
+            inner.step()  # a second list runs and ends inside the first
+            seen.append(("after inner", gc.isenabled()))
+            super().replace(objs)
+
+    sleeps: list[float] = []
+    config = informer_config(ExtenderSettings())
+    outer = Informer(kube, "/api/v1/pods", Nested(), name="pods", config=config, sleep=sleeps.append)
+    inner, _ = make(kube, [0.0], sleeps)
+    kube.pages = [{"items": [obj("a", "1")]}, {"items": [obj("b", "2")]}, KubeError(0, "Unreachable", "x")]
+    assert gc.isenabled()
+    outer.step()
+    assert seen == [("outer", False), ("after inner", False)] and gc.isenabled()
+    outer.request_relist()
+    outer.step()  # the page fails
+    assert outer.failures == 1 and sleeps == [0.5] and gc.isenabled()
