@@ -94,8 +94,8 @@ class CollectorPause:
 
     A list builds every object of its collection at once, and all of them live on. Python's collector
     walks the whole heap again each time the objects that survived since its last full pass grew by a
-    quarter: during a list of 50 000 pods it walked it 11 times, a third of the list's CPU (measured,
-    bench/coldstart.py); paused, it walks them once afterwards. Objects still go as soon as nothing refers
+    quarter: in a sync of 50 000 pods it did so 11 times, about a third of the sync's CPU (measured over
+    bench/coldstart.py's pages); paused, it walks the new objects once afterwards. Objects still go as soon as nothing refers
     to them; only garbage in reference cycles waits, for as long as the list takes.
     """
 
