@@ -95,8 +95,8 @@ class CollectorPause:
     A list builds every object of its collection at once, and all of them live on. Python's collector
     walks the whole heap again each time the objects that survived since its last full pass grew by a
     quarter: in a sync of 50 000 pods it did so 11 times, about a third of the sync's CPU (measured over
-    bench/coldstart.py's pages); paused, it walks the new objects once afterwards. Objects still go as soon as nothing refers
-    to them; only garbage in reference cycles waits, for as long as the list takes.
+    bench/coldstart.py's pages); paused, it walks the new objects once afterwards. Objects still go as
+    soon as nothing refers to them; only garbage in reference cycles waits, for as long as the list takes.
     """
 
     def __init__(self) -> None:
