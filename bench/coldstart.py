@@ -3,13 +3,17 @@
 The API's list pages are written to files first (JSON as the apiserver sends it: 500 objects a page,
 pods with managedFields, status conditions and container statuses). A fresh process then runs the
 extender's three informers (GPUNodes, pods, Nodes) over a stand-in API client that reads those pages
-(`app.core.objects.read_json` of the bytes, as app.kube.client does), and reports the time until all three are
-synced plus what the replica does as it turns Ready (every node's view and array rows built, the heap
-frozen), the first filter after that (the pod shape's ranking), the resident memory then and its peak.
+(`app.kube.calls.read_reply` of the bytes, as app.kube.client does: the pod pages straight into the pod
+informer's shape), and reports the time until all three are synced plus what the replica does as it turns
+Ready (every node's view and array rows built, the heap frozen), the first filter after that (the pod
+shape's ranking), the resident memory then and its peak.
 Medians of --runs fresh processes.
 
 Usage: .venv/bin/python bench/coldstart.py [--nodes 5000] [--pods-per-node 10] [--runs 3]
-Writes bench/results/coldstart.json.
+                                          [--against CHECKOUT]
+Writes bench/results/coldstart.json. With --against (another version's checkout, e.g. a `git worktree` of
+the commit before a change), that version's child runs on the same pages in turn with this one's, each
+round, for a same-run comparison.
 """
 
 from __future__ import annotations
@@ -227,10 +231,10 @@ def child(root: Path) -> dict[str, Any]:
     """In a fresh process: sync the three informers from the page files, then one filter."""
     t0 = time.perf_counter()
     from app.core import podview, request
-    from app.core.objects import read_json
     from app.core.placement import registry
     from app.kube.assume import AssumeCache
     from app.kube.cache import ClusterCache
+    from app.kube.calls import read_reply
     from extender import verbs
     from extender.config import Settings
     from extender.rankings import Rankings
@@ -245,7 +249,7 @@ def child(root: Path) -> dict[str, Any]:
         def send(self, req: Any) -> Any:
             name = {paths.gpunodes(): "gpunodes", paths.pods(): "pods", paths.nodes(): "nodes"}[req.path]
             token = dict(req.query or ()).get("continue") or "0"
-            return read_json((root / f"{name}-{token}.json").read_bytes())
+            return read_reply(req, (root / f"{name}-{token}.json").read_bytes())
 
         def watch(self, *a: Any, **k: Any) -> Any:
             raise AssertionError("not watched")
@@ -308,6 +312,12 @@ def main() -> int:
     ap.add_argument("--nodes", type=int, default=5000)
     ap.add_argument("--pods-per-node", type=int, default=10)
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument(
+        "--against",
+        metavar="CHECKOUT",
+        help="another version's checkout (a git worktree): its own bench/coldstart.py --child runs on the"
+        " same pages, in turn with this code's, each round; the JSON gets its runs and the per-round ratios",
+    )
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--out", default=str(REPO / "bench/results/coldstart.json"))
     args = ap.parse_args()
@@ -317,30 +327,58 @@ def main() -> int:
     _list_query_check()
     out: dict[str, Any] = {
         "inputs": {k: v for k, v in vars(args).items() if k != "child"},
+        "command": " ".join(["bench/coldstart.py", *sys.argv[1:]]),
+        "commit": _commit(REPO),
         "python": platform.python_version(),
         "cpus": os.cpu_count(),
         # The build machine is shared: a load average above the CPU count means these are contended numbers.
         "loadavg_at_start": [round(x, 1) for x in os.getloadavg()],
     }
+    versions = {"this": REPO}
+    if args.against:
+        versions["against"] = Path(args.against).resolve()
+    runs: dict[str, list[dict[str, Any]]] = {who: [] for who in versions}
     with tempfile.TemporaryDirectory(prefix="gpupack-coldstart-") as tmp:
         root = Path(tmp)
         out["objects"] = write_pages(root, args.nodes, args.pods_per_node)
         out["list_bytes_mib"] = round(sum(p.stat().st_size for p in root.iterdir()) / 2**20, 1)
-        runs = []
         for _ in range(args.runs):
-            cmd = [sys.executable, __file__, "--child", str(root)]
-            done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=REPO)
-            runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
-            print(json.dumps(runs[-1]), flush=True)
-    out["runs"] = runs
-    out["median"] = {
-        k: statistics.median(r[k] for r in runs) for k in runs[0] if isinstance(runs[0][k], int | float)
-    }
+            for who, checkout in versions.items():  # in turn: both versions see the same load
+                script = checkout / "bench/coldstart.py"
+                cmd = [sys.executable, str(script), "--child", str(root)]
+                done = subprocess.run(cmd, check=True, capture_output=True, text=True, cwd=checkout)
+                runs[who].append(json.loads(done.stdout.strip().splitlines()[-1]))
+                print(who, json.dumps(runs[who][-1]), flush=True)
+    out["runs"] = runs["this"]
+    out["median"] = _median(runs["this"])
+    if args.against:
+        before = runs["against"]
+        out["against"] = {"checkout": str(versions["against"]), "commit": _commit(versions["against"])}
+        out["against"].update(runs=before, median=_median(before))
+        # This code over the other, round by round (each pair ran back to back), then the median.
+        out["ratio_median"] = {
+            key: round(
+                statistics.median(a[key] / b[key] for a, b in zip(runs["this"], before, strict=True)), 2
+            )
+            for key in ("sync_s", "sync_cpu_s", "ready_s", "rss_synced_mib", "rss_peak_mib")
+        }
     out["loadavg_at_end"] = [round(x, 1) for x in os.getloadavg()]
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=2) + "\n")
-    print(json.dumps(out["median"]))
+    print(json.dumps({k: out[k] for k in ("median", "ratio_median") if k in out}))
     return 0
+
+
+def _median(runs: list[dict[str, Any]]) -> dict[str, float]:
+    return {k: statistics.median(r[k] for r in runs) for k in runs[0] if isinstance(runs[0][k], int | float)}
+
+
+def _commit(checkout: Path) -> str:
+    """The checkout's commit, with "+changes" when its tracked files differ from it."""
+    git = ["git", "-C", str(checkout)]
+    head = subprocess.run([*git, "rev-parse", "--short", "HEAD"], check=True, capture_output=True, text=True)
+    dirty = subprocess.run([*git, "diff", "--quiet", "HEAD"], check=False).returncode != 0
+    return head.stdout.strip() + ("+changes" if dirty else "")
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from app.core import log, names
 from app.core.autoscale.plan import Pool
 from app.core.placement import Policy, registry
 from app.core.placement.workload import TargetWorkload
-from app.core.pods import slim_pod
+from app.core.pods import SlimPod
 from app.kube import paths
 from app.kube.assume import AssumeCache
 from app.kube.cache import ClusterCache
@@ -107,7 +107,7 @@ def informers(
         # Every pod, not only managed ones: node CPU and memory free count all pods' requests, and a
         # share must stay counted even if someone strips the managed label. Only what gpupack reads of
         # each pod is kept (a fifth of a listed pod), so 50 000 pods list in bounded memory.
-        Informer(kube, paths.pods(), cache.pod_handler, name="pods", config=cfg, clock=clock, slim=slim_pod),
+        Informer(kube, paths.pods(), cache.pod_handler, name="pods", config=cfg, clock=clock, shape=SlimPod),
         Informer(kube, paths.nodes(), cache.node_handler, name="nodes", config=cfg, clock=clock),
     )
 

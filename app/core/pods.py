@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypedDict
 
 from app.core import hostres, names, objects, podview, request
 from app.core.hostres import HostResources
 from app.core.model import Allocation
+from app.core.objects import NotAnArray, NotAnObject
 from app.core.podview import PodView
 
 TERMINAL_PHASES = frozenset({"Succeeded", "Failed"})
@@ -92,40 +93,58 @@ def info_of(view: PodView) -> PodInfo:
     )
 
 
-# What app.core.podview reads for pod_info and is_gpupack; everything else of a pod is dropped.
-_META_KEYS = ("name", "namespace", "uid", "resourceVersion", "annotations", "labels", "deletionTimestamp")
-_CONTAINER_KEYS = ("name", "resources", "restartPolicy")
+# What app.core.podview reads for pod_info and is_gpupack, as shapes (app.core.objects): everything else of a
+# pod is dropped as it is read. Each field keeps whatever the object holds there (the readers tolerate it).
 
 
-def slim_pod(pod: Mapping[str, Any]) -> dict[str, Any]:
+class SlimMetadata(TypedDict, total=False):
+    name: Any
+    namespace: Any
+    uid: Any
+    resourceVersion: Any
+    annotations: Any
+    labels: Any
+    deletionTimestamp: Any
+
+
+class SlimContainer(TypedDict, total=False):
+    name: Any
+    resources: Any
+    restartPolicy: Any
+
+
+class SlimContainerStatus(TypedDict, total=False):
+    name: Any
+    containerID: Any
+
+
+class SlimSpec(TypedDict, total=False):
+    nodeName: Any
+    overhead: Any
+    containers: list[SlimContainer | NotAnObject] | NotAnArray
+    initContainers: list[SlimContainer | NotAnObject] | NotAnArray
+
+
+class SlimStatus(TypedDict, total=False):
+    phase: Any
+    containerStatuses: list[SlimContainerStatus | NotAnObject] | NotAnArray
+    initContainerStatuses: list[SlimContainerStatus | NotAnObject] | NotAnArray
+
+
+class SlimPod(TypedDict, total=False):
     """The parts of a pod gpupack reads (identity, annotations, labels, node, phase, container resources
     and IDs): a listed pod without managedFields, images, env, volumes and conditions, about a fifth of it.
-    """
-    meta = objects.as_object(pod.get("metadata"))
-    spec = objects.as_object(pod.get("spec"))
-    status = objects.as_object(pod.get("status"))
+    The pod informer's list pages are read straight into it (`objects.read_list`)."""
 
-    def containers(items: Any) -> list[Any]:
-        return [_keep(c, _CONTAINER_KEYS) if isinstance(c, Mapping) else c for c in objects.as_list(items)]
-
-    def statuses(items: Any) -> list[Any]:
-        return [
-            _keep(c, ("name", "containerID")) if isinstance(c, Mapping) else c for c in objects.as_list(items)
-        ]
-
-    out_spec = _keep(spec, ("nodeName", "overhead"))
-    for key in ("containers", "initContainers"):
-        if key in spec:
-            out_spec[key] = containers(spec[key])
-    out_status = _keep(status, ("phase",))
-    for key in ("containerStatuses", "initContainerStatuses"):
-        if key in status:
-            out_status[key] = statuses(status[key])
-    return {"metadata": _keep(meta, _META_KEYS), "spec": out_spec, "status": out_status}
+    metadata: SlimMetadata | NotAnObject
+    spec: SlimSpec | NotAnObject
+    status: SlimStatus | NotAnObject
 
 
-def _keep(obj: Mapping[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
-    return {k: obj[k] for k in keys if k in obj}
+def slim_pod(pod: dict[str, Any]) -> SlimPod:
+    """`pod` (decoded JSON) with only the parts gpupack reads (`SlimPod`)."""
+    shape: SlimPod = objects.shaped(pod, SlimPod)
+    return shape
 
 
 def is_gpupack(pod: PodView) -> bool:

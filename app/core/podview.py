@@ -21,40 +21,13 @@ from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from functools import lru_cache
 from types import MappingProxyType
-from typing import Any, Final, Generic, NamedTuple, TypeVar, overload
+from typing import Any, Final, Generic, NamedTuple, Self, TypeVar, overload
 
 from app.core import names
-from app.core.hostres import MIB, ZERO, HostResources, quantity
+from app.core.hostres import MIB, HostResources, quantity
 from app.core.objects import as_list, as_object, string_map
 
 WHOLE_GPU_RESOURCE: Final = "nvidia.com/gpu"
-
-_T = TypeVar("_T")
-
-
-class cached_property(Generic[_T]):  # noqa: N801 (named as the functools one it stands in for)
-    """functools.cached_property without its lock: on Python 3.11 that takes an RLock on every first read,
-    which costs more than most of what PodView works out lazily. The value is pure, so two threads racing
-    for a first read at worst both work it out; the first to store it wins, as in Python 3.12."""
-
-    def __init__(self, func: Callable[[Any], _T]) -> None:
-        self.func = func
-        self.name = func.__name__
-        self.__doc__ = func.__doc__
-
-    def __set_name__(self, owner: type, name: str) -> None:
-        self.name = name
-
-    @overload
-    def __get__(self, instance: None, owner: type | None = None) -> cached_property[_T]: ...
-    @overload
-    def __get__(self, instance: object, owner: type | None = None) -> _T: ...
-    def __get__(self, instance: object, owner: type | None = None) -> _T | cached_property[_T]:
-        if instance is None:
-            return self
-        # A non-data descriptor: once stored in the instance's __dict__, the value is read from there.
-        return instance.__dict__.setdefault(self.name, self.func(instance))  # type: ignore[no-any-return]
-
 
 _EMPTY: Final[Mapping[str, Any]] = MappingProxyType({})
 
@@ -192,6 +165,8 @@ class GpuAsk(NamedTuple):
 
 def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
     """The GPU-share request annotations among `annotations`."""
+    if not annotations:
+        return _NO_ASK  # most pods of a cluster carry no annotation at all
     get = annotations.get
     nv: list[tuple[str, str]] = []
     portions: list[tuple[str, str]] = []
@@ -218,6 +193,8 @@ def ask_of(annotations: Mapping[str, str]) -> GpuAsk:
     )
 
 
+_NO_ASK: Final = GpuAsk()
+
 # Where every KAI key gpupack reads per container or per pod starts (kai.scheduler/: the pod compute mode).
 _KAI_PREFIXES: Final = (names.KAI_CONTAINER_PREFIX, "kai.scheduler/")
 _NV_FIELDS: Final = frozenset({names.KAI_MEMORY_REQUEST, names.KAI_MEMORY_LIMIT, names.KAI_COMPUTE_MODE})
@@ -238,6 +215,32 @@ def portion_key(key: str) -> str | None:
         return None
     container, _, field_ = key[len(names.KAI_PORTION_PREFIX) :].partition(".")
     return container if field_ == names.KAI_PORTION_LIMIT and container else None
+
+
+_T = TypeVar("_T")
+
+
+class _once(Generic[_T]):  # noqa: N801 (a decorator, named like functools.cached_property)
+    """functools.cached_property without its lock: Python 3.11's takes a lock shared by every instance on
+    each first read, and a relist makes one such read for every pod it reads. Two threads reading a view
+    at once may both work a value out; they get equal values, and the last one is kept."""
+
+    def __init__(self, fn: Callable[[Any], _T]) -> None:
+        self._fn = fn
+        self._name = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    @overload
+    def __get__(self, obj: None, owner: type | None = None) -> Self: ...
+
+    @overload
+    def __get__(self, obj: object, owner: type | None = None) -> _T: ...
+
+    def __get__(self, obj: object | None, owner: type | None = None) -> _T | Self:
+        if obj is None:
+            return self
+        value = obj.__dict__[self._name] = self._fn(obj)  # read from the instance from now on
+        return value
 
 
 @dataclass(frozen=True)
@@ -263,48 +266,56 @@ class PodView:
     scheduler_name: str | None = None
     source: Mapping[str, Any] = field(default_factory=dict, repr=False, compare=False)  # the pod as sent
 
-    @cached_property
+    @_once
     def _spec(self) -> Mapping[str, Any]:
         return as_object(self.source.get("spec"))
 
-    @cached_property
+    @_once
     def ephemeral(self) -> tuple[ContainerView, ...]:
         """Ephemeral containers (`kubectl debug`): never counted among `containers`."""
         items = as_list(self._spec.get(Kind.EPHEMERAL))
         return tuple(_container(Kind.EPHEMERAL, i, item) for i, item in enumerate(items))
 
-    @cached_property
+    @_once
     def volumes(self) -> tuple[Volume, ...]:
         return tuple(_volume(v) for v in as_list(self._spec.get("volumes")))
 
-    @cached_property
+    @_once
     def runtime_class_name(self) -> str | None:
         """spec.runtimeClassName as sent (None when unset or not a string)."""
         value = self._spec.get("runtimeClassName")
         return value if isinstance(value, str) else None
 
-    @cached_property
+    @_once
     def container_ids(self) -> Mapping[str, str]:
         """Runtime container ID (without the runtime:// prefix) -> container name, init containers too."""
         return _container_ids(as_object(self.source.get("status")))
 
-    @cached_property
+    @_once
     def host(self) -> HostResources:
         """The pod's effective request, as kube-scheduler's NodeResourcesFit computes it.
 
         max(regular containers + restartable (sidecar) init containers, each plain init container plus the
         sidecars started before it) + pod overhead. CPU rounds up to a milli-core, memory up to a MiB.
         """
-        running = sidecars = init_peak = ZERO
+        cpu = memory = sidecar_cpu = sidecar_memory = init_cpu = init_memory = 0  # plain ints: read per pod
         for c in self.containers:
+            host = c.host
             if c.kind is Kind.REGULAR:
-                running = running + c.host
+                cpu += host.cpu_milli
+                memory += host.memory_mib
             elif c.sidecar:
-                sidecars = sidecars + c.host
-                init_peak = init_peak.max(sidecars)
+                sidecar_cpu += host.cpu_milli
+                sidecar_memory += host.memory_mib
+                init_cpu, init_memory = max(init_cpu, sidecar_cpu), max(init_memory, sidecar_memory)
             else:
-                init_peak = init_peak.max(sidecars + c.host)
-        return (running + sidecars).max(init_peak) + _host(as_object(self._spec.get("overhead")), {})
+                init_cpu = max(init_cpu, sidecar_cpu + host.cpu_milli)
+                init_memory = max(init_memory, sidecar_memory + host.memory_mib)
+        overhead = _host(as_object(self._spec.get("overhead")), {})
+        return HostResources(
+            max(cpu + sidecar_cpu, init_cpu) + overhead.cpu_milli,
+            max(memory + sidecar_memory, init_memory) + overhead.memory_mib,
+        )
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "ask", ask_of(self.annotations))
@@ -313,7 +324,7 @@ class PodView:
     def regular(self) -> tuple[ContainerView, ...]:
         return tuple(c for c in self.containers if c.kind is Kind.REGULAR)
 
-    @cached_property
+    @_once
     def gpu_container(self) -> str | None:
         """The name of the container that gets the GPU: the one gpu-fraction-container-name or else an
         NvFractions annotation names, else the first regular container; None for a pod with neither.
@@ -341,13 +352,18 @@ def read(pod: Mapping[str, Any]) -> PodView:
     if Kind.INIT in spec:
         containers += [_container(Kind.INIT, i, item) for i, item in enumerate(as_list(spec[Kind.INIT]))]
     scheduler, node, phase = spec.get("schedulerName"), spec.get("nodeName"), status.get("phase")
-    return PodView(
+    annotations = string_map(meta.get("annotations"))
+    # Every field `PodView.__init__` sets, set at once: a frozen dataclass's __init__ sets each one through
+    # object.__setattr__, which was a third of reading a pod that a relist reads 50 000 of.
+    view = object.__new__(PodView)
+    view.__dict__.update(
         uid=str(meta.get("uid") or ""),
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),
         resource_version=str(meta.get("resourceVersion") or ""),
         labels=string_map(meta.get("labels")),
-        annotations=string_map(meta.get("annotations")),
+        annotations=annotations,
+        ask=ask_of(annotations),
         deleting=bool(meta.get("deletionTimestamp")),
         node_name=node if isinstance(node, str) else "",
         phase=phase if isinstance(phase, str) and phase else "Pending",
@@ -356,6 +372,7 @@ def read(pod: Mapping[str, Any]) -> PodView:
         scheduler_name=scheduler if isinstance(scheduler, str) else None,
         source=pod,
     )
+    return view
 
 
 def _container(kind: Kind, index: int, item: Any) -> ContainerView:
@@ -363,18 +380,19 @@ def _container(kind: Kind, index: int, item: Any) -> ContainerView:
     name = c.get("name")
     resources = as_object(c.get("resources"))
     requests, limits = as_object(resources.get("requests")), as_object(resources.get("limits"))
-    return ContainerView(
-        kind=kind,
-        position=index,
-        name=name if isinstance(name, str) else "",
-        env=_env(c.get("env")),
-        has_resources=bool(resources),
-        requests=requests,
-        limits=limits,
-        ours=_ours(requests, limits),
-        whole_gpus=_whole(requests, limits),
-        sidecar=kind is Kind.INIT and c.get("restartPolicy") == "Always",
-        source=c,
+    env = c.get("env")
+    return ContainerView(  # by position: a relist reads one for every container of every pod
+        kind,
+        index,
+        name if isinstance(name, str) else "",
+        _env(env) if env else _EMPTY,
+        bool(resources),
+        requests,
+        limits,
+        _ours(requests, limits) if requests or limits else (),
+        _whole(requests, limits),
+        kind is Kind.INIT and c.get("restartPolicy") == "Always",
+        c,
     )
 
 
@@ -418,10 +436,13 @@ def _whole(requests: Mapping[str, Any], limits: Mapping[str, Any]) -> str | None
 
 def _ours(requests: Mapping[str, Any], limits: Mapping[str, Any]) -> tuple[tuple[str, str], ...]:
     """The gpupack.io/* resources of a container, requests first (a key in both: the request's value)."""
+    prefix = names.RESOURCE_PREFIX
+    if not any(str(key).startswith(prefix) for part in (requests, limits) for key in part):
+        return ()  # most containers: CPU and memory only
     out: dict[str, str] = {}
     for part in (requests, limits):
         for key, value in part.items():
-            if str(key).startswith(names.RESOURCE_PREFIX):
+            if str(key).startswith(prefix):
                 out.setdefault(str(key), str(value))
     return tuple(out.items())
 

@@ -14,6 +14,7 @@ from typing import Any, Final
 from app.core import names
 from app.core.jsonpointer import pointer
 from app.core.model import Allocation
+from app.core.objects import read_json, read_list
 from app.kube import paths
 
 JsonDict = dict[str, Any]
@@ -31,6 +32,15 @@ class Request:
     body: Any = None
     query: Mapping[str, str | int | bool] = field(default_factory=dict)
     content_type: str = "application/json"
+    # A list call's items are read into this shape (app.core.objects.read_list): only what its reader
+    # keeps of each object is built. None: the whole reply, as JSON.
+    item_shape: type[Any] | None = None
+
+
+def read_reply(req: Request, raw: bytes | str) -> Any:
+    """The JSON body of `req`'s reply (a list call's items read into its `item_shape`); raises ValueError
+    (json's error and position) when it is not JSON."""
+    return read_json(raw) if req.item_shape is None else read_list(raw, req.item_shape)
 
 
 MANAGED_SELECTOR = f"{names.LABEL_MANAGED}=true"
@@ -184,8 +194,15 @@ def watch_query(label_selector: str, resource_version: str) -> dict[str, str | i
     return q
 
 
-def list_request(path: str, label_selector: str = "", limit: int = 0, continue_token: str = "") -> Request:
-    return Request("GET", path, query=list_query(label_selector, limit, continue_token))
+def list_request(
+    path: str,
+    label_selector: str = "",
+    limit: int = 0,
+    continue_token: str = "",
+    item_shape: type[Any] | None = None,
+) -> Request:
+    query = list_query(label_selector, limit, continue_token)
+    return Request("GET", path, query=query, item_shape=item_shape)
 
 
 # --- coordination.k8s.io/v1 Lease ---

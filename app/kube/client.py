@@ -25,7 +25,7 @@ from kubernetes.client.exceptions import ApiException
 
 from app.core.errors import KubeError
 from app.core.objects import read_json
-from app.kube.calls import JsonDict, Request
+from app.kube.calls import JsonDict, Request, read_reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +101,7 @@ class Kube:
         finally:
             resp.release_conn()
         try:
-            out = read_json(data) if data else {}
+            out = read_reply(req, data) if data else {}
         except ValueError as exc:
             raise KubeError(0, "BadResponse", f"{req.method} {req.path}: reply is not JSON: {exc}") from None
         if not isinstance(out, dict):

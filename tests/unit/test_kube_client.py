@@ -18,6 +18,8 @@ import pytest
 import urllib3
 
 from app.core.errors import KubeError
+from app.core.pods import SlimPod
+from app.kube import calls
 from app.kube.calls import Request
 from app.kube.client import Kube, Timeouts, transport_error
 
@@ -169,6 +171,36 @@ def test_a_reply_that_is_not_json_is_a_bad_response(serve: Callable[[Script], Ku
         serve(html).send(GET)
     assert (err.value.code, err.value.reason) == (0, "BadResponse")
     assert "not JSON" in err.value.message
+
+
+def _reply(body: bytes) -> Script:
+    def script(conn: socket.socket) -> None:
+        conn.sendall(f"HTTP/1.1 200 OK\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+
+    return script
+
+
+LIST_PODS = calls.list_request("/api/v1/pods", "", 500, "", item_shape=SlimPod)
+
+
+def test_a_list_page_comes_back_with_its_items_in_the_calls_shape(serve: Callable[[Script], Kube]) -> None:
+    pod = {"metadata": {"name": "p", "managedFields": [{}]}, "spec": {"nodeName": "n", "volumes": []}}
+    page = {"kind": "PodList", "metadata": {"continue": "c"}, "items": [pod]}
+    got = serve(_reply(json.dumps(page).encode())).send(LIST_PODS)
+    assert got == {
+        "metadata": {"continue": "c"},
+        "items": [{"metadata": {"name": "p"}, "spec": {"nodeName": "n"}}],
+    }
+
+
+@pytest.mark.parametrize(("body", "why"), [(b"<html>", "not JSON"), (b"[1]", "not a JSON object")])
+def test_a_list_page_that_is_no_json_object_is_a_bad_response(
+    serve: Callable[[Script], Kube], body: bytes, why: str
+) -> None:
+    with pytest.raises(KubeError) as err:
+        serve(_reply(body)).send(LIST_PODS)
+    assert (err.value.code, err.value.reason) == (0, "BadResponse")
+    assert why in err.value.message
 
 
 def test_a_watch_cut_mid_stream_yields_what_came_then_raises(serve: Callable[[Script], Kube]) -> None:

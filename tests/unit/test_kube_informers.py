@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+import gc
+import json
 import threading
 from collections.abc import Iterator, Mapping
 from dataclasses import replace
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
 from app.core.errors import KubeError
-from app.kube.calls import JsonDict, Request
+from app.kube.calls import JsonDict, Request, read_reply
 from app.kube.informers import Informer, InformerConfig, object_key
 from extender.config import Settings as ExtenderSettings
 from extender.runtime import informer_config
@@ -34,7 +36,8 @@ class FakeKube:
         page = self.pages.pop(0)
         if isinstance(page, Exception):
             raise page
-        return page
+        reply: JsonDict = read_reply(req, json.dumps(page).encode())  # as the client reads the bytes
+        return reply
 
     def watch(
         self, path: str, query: Mapping[str, str | int | bool], timeout_s: int = 300
@@ -295,7 +298,11 @@ def test_config_bounds_are_consistent() -> None:
     ]
 
 
-def test_slim_keeps_only_what_the_handler_needs_of_listed_and_watched_objects() -> None:
+class Named(TypedDict, total=False):
+    metadata: Any
+
+
+def test_a_shape_keeps_only_what_the_handler_needs_of_listed_and_watched_objects() -> None:
     kube = FakeKube()
     kube.pages = [
         {"items": [{**obj("a", "1"), "spec": {"big": "x" * 100}}], "metadata": {"resourceVersion": "5"}}
@@ -308,8 +315,34 @@ def test_slim_keeps_only_what_the_handler_needs_of_listed_and_watched_objects() 
         rec,
         name="pods",
         config=informer_config(ExtenderSettings()),
-        slim=lambda o: {"metadata": o["metadata"]},
+        shape=Named,
     )
     inf.step()
     inf.step()
     assert rec.store == {"default/a": obj("a", "1"), "default/b": obj("b", "6")}
+
+
+def test_the_garbage_collector_waits_while_any_list_runs_and_only_then() -> None:
+    """Two informers list at once (as the extender's do at start): the collector is off while either
+    reads its pages, on again after the last, and a failed list turns it back on too."""
+    kube = FakeKube()
+    seen: list[tuple[str, bool]] = []
+
+    class Nested(Recorder):
+        def replace(self, objs: list[JsonDict]) -> None:
+            seen.append(("outer", gc.isenabled()))
+            inner.step()  # a second list runs and ends inside the first
+            seen.append(("after inner", gc.isenabled()))
+            super().replace(objs)
+
+    sleeps: list[float] = []
+    config = informer_config(ExtenderSettings())
+    outer = Informer(kube, "/api/v1/pods", Nested(), name="pods", config=config, sleep=sleeps.append)
+    inner, _ = make(kube, [0.0], sleeps)
+    kube.pages = [{"items": [obj("a", "1")]}, {"items": [obj("b", "2")]}, KubeError(0, "Unreachable", "x")]
+    assert gc.isenabled()
+    outer.step()
+    assert seen == [("outer", False), ("after inner", False)] and gc.isenabled()
+    outer.request_relist()
+    outer.step()  # the page fails
+    assert outer.failures == 1 and sleeps == [0.5] and gc.isenabled()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -313,3 +314,28 @@ def test_any_json_reads_without_raising(obj: Any) -> None:
         view = podview.read(obj)
         assert isinstance(view, PodView)
         assert all(isinstance(c, ContainerView) and isinstance(c.name, str) for c in view.containers)
+
+
+@pytest.mark.parametrize(
+    "annotations",
+    [{}, {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_CONTAINER_NAME: "init", "note": "x"}],
+    ids=["no-annotations", "a-gpu-share"],
+)
+def test_a_read_view_is_the_view_its_constructor_makes(annotations: dict[str, str]) -> None:
+    """`read` sets the fields at once, past the dataclass's __init__: it must set every one, as __init__
+    (and the GPU ask it works out) would."""
+    raw = pod(
+        annotations,
+        [{"name": "main", "resources": {"requests": {"cpu": "1"}}}],
+        initContainers=[{"name": "init", "restartPolicy": "Always"}],
+        nodeName="n1",
+        schedulerName="s",
+        affinity={"nodeAffinity": {}},
+    )
+    raw["metadata"].update(labels={"app": "a"}, deletionTimestamp="2026-01-01T00:00:00Z")
+    view = podview.read(raw)
+    made = dataclasses.replace(view)  # through __init__ and __post_init__
+    assert made == view and made.ask == view.ask and made.source is view.source
+    assert {f.name: getattr(made, f.name) for f in dataclasses.fields(PodView)} == {
+        f.name: view.__dict__[f.name] for f in dataclasses.fields(PodView)
+    }
