@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,7 +51,7 @@ BATCH_MIN = 16
 # Interned node states kept (each pins its node): a few passes over a 5 000-node cluster. A table that
 # fills up is started over, with every shape's remembered verdicts; live states come back in one pass.
 STATES_SIZE = 20_000
-Refusal = tuple[PlacementReason, str]  # a refusal and its text, rendered once per node state
+Refusal = tuple[PlacementReason, str]  # a refusal and its text, rendered when read, once per node state
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +96,82 @@ class Shape:
     seen: int = 0  # log position (absolute) up to which changes are on the heap
     full: bool = True  # judge every position at the next catch-up (new, reset or too far behind)
     heap: list[tuple[float, int, int]] = field(default_factory=list)  # (-score, position, version)
-    # State id (headroom state id where `by_room`) -> (Verdict, Refusal | None) in RefusalStanding, the
+    # State id (headroom state id where `by_room`) -> the refusal or the score in RefusalStanding, the
     # score (None when the node does not fit) in HeadroomStanding.
     memo: dict[int, object] = field(default_factory=dict)
     gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)  # state id -> GPUs the policy uses
     unfit: list[int] = field(default_factory=list)  # position -> version it last did not fit (share)
     judged: list[int] = field(default_factory=list)  # lazy: position -> version last judged
-    # RefusalStanding: the current verdict per position, and the refusals by position.
-    verdicts: list[Verdict | None] = field(default_factory=list)
-    refused: dict[int, Refusal] = field(default_factory=dict)
+    # RefusalStanding: each position's current refusal or score (None: no node), the refusals by position,
+    # the engine's nodes, and each refused state's text (rendered when first read: most never are).
+    answers: list[Judged | None] = field(default_factory=list)
+    refusals: dict[int, PlacementReason] = field(default_factory=dict)
+    nodes: list[Node | None] = field(default_factory=list)
+    describe: Callable[[PlacementReason], str] = _rule
+    texts: dict[int, str] = field(default_factory=dict)
+
+    @property
+    def verdicts(self) -> Verdicts:
+        """Each position's verdict (None: no node), built when read."""
+        return Verdicts(self.nodes, self.answers)
+
+    @property
+    def refused(self) -> Refused:
+        """Each refused position's refusal with its text."""
+        return Refused(self)
+
+    def text(self, i: int) -> str:
+        """Position i's refusal as text, rendered once per node state."""
+        sid = self.keys[i]
+        got = self.texts.get(sid)
+        if got is None:
+            got = self.texts[sid] = self.describe(self.refusals[i])
+        return got
+
+
+class Verdicts:
+    """Each position's `Verdict` (None: no node), built from the standing's answers when read."""
+
+    __slots__ = ("_answers", "_nodes")
+
+    def __init__(self, nodes: Sequence[Node | None], answers: Sequence[Judged | None]) -> None:
+        self._nodes, self._answers = nodes, answers
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    def __getitem__(self, i: int) -> Verdict | None:
+        got = self._answers[i]
+        if got is None:
+            return None
+        node = self._nodes[i]
+        assert node is not None
+        return _verdict(node, got)
+
+    def __iter__(self) -> Iterator[Verdict | None]:
+        return (self[i] for i in range(len(self._answers)))
+
+
+class Refused(Mapping[int, Refusal]):
+    """Position -> its refusal with the text, for the positions that do not fit."""
+
+    __slots__ = ("_shape",)
+
+    def __init__(self, shape: Shape) -> None:
+        self._shape = shape
+
+    def __getitem__(self, i: int) -> Refusal:
+        return self._shape.refusals[i], self._shape.text(i)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._shape.refusals)
+
+    def __len__(self) -> int:
+        return len(self._shape.refusals)
+
+
+def _verdict(node: Node, got: Judged) -> Verdict:
+    return Verdict(node, got) if isinstance(got, PlacementReason) else Verdict(node, None, got)
 
 
 class Engine:
@@ -192,6 +259,7 @@ class Engine:
         for shape in self.shapes.values():
             shape.memo.clear()
             shape.gpus.clear()
+            shape.texts.clear()
 
     def read(self, node: Node) -> object:
         """What the policy's array form reads of `node`'s state (kept per state)."""
@@ -451,8 +519,9 @@ class Standing(Protocol):
 
 
 class RefusalStanding:
-    """Every position's verdict kept current: its refusal with the text (`describe`, rendered once per
-    state), or its score. What the extender reports per node and what the planners' `place` reads."""
+    """Every position's verdict kept current: its refusal (with the text `describe` gives, rendered when
+    read, once per state), or its score. What the extender reports per node and what the planners' `place`
+    reads."""
 
     keeps_refusals = True
     keys_by_state = True
@@ -464,74 +533,62 @@ class RefusalStanding:
         return None  # every demand is judged by the policy's own filter: each refusal is reported
 
     def prepare(self, engine: Engine, shape: Shape) -> None:
-        pass
+        shape.nodes, shape.describe = engine.nodes, self.describe
 
     def restart(self, shape: Shape, n: int) -> None:
-        shape.verdicts, shape.refused = [None] * n, {}
+        shape.answers, shape.refusals = [None] * n, {}
 
     def judge(self, engine: Engine, shape: Shape, todo: Iterable[int]) -> None:
-        nodes, version, heap, push = engine.nodes, engine.version, shape.heap, heapq.heappush
+        nodes, version, heap = engine.nodes, engine.version, shape.heap
+        answers, refusals, memo, state = shape.answers, shape.refusals, shape.memo, engine.state
         todo = [i for i in todo if nodes[i] is not None or self._gone(shape, i)]
         if shape.array is not None and len(todo) >= BATCH_MIN:
             engine.judge_array(shape, todo)
+        fitting: list[tuple[float, int, int]] = []
         for i in todo:
-            s = self._current(engine, shape, i)
-            if s is not None:
-                push(heap, (-s, i, version[i]))
+            sid = state[i]
+            got = memo.get(sid)
+            if got is None:
+                node = nodes[i]
+                assert node is not None
+                got = memo[sid] = self._judge_one(engine, shape, node, sid)
+            answers[i] = got  # type: ignore[assignment]  # the memo holds this standing's answers
+            if isinstance(got, PlacementReason):
+                refusals[i] = got
+            else:
+                refusals.pop(i, None)
+                fitting.append((-got, i, version[i]))  # type: ignore[operator]  # a score
+        if heap:
+            for entry in fitting:
+                heapq.heappush(heap, entry)
+        else:  # a shape's first pass, or after a reset: one heapify rather than a push per node
+            heap[:] = fitting
+            heapq.heapify(heap)
 
     def _gone(self, shape: Shape, i: int) -> bool:
         """Position `i` holds no node: forget its verdict (False: nothing to judge)."""
-        shape.verdicts[i] = None
-        shape.refused.pop(i, None)
+        shape.answers[i] = None
+        shape.refusals.pop(i, None)
         return False
 
-    def _current(self, engine: Engine, shape: Shape, i: int) -> float | None:
-        """Position i's score for `shape` (None: it does not fit), keeping its verdict and refusal current."""
-        sid = engine.state[i]
-        got = shape.memo.get(sid)
-        if got is None:
-            node = engine.nodes[i]
-            assert node is not None
-            got = shape.memo[sid] = self._judge_one(engine, shape, node, sid)
-        verdict: Verdict
-        refusal: Refusal | None
-        verdict, refusal = got  # type: ignore[misc]
-        shape.verdicts[i] = verdict
-        if refusal is not None:
-            shape.refused[i] = refusal
-            return None
-        shape.refused.pop(i, None)
-        return verdict.score
-
-    def _judge_one(
-        self, engine: Engine, shape: Shape, node: Node, sid: int
-    ) -> tuple[Verdict, Refusal | None]:
-        """The policy's verdict on `node` for `shape`, with the refusal's text."""
+    def _judge_one(self, engine: Engine, shape: Shape, node: Node, sid: int) -> Judged:
+        """The policy's refusal of `node` for `shape`, or its score."""
         reason = engine.policy.filter(node, shape.demand)
-        if reason is not None:
-            return self._refused(node, reason)
-        return Verdict(node, None, engine.score(shape, node, sid)), None
-
-    def _refused(self, node: Node, reason: PlacementReason) -> tuple[Verdict, Refusal]:
-        return Verdict(node, reason), (reason, self.describe(reason))
+        return reason if reason is not None else engine.score(shape, node, sid)
 
     def remember(
         self, memo: dict[int, object], judged: Iterable[tuple[int, Node]], answers: Iterable[Judged | None]
     ) -> None:
-        refused = self._refused
-        for (sid, node), got in zip(judged, answers, strict=True):
-            if got is None:
-                continue
-            memo[sid] = (
-                refused(node, got) if isinstance(got, PlacementReason) else (Verdict(node, None, got), None)
-            )
+        for (sid, _), got in zip(judged, answers, strict=True):
+            if got is not None:
+                memo[sid] = got
 
     def verdict(self, engine: Engine, shape: Shape, node: Node) -> Verdict:
         sid = engine.intern(node)
         got = shape.memo.get(sid)
         if got is None:
             got = shape.memo[sid] = self._judge_one(engine, shape, node, sid)
-        return got[0]  # type: ignore[no-any-return,index]  # interned by identity: given on this node
+        return _verdict(node, got)  # type: ignore[arg-type]  # the memo holds this standing's answers
 
 
 class HeadroomStanding:
@@ -630,22 +687,21 @@ class Standings:
 
     def refusals(self, names: Collection[str]) -> dict[str, Refusal]:
         """Why each node of `names` that does not fit refuses, with the text."""
-        refused, adjusted, nodes = self.shape.refused, self.adjusted, self.engine.nodes
+        shape, adjusted, nodes = self.shape, self.adjusted, self.engine.nodes
+        refused, text = shape.refusals, shape.text
         out: dict[str, Refusal] = {}
         if len(refused) <= len(names):
-            for at, refusal in refused.items():
+            for at, reason in refused.items():
                 node = nodes[at]
                 if node is not None and node.name in names and node.name not in adjusted:
-                    out[node.name] = refusal
+                    out[node.name] = (reason, text(at))
         else:
             rank = self.rank
             for n in names:
                 i = rank.get(n)
                 if i is not None and n not in adjusted and (r := refused.get(i)) is not None:
-                    out[n] = r
-        standing = self.engine.standing
-        assert isinstance(standing, RefusalStanding)  # an extender request's engine keeps refusals
-        describe = standing.describe
+                    out[n] = (r, text(i))
+        describe = shape.describe
         for n, v in adjusted.items():
             if v is not None and v.reason is not None and n in names:
                 out[n] = (v.reason, describe(v.reason))
@@ -662,10 +718,10 @@ class Standings:
         i = self.engine.best(self.shape, accept)
         top = None
         if i is not None:
-            v = self.shape.verdicts[i]
+            score = self.shape.answers[i]
             node = nodes[i]
-            assert v is not None and node is not None
-            top = (-v.score, i, node.name)
+            assert isinstance(score, float | int) and node is not None  # a fitting position's score
+            top = (-score, i, node.name)
         for n, v in adjusted.items():
             if v is not None and v.reason is None and n in names:
                 entry = (-v.score, self.rank[n], n)

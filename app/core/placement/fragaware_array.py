@@ -216,16 +216,7 @@ class _Pass:
             frag_after = self._accumulate(after_small, after_at_least, (total - self.milli)[:, None], cpu_ok)
             delta = before[:, None] - frag_after
             if strand and stranded_before is not None:
-                n, g = lefts.shape
-                after = np.repeat(lefts[:, None, :], g, axis=1)
-                cols = np.arange(g)
-                after[:, cols, cols] = taken
-                stranded_after = self._stranded(
-                    after.reshape(n * g, g),
-                    np.repeat(healthy[:, None, :], g, axis=1).reshape(n * g, g),
-                    np.repeat(cpu_after, g),
-                    np.repeat(known, g),
-                ).reshape(n, g)
+                stranded_after = self._stranded_per_gpu(lefts, healthy, cpu_after, known)
                 delta = delta + strand * (stranded_before[:, None] - stranded_after)
             else:
                 delta = delta + 0.0
@@ -312,6 +303,40 @@ class _Pass:
             usable = usable + term
         stranded = np.maximum(0.0, usable - cpu / ratio)
         return np.where(known, stranded, 0.0)
+
+    def _stranded_per_gpu(self, lefts: Ints, healthy: Bools, cpu: Ints, known: Bools) -> Floats:
+        """`_stranded` of each one-GPU "after" state (row n, GPU j: GPU j's free share less the demand's),
+        without sorting each after state: it is the sorted row with one key lowered, so the key moves
+        left from its place p to the first place q whose key is not below it, and the keys between shift
+        right by one. The terms are then summed in ascending order, as `_stranded` sums them."""
+        ratio = self.workload.cpu_per_milli_for(self.model)
+        if ratio is None:
+            return np.zeros(lefts.shape, dtype=np.float64)
+        settled = np.asarray(self.workload.settled_for(self.model), dtype=np.float64)
+        usable_of = np.append(np.arange(len(settled)) - settled, 0.0)
+        keys = np.where(healthy, np.clip(lefts, 0, MILLI_PER_GPU), -1)
+        lowered = np.where(healthy, np.clip(lefts - self.milli, 0, MILLI_PER_GPU), -1)
+        ordered = np.sort(keys, axis=1)
+        # GPU j's key sits at the last place holding its value (equal keys are equal terms); the lowered
+        # key goes to the first place whose key is not below it (q <= p: it is not above the old key).
+        # (Counted a column at a time: numpy reduces a short last axis slowly.)
+        gpus = keys.shape[1]
+        p = np.full(keys.shape, -1, dtype=np.int64)
+        q = np.zeros(keys.shape, dtype=np.int64)
+        for k in range(gpus):
+            col = ordered[:, k, None]
+            p += col <= keys
+            q += col < lowered
+        usable: Floats | None = None
+        for k in range(gpus):
+            col = ordered[:, k, None]
+            shifted = ordered[:, k - 1, None] if k else col
+            key = np.where((q > k) | (p < k), col, np.where(q == k, lowered, shifted))
+            term = usable_of[key]
+            usable = term if usable is None else usable + term
+        assert usable is not None  # a group's nodes have GPUs
+        stranded = np.maximum(0.0, usable - cpu[:, None] / ratio)
+        return np.where(known[:, None], stranded, 0.0)
 
     def _sigmoid(self, delta: Floats) -> Floats:
         """`score_of` per element; values next to an integer are computed again with math.exp."""
