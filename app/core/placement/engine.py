@@ -552,7 +552,7 @@ class RefusalStanding:
                 node = nodes[i]
                 assert node is not None
                 got = memo[sid] = self._judge_one(engine, shape, node, sid)
-            answers[i] = got  # type: ignore[assignment]  # the memo holds this standing's answers
+            answers[i] = got  # type: ignore[call-overload]  # the memo holds this standing's answers
             if isinstance(got, PlacementReason):
                 refusals[i] = got
             else:
