@@ -8,9 +8,9 @@ builds on a shared machine count less): the medians of --runs passes per shape, 
 already built (a new shape in a live extender) and the one-off cost of building the views (a fresh process).
 Three ways per shape: `fresh_rows`, an engine that has read no node's rows yet; `shared_rows`, a fresh
 engine whose rows another shape's pass read (the extender reads them at Ready); `one_engine`, one engine
-judging the three shapes in turn as a live extender does, with --changed nodes taking a 20-milli pod
-between two shapes (the pods bound meanwhile): its 250 and 500 milli passes reuse what the previous pass
-worked out of the nodes that did not change.
+judging the three shapes in turn as a live extender does, prepared as at Ready, with --changed nodes
+taking a 20-milli pod between two shapes (the pods bound meanwhile): each pass reuses what was worked out
+before (at Ready, or by the previous pass) of the nodes that did not change.
 
 Usage: .venv/bin/python bench/firstcall.py [--nodes 1000,5000] [--runs 3] [--changed 50] [--label after]
        [--out bench/results/firstcall.json]
@@ -51,17 +51,25 @@ def took_a_pod(node: Node, rng: random.Random) -> Node:
     return node.reserve((Allocation(node.name, (g.index,), (), 20, 20 * g.memory_mib // 1000),))
 
 
+def prepare_at_ready(engine: Engine) -> None:
+    """What Rankings.prepare does at Ready once the views exist (the code before `Engine.prepare` read
+    the array form's rows alone)."""
+    if hasattr(engine, "prepare"):
+        engine.prepare()
+    elif engine.array is not None:
+        for node in engine.nodes:
+            if node is not None:
+                engine.read(node)
+
+
 def one_engine(nodes: list[Node | None], policy_name: str, changed: int, seed: int) -> list[float]:
     """CPU ms of each shape's first pass on one engine, `changed` nodes taking a pod between shapes."""
     rng = random.Random(seed)
     nodes = list(nodes)
     policy = registry.create(policy_name, TargetWorkload(default_workload().shapes))
     engine = Engine(policy, RefusalStanding(reason_text))
-    if engine.array is not None:  # read at Ready (Rankings.prepare)
-        for node in nodes:
-            if node is not None:
-                engine.read(node)
     engine.reset(nodes)
+    prepare_at_ready(engine)
     out = []
     for k, milli in enumerate(SHAPES):
         if k:
@@ -86,13 +94,12 @@ def measure(n_nodes: int, runs: int, policy_name: str, changed: int) -> dict[str
     fitting: dict[str, int] = {}
     order = sorted(frame.rank, key=frame.rank.__getitem__)
     nodes = [frame.changed.get(name) for name in order]
-    # What Rankings.prepare does at Ready besides building the views: the array form's reads.
-    t0 = time.process_time()
+    # What Rankings.prepare does at Ready besides building the views.
     warm = Engine(registry.create(policy_name))
-    for node in nodes:
-        if node is not None and warm.array is not None:
-            warm.read(node)
-    rows_ms = round((time.process_time() - t0) * 1e3, 1)
+    warm.reset(nodes)
+    t0 = time.process_time()
+    prepare_at_ready(warm)
+    prepare_ms = round((time.process_time() - t0) * 1e3, 1)
     for milli in SHAPES:
         demand = Demand(1, milli=milli)
         times: dict[str, list[float]] = {"fresh_rows": [], "shared_rows": []}
@@ -120,7 +127,7 @@ def measure(n_nodes: int, runs: int, policy_name: str, changed: int) -> dict[str
         "runs": runs,
         "changed_between_shapes": changed,
         "build_views_cpu_ms": round(views_ms, 1),
-        "read_rows_cpu_ms": rows_ms,
+        "prepare_at_ready_cpu_ms": prepare_ms,
         "first_pass_cpu_ms_median": per_shape,
         "fitting_nodes": fitting,
     }

@@ -222,6 +222,7 @@ def test_a_new_shape_after_a_few_nodes_took_pods_answers_as_judged_node_by_node(
     slow = Engine(OneByOne(default_workload(), options=GPUPACK_OPTIONS), RefusalStanding(reason_text))
     for e in (fast, slow):
         e.reset(nodes)
+    fast.prepare()  # as the extender at Ready: the first shape finds the nodes worked out
     for step, demand in enumerate(DEMANDS):
         # A few nodes took or gave back a pod since the last shape (their reads are new), in a new order.
         for i in rng.sample(range(len(nodes)), 10 * step % 70):

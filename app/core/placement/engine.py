@@ -270,6 +270,18 @@ class Engine:
             out = self.reads[sid] = self.array.read(node)
         return out
 
+    def prepare(self) -> None:
+        """Read every position's node for the array form and let it work out what no demand changes of
+        them, now (when the extender turns Ready) rather than in the first pass for a new shape; in the
+        order that pass hands them over (`judge_array`: by position, each state once)."""
+        if self.array is None:
+            return
+        first: dict[int, Node] = {}
+        for sid, node in zip(self.state, self.nodes, strict=True):
+            if node is not None and sid not in first:
+                first[sid] = node
+        self.array.prepare([self.read(node) for node in first.values()])
+
     # --- positions ---
 
     def reset(self, nodes: Sequence[Node | None]) -> None:

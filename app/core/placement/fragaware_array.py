@@ -91,15 +91,17 @@ class FragAwareArray:
         out: list[Judged | None] = [None] * len(nodes)
         if not self.covers(demand):
             return out
-        for group, idx in _groups(reads).items():
-            rows = reads if len(idx) == len(reads) else [reads[i] for i in idx]
-            table = self._table(group, rows)  # type: ignore[arg-type]  # the group's rows are all there
+        for group, (idx, rows) in _groups(reads).items():
+            table = self._table(group, rows)
             # The node-wide rule is fit.py's own, asked once per distinct host fields.
             host_fits = {host: host_shortfall(*host, demand) is None for host in set(table.hosts)}
             host_ok = np.fromiter(map(host_fits.__getitem__, table.hosts), dtype=np.bool_, count=len(idx))
-            names = [nodes[i].name for i in idx]
-            _Pass(self.policy, demand, table, names, host_ok).fill(out, idx)
+            _Pass(self.policy, demand, table, host_ok).fill(out, nodes, idx)
         return out
+
+    def prepare(self, reads: Sequence[Row | None]) -> None:
+        for group, (_, rows) in _groups(reads).items():
+            self._table(group, rows)
 
     def _table(self, group: Group, rows: Sequence[Row]) -> _Table:
         """The node-state arrays of `rows`: the last pass's table where its rows are these, else built from
@@ -119,17 +121,19 @@ class FragAwareArray:
         return terms
 
 
-def _groups(reads: Sequence[Row | None]) -> dict[Group, list[int]]:
-    """The positions of each group's rows (rows of one group are the rule: one pass of C-level maps)."""
+def _groups(reads: Sequence[Row | None]) -> dict[Group, tuple[list[int], Sequence[Row]]]:
+    """Each group's positions among `reads` and its rows (one group is the rule: C-level maps then)."""
     kinds = [None if row is None else row[0] for row in reads]
     distinct = set(kinds)
     if len(distinct) == 1 and None not in distinct:
-        return {distinct.pop(): list(range(len(reads)))}  # type: ignore[dict-item]  # not None
-    out: dict[Group, list[int]] = {}
-    for i, kind in enumerate(kinds):
-        if kind is not None:
-            out.setdefault(kind, []).append(i)
-    return out
+        return {distinct.pop(): (list(range(len(reads))), reads)}  # type: ignore[dict-item]  # no None
+    out: dict[Group, tuple[list[int], list[Row]]] = {}
+    for i, (kind, row) in enumerate(zip(kinds, reads, strict=True)):
+        if kind is not None and row is not None:
+            idx, rows = out.setdefault(kind, ([], []))
+            idx.append(i)
+            rows.append(row)
+    return out  # type: ignore[return-value]  # lists are sequences
 
 
 _kind = attrgetter("mig_profile", "model", "memory_mib")
@@ -351,10 +355,8 @@ _packed = itemgetter(2)
 class _Pass:
     """One group of nodes (same GPU count, model and memory) judged together for one demand."""
 
-    def __init__(
-        self, policy: FragAware, demand: Demand, table: _Table, names: list[str], host_ok: Bools
-    ) -> None:
-        self.policy, self.demand, self.table, self.names = policy, demand, table, names
+    def __init__(self, policy: FragAware, demand: Demand, table: _Table, host_ok: Bools) -> None:
+        self.policy, self.demand, self.table = policy, demand, table
         self.model = table.model
         self.milli, self.mib = demand.on(table.memory_mib)
         # An over-committed GPU (reservations past its capacity) is the policy's to judge.
@@ -363,19 +365,21 @@ class _Pass:
         self.gpu_fit: Bools = self.share_ok & (self.mib <= table.room) & demand.accepts(self.model)
         self.fits: Bools = self.host_ok & (self.gpu_fit.sum(axis=1) >= demand.count)
 
-    def fill(self, out: list[Judged | None], idx: list[int]) -> None:
+    def fill(self, out: list[Judged | None], nodes: Sequence[Node], idx: list[int]) -> None:
+        """Each node's answer into `out`, at `idx` (the group's positions among `nodes`)."""
         fitting = np.flatnonzero(self.fits)
         if len(fitting):
             for k, s in zip(fitting.tolist(), self._scores(fitting).tolist(), strict=True):
                 out[idx[k]] = s
         if self.demand.accepts(self.model):
-            refused = np.flatnonzero(~self.fits & self.host_ok & self.table.healthy.any(axis=1))
-            for k, reason in zip(refused.tolist(), self._shortfalls(refused), strict=True):
+            refused = np.flatnonzero(~self.fits & self.host_ok & self.table.healthy.any(axis=1)).tolist()
+            names = [nodes[idx[k]].name for k in refused]
+            for k, reason in zip(refused, self._shortfalls(refused, names), strict=True):
                 out[idx[k]] = reason
 
     # --- refusals ---
 
-    def _shortfalls(self, refused: Ints) -> list[PlacementReason | None]:
+    def _shortfalls(self, refused: list[int], names: list[str]) -> list[PlacementReason | None]:
         """`_gpu_shortfall`'s share or memory refusal per node of `refused` (host checks passed, a healthy
         GPU); None where the refusal names foreign processes: the policy builds that one."""
         count, table = self.demand.count, self.table
@@ -387,8 +391,7 @@ class _Pass:
         best_room = np.where(share_ok, room, np.iinfo(np.int64).min).max(axis=1).tolist()
         fit = (share_ok & (room >= self.mib)).sum(axis=1).tolist()
         out: list[PlacementReason | None] = []
-        for j, k in enumerate(refused.tolist()):
-            name = self.names[k]
+        for j, name in enumerate(names):
             if passing[j] < count:
                 out.append(
                     PlacementReason(
