@@ -14,7 +14,8 @@ change, and pods come in a few shapes, so:
 - a shape's first pass, and any batch of changes, goes to the policy's array form where the registry
   has one for it (`Registry.array_form`, e.g. FragAware's in `fragaware_array`);
 - what the engine keeps of each verdict is its standing, plugged in: `RefusalStanding` (the extender,
-  the planners) keeps every node's verdict with its refusal and text; `HeadroomStanding` (the simulator)
+  the planners) keeps every node's refusal or score, as the policy answered (the refusal's text is
+  rendered only where an answer reports it); `HeadroomStanding` (the simulator)
   keeps only the fitting nodes' scores, judges a share demand from each state's `fit.Headroom`, and for a
   policy whose score falls with the headroom lets a node that only took pods keep its stale entry as an
   upper bound, judged again only when that entry reaches the top.

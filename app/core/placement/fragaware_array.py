@@ -12,7 +12,11 @@ isolation need (`fit.mode_neutral`) and refusals other than a GPU share or memor
 shortfall are left to the policy itself (None in the answer). What the pass reads of a node (`read`: its
 GPUs' numbers and free CPU packed as int64 bytes, and its host fields) is kept by the engine per node
 state, so later shapes skip reading the GPUs: a group's rows become one matrix by one join, and the
-node-wide rule is asked once per distinct host fields.
+node-wide rule is asked once per distinct host fields. What no demand changes of a group's nodes (the
+GPUs' numbers, the fragmentation and CPU stranding before a pod lands) is kept as a table for the next
+pass over every node (the next new shape), which works out again only the rows of the nodes that changed
+since; `prepare` builds it ahead of the first pass (the extender does at Ready). A share's one-GPU "after"
+states are each the node's sorted free shares with one key lowered, so their stranding sums need no sort.
 """
 
 from __future__ import annotations
