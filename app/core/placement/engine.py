@@ -691,12 +691,15 @@ class Standings:
     rank: Mapping[str, int]  # natural-order position of every node that has one: the tie-break order
     adjusted: Mapping[str, Verdict | None]
 
-    def verdict(self, name: str) -> Verdict | None:
-        """None: no node by that name."""
+    def score(self, name: str) -> float | None:
+        """The node's raw score; None where it does not fit or there is no node by that name (no
+        `Verdict` built: prioritize asks this of every node kube-scheduler sends)."""
         if name in self.adjusted:
-            return self.adjusted[name]
+            v = self.adjusted[name]
+            return v.score if v is not None and v.reason is None else None
         i = self.rank.get(name)
-        return None if i is None else self.shape.verdicts[i]
+        got = None if i is None else self.shape.answers[i]
+        return None if got is None or isinstance(got, PlacementReason) else got
 
     def refusals(self, names: Collection[str]) -> dict[str, Refusal]:
         """Why each node of `names` that does not fit refuses, with the text."""
