@@ -109,7 +109,7 @@ class Shape:
     refusals: dict[int, PlacementReason] = field(default_factory=dict)
     nodes: list[Node | None] = field(default_factory=list)
     describe: Callable[[PlacementReason], str] = _rule
-    texts: dict[int, str] = field(default_factory=dict)
+    rendered: dict[int, Refusal] = field(default_factory=dict)  # state id -> its refusal with the text
 
     @property
     def verdicts(self) -> Verdicts:
@@ -121,12 +121,13 @@ class Shape:
         """Each refused position's refusal with its text."""
         return Refused(self)
 
-    def text(self, i: int) -> str:
-        """Position i's refusal as text, rendered once per node state."""
+    def refusal(self, i: int) -> Refusal:
+        """Position i's refusal with its text, rendered once per node state."""
         sid = self.keys[i]
-        got = self.texts.get(sid)
+        got = self.rendered.get(sid)
         if got is None:
-            got = self.texts[sid] = self.describe(self.refusals[i])
+            reason = self.refusals[i]
+            got = self.rendered[sid] = (reason, self.describe(reason))
         return got
 
 
@@ -162,7 +163,7 @@ class Refused(Mapping[int, Refusal]):
         self._shape = shape
 
     def __getitem__(self, i: int) -> Refusal:
-        return self._shape.refusals[i], self._shape.text(i)
+        return self._shape.refusal(i)
 
     def __iter__(self) -> Iterator[int]:
         return iter(self._shape.refusals)
@@ -260,7 +261,7 @@ class Engine:
         for shape in self.shapes.values():
             shape.memo.clear()
             shape.gpus.clear()
-            shape.texts.clear()
+            shape.rendered.clear()
 
     def read(self, node: Node) -> object:
         """What the policy's array form reads of `node`'s state (kept per state)."""
@@ -704,19 +705,20 @@ class Standings:
     def refusals(self, names: Collection[str]) -> dict[str, Refusal]:
         """Why each node of `names` that does not fit refuses, with the text."""
         shape, adjusted, nodes = self.shape, self.adjusted, self.engine.nodes
-        refused, text = shape.refusals, shape.text
+        # Each refusal with its text as rendered before for the node's state, else rendered now.
+        refused, rendered, keys, render = shape.refusals, shape.rendered, shape.keys, shape.refusal
         out: dict[str, Refusal] = {}
         if len(refused) <= len(names):
-            for at, reason in refused.items():
+            for at in refused:
                 node = nodes[at]
                 if node is not None and node.name in names and node.name not in adjusted:
-                    out[node.name] = (reason, text(at))
+                    out[node.name] = rendered.get(keys[at]) or render(at)
         else:
             rank = self.rank
             for n in names:
                 i = rank.get(n)
-                if i is not None and n not in adjusted and (r := refused.get(i)) is not None:
-                    out[n] = (r, text(i))
+                if i is not None and n not in adjusted and i in refused:
+                    out[n] = rendered.get(keys[i]) or render(i)
         describe = shape.describe
         for n, v in adjusted.items():
             if v is not None and v.reason is not None and n in names:
