@@ -35,17 +35,15 @@ class Rankings:
         return demand in self.engine.shapes and not self._lock.locked() and not self.cache.busy()
 
     def prepare(self) -> None:
-        """Build every node's view and read its GPUs for the array pass now (when the replica turns
-        Ready), not in the first request for a new shape: at 5 000 nodes about 0.25 s of CPU, several
-        times that request's own judging. Skipped if a request holds the engine: it does the work."""
+        """Build every node's view, read its GPUs and work out what no demand changes of them for the array
+        pass now (when the replica turns Ready), not in the first request for a new shape: at 5 000 nodes
+        about 0.25 s of CPU, several times that request's own judging. Skipped if a request holds the
+        engine: it does the work."""
         if not self._lock.acquire(blocking=False):
             return
         try:
             self._sync("")
-            if self.engine.array is not None:
-                for node in self.engine.nodes:
-                    if node is not None:
-                        self.engine.read(node)
+            self.engine.prepare()
         finally:
             self._lock.release()
 

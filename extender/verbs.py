@@ -117,9 +117,6 @@ class Names(Collection[str]):
 
 def prioritize(names: Sequence[str], standings: Standings) -> list[tuple[str, int]]:
     """0..10 per node in `names` order: the policy's raw score, min-max normalised; unfit nodes get 0."""
-    raw: dict[str, float | None] = {}
-    for name in names:
-        v = standings.verdict(name)
-        raw[name] = v.score if v is not None and v.reason is None else None
+    raw = {name: standings.score(name) for name in names}
     scaled = normalize_scores(raw)
     return [(n, scaled[n]) for n in names]

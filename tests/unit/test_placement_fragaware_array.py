@@ -211,3 +211,33 @@ def test_reads_kept_per_node_state_follow_changed_nodes() -> None:
             n.reserve((Allocation(n.name, (n.gpus[0].index,), (), 100, 1024),)) if n.gpus and k % 2 else n
             for k, n in enumerate(nodes)
         ]
+
+
+def test_a_new_shape_after_a_few_nodes_took_pods_answers_as_judged_node_by_node() -> None:
+    """Each new shape's pass takes what no demand changes (the GPUs' numbers, the fragmentation before a
+    pod lands) from the last pass for the nodes that did not change: its answers stay the policy's."""
+    rng = random.Random(17)
+    nodes = [random_node(rng, i) for i in range(300)]
+    fast = Engine(FragAware(default_workload(), options=GPUPACK_OPTIONS), RefusalStanding(reason_text))
+    slow = Engine(OneByOne(default_workload(), options=GPUPACK_OPTIONS), RefusalStanding(reason_text))
+    for e in (fast, slow):
+        e.reset(nodes)
+    fast.prepare()  # as the extender at Ready: the first shape finds the nodes worked out
+    for step, demand in enumerate(DEMANDS):
+        # A few nodes took or gave back a pod since the last shape (their reads are new), in a new order.
+        for i in rng.sample(range(len(nodes)), 10 * step % 70):
+            node = nodes[i]
+            whole = [g for g in node.gpus if not g.mig_profile and g.milli_used <= 900]
+            if whole:
+                g = rng.choice(whole)
+                nodes[i] = node.reserve((Allocation(node.name, (g.index,), (), 100, 1024),))
+            else:
+                nodes[i] = node.charge_host(2000, 0)
+        if step % 3 == 2:
+            rng.shuffle(nodes)
+        for e in (fast, slow):
+            e.reset(nodes)
+        a, b = fast.shape(demand), slow.shape(demand)
+        assert list(a.verdicts) == list(b.verdicts), demand
+        assert a.refused == b.refused, demand
+        assert fast.best(a) == slow.best(b), demand

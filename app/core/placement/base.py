@@ -53,6 +53,11 @@ class ArrayForm(Protocol):
         """What the pass reads of one node state (kept per state by the engine)."""
         ...
 
+    def prepare(self, reads: Sequence[Any]) -> None:
+        """Work out now what no demand changes of these nodes (`read`s in the order a pass over every
+        node will hand them), for the next pass to find ready."""
+        ...
+
     def judge(self, nodes: Sequence[Node], reads: Sequence[Any], demand: Demand) -> list[Judged | None]:
         """Per node (with `read(node)` beside it): the policy's refusal, else its score; None where the
         pass leaves the node to the policy itself."""

@@ -14,7 +14,8 @@ change, and pods come in a few shapes, so:
 - a shape's first pass, and any batch of changes, goes to the policy's array form where the registry
   has one for it (`Registry.array_form`, e.g. FragAware's in `fragaware_array`);
 - what the engine keeps of each verdict is its standing, plugged in: `RefusalStanding` (the extender,
-  the planners) keeps every node's verdict with its refusal and text; `HeadroomStanding` (the simulator)
+  the planners) keeps every node's refusal or score, as the policy answered (the refusal's text is
+  rendered only where an answer reports it); `HeadroomStanding` (the simulator)
   keeps only the fitting nodes' scores, judges a share demand from each state's `fit.Headroom`, and for a
   policy whose score falls with the headroom lets a node that only took pods keep its stale entry as an
   upper bound, judged again only when that entry reaches the top.
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -51,7 +52,7 @@ BATCH_MIN = 16
 # Interned node states kept (each pins its node): a few passes over a 5 000-node cluster. A table that
 # fills up is started over, with every shape's remembered verdicts; live states come back in one pass.
 STATES_SIZE = 20_000
-Refusal = tuple[PlacementReason, str]  # a refusal and its text, rendered once per node state
+Refusal = tuple[PlacementReason, str]  # a refusal and its text, rendered when read, once per node state
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,15 +97,83 @@ class Shape:
     seen: int = 0  # log position (absolute) up to which changes are on the heap
     full: bool = True  # judge every position at the next catch-up (new, reset or too far behind)
     heap: list[tuple[float, int, int]] = field(default_factory=list)  # (-score, position, version)
-    # State id (headroom state id where `by_room`) -> (Verdict, Refusal | None) in RefusalStanding, the
+    # State id (headroom state id where `by_room`) -> the refusal or the score in RefusalStanding, the
     # score (None when the node does not fit) in HeadroomStanding.
     memo: dict[int, object] = field(default_factory=dict)
     gpus: dict[int, tuple[int, ...]] = field(default_factory=dict)  # state id -> GPUs the policy uses
     unfit: list[int] = field(default_factory=list)  # position -> version it last did not fit (share)
     judged: list[int] = field(default_factory=list)  # lazy: position -> version last judged
-    # RefusalStanding: the current verdict per position, and the refusals by position.
-    verdicts: list[Verdict | None] = field(default_factory=list)
-    refused: dict[int, Refusal] = field(default_factory=dict)
+    # RefusalStanding: each position's current refusal or score (None: no node), the refusals by position,
+    # the engine's nodes, and each refused state's text (rendered when first read: most never are).
+    answers: list[Judged | None] = field(default_factory=list)
+    refusals: dict[int, PlacementReason] = field(default_factory=dict)
+    nodes: list[Node | None] = field(default_factory=list)
+    describe: Callable[[PlacementReason], str] = _rule
+    rendered: dict[int, Refusal] = field(default_factory=dict)  # state id -> its refusal with the text
+
+    @property
+    def verdicts(self) -> Verdicts:
+        """Each position's verdict (None: no node), built when read."""
+        return Verdicts(self.nodes, self.answers)
+
+    @property
+    def refused(self) -> Refused:
+        """Each refused position's refusal with its text."""
+        return Refused(self)
+
+    def refusal(self, i: int) -> Refusal:
+        """Position i's refusal with its text, rendered once per node state."""
+        sid = self.keys[i]
+        got = self.rendered.get(sid)
+        if got is None:
+            reason = self.refusals[i]
+            got = self.rendered[sid] = (reason, self.describe(reason))
+        return got
+
+
+class Verdicts:
+    """Each position's `Verdict` (None: no node), built from the standing's answers when read."""
+
+    __slots__ = ("_answers", "_nodes")
+
+    def __init__(self, nodes: Sequence[Node | None], answers: Sequence[Judged | None]) -> None:
+        self._nodes, self._answers = nodes, answers
+
+    def __len__(self) -> int:
+        return len(self._answers)
+
+    def __getitem__(self, i: int) -> Verdict | None:
+        got = self._answers[i]
+        if got is None:
+            return None
+        node = self._nodes[i]
+        assert node is not None
+        return _verdict(node, got)
+
+    def __iter__(self) -> Iterator[Verdict | None]:
+        return (self[i] for i in range(len(self._answers)))
+
+
+class Refused(Mapping[int, Refusal]):
+    """Position -> its refusal with the text, for the positions that do not fit."""
+
+    __slots__ = ("_shape",)
+
+    def __init__(self, shape: Shape) -> None:
+        self._shape = shape
+
+    def __getitem__(self, i: int) -> Refusal:
+        return self._shape.refusal(i)
+
+    def __iter__(self) -> Iterator[int]:
+        return iter(self._shape.refusals)
+
+    def __len__(self) -> int:
+        return len(self._shape.refusals)
+
+
+def _verdict(node: Node, got: Judged) -> Verdict:
+    return Verdict(node, got) if isinstance(got, PlacementReason) else Verdict(node, None, got)
 
 
 class Engine:
@@ -192,6 +261,7 @@ class Engine:
         for shape in self.shapes.values():
             shape.memo.clear()
             shape.gpus.clear()
+            shape.rendered.clear()
 
     def read(self, node: Node) -> object:
         """What the policy's array form reads of `node`'s state (kept per state)."""
@@ -201,6 +271,18 @@ class Engine:
         if out is _MISSING:
             out = self.reads[sid] = self.array.read(node)
         return out
+
+    def prepare(self) -> None:
+        """Read every position's node for the array form and let it work out what no demand changes of
+        them, now (when the extender turns Ready) rather than in the first pass for a new shape; in the
+        order that pass hands them over (`judge_array`: by position, each state once)."""
+        if self.array is None:
+            return
+        first: dict[int, Node] = {}
+        for sid, node in zip(self.state, self.nodes, strict=True):
+            if node is not None and sid not in first:
+                first[sid] = node
+        self.array.prepare([self.read(node) for node in first.values()])
 
     # --- positions ---
 
@@ -451,8 +533,9 @@ class Standing(Protocol):
 
 
 class RefusalStanding:
-    """Every position's verdict kept current: its refusal with the text (`describe`, rendered once per
-    state), or its score. What the extender reports per node and what the planners' `place` reads."""
+    """Every position's verdict kept current: its refusal (with the text `describe` gives, rendered when
+    read, once per state), or its score. What the extender reports per node and what the planners' `place`
+    reads."""
 
     keeps_refusals = True
     keys_by_state = True
@@ -464,74 +547,62 @@ class RefusalStanding:
         return None  # every demand is judged by the policy's own filter: each refusal is reported
 
     def prepare(self, engine: Engine, shape: Shape) -> None:
-        pass
+        shape.nodes, shape.describe = engine.nodes, self.describe
 
     def restart(self, shape: Shape, n: int) -> None:
-        shape.verdicts, shape.refused = [None] * n, {}
+        shape.answers, shape.refusals = [None] * n, {}
 
     def judge(self, engine: Engine, shape: Shape, todo: Iterable[int]) -> None:
-        nodes, version, heap, push = engine.nodes, engine.version, shape.heap, heapq.heappush
+        nodes, version, heap = engine.nodes, engine.version, shape.heap
+        answers, refusals, memo, state = shape.answers, shape.refusals, shape.memo, engine.state
         todo = [i for i in todo if nodes[i] is not None or self._gone(shape, i)]
         if shape.array is not None and len(todo) >= BATCH_MIN:
             engine.judge_array(shape, todo)
+        fitting: list[tuple[float, int, int]] = []
         for i in todo:
-            s = self._current(engine, shape, i)
-            if s is not None:
-                push(heap, (-s, i, version[i]))
+            sid = state[i]
+            got = memo.get(sid)
+            if got is None:
+                node = nodes[i]
+                assert node is not None
+                got = memo[sid] = self._judge_one(engine, shape, node, sid)
+            answers[i] = got  # type: ignore[call-overload]  # the memo holds this standing's answers
+            if isinstance(got, PlacementReason):
+                refusals[i] = got
+            else:
+                refusals.pop(i, None)
+                fitting.append((-got, i, version[i]))  # type: ignore[operator]  # a score
+        if heap:
+            for entry in fitting:
+                heapq.heappush(heap, entry)
+        else:  # a shape's first pass, or after a reset: one heapify rather than a push per node
+            heap[:] = fitting
+            heapq.heapify(heap)
 
     def _gone(self, shape: Shape, i: int) -> bool:
         """Position `i` holds no node: forget its verdict (False: nothing to judge)."""
-        shape.verdicts[i] = None
-        shape.refused.pop(i, None)
+        shape.answers[i] = None
+        shape.refusals.pop(i, None)
         return False
 
-    def _current(self, engine: Engine, shape: Shape, i: int) -> float | None:
-        """Position i's score for `shape` (None: it does not fit), keeping its verdict and refusal current."""
-        sid = engine.state[i]
-        got = shape.memo.get(sid)
-        if got is None:
-            node = engine.nodes[i]
-            assert node is not None
-            got = shape.memo[sid] = self._judge_one(engine, shape, node, sid)
-        verdict: Verdict
-        refusal: Refusal | None
-        verdict, refusal = got  # type: ignore[misc]
-        shape.verdicts[i] = verdict
-        if refusal is not None:
-            shape.refused[i] = refusal
-            return None
-        shape.refused.pop(i, None)
-        return verdict.score
-
-    def _judge_one(
-        self, engine: Engine, shape: Shape, node: Node, sid: int
-    ) -> tuple[Verdict, Refusal | None]:
-        """The policy's verdict on `node` for `shape`, with the refusal's text."""
+    def _judge_one(self, engine: Engine, shape: Shape, node: Node, sid: int) -> Judged:
+        """The policy's refusal of `node` for `shape`, or its score."""
         reason = engine.policy.filter(node, shape.demand)
-        if reason is not None:
-            return self._refused(node, reason)
-        return Verdict(node, None, engine.score(shape, node, sid)), None
-
-    def _refused(self, node: Node, reason: PlacementReason) -> tuple[Verdict, Refusal]:
-        return Verdict(node, reason), (reason, self.describe(reason))
+        return reason if reason is not None else engine.score(shape, node, sid)
 
     def remember(
         self, memo: dict[int, object], judged: Iterable[tuple[int, Node]], answers: Iterable[Judged | None]
     ) -> None:
-        refused = self._refused
-        for (sid, node), got in zip(judged, answers, strict=True):
-            if got is None:
-                continue
-            memo[sid] = (
-                refused(node, got) if isinstance(got, PlacementReason) else (Verdict(node, None, got), None)
-            )
+        for (sid, _), got in zip(judged, answers, strict=True):
+            if got is not None:
+                memo[sid] = got
 
     def verdict(self, engine: Engine, shape: Shape, node: Node) -> Verdict:
         sid = engine.intern(node)
         got = shape.memo.get(sid)
         if got is None:
             got = shape.memo[sid] = self._judge_one(engine, shape, node, sid)
-        return got[0]  # type: ignore[no-any-return,index]  # interned by identity: given on this node
+        return _verdict(node, got)  # type: ignore[arg-type]  # the memo holds this standing's answers
 
 
 class HeadroomStanding:
@@ -621,31 +692,34 @@ class Standings:
     rank: Mapping[str, int]  # natural-order position of every node that has one: the tie-break order
     adjusted: Mapping[str, Verdict | None]
 
-    def verdict(self, name: str) -> Verdict | None:
-        """None: no node by that name."""
+    def score(self, name: str) -> float | None:
+        """The node's raw score; None where it does not fit or there is no node by that name (no
+        `Verdict` built: prioritize asks this of every node kube-scheduler sends)."""
         if name in self.adjusted:
-            return self.adjusted[name]
+            v = self.adjusted[name]
+            return v.score if v is not None and v.reason is None else None
         i = self.rank.get(name)
-        return None if i is None else self.shape.verdicts[i]
+        got = None if i is None else self.shape.answers[i]
+        return None if got is None or isinstance(got, PlacementReason) else got
 
     def refusals(self, names: Collection[str]) -> dict[str, Refusal]:
         """Why each node of `names` that does not fit refuses, with the text."""
-        refused, adjusted, nodes = self.shape.refused, self.adjusted, self.engine.nodes
+        shape, adjusted, nodes = self.shape, self.adjusted, self.engine.nodes
+        # Each refusal with its text as rendered before for the node's state, else rendered now.
+        refused, rendered, keys, render = shape.refusals, shape.rendered, shape.keys, shape.refusal
         out: dict[str, Refusal] = {}
         if len(refused) <= len(names):
-            for at, refusal in refused.items():
+            for at in refused:
                 node = nodes[at]
                 if node is not None and node.name in names and node.name not in adjusted:
-                    out[node.name] = refusal
+                    out[node.name] = rendered.get(keys[at]) or render(at)
         else:
             rank = self.rank
             for n in names:
                 i = rank.get(n)
-                if i is not None and n not in adjusted and (r := refused.get(i)) is not None:
-                    out[n] = r
-        standing = self.engine.standing
-        assert isinstance(standing, RefusalStanding)  # an extender request's engine keeps refusals
-        describe = standing.describe
+                if i is not None and n not in adjusted and i in refused:
+                    out[n] = rendered.get(keys[i]) or render(i)
+        describe = shape.describe
         for n, v in adjusted.items():
             if v is not None and v.reason is not None and n in names:
                 out[n] = (v.reason, describe(v.reason))
@@ -662,10 +736,10 @@ class Standings:
         i = self.engine.best(self.shape, accept)
         top = None
         if i is not None:
-            v = self.shape.verdicts[i]
+            score = self.shape.answers[i]
             node = nodes[i]
-            assert v is not None and node is not None
-            top = (-v.score, i, node.name)
+            assert isinstance(score, float | int) and node is not None  # a fitting position's score
+            top = (-score, i, node.name)
         for n, v in adjusted.items():
             if v is not None and v.reason is None and n in names:
                 entry = (-v.score, self.rank[n], n)
