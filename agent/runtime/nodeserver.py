@@ -1,9 +1,11 @@
 """The agent's answer to the RuntimeClass handler: a unix socket, one JSON line in, one JSON line out.
 
 Each connection carries one question (agent.runtime.nodeside). At a container's `create` the pod is read
-from the apiserver (a fresh list by name; the agent's periodic listing may predate a pod bound a second
-ago), its grant decided by agent.runtime.nodeside and kept (agent.runtime.grants) for the same container's
-hook, stop and delete, and the pod's MPS directory prepared by agent.mpsdaemon.pipedirs. Every failure is
+from the apiserver by name (the agent's periodic listing may predate a pod bound a second ago): from the
+apiserver's watch cache first, fresh where that grants nothing (`read_pod`), its grant decided by
+agent.runtime.nodeside and kept (agent.runtime.grants) for the same container's hook, stop and delete, and
+the pod's MPS directory prepared by agent.mpsdaemon.pipedirs. Each answer is timed by question
+(gpupack_agent_node_answer_seconds). Every failure is
 an answer with a reason, never a dropped connection: the handler fails the container's OCI `create`
 with it, which the pod's status shows. While the agent is down or restarting nothing listens, the
 handler's connect fails, and it refuses the container with that.
@@ -76,6 +78,16 @@ def read_pod(namespace: str, name: str, *, cached: bool) -> Request:
     return Request("GET", paths.pods(namespace), query=query)
 
 
+def runqueue_s() -> float | None:
+    """Seconds the calling thread has waited, runnable, for a CPU (the second field of
+    /proc/thread-self/schedstat); None where the kernel does not say. Logged per answer: an answer that took
+    long while its thread waited for a CPU was starved, one that did not waited on what it called."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
 class AgentSocket(socketserver.ThreadingUnixStreamServer):
     """The node side's listening socket, a thread per question.
 
@@ -136,16 +148,18 @@ class NodeServer:
 
     def reply(self, line: bytes) -> nodeside.Answer:
         """The answer to one request line; its time is counted by question (NODE_ANSWER_SECONDS)."""
-        began = time.perf_counter()
+        began, queued = time.perf_counter(), runqueue_s()
         self._reads.took = []
         question, answer = self._reply(line)
         seconds = time.perf_counter() - began
         NODE_ANSWER_SECONDS.labels(question=question).observe(seconds)
+        waited = runqueue_s()
         _log.info(
             "node-side answer",
             extra={"request": line[:500].decode(errors="replace").strip(), "question": question.value,
                    "allowed": answer.allowed, "reason": answer.reason, "seconds": round(seconds, 4),
-                   "reads": [f"{kind} {s:.4f}" for kind, s in self._reads.took]},
+                   "reads": [f"{kind} {s:.4f}" for kind, s in self._reads.took],
+                   "cpu_wait_s": None if waited is None or queued is None else round(waited - queued, 4)},
         )  # fmt: skip
         return answer
 
