@@ -26,7 +26,8 @@ average is sampled once per pod (one at a time) and per burst.
 Beside both, the agent's own timings from its /metrics (read before and after each phase of each pod one at
 a time, and around each burst): how long it took to answer each question of the handler
 (gpupack_agent_node_answer_seconds: `create`, the hook's `start`, `stop`, `delete`) and how long its periodic
-cycles ran (gpupack_agent_cycle_seconds) while the pod started; for the slowest `mps` starts, each figure of
+cycles ran (gpupack_agent_cycle_seconds) while the pod started, and the apiserver's own time for the agent's
+reads of a pod (from the apiserver's /metrics); for the slowest `mps` starts, each figure of
 that start side by side, so what a slow start waited on can be read off.
 
 The MPS daemon is the stand-in (a Python script per control command); NVIDIA's binary answers faster, so
@@ -148,6 +149,7 @@ def _cpu_s(pid: int) -> float:
 ANSWERS = "gpupack_agent_node_answer_seconds"
 CYCLES = "gpupack_agent_cycle_seconds"
 QUESTIONS = ("create", "start", "stop", "delete")
+APISERVER_READS = "apiserver_pod_reads"  # the apiserver's own time for the agent's reads of a pod
 SLOWEST = 5  # the slowest `mps` starts one at a time, each with the agent's figures beside it
 
 
@@ -168,13 +170,14 @@ class Histo:
         )
 
     def quantile_le_ms(self, q: float) -> float | None:
-        """The upper bound (ms) of the bucket holding the q-quantile (nearest rank); None when empty."""
+        """The upper bound (ms) of the bucket holding the q-quantile (nearest rank); None when empty or
+        past the histogram's last bound."""
         if self.count <= 0:
             return None
         rank = max(1.0, q * self.count)
         for le, n in self.buckets:
             if n >= rank:
-                return round(le * 1000, 1)
+                return round(le * 1000, 1) if le != float("inf") else None  # past the last bucket
         return None
 
 
@@ -187,6 +190,7 @@ class AgentMetrics:
 
     def __init__(self, kube: Kube) -> None:
         (agent,) = chart.pods(kube, "agent")
+        self.kube = kube
         self.url = f"http://{agent['status']['podIP']}:9400/metrics"
         self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
 
@@ -194,6 +198,7 @@ class AgentMetrics:
         with self.opener.open(self.url, timeout=10) as resp:
             text = resp.read().decode()
         found: dict[str, dict[str, Any]] = {}
+        found[APISERVER_READS] = self._apiserver_reads()
         for family in text_string_to_metric_families(text):
             if family.name not in (ANSWERS, CYCLES):
                 continue
@@ -207,6 +212,29 @@ class AgentMetrics:
                 elif sample.name.endswith("_count"):
                     one["count"] = sample.value
         return {k: Histo(tuple(sorted(v["buckets"])), v["sum"], v["count"]) for k, v in found.items()}
+
+    def _apiserver_reads(self) -> dict[str, Any]:
+        """The apiserver's own time for namespaced pod lists (on this cluster only the agent's reads of a
+        container's pod make them: the bench gets pods by name, the agent's cycle lists cluster-wide),
+        summed over the series' other labels: beside the agent's time for the same reads, what of a slow
+        read the apiserver spent and what the path to it did."""
+        buckets: dict[float, float] = {}
+        one: dict[str, Any] = {"buckets": [], "sum": 0.0, "count": 0.0}
+        want = ('verb="LIST"', 'resource="pods"', 'scope="namespace"')
+        for line in self.kube.text("/metrics").splitlines():
+            if not line.startswith("apiserver_request_duration_seconds_") or not all(w in line for w in want):
+                continue
+            name, value = line.rsplit(" ", 1)
+            if name.startswith("apiserver_request_duration_seconds_bucket"):
+                le = name.split('le="', 1)[1].split('"', 1)[0]
+                bound = float("inf") if le == "+Inf" else float(le)
+                buckets[bound] = buckets.get(bound, 0.0) + float(value)
+            elif name.startswith("apiserver_request_duration_seconds_sum"):
+                one["sum"] += float(value)
+            elif name.startswith("apiserver_request_duration_seconds_count"):
+                one["count"] += float(value)
+        one["buckets"] = list(buckets.items())
+        return one
 
 
 def slow_answers(kube: Kube, over_s: float = 0.1, stop_over_s: float = 1.0) -> list[dict[str, Any]]:
@@ -386,8 +414,9 @@ def agent_one_at_a_time(one: list[tuple[str, Round]]) -> dict[str, Any]:
                               for r in mps])
         for q in QUESTIONS
     }  # fmt: skip
+    out["apiserver_pod_read_ms"] = ms([r.agent_start[APISERVER_READS].total_s for r in mps])
     out["cycles_during_start_ms"] = ms([r.agent_start["cycle"].total_s for r in mps])
-    out["cycle_ms_every_kind"] = cycle_quantiles([r.agent_start["cycle"] for _, r in one])
+    out["cycle_ms_every_kind"] = histo_quantiles([r.agent_start["cycle"] for _, r in one])
 
     def took(r: Round) -> float:
         return r.timers[0].t["running"] - r.timers[0].t["bound"]
@@ -398,6 +427,7 @@ def agent_one_at_a_time(one: list[tuple[str, Round]]) -> dict[str, Any]:
          "over_plain_p50_ms": round((took(r) - plain_p50) * 1000, 1),
          "agent_create_ms": round(r.agent_start["create"].total_s * 1000, 1),
          "agent_start_ms": round(r.agent_start["start"].total_s * 1000, 1),
+         "apiserver_pod_read_ms": round(r.agent_start[APISERVER_READS].total_s * 1000, 1),
          "agent_cycles": int(r.agent_start["cycle"].count),
          "agent_cycles_ms": round(r.agent_start["cycle"].total_s * 1000, 1),
          "node_side_cpu_ms": round(r.start_cpu_s * 1000, 1),
@@ -407,8 +437,8 @@ def agent_one_at_a_time(one: list[tuple[str, Round]]) -> dict[str, Any]:
     return out
 
 
-def cycle_quantiles(parts: list[Histo]) -> dict[str, float | None]:
-    """The agent's cycles over several windows, from the histogram's buckets: each quantile as the upper
+def histo_quantiles(parts: list[Histo]) -> dict[str, float | None]:
+    """One histogram over several windows, from its buckets: each quantile as the upper
     bound of its bucket, the mean exactly."""
     whole = Histo()
     for h in parts:
@@ -436,10 +466,11 @@ def agent_bursts(bursts: list[tuple[str, Round]]) -> dict[str, Any]:
         answers: dict[str, Any] = {}
         for q in QUESTIONS:
             phase = "agent_stop" if q in ("stop", "delete") else "agent_start"
-            answers[q] = cycle_quantiles([getattr(r, phase)[q] for r in mine])
+            answers[q] = histo_quantiles([getattr(r, phase)[q] for r in mine])
         out[kind] = {
             "answer_ms": answers,
-            "cycle_ms": cycle_quantiles(
+            "apiserver_pod_read_ms": histo_quantiles([r.agent_start[APISERVER_READS] for r in mine]),
+            "cycle_ms": histo_quantiles(
                 [r.agent_start["cycle"] for r in mine] + [r.agent_stop["cycle"] for r in mine]
             ),
         }
