@@ -185,10 +185,11 @@ def run_command(args: argparse.Namespace) -> int:
 def _run(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> int:
     import uvicorn
 
-    from agent.main import Runner, build, create_app, node_server, sim_allocator
+    from agent.main import Runner, build, create_app, mps_client_lists, node_server, sim_allocator
 
-    agent = build(settings, send, time.time)
-    node_side = node_server(settings, send, agent)
+    mps_clients = mps_client_lists(settings)  # one per node: the watchdog's drains and the stops' share it
+    agent = build(settings, send, time.time, mps_clients)
+    node_side = node_server(settings, send, agent, mps_clients)
     if node_side is not None:
         node_side.start()
     allocator = sim_allocator(settings, agent)

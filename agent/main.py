@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import AsyncIterator, Callable, Collection
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ from agent.enforce.limiter import Limiter
 from agent.enforce.watchdog import Policy
 from agent.loop import Agent, AgentConfig, Resolver
 from agent.mpsdaemon import mpsprep
+from agent.mpsdaemon.drain import ClientLists
 from agent.mpsdaemon.mps import MpsConfig, MpsSupervisor
 from agent.mpsdaemon.mpscontrol import Control
 from agent.mpsdaemon.mpsv3 import Namespaces
@@ -73,8 +75,23 @@ def reporter_config(settings: Settings) -> ReporterConfig:
     )
 
 
-def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: Callable[[], float]) -> Agent:
-    """The agent for validated `settings`: NVML or a simulated set, the pid resolver, MPS, the reporter."""
+def mps_client_lists(settings: Settings) -> ClientLists | None:
+    """The node's one listing of the MPS daemon's clients (agent.mpsdaemon.drain), shared by every drain on
+    the node: the watchdog's and the runtime handler's stops, so a burst of stops during a watchdog drain
+    asks the daemon once per listing, not once per caller. None without MPS."""
+    if not settings.mps:
+        return None
+    return ClientLists(Control(settings.mps_binary, settings.mps_pipe_dir, settings.mps_drain_timeout_s))
+
+
+def build(
+    settings: Settings,
+    send: Callable[[Request], dict[str, Any]],
+    clock: Callable[[], float],
+    mps_clients: ClientLists | None,
+) -> Agent:
+    """The agent for validated `settings`: NVML or a simulated set, the pid resolver, MPS, the reporter;
+    its watchdog drains MPS clients through `mps_clients` (mps_client_lists)."""
     root = host_cgroup2_root(settings.proc_root)
     nvml, sim_resolver = make_nvml(settings.sim, settings.node, settings.sim_state, root)
     resolver: Resolver = sim_resolver or ProcResolver(settings.proc_root)
@@ -120,8 +137,7 @@ def build(settings: Settings, send: Callable[[Request], dict[str, Any]], clock: 
         )
     # The container-start env check reads the host's processes even with simulated GPUs: the pods are real.
     procs = ProcResolver(settings.proc_root)
-    control = Control(settings.mps_binary, settings.mps_pipe_dir) if settings.mps else None
-    hands = HostProcesses(settings.proc_root, control, settings.mps_drain_timeout_s)
+    hands = HostProcesses(settings.proc_root, mps_clients, settings.mps_drain_timeout_s)
     return Agent(
         config, nvml=nvml, resolver=resolver, mps=mps, send=send, clock=clock, procs=procs, hands=hands,
         fictional=fictional,
@@ -148,9 +164,13 @@ def host_memory_capability(settings: Settings, nvml: Nvml) -> memlimits.Capabili
 
 
 def node_server(
-    settings: Settings, send: Callable[[Request], dict[str, Any]], agent: Agent
+    settings: Settings,
+    send: Callable[[Request], dict[str, Any]],
+    agent: Agent,
+    mps_clients: ClientLists | None,
 ) -> NodeServer | None:
-    """The RuntimeClass handler's answerer, where --node-socket asks for one (docs/node-side.md)."""
+    """The RuntimeClass handler's answerer, where --node-socket asks for one (docs/node-side.md); its stops
+    drain MPS clients through `mps_clients`, the same listing as the watchdog's (mps_client_lists)."""
     if settings.node_socket is None:
         return None
     mps_not_ready = mpsprep.readiness(settings.mps_pipe_dir, mpsprep.boot_id())  # a reboot restarts us too
@@ -178,7 +198,7 @@ def node_server(
         capability=lambda: memory_capability(settings, agent),
         namespaces=namespaces,
         gpu_mounts=mounts,
-        mps_control=Control(settings.mps_binary, settings.mps_pipe_dir) if settings.mps else None,
+        mps_clients=mps_clients,
         drain_timeout_s=settings.mps_drain_timeout_s,
     )
 
@@ -214,6 +234,7 @@ class Runner:
     def run(self) -> int:
         """Loop until `stop()`; 2 when the simulated GPU file is invalid, else 0."""
         while not self._stop.is_set():
+            began = time.perf_counter()
             try:
                 self.agent.step()
             except BackendConfigError as exc:  # e.g. an invalid simulated GPU file: a configuration error
@@ -225,6 +246,7 @@ class Runner:
                 # Keep serving: a bug in one cycle must not stop the heartbeat of the next. If every
                 # cycle fails, /healthz goes stale and the liveness probe restarts the container.
                 _log.exception("agent cycle failed")
+            metrics.CYCLE_SECONDS.observe(time.perf_counter() - began)
             self._stop.wait(self.interval_s)
         return 0
 

@@ -12,7 +12,7 @@ from prometheus_client import CollectorRegistry, Histogram
 from agent.enforce.verify import Kind
 from agent.enforce.watchdog import Rule
 from agent.nvml.base import NvmlCode
-from app.service.metrics import component_registry, counter, gauge
+from app.service.metrics import component_registry, counter, gauge, precreate
 
 
 class AgentWrite(StrEnum):
@@ -39,6 +39,16 @@ class EnvCheck(StrEnum):
 
     OK = "ok"
     MISMATCH = "mismatch"
+
+
+class Question(StrEnum):
+    """What the RuntimeClass handler asked the agent (agent.runtime.nodeside.parse_message)."""
+
+    CREATE = "create"  # a container's create: its grant (one apiserver read) and MPS directory
+    START = "start"  # the createRuntime hook: per-cgroup limits set before the first process
+    STOP = "stop"  # a running container's stop: its MPS clients drained first
+    DELETE = "delete"  # the container's delete: what the node set up for it goes
+    MALFORMED = "malformed"  # a line the agent could not read (refused with the reason)
 
 
 class DrainOutcome(StrEnum):
@@ -120,11 +130,31 @@ WATCHDOG_RAN_SECONDS = Histogram(
     registry=None,
 )
 
+# The agent's answer to one question of the RuntimeClass handler, from the line read to the answer ready:
+# it is part of every GPU container's start and stop, so the buckets are sized in milliseconds up to the
+# handler's own timeout (10 s), where the handler gives up and fails the create.
+NODE_ANSWER_SECONDS = Histogram(
+    "gpupack_agent_node_answer_seconds",
+    "How long the agent took to answer each question of the RuntimeClass handler, by question.",
+    ["question"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=None,
+)
+precreate(NODE_ANSWER_SECONDS, Question)
+# One agent cycle (NVML readings, the GPUNode, the pod listing, the watchdog): tens of milliseconds on a
+# quiet node; the upper buckets reach past the sampling interval (5 s), where cycles start to fall behind.
+CYCLE_SECONDS = Histogram(
+    "gpupack_agent_cycle_seconds",
+    "How long each agent cycle took (its wall time), and, as the sum, how much of the time cycles ran.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+    registry=None,
+)
+
 COLLECTORS = (
     GPU_MEMORY_USED_MIB, GPU_MEMORY_TOTAL_MIB, GPU_UTILIZATION_RATIO, GPU_HEALTHY, GPU_PROCESSES,
     GPU_MEMORY_BORROWED_MIB,
     POD_MEMORY_USED_MIB, POD_MEMORY_LIMIT_MIB, HEARTBEAT_AGE_SECONDS, MPS_UP, NVML_ERRORS, WRITES, VIOLATIONS,
-    ENV_CHECKS, MPS_STOP_DRAINS, WATCHDOG_ENDED, WATCHDOG_RAN_SECONDS,
+    ENV_CHECKS, MPS_STOP_DRAINS, WATCHDOG_ENDED, WATCHDOG_RAN_SECONDS, NODE_ANSWER_SECONDS, CYCLE_SECONDS,
 )  # fmt: skip
 
 

@@ -23,6 +23,13 @@ it waited for, and the MPS control daemon), read from the host's /proc at each p
 side spends on a pod, less exposed to the other work on the machine than its wall time. The machine's load
 average is sampled once per pod (one at a time) and per burst.
 
+Beside both, the agent's own timings from its /metrics (read before and after each phase of each pod one at
+a time, and around each burst): how long it took to answer each question of the handler
+(gpupack_agent_node_answer_seconds: `create`, the hook's `start`, `stop`, `delete`) and how long its periodic
+cycles ran (gpupack_agent_cycle_seconds) while the pod started, and the apiserver's own time for the agent's
+reads of a pod (from the apiserver's /metrics); for the slowest `mps` starts, each figure of
+that start side by side, so what a slow start waited on can be read off.
+
 The MPS daemon is the stand-in (a Python script per control command); NVIDIA's binary answers faster, so
 the `mps` stop here bounds the real one from above (UNVERIFIED on a GPU).
 
@@ -41,6 +48,7 @@ import statistics
 import sys
 import tempfile
 import time
+import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -48,6 +56,8 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+
+from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from app.core import names  # noqa: E402
 from app.core.errors import KubeError  # noqa: E402
@@ -136,6 +146,119 @@ def _cpu_s(pid: int) -> float:
     return sum(int(f) for f in fields[11:15]) / CLOCK_TICKS
 
 
+ANSWERS = "gpupack_agent_node_answer_seconds"
+CYCLES = "gpupack_agent_cycle_seconds"
+QUESTIONS = ("create", "start", "stop", "delete")
+APISERVER_READS = "apiserver_pod_reads"  # the apiserver's own time for the agent's reads of a pod
+SLOWEST = 5  # the slowest `mps` starts one at a time, each with the agent's figures beside it
+
+
+@dataclass(frozen=True)
+class Histo:
+    """One histogram series as scraped: cumulative counts by upper bound, its sum and count."""
+
+    buckets: tuple[tuple[float, float], ...] = ()
+    total_s: float = 0.0
+    count: float = 0.0
+
+    def minus(self, earlier: Histo) -> Histo:
+        before = dict(earlier.buckets)
+        return Histo(
+            tuple((le, n - before.get(le, 0.0)) for le, n in self.buckets),
+            self.total_s - earlier.total_s,
+            self.count - earlier.count,
+        )
+
+    def quantile_le_ms(self, q: float) -> float | None:
+        """The upper bound (ms) of the bucket holding the q-quantile (nearest rank); None when empty or
+        past the histogram's last bound."""
+        if self.count <= 0:
+            return None
+        rank = max(1.0, q * self.count)
+        for le, n in self.buckets:
+            if n >= rank:
+                return round(le * 1000, 1) if le != float("inf") else None  # past the last bucket
+        return None
+
+
+# One scrape of the agent: each question's answer times, and the cycle's.
+Scrape = dict[str, Histo]
+
+
+class AgentMetrics:
+    """The real node's agent's /metrics, at its pod IP on the node's bridge (port 9400, the chart's)."""
+
+    def __init__(self, kube: Kube) -> None:
+        (agent,) = chart.pods(kube, "agent")
+        self.kube = kube
+        self.url = f"http://{agent['status']['podIP']}:9400/metrics"
+        self.opener = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+    def read(self) -> Scrape:
+        with self.opener.open(self.url, timeout=10) as resp:
+            text = resp.read().decode()
+        found: dict[str, dict[str, Any]] = {}
+        found[APISERVER_READS] = self._apiserver_reads()
+        for family in text_string_to_metric_families(text):
+            if family.name not in (ANSWERS, CYCLES):
+                continue
+            for sample in family.samples:
+                key = sample.labels.get("question", "cycle")
+                one = found.setdefault(key, {"buckets": [], "sum": 0.0, "count": 0.0})
+                if sample.name.endswith("_bucket"):
+                    one["buckets"].append((float(sample.labels["le"]), sample.value))
+                elif sample.name.endswith("_sum"):
+                    one["sum"] = sample.value
+                elif sample.name.endswith("_count"):
+                    one["count"] = sample.value
+        return {k: Histo(tuple(sorted(v["buckets"])), v["sum"], v["count"]) for k, v in found.items()}
+
+    def _apiserver_reads(self) -> dict[str, Any]:
+        """The apiserver's own time for namespaced pod lists (on this cluster only the agent's reads of a
+        container's pod make them: the bench gets pods by name, the agent's cycle lists cluster-wide),
+        summed over the series' other labels: beside the agent's time for the same reads, what of a slow
+        read the apiserver spent and what the path to it did."""
+        buckets: dict[float, float] = {}
+        one: dict[str, Any] = {"buckets": [], "sum": 0.0, "count": 0.0}
+        want = ('verb="LIST"', 'resource="pods"', 'scope="namespace"')
+        for line in self.kube.text("/metrics").splitlines():
+            if not line.startswith("apiserver_request_duration_seconds_") or not all(w in line for w in want):
+                continue
+            name, value = line.rsplit(" ", 1)
+            if name.startswith("apiserver_request_duration_seconds_bucket"):
+                le = name.split('le="', 1)[1].split('"', 1)[0]
+                bound = float("inf") if le == "+Inf" else float(le)
+                buckets[bound] = buckets.get(bound, 0.0) + float(value)
+            elif name.startswith("apiserver_request_duration_seconds_sum"):
+                one["sum"] += float(value)
+            elif name.startswith("apiserver_request_duration_seconds_count"):
+                one["count"] += float(value)
+        one["buckets"] = list(buckets.items())
+        return one
+
+
+def slow_answers(kube: Kube, over_s: float = 0.1, stop_over_s: float = 1.0) -> list[dict[str, Any]]:
+    """The agent's log lines of answers that took over `over_s` (a stop: over `stop_over_s`, the goal for
+    a drained stop), as logged, with its apiserver reads and their times."""
+    (agent,) = chart.pods(kube, "agent")
+    path = f"/api/v1/namespaces/{agent['metadata']['namespace']}/pods/{agent['metadata']['name']}/log"
+    text = kube.text(path)
+    out = []
+    for line in text.splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        limit = stop_over_s if entry.get("question") == "stop" else over_s
+        if entry.get("msg") == "node-side answer" and entry.get("seconds", 0) > limit:
+            out.append({k: v for k, v in entry.items() if k not in ("logger", "level", "reason")})
+    return out
+
+
+def delta(after: Scrape, before: Scrape) -> Scrape:
+    return {k: h.minus(before.get(k, Histo())) for k, h in after.items()}
+
+
 class Timer:
     """One pod's phases on the bench's clock."""
 
@@ -188,27 +311,41 @@ class Round:
     stop_cpu_s: float
     all_gone_s: float
     loadavg_1m: float
+    agent_start: Scrape  # the agent's answers and cycles from the create to the last pod Running
+    agent_stop: Scrape  # the same from the delete to the last pod gone
 
 
 def start_and_stop(
-    kube: Kube, cpu: NodeSideCpu, namespace: str, node: str, names_kinds: list[tuple[str, str]]
+    kube: Kube,
+    cpu: NodeSideCpu,
+    agent: AgentMetrics,
+    *,
+    namespace: str,
+    node: str,
+    names_kinds: list[tuple[str, str]],
 ) -> Round:
     """Create the pods at once, wait until each runs, delete them at once, wait until each is gone."""
     load = os.getloadavg()[0]
     timers = [Timer(kube, namespace, n, k) for n, k in names_kinds]
+    scraped0 = agent.read()
     cpu0 = cpu.now()
     for tm, (n, k) in zip(timers, names_kinds, strict=True):
         tm.t["created"] = time.monotonic()
         kube.send(Request("POST", f"/api/v1/namespaces/{namespace}/pods", a_pod(n, k, node)))
     until(lambda: all([tm.poll() for tm in timers if "running" not in tm.t] or [True]), "pods Running")
     cpu1 = cpu.now()
+    scraped1 = agent.read()
     deleted = time.monotonic()
     for tm in timers:
         tm.t["deleted"] = time.monotonic()
         kube.send(Request("DELETE", tm.path))
     until(lambda: all([tm.gone() for tm in timers if "gone" not in tm.t] or [True]), "pods gone")
     all_gone = max(tm.t["gone"] for tm in timers) - deleted
-    return Round(timers, cpu1 - cpu0, cpu.now() - cpu1, all_gone, load)
+    cpu2 = cpu.now()
+    scraped2 = agent.read()
+    return Round(
+        timers, cpu1 - cpu0, cpu2 - cpu1, all_gone, load, delta(scraped1, scraped0), delta(scraped2, scraped1)
+    )
 
 
 def ms(values: list[float]) -> dict[str, float]:
@@ -264,27 +401,119 @@ def cpu_ms(rounds: list[tuple[str, Round]]) -> dict[str, dict[str, dict[str, flo
     return out
 
 
+def agent_one_at_a_time(one: list[tuple[str, Round]]) -> dict[str, Any]:
+    """The agent's answer times per `mps` pod started and stopped alone (each round holds one pod, so the
+    histogram's sum over the round is that pod's answer), the time its cycles ran during each start, and the
+    slowest starts with every figure beside them."""
+    mps = [r for k, r in one if k == "mps"]
+    plain_p50 = statistics.median(
+        tm.t["running"] - tm.t["bound"] for k, r in one if k == "plain" for tm in r.timers
+    )
+    out: dict[str, Any] = {
+        f"answer_{q}_ms": ms([r.agent_stop[q].total_s if q in ("stop", "delete") else r.agent_start[q].total_s
+                              for r in mps])
+        for q in QUESTIONS
+    }  # fmt: skip
+    out["apiserver_pod_read_ms"] = ms([r.agent_start[APISERVER_READS].total_s for r in mps])
+    out["cycles_during_start_ms"] = ms([r.agent_start["cycle"].total_s for r in mps])
+    out["cycle_ms_every_kind"] = histo_quantiles([r.agent_start["cycle"] for _, r in one])
+
+    def took(r: Round) -> float:
+        return r.timers[0].t["running"] - r.timers[0].t["bound"]
+
+    out["slowest_starts"] = [
+        {"pod": r.timers[0].path.rsplit("/", 1)[-1],
+         "bound_to_running_ms": round(took(r) * 1000, 1),
+         "over_plain_p50_ms": round((took(r) - plain_p50) * 1000, 1),
+         "agent_create_ms": round(r.agent_start["create"].total_s * 1000, 1),
+         "agent_start_ms": round(r.agent_start["start"].total_s * 1000, 1),
+         "apiserver_pod_read_ms": round(r.agent_start[APISERVER_READS].total_s * 1000, 1),
+         "agent_cycles": int(r.agent_start["cycle"].count),
+         "agent_cycles_ms": round(r.agent_start["cycle"].total_s * 1000, 1),
+         "node_side_cpu_ms": round(r.start_cpu_s * 1000, 1),
+         "loadavg_1m": round(r.loadavg_1m, 2)}
+        for r in sorted(mps, key=took, reverse=True)[:SLOWEST]
+    ]  # fmt: skip
+    return out
+
+
+def histo_quantiles(parts: list[Histo]) -> dict[str, float | None]:
+    """One histogram over several windows, from its buckets: each quantile as the upper
+    bound of its bucket, the mean exactly."""
+    whole = Histo()
+    for h in parts:
+        whole = Histo(
+            tuple((le, n + dict(whole.buckets).get(le, 0.0)) for le, n in h.buckets),
+            whole.total_s + h.total_s,
+            whole.count + h.count,
+        )
+    return {
+        "p50_le": whole.quantile_le_ms(0.5),
+        "p99_le": whole.quantile_le_ms(0.99),
+        "mean": round(whole.total_s / whole.count * 1000, 1) if whole.count else None,
+        "n": int(whole.count),
+    }
+
+
+def agent_bursts(bursts: list[tuple[str, Round]]) -> dict[str, Any]:
+    """Per kind of burst: the agent's answers by question over all its rounds (quantiles as bucket upper
+    bounds, mean exact) and its cycles while the pods started and stopped."""
+    out: dict[str, Any] = {}
+    for kind in KINDS:
+        mine = [r for k, r in bursts if k == kind]
+        if not mine:
+            continue
+        answers: dict[str, Any] = {}
+        for q in QUESTIONS:
+            phase = "agent_stop" if q in ("stop", "delete") else "agent_start"
+            answers[q] = histo_quantiles([getattr(r, phase)[q] for r in mine])
+        out[kind] = {
+            "answer_ms": answers,
+            "apiserver_pod_read_ms": histo_quantiles([r.agent_start[APISERVER_READS] for r in mine]),
+            "cycle_ms": histo_quantiles(
+                [r.agent_start["cycle"] for r in mine] + [r.agent_stop["cycle"] for r in mine]
+            ),
+        }
+    return out
+
+
 def rotated(i: int) -> list[str]:
     kinds = list(KINDS)
     return kinds[i % len(kinds) :] + kinds[: i % len(kinds)]
 
 
 def measure(
-    kube: Kube, cpu: NodeSideCpu, node: str, *, pods: int, burst_size: int, burst_rounds: int
+    kube: Kube,
+    cpu: NodeSideCpu,
+    agent: AgentMetrics,
+    node: str,
+    *,
+    pods: int,
+    burst_size: int,
+    burst_rounds: int,
 ) -> tuple[list[tuple[str, Round]], list[tuple[str, Round]]]:
     kube.send(Request("POST", "/api/v1/namespaces", {"metadata": {"name": "bench"}}))
     one: list[tuple[str, Round]] = []
     for i in range(pods):
         for kind in rotated(i):  # interleaved: machine noise falls on every kind alike
-            one.append((kind, start_and_stop(kube, cpu, "bench", node, [(f"{kind}-{i}", kind)])))
+            one.append(
+                (
+                    kind,
+                    start_and_stop(
+                        kube, cpu, agent, namespace="bench", node=node, names_kinds=[(f"{kind}-{i}", kind)]
+                    ),
+                )
+            )
         print(f"one at a time: {i + 1}/{pods} of each kind", file=sys.stderr, flush=True)
     bursts: list[tuple[str, Round]] = []
-    for r in range(burst_rounds):
+    for r in range(burst_rounds if burst_size > 0 else 0):  # --burst 0: one at a time only
         for kind in rotated(r):
             print(f"burst round {r + 1}/{burst_rounds}: {burst_size} {kind} pods at once", file=sys.stderr,
                   flush=True)  # fmt: skip
             pods_of = [(f"{kind}-burst-{r}-{i}", kind) for i in range(burst_size)]
-            bursts.append((kind, start_and_stop(kube, cpu, "bench", node, pods_of)))
+            bursts.append(
+                (kind, start_and_stop(kube, cpu, agent, namespace="bench", node=node, names_kinds=pods_of))
+            )
     return one, bursts
 
 
@@ -337,16 +566,19 @@ def main() -> int:
         cpu = NodeSideCpu()
         print(f"node-side processes measured for CPU time: {cpu.pids}", file=sys.stderr, flush=True)
         try:
+            agent = AgentMetrics(kube)
             one, bursts = measure(
-                kube, cpu, node.name, pods=args.pods, burst_size=args.burst, burst_rounds=args.burst_rounds
-            )
+                kube, cpu, agent, node.name, pods=args.pods, burst_size=args.burst,
+                burst_rounds=args.burst_rounds,
+            )  # fmt: skip
+            slow = slow_answers(kube)
         finally:
             kube.close()
     single = phases([tm for _, r in one for tm in r.timers])
     single_cpu = cpu_ms(one)
     for kind in KINDS:
         single[kind] |= single_cpu[kind]
-    burst = burst_summary(bursts)
+    burst = burst_summary(bursts) if bursts else {}
     doc = {
         "bench": "nodeside",
         "command": command,
@@ -356,18 +588,22 @@ def main() -> int:
                    "kinds": {k: v or "no GPU keys" for k, v in KINDS.items()}},
         "loadavg_at_start": loadavg_at_start,
         "loadavg_1m_one_at_a_time": loadavg(one),
-        "loadavg_1m_bursts": loadavg(bursts),
+        "loadavg_1m_bursts": loadavg(bursts) if bursts else None,
         "loadavg_at_end": [round(x, 2) for x in os.getloadavg()],
         "real_node_up_s": round(up_s, 1),
         "cpu_time_of": sorted(cpu.pids),
         "one_at_a_time": single,
         "one_at_a_time_added_over_plain": added(single),
         "burst": burst,
-        "burst_added_over_plain": added(burst),
+        "burst_added_over_plain": added(burst) if bursts else {},
+        "agent_one_at_a_time": agent_one_at_a_time(one),
+        "agent_bursts": agent_bursts(bursts),
+        "agent_slow_answers": slow,
     }  # fmt: skip
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(json.dumps({"one_at_a_time_added_over_plain": doc["one_at_a_time_added_over_plain"],
-                      "burst_added_over_plain": doc["burst_added_over_plain"]}, indent=2))  # fmt: skip
+                      "burst_added_over_plain": doc["burst_added_over_plain"],
+                      "agent_one_at_a_time": doc["agent_one_at_a_time"]}, indent=2))  # fmt: skip
     return 0
 
 

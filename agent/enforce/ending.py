@@ -20,7 +20,6 @@ from pathlib import Path
 
 from agent.enforce.cgroup import PodRef, ProcResolver
 from agent.mpsdaemon import drain as drains
-from agent.mpsdaemon.mpscontrol import Control
 
 _CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -50,10 +49,14 @@ def nothing_listens(control: Path, timeout_s: float = 1.0) -> bool:
 class HostProcesses:
     """The host's processes under `proc_root` (the host's /proc; the agent needs hostPID to signal them)."""
 
-    def __init__(self, proc_root: Path, control: Control | None = None, drain_timeout_s: float = 0.0) -> None:
+    def __init__(
+        self, proc_root: Path, mps_clients: drains.ClientLists | None = None, drain_timeout_s: float = 0.0
+    ) -> None:
+        """`mps_clients`: the node's listing of the daemon's clients, shared with the runtime handler's stops
+        (None: no MPS, nothing is drained)."""
         self.proc_root = proc_root
         self.resolver = ProcResolver(proc_root)
-        self.mps_clients = drains.ClientLists(control) if control is not None else None
+        self.mps_clients = mps_clients
         self.drain_timeout_s = drain_timeout_s
 
     def comm(self, pid: int) -> str:

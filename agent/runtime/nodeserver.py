@@ -1,9 +1,11 @@
 """The agent's answer to the RuntimeClass handler: a unix socket, one JSON line in, one JSON line out.
 
 Each connection carries one question (agent.runtime.nodeside). At a container's `create` the pod is read
-from the apiserver (a fresh list by name; the agent's periodic listing may predate a pod bound a second
-ago), its grant decided by agent.runtime.nodeside and kept (agent.runtime.grants) for the same container's
-hook, stop and delete, and the pod's MPS directory prepared by agent.mpsdaemon.pipedirs. Every failure is
+from the apiserver by name (the agent's periodic listing may predate a pod bound a second ago): from the
+apiserver's watch cache first, fresh where that grants nothing (`read_pod`), its grant decided by
+agent.runtime.nodeside and kept (agent.runtime.grants) for the same container's hook, stop and delete, and
+the pod's MPS directory prepared by agent.mpsdaemon.pipedirs. Each answer is timed by question
+(gpupack_agent_node_answer_seconds). Every failure is
 an answer with a reason, never a dropped connection: the handler fails the container's OCI `create`
 with it, which the pod's status shows. While the agent is down or restarting nothing listens, the
 handler's connect fails, and it refuses the container with that.
@@ -39,9 +41,16 @@ from typing import Any
 from agent.enforce import memlimits, verify
 from agent.enforce.limiter import Limiter, Record
 from agent.enforce.memlimits import Capability
-from agent.metrics import MPS_STOP_DRAINS, WRITES, AgentWrite, AgentWriteResult, DrainOutcome
+from agent.metrics import (
+    MPS_STOP_DRAINS,
+    NODE_ANSWER_SECONDS,
+    WRITES,
+    AgentWrite,
+    AgentWriteResult,
+    DrainOutcome,
+    Question,
+)
 from agent.mpsdaemon.drain import ClientLists, Drained, drain
-from agent.mpsdaemon.mpscontrol import Control
 from agent.mpsdaemon.mpsv3 import Namespaces
 from agent.mpsdaemon.pipedirs import PipeDirs
 from agent.runtime import nodeside
@@ -60,10 +69,23 @@ DRAIN_TIMEOUT_S = 5.0
 NOT_DRAINED = "GPUStopNotDrained"
 
 
-def read_pod(namespace: str, name: str) -> Request:
-    """One pod, read fresh (no resourceVersion: a quorum read), as a list by name: the agent's RBAC lists
-    pods and needs no `get` for this."""
-    return Request("GET", paths.pods(namespace), query={"fieldSelector": f"metadata.name={name}"})
+def read_pod(namespace: str, name: str, *, cached: bool) -> Request:
+    """One pod as a list by name (the agent's RBAC lists pods and needs no `get` for this): `cached` from the
+    apiserver's watch cache (resourceVersion "0": it answers from memory at once, as the kubelet's own view
+    of the pod comes from it), else fresh (no resourceVersion: a consistent read, which waits until the
+    apiserver's cache has caught up with etcd and can take seconds on a busy apiserver)."""
+    query = {"fieldSelector": f"metadata.name={name}"} | ({"resourceVersion": "0"} if cached else {})
+    return Request("GET", paths.pods(namespace), query=query)
+
+
+def runqueue_s() -> float | None:
+    """Seconds the calling thread has waited, runnable, for a CPU (the second field of
+    /proc/thread-self/schedstat); None where the kernel does not say. Logged per answer: an answer that took
+    long while its thread waited for a CPU was starved, one that did not waited on what it called."""
+    try:
+        return int(Path("/proc/thread-self/schedstat").read_text().split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 class AgentSocket(socketserver.ThreadingUnixStreamServer):
@@ -94,7 +116,7 @@ class NodeServer:
         capability: Callable[[], Capability] = lambda: Capability(False, "not configured"),
         namespaces: Namespaces | None = None,
         gpu_mounts: Sequence[nodeside.Mount] = (),
-        mps_control: Control | None = None,
+        mps_clients: ClientLists | None = None,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
     ) -> None:
@@ -113,37 +135,56 @@ class NodeServer:
         self.namespaces = namespaces  # MPS v3: a namespace per GPU container (None: the pod's own dir)
         self.gpu_mounts = tuple(gpu_mounts)  # e.g. the simulated allocator's socket directory
         self.drain_timeout_s = drain_timeout_s  # 0: stops are not drained
-        # One listing of the daemon's clients at a time, shared by the stops that arrive together.
-        self.mps_clients = (
-            ClientLists(Control(mps_control.binary, mps_control.pipe_dir, drain_timeout_s))
-            if mps_control is not None
-            else None
-        )
+        # The node's one listing of the daemon's clients (None: no MPS), shared by the stops that arrive
+        # together and with the watchdog's drains (agent.main.mps_client_lists).
+        self.mps_clients = mps_clients
         self.clock = clock
+        # This thread's apiserver reads for the answer it is giving (kind, seconds), for its log line.
+        self._reads = threading.local()
         self.grants = Grants()  # each container's grant from its create, for its hook, stop and delete
         self._server: socketserver.ThreadingUnixStreamServer | None = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
 
     def reply(self, line: bytes) -> nodeside.Answer:
-        """The answer to one request line."""
+        """The answer to one request line; its time is counted by question (NODE_ANSWER_SECONDS)."""
+        began, queued = time.perf_counter(), runqueue_s()
+        self._reads.took = []
+        question, answer = self._reply(line)
+        seconds = time.perf_counter() - began
+        NODE_ANSWER_SECONDS.labels(question=question).observe(seconds)
+        waited = runqueue_s()
+        _log.info(
+            "node-side answer",
+            extra={"request": line[:500].decode(errors="replace").strip(), "question": question.value,
+                   "allowed": answer.allowed, "reason": answer.reason, "seconds": round(seconds, 4),
+                   "reads": [f"{kind} {s:.4f}" for kind, s in self._reads.took],
+                   "cpu_wait_s": None if waited is None or queued is None else round(waited - queued, 4)},
+        )  # fmt: skip
+        return answer
+
+    def _reply(self, line: bytes) -> tuple[Question, nodeside.Answer]:
         try:
             raw = json.loads(line)
         except ValueError as exc:
-            return nodeside.refuse(f"malformed request: not JSON ({exc})")
+            return Question.MALFORMED, nodeside.refuse(f"malformed request: not JSON ({exc})")
         message = nodeside.parse_message(raw)
         if isinstance(message, str):
-            return nodeside.refuse(message)
+            return Question.MALFORMED, nodeside.refuse(message)
         if isinstance(message, nodeside.Ended):
-            return self._ended(message)
+            return Question.DELETE, self._ended(message)
         if isinstance(message, nodeside.Stopping):
-            return self._stopping(message)
+            return Question.STOP, self._stopping(message)
         if isinstance(message, nodeside.Start):
             # The grant its create decided; decided again from the pod only where this agent has none (it
             # restarted between the container's create and its hook).
             kept = self.grants.of(message.ask.container_id, message.ask.pod_uid)
             grant = kept if kept is not None else self._grant(message.ask)
-            return grant if isinstance(grant, nodeside.Answer) else self._start(message, grant)
+            started = grant if isinstance(grant, nodeside.Answer) else self._start(message, grant)
+            return Question.START, started
+        return Question.CREATE, self._created(message)
+
+    def _created(self, message: nodeside.Ask) -> nodeside.Answer:
         grant = self._grant(message)
         if isinstance(grant, nodeside.Answer):
             return grant
@@ -153,13 +194,22 @@ class NodeServer:
         return answer
 
     def _grant(self, ask: nodeside.Ask) -> nodeside.Grant | nodeside.Answer:
-        """The container's grant from one read of its pod (a refusal where there is none)."""
+        """The container's grant from the pod as the apiserver's cache has it; where that grants nothing (a
+        pod the cache does not have yet, or a refusal), from a fresh read, so a refusal is always decided on
+        the pod as etcd has it."""
+        cached = self._decide(ask, cached=True)
+        return cached if isinstance(cached, nodeside.Grant) else self._decide(ask, cached=False)
+
+    def _decide(self, ask: nodeside.Ask, *, cached: bool) -> nodeside.Grant | nodeside.Answer:
+        began = time.perf_counter()
         try:
-            listed = self.send(read_pod(ask.namespace, ask.name))
+            listed = self.send(read_pod(ask.namespace, ask.name, cached=cached))
         except KubeError as exc:
             return nodeside.refuse(
                 f"the agent cannot read {ask.where} from the apiserver ({exc.code}: {exc.message})"
             )
+        finally:
+            self._reads.took.append(("cache" if cached else "fresh", time.perf_counter() - began))
         items = listed.get("items") or []
         pod = podview.read(items[0]) if items else None
         return nodeside.decide(ask, pod, self.node, self.mps_not_ready)
@@ -278,11 +328,6 @@ class NodeServer:
                 except Exception as exc:  # a bug here must still reach the pod as a reason
                     _log.exception("node-side answer failed")
                     answer = nodeside.refuse(f"the gpupack agent failed to answer ({type(exc).__name__})")
-                _log.info(
-                    "node-side answer",
-                    extra={"request": line[:500].decode(errors="replace").strip(), "allowed": answer.allowed,
-                           "reason": answer.reason},
-                )  # fmt: skip
                 self.wfile.write(json.dumps(answer.to_json()).encode() + b"\n")
 
         old = os.umask(0o177)

@@ -23,6 +23,7 @@ from agent.enforce import verify
 from agent.enforce import watchdog as wd
 from agent.enforce.cgroup import PodRef, ProcResolver
 from agent.enforce.ending import HostProcesses
+from agent.mpsdaemon.drain import ClientLists
 from agent.mpsdaemon.mpscontrol import Control
 from agent.nvml.base import Nvml
 from agent.nvml.sample import Sampler
@@ -62,7 +63,7 @@ def test_the_watchdog_ends_a_plain_process_on_an_mps_gpu_and_leaves_the_clients(
         servers = control.server_list()
         assert isinstance(servers, list), servers
         clients = sorted(c for s in servers for c in (control.client_list(s) or []) if isinstance(c, int))
-        host = HostProcesses(Path("/proc"), control, 5.0)
+        host = HostProcesses(Path("/proc"), ClientLists(control), 5.0)
         # Both processes stand for the same pod's (the host runs no pods): its allocation is this GPU.
         uid = "0c6a1f5e-2b49-4f0b-8d3e-6f7a9b1c2d30"
         alloc = Allocation("gpu-node", (0,), (daemon.uuid,), 500, 40000)

@@ -23,6 +23,7 @@ import pytest
 from test_runtime_handler import NODE, built, spec, the_pod
 
 from agent.metrics import MPS_STOP_DRAINS
+from agent.mpsdaemon.drain import ClientLists
 from agent.mpsdaemon.mpscontrol import Control
 from agent.mpsdaemon.pipedirs import PipeDirs
 from agent.runtime.nodeserver import NodeServer
@@ -99,7 +100,7 @@ def start_server(
 
     server = NodeServer(
         node_dir / "state" / "agent.sock", NODE, PipeDirs(pipe), send,
-        mps_control=Control(str(STANDIN), pipe, 10), drain_timeout_s=drain_timeout_s,
+        mps_clients=ClientLists(Control(str(STANDIN), pipe, 10)), drain_timeout_s=drain_timeout_s,
     )  # fmt: skip
     server.start()
     return server

@@ -27,7 +27,7 @@ import yaml
 from agent.enforce.cgroup import PodRef
 from agent.enforce.ending import HostProcesses, nothing_listens
 from agent.loop import Agent
-from agent.main import Runner, build, sim_allocator
+from agent.main import Runner, build, mps_client_lists, sim_allocator
 from agent.settings import Settings
 from agent.simgpu.simalloc import Allocator
 from app.kube.calls import Request
@@ -90,7 +90,7 @@ def hold(
 
 def start(tmp_path: Path, watchdog: bool, send: Recorder) -> tuple[Agent, Allocator, str]:
     settings = agent_settings(tmp_path, watchdog)
-    agent = build(settings, send, time.time)
+    agent = build(settings, send, time.time, mps_client_lists(settings))
     allocator = sim_allocator(settings, agent)
     assert allocator is not None
     allocator.start()

@@ -23,6 +23,7 @@ import yaml
 
 from agent.enforce.limiter import Limiter
 from agent.enforce.memlimits import Capability
+from agent.mpsdaemon.drain import ClientLists
 from agent.mpsdaemon.mpscontrol import Control
 from agent.mpsdaemon.mpsv3 import Namespaces
 from agent.mpsdaemon.pipedirs import PipeDirs
@@ -320,7 +321,7 @@ def test_one_container_is_read_and_parsed_once_for_its_create_hook_stop_and_dele
         s = NodeServer(
             where / "agent.sock", NODE, PipeDirs(where / "pipe"), send,
             limiter=Limiter(lambda: nvml, where / "records"), capability=lambda: CAN,
-            mps_control=Control(str(STANDIN), str(where / "pipe")),
+            mps_clients=ClientLists(Control(str(STANDIN), where / "pipe")),
         )  # fmt: skip
         created = s.reply(line())
         assert created.allowed and created.hook, created.reason
@@ -370,3 +371,58 @@ def test_a_burst_of_questions_that_arrive_before_any_is_accepted_is_queued_then_
         if serving.is_alive():
             server.shutdown()
         server.server_close()
+
+
+def test_each_answer_is_timed_under_its_question(where: Path) -> None:
+    """gpupack_agent_node_answer_seconds counts every answer under what the handler asked, refusals and
+    malformed lines included, so an operator sees how long the node side holds each container's start."""
+    from agent import metrics
+
+    registry = metrics.registry()
+
+    def answered(question: str) -> float:
+        value = registry.get_sample_value("gpupack_agent_node_answer_seconds_count", {"question": question})
+        return value or 0.0
+
+    before = {q: answered(q) for q in metrics.Question}
+    nvml = gpu(where)
+    s = server(where, nvml, the_pod(nvml.uuid(0), {**BURST, names.ISOLATION: "none"}), CAN)
+    assert s.reply(line()).allowed
+    assert s.reply(start()).allowed
+    assert s.reply(line(op="stop", pids=[os.getpid()])).allowed  # no MPS client: allowed at once
+    assert s.reply(json.dumps({"op": "delete", "container_id": "c1"}).encode()).allowed
+    assert not s.reply(line(name="gone", pod_uid="0" * 8)).allowed  # a refused create is still an answer
+    assert not s.reply(b"not json").allowed
+    after = {q: answered(q) - before[q] for q in metrics.Question}
+    assert after == {
+        metrics.Question.CREATE: 2, metrics.Question.START: 1, metrics.Question.STOP: 1,
+        metrics.Question.DELETE: 1, metrics.Question.MALFORMED: 1,
+    }  # fmt: skip
+
+
+def test_a_create_is_granted_from_the_apiservers_cache_and_refused_only_on_a_fresh_read(where: Path) -> None:
+    """The create's pod read is served from the apiserver's watch cache (resourceVersion "0", no wait on
+    etcd). Where the cache grants nothing (a pod it does not have yet) the pod is read fresh, and the
+    container is granted or refused on that: a lagging cache never refuses a container on its own."""
+    nvml = gpu(where)
+    pod = the_pod(nvml.uuid(0), {**BURST, names.ISOLATION: "none"})
+    reads: list[str] = []
+    cache_has_it = False
+
+    def send(req: Any) -> dict[str, Any]:
+        cached = req.query.get("resourceVersion") == "0"
+        reads.append("cache" if cached else "fresh")
+        return {"items": [pod] if cache_has_it or not cached else []}
+
+    (where / "pipe").mkdir()
+    s = NodeServer(where / "agent.sock", NODE, PipeDirs(where / "pipe"), send)
+    assert s.reply(line()).allowed  # not in the cache yet: granted on the fresh read
+    assert reads == ["cache", "fresh"]
+    reads.clear()
+    cache_has_it = True
+    assert s.reply(line(container_id="c2")).allowed
+    assert reads == ["cache"]  # one read, from the cache
+    reads.clear()
+    gone = s.reply(line(pod_uid="0" * 8, container_id="c3"))  # not this pod: refused after a fresh read
+    assert not gone.allowed and "is not in the apiserver" in gone.reason
+    assert reads == ["cache", "fresh"]

@@ -475,12 +475,14 @@ def test_the_agent_offers_per_cgroup_limits_only_with_its_node_socket(tmp_path: 
     sim = tmp_path / "gpus.yaml"
     sim.write_text(yaml.safe_dump({"driver_version": "615.25", "gpus": [{"model": "T4"}]}))
     common = {"node": "n1", "sim": sim, "sim_state": tmp_path / "state", "mps": False}
-    without = build(Settings(**common), lambda r: {}, time.monotonic)  # type: ignore[arg-type]
+    without = build(Settings(**common), lambda r: {}, time.monotonic, None)  # type: ignore[arg-type]
     assert without.config.isolation.per_cgroup_memory is False
     with_socket = Settings(**common, node_socket=tmp_path / "agent.sock")  # type: ignore[arg-type]
     root = Path("/sys/fs/cgroup")
     expected = (root / "cgroup.controllers").exists() or (root / "unified" / "cgroup.controllers").exists()
-    assert build(with_socket, lambda r: {}, time.monotonic).config.isolation.per_cgroup_memory is expected
+    assert (
+        build(with_socket, lambda r: {}, time.monotonic, None).config.isolation.per_cgroup_memory is expected
+    )
 
 
 def test_an_exclusive_process_gpu_is_claimed_exclusive_only_while_a_server_runs(tmp_path: Path) -> None:

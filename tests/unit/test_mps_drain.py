@@ -190,3 +190,29 @@ def test_a_daemon_that_does_not_answer_is_the_drains_problem_for_every_waiting_s
     lists = ClientLists(daemon.control)
     done = at_once([partial(drain, lists, [os.getpid()], 5.0) for _ in range(4)])
     assert all(not d.complete and d.problem.startswith("get_server_list: ") for d in done), done
+
+
+def test_the_watchdog_and_the_stops_drain_through_the_nodes_one_listing(tmp_path: Path) -> None:
+    """As the agent is wired (agent.command): the watchdog's drains and the runtime handler's stops share
+    one ClientLists, so a watchdog drain during a burst of stops reads the same listings as the stops, and
+    its control runs are bounded by the drain timeout."""
+    import yaml
+
+    from agent.enforce.ending import HostProcesses
+    from agent.main import build, mps_client_lists, node_server
+    from agent.settings import Settings
+
+    sim = tmp_path / "gpus.yaml"
+    sim.write_text(yaml.safe_dump({"driver_version": "580.1", "gpus": [{"model": "A100-40GB"}]}))
+    settings = Settings(
+        node="n1", sim=sim, sim_state=tmp_path / "state", mps_binary=str(STANDIN),
+        mps_pipe_dir=tmp_path / "pipe", node_socket=tmp_path / "agent.sock", mps_drain_timeout_s=7.0,
+    )  # fmt: skip
+    lists = mps_client_lists(settings)
+    assert lists is not None and lists.control.timeout_s == 7.0
+    agent = build(settings, lambda r: {"items": []}, time.monotonic, lists)
+    server = node_server(settings, lambda r: {"items": []}, agent, lists)
+    assert isinstance(agent.hands, HostProcesses) and server is not None
+    assert agent.hands.mps_clients is lists and server.mps_clients is lists
+    without = Settings(node="n1", sim=sim, sim_state=tmp_path / "state", mps=False)
+    assert mps_client_lists(without) is None
