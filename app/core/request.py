@@ -21,6 +21,7 @@ from typing import Final, NamedTuple, TypeVar
 
 from app.core import catalog, names, nvfractions, units
 from app.core.errors import RequestError
+from app.core.hostres import HostResources
 from app.core.isolation import MemoryEnforcement, memory_levels
 from app.core.model import MILLI_PER_GPU, Demand
 from app.core.podview import WHOLE_GPU_RESOURCE, ContainerView, GpuAsk, Kind, PodView, portion_key
@@ -179,44 +180,36 @@ def pod_demand(pod: PodView) -> PodDemand:
     (the request annotations, each container's kind, name and gpupack and whole-GPU resources, the host
     request), so a relist of 25 000 gpupack pods runs the rules a few times, not 25 000 times.
     """
-    key = (pod.ask, pod.host, tuple([(c.kind, c.name, c.ours, c.whole_gpus) for c in pod.containers]))
-    demand = _DEMANDS.get(key)
-    if demand is None:
-        if len(_DEMANDS) >= _DEMANDS_KEPT:
-            _DEMANDS.clear()  # many distinct asks (a fuzzer, not a cluster): start over, memory stays bounded
-        demand = _DEMANDS[key] = _pod_demand(pod)
-    return demand
+    return _demand(Asked.of(pod), pod.host)
 
 
-# pod_demand's answers by what they depend on (the answers are immutable, so pods share them).
-_DEMANDS: dict[tuple[object, ...], PodDemand] = {}
-_DEMANDS_KEPT: Final = 4096
-
-
-def _pod_demand(pod: PodView) -> PodDemand:
-    if pod.ask.wanted:
-        parsed = parse(pod)
+@lru_cache(maxsize=4096)
+def _demand(asked: Asked, host: HostResources) -> PodDemand:
+    # A bounded table, keyed as `_verdict` is plus the host request: the answers are immutable, so pods share
+    # them, and a cluster runs far fewer kinds of pod than this.
+    if asked.ask.wanted:
+        parsed = _verdict(asked)
         if not isinstance(parsed, GpuRequest):
             return parsed
         demand = parsed.demand()
     else:
-        from_resources = _resource_demand(pod)
+        from_resources = _resource_demand(asked)
         if not isinstance(from_resources, Demand):
             return from_resources
         demand = from_resources
-    return replace(demand, cpu_milli=pod.host.cpu_milli, host_memory_mib=pod.host.memory_mib)
+    return replace(demand, cpu_milli=host.cpu_milli, host_memory_mib=host.memory_mib)
 
 
-def _resource_demand(pod: PodView) -> PodDemand:
+def _resource_demand(asked: Asked) -> PodDemand:
     """A pod's GPU demand from the gpupack resources of its regular containers (limits = requests)."""
-    raw_count = pod.ask.num_devices if pod.ask.num_devices is not None else "1"
+    raw_count = asked.ask.num_devices if asked.ask.num_devices is not None else "1"
     try:
         count = units.positive_int(raw_count, MAX_DEVICES)
     except units.UnitError as err:
         return (RequestError(names.GPU_FRACTION_NUM_DEVICES, raw_count, err.rule),)
     totals: dict[str, int] = {}
     errors: list[RequestError] = []
-    for c in pod.containers:
+    for c in asked.containers:
         for resource, raw in c.ours if not c.init else ():
             if resource not in (names.RESOURCE_GPU_MILLI, names.RESOURCE_GPU_MEMORY_MIB):
                 continue
@@ -240,7 +233,7 @@ def _resource_demand(pod: PodView) -> PodDemand:
         return (RequestError(names.RESOURCE_GPU_MILLI, "", rule),)
     if total % count:
         return (RequestError(resource, str(total), f"does not split evenly over {count} devices"),)
-    models = frozenset(gpu_models(pod.ask.model))
+    models = frozenset(gpu_models(asked.ask.model))
     if not milli:
         return Demand(count=count, memory_mib=total // count, models=models)
     if total // count > MILLI_PER_GPU:

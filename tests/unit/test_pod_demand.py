@@ -47,15 +47,21 @@ pods = st.builds(
 )
 
 
+def _forget() -> None:
+    """Nothing worked out before: the next pod's own answer."""
+    request._demand.cache_clear()
+    request._verdict.cache_clear()
+
+
 def _alone(pod: dict[str, Any]) -> request.PodDemand:
-    request._DEMANDS.clear()  # nothing worked out before: this pod's own answer
+    _forget()
     return request.pod_demand(podview.read(pod))
 
 
 @settings(max_examples=500, deadline=None)
 @given(batch=st.lists(pods, min_size=2, max_size=5))
 def test_each_pod_gets_the_demand_it_gets_alone(batch: list[dict[str, Any]]) -> None:
-    request._DEMANDS.clear()
+    _forget()
     together = [request.pod_demand(podview.read(p)) for p in batch]  # later pods may reuse earlier answers
     assert together == [_alone(p) for p in batch]
 
@@ -100,7 +106,7 @@ def test_pods_that_differ_in_one_input_of_the_demand_get_their_own(
 ) -> None:
     want = [_alone(first), _alone(second)]
     assert want[0] != want[1]
-    request._DEMANDS.clear()
+    _forget()
     assert [request.pod_demand(podview.read(p)) for p in (first, second)] == want
 
 
