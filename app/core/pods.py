@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypedDict
 
-from app.core import hostres, names, objects, podview, request
+from app.core import hostres, names, podview, request
 from app.core.hostres import HostResources
 from app.core.model import Allocation
 from app.core.objects import NotAnArray, NotAnObject
@@ -139,12 +139,6 @@ class SlimPod(TypedDict, total=False):
     metadata: SlimMetadata | NotAnObject
     spec: SlimSpec | NotAnObject
     status: SlimStatus | NotAnObject
-
-
-def slim_pod(pod: dict[str, Any]) -> SlimPod:
-    """`pod` (decoded JSON) with only the parts gpupack reads (`SlimPod`)."""
-    shape: SlimPod = objects.shaped(pod, SlimPod)
-    return shape
 
 
 def is_gpupack(pod: PodView) -> bool:

@@ -10,7 +10,8 @@ import pytest
 from app.core import names, podview
 from app.core.hostres import HostResources
 from app.core.model import Allocation, Demand
-from app.core.pods import is_gpupack, pod_info, slim_pod
+from app.core.objects import shaped
+from app.core.pods import SlimPod, is_gpupack, pod_info
 
 ALLOC = Allocation("n1", (0,), ("GPU-a",), 500, 7554)
 
@@ -92,7 +93,7 @@ def _full_pod(gpu: bool, **spec_extra: Any) -> dict[str, Any]:
 @pytest.mark.parametrize("gpu", [True, False], ids=["gpupack-pod", "other-pod"])
 def test_a_slim_pod_reads_exactly_like_the_listed_one(gpu: bool) -> None:
     full = _full_pod(gpu)
-    slim = slim_pod(full)
+    slim = shaped(full, SlimPod)
     assert pod_info(slim) == pod_info(full)
     assert is_gpupack(podview.read(slim)) == is_gpupack(podview.read(full)) == gpu
     assert podview.read(slim).host == podview.read(full).host == HostResources(1850, 2048)
@@ -106,4 +107,4 @@ def test_slim_pod_tolerates_what_the_readers_tolerate() -> None:
         "spec": {"containers": ["not-a-dict"], "nodeName": 3},
         "status": None,
     }
-    assert pod_info(slim_pod(odd)) == pod_info(odd)
+    assert pod_info(shaped(odd, SlimPod)) == pod_info(odd)
