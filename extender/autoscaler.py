@@ -77,11 +77,15 @@ class Autoscaler:
         self.last_tick_at: float | None = None
 
     def pending(self, now: float) -> list[PendingPod]:
-        """Unallocated pending pods with a valid GPU demand, pending for the grace period, oldest first."""
+        """Unallocated pending pods with a valid GPU demand, pending for the grace period, oldest first.
+
+        A pod with a hold is being bound: its GPUs already count on its node (`ClusterCache.nodes`), so
+        planning it again would ask a node for a pod that has one."""
+        held = self.cache.assume.items()
         seen: dict[str, float] = {}
         out: list[tuple[float, PendingPod]] = []
         for p in self.cache.pods():
-            if not p.pending or p.allocation is not None or not isinstance(p.demand, Demand):
+            if not p.pending or p.allocation is not None or p.uid in held or not isinstance(p.demand, Demand):
                 continue
             since = self._first_pending.get(p.uid, now)
             seen[p.uid] = since
@@ -108,6 +112,8 @@ class Autoscaler:
             self._paused = ""
         now = self._clock()
         self.last_tick_at = now
+        # Nodes before pods: a bind that starts between the two reads is then missing from both (planned
+        # next round) rather than counted twice (a node asked for it).
         nodes = [n for n in self.cache.nodes().values() if n is not None]
         published = {n.name for n in nodes}
         listed = self.kube.send(

@@ -158,6 +158,22 @@ def test_a_node_on_its_way_is_filled_before_another_is_asked_for() -> None:
     assert first in api.pods and sorted(api.shapes()) == [3, 5]  # the same two nodes, nothing added
 
 
+def test_pods_being_bound_are_not_asked_for_again() -> None:
+    """Between the extender's bind and the watch echo, a pod still reads pending while its hold already
+    takes its GPU on the new node: it must count once, or a node is asked for pods that have one."""
+    api, cache, scaler, clock = setup()
+    cache.upsert_gpunode(gpunode("n1", gpus=8, mem=81_920, model=MODEL))
+    for i in range(8):
+        cache.upsert_pod(pod(f"a{i}", f"a{i}", milli=1000))
+    for i in range(3):  # three binds in flight on n1: holds taken, no echo yet
+        cache.assume.hold(f"a{i}", alloc("n1", i, milli=1000, mem=81_920))
+    scaler.tick()
+    clock[0] = 6.0
+    result = scaler.tick()
+    assert result is not None and result.plan.gpus == 0 and len(result.plan.fit_now) == 5
+    assert api.pods == {}
+
+
 def test_deleted_pending_pods_withdraw_their_placeholder() -> None:
     api, cache, scaler, clock = setup()
     cache.upsert_pod(pod("p", "u1", milli=1000, count=3))
