@@ -173,12 +173,14 @@ def create(obj: Mapping[str, Any], namespace: str | None = None, *, dry_run: boo
 
 
 def list_query(
-    label_selector: str = "", limit: int = 0, continue_token: str = ""
+    label_selector: str = "", limit: int = 0, continue_token: str = "", field_selector: str = ""
 ) -> dict[str, str | int | bool]:
     """Query for one page of a list call."""
     q: dict[str, str | int | bool] = {}
     if label_selector:
         q["labelSelector"] = label_selector
+    if field_selector:
+        q["fieldSelector"] = field_selector
     if limit:
         q["limit"] = limit
     if continue_token:
@@ -186,11 +188,15 @@ def list_query(
     return q
 
 
-def watch_query(label_selector: str, resource_version: str) -> dict[str, str | int | bool]:
+def watch_query(
+    label_selector: str, resource_version: str, field_selector: str = ""
+) -> dict[str, str | int | bool]:
     """Query for a watch resuming after `resource_version` (the client adds watch/bookmark flags)."""
     q: dict[str, str | int | bool] = {"resourceVersion": resource_version}
     if label_selector:
         q["labelSelector"] = label_selector
+    if field_selector:
+        q["fieldSelector"] = field_selector
     return q
 
 
@@ -200,8 +206,10 @@ def list_request(
     limit: int = 0,
     continue_token: str = "",
     item_shape: type[Any] | None = None,
+    *,
+    field_selector: str = "",
 ) -> Request:
-    query = list_query(label_selector, limit, continue_token)
+    query = list_query(label_selector, limit, continue_token, field_selector)
     return Request("GET", path, query=query, item_shape=item_shape)
 
 

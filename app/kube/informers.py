@@ -134,6 +134,7 @@ class Informer:
         *,
         name: str,
         label_selector: str = "",
+        field_selector: str = "",
         config: InformerConfig,
         sleep: Callable[[float], None] | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -148,6 +149,7 @@ class Informer:
         self.shape = shape
         self.name = name
         self.label_selector = label_selector
+        self.field_selector = field_selector  # e.g. spec.nodeName=<node>: one node's pods
         self.config = config
         self._stop = threading.Event()
         self._sleep = sleep or (lambda s: self._stop.wait(s) and None)
@@ -294,7 +296,12 @@ class Informer:
         rv = ""
         while True:
             req = calls.list_request(
-                self.path, self.label_selector, self.config.page_limit, token, item_shape=self.shape
+                self.path,
+                self.label_selector,
+                self.config.page_limit,
+                token,
+                item_shape=self.shape,
+                field_selector=self.field_selector,
             )
             page = self.kube.send(req)  # its items come in `shape` already
             self._beat()  # a long paginated list is progress, not a stuck thread
@@ -318,7 +325,7 @@ class Informer:
         assert self.last_list_at is not None
         remaining = self.config.resync_s - (self._clock() - self.last_list_at)
         timeout = max(1, min(self.config.watch_timeout_s, int(remaining)))
-        query = calls.watch_query(self.label_selector, self.resource_version)
+        query = calls.watch_query(self.label_selector, self.resource_version, self.field_selector)
         for event in self.kube.watch(self.path, query, timeout):
             kind = event.get("type")
             obj = event.get("object") or {}
