@@ -8,15 +8,16 @@ import re
 import signal
 import sys
 import time
-from collections.abc import Callable
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from agent.settings import FLAGS, Settings
 from app.core import log
-from app.kube.calls import Request
 from app.service.settings import add_flag, default_of, from_args
+
+if TYPE_CHECKING:  # the informer module is imported where the agent runs (agent.main), not for every command
+    from app.kube.informers import KubeApi
 
 _log = log.get("gpupack.agent")
 
@@ -177,19 +178,19 @@ def run_command(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        return _run(settings, kube.send)
+        return _run(settings, kube)
     finally:
         kube.close()
 
 
-def _run(settings: Settings, send: Callable[[Request], dict[str, Any]]) -> int:
+def _run(settings: Settings, kube: KubeApi) -> int:
     import uvicorn
 
     from agent.main import Runner, build, create_app, mps_client_lists, node_server, sim_allocator
 
     mps_clients = mps_client_lists(settings)  # one per node: the watchdog's drains and the stops' share it
-    agent = build(settings, send, time.time, mps_clients)
-    node_side = node_server(settings, send, agent, mps_clients)
+    agent = build(settings, kube.send, time.time, mps_clients)
+    node_side = node_server(settings, kube, agent, mps_clients)
     if node_side is not None:
         node_side.start()
     allocator = sim_allocator(settings, agent)

@@ -29,11 +29,12 @@ from agent.mpsdaemon.pipedirs import PipeDirs
 from agent.nvml.base import BackendConfigError, ComputeMode, Nvml, NvmlError
 from agent.report.isolation import NodeFacts
 from agent.report.reporter import ReporterConfig
-from agent.runtime import nodeside, toolkit
+from agent.runtime import nodepods, nodeside, toolkit
 from agent.runtime.nodeserver import NodeServer
 from agent.settings import Settings
 from app.core import log
 from app.kube.calls import Request
+from app.kube.informers import KubeApi
 
 if TYPE_CHECKING:  # the simulated GPU is imported only where settings choose it (make_nvml)
     from agent.simgpu.simalloc import Allocator
@@ -165,12 +166,14 @@ def host_memory_capability(settings: Settings, nvml: Nvml) -> memlimits.Capabili
 
 def node_server(
     settings: Settings,
-    send: Callable[[Request], dict[str, Any]],
+    kube: KubeApi,
     agent: Agent,
     mps_clients: ClientLists | None,
 ) -> NodeServer | None:
-    """The RuntimeClass handler's answerer, where --node-socket asks for one (docs/node-side.md); its stops
-    drain MPS clients through `mps_clients`, the same listing as the watchdog's (mps_client_lists)."""
+    """The RuntimeClass handler's answerer, where --node-socket asks for one (docs/node-side.md): it answers a
+    create from its watch of the node's pods (agent.runtime.nodepods) and reads the apiserver through `kube`
+    where that grants nothing; its stops drain MPS clients through `mps_clients`, the same listing as the
+    watchdog's (mps_client_lists)."""
     if settings.node_socket is None:
         return None
     mps_not_ready = mpsprep.readiness(settings.mps_pipe_dir, mpsprep.boot_id())  # a reboot restarts us too
@@ -187,11 +190,12 @@ def node_server(
     mounts: tuple[nodeside.Mount, ...] = ()
     if settings.sim_allocator is not None:
         mounts = (nodeside.Mount(str(settings.sim_allocator.parent), SIM_GPU_DIR),)
+    pods = nodepods.NodePods()
     return NodeServer(
         settings.node_socket,
         settings.node,
         pipe_dirs,
-        send,
+        kube.send,
         mps_not_ready=mps_not_ready,
         daemon_not_ready=agent.mps.not_ready if settings.mps else (lambda: ""),
         limiter=limiter,
@@ -200,6 +204,8 @@ def node_server(
         gpu_mounts=mounts,
         mps_clients=mps_clients,
         drain_timeout_s=settings.mps_drain_timeout_s,
+        watched=pods.of,
+        pod_watch=nodepods.watch(kube, settings.node, pods),
     )
 
 

@@ -1,10 +1,10 @@
 """The agent's answer to the RuntimeClass handler: a unix socket, one JSON line in, one JSON line out.
 
-Each connection carries one question (agent.runtime.nodeside). At a container's `create` the pod is read
-from the apiserver by name (the agent's periodic listing may predate a pod bound a second ago): from the
-apiserver's watch cache first, fresh where that grants nothing (`read_pod`), its grant decided by
-agent.runtime.nodeside and kept (agent.runtime.grants) for the same container's hook, stop and delete, and
-the pod's MPS directory prepared by agent.mpsdaemon.pipedirs. Each answer is timed by question
+Each connection carries one question (agent.runtime.nodeside). At a container's `create` the pod is taken
+from the agent's watch of the node's pods (agent.runtime.nodepods), and read from the apiserver by name only
+where the watch has not shown it yet or its view would refuse (`read_pod`, a fresh read); its grant is
+decided by agent.runtime.nodeside and kept (agent.runtime.grants) for the same container's hook, stop and
+delete, and the pod's MPS directory prepared by agent.mpsdaemon.pipedirs. Each answer is timed by question
 (gpupack_agent_node_answer_seconds). Every failure is
 an answer with a reason, never a dropped connection: the handler fails the container's OCI `create`
 with it, which the pod's status shows. While the agent is down or restarting nothing listens, the
@@ -57,8 +57,10 @@ from agent.runtime import nodeside
 from agent.runtime.grants import Grants
 from app.core import log, podview
 from app.core.errors import KubeError
+from app.core.podview import PodView
 from app.kube import paths
 from app.kube.calls import Request
+from app.kube.informers import Informer
 
 _log = log.get("gpupack.agent.nodeside")
 
@@ -69,13 +71,10 @@ DRAIN_TIMEOUT_S = 5.0
 NOT_DRAINED = "GPUStopNotDrained"
 
 
-def read_pod(namespace: str, name: str, *, cached: bool) -> Request:
-    """One pod as a list by name (the agent's RBAC lists pods and needs no `get` for this): `cached` from the
-    apiserver's watch cache (resourceVersion "0": it answers from memory at once, as the kubelet's own view
-    of the pod comes from it), else fresh (no resourceVersion: a consistent read, which waits until the
-    apiserver's cache has caught up with etcd and can take seconds on a busy apiserver)."""
-    query = {"fieldSelector": f"metadata.name={name}"} | ({"resourceVersion": "0"} if cached else {})
-    return Request("GET", paths.pods(namespace), query=query)
+def read_pod(namespace: str, name: str) -> Request:
+    """One pod as a list by name (the agent's RBAC lists pods and needs no `get` for this), fresh (no
+    resourceVersion: a consistent read, the pod as etcd has it)."""
+    return Request("GET", paths.pods(namespace), query={"fieldSelector": f"metadata.name={name}"})
 
 
 def runqueue_s() -> float | None:
@@ -118,6 +117,8 @@ class NodeServer:
         gpu_mounts: Sequence[nodeside.Mount] = (),
         mps_clients: ClientLists | None = None,
         drain_timeout_s: float = DRAIN_TIMEOUT_S,
+        watched: Callable[[str, str], PodView | None] = lambda namespace, name: None,
+        pod_watch: Informer | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.socket_path = socket_path
@@ -138,8 +139,12 @@ class NodeServer:
         # The node's one listing of the daemon's clients (None: no MPS), shared by the stops that arrive
         # together and with the watchdog's drains (agent.main.mps_client_lists).
         self.mps_clients = mps_clients
+        # The pod by namespace and name as the agent's watch of the node's pods last showed it
+        # (agent.runtime.nodepods.NodePods.of), kept in step by `pod_watch`, which start() and stop() run.
+        self.watched = watched
+        self.pod_watch = pod_watch
         self.clock = clock
-        # This thread's apiserver reads for the answer it is giving (kind, seconds), for its log line.
+        # This thread's apiserver reads for the answer it is giving (seconds each), for its log line.
         self._reads = threading.local()
         self.grants = Grants()  # each container's grant from its create, for its hook, stop and delete
         self._server: socketserver.ThreadingUnixStreamServer | None = None
@@ -158,7 +163,7 @@ class NodeServer:
             "node-side answer",
             extra={"request": line[:500].decode(errors="replace").strip(), "question": question.value,
                    "allowed": answer.allowed, "reason": answer.reason, "seconds": round(seconds, 4),
-                   "reads": [f"{kind} {s:.4f}" for kind, s in self._reads.took],
+                   "reads": [round(s, 4) for s in self._reads.took],
                    "cpu_wait_s": None if waited is None or queued is None else round(waited - queued, 4)},
         )  # fmt: skip
         return answer
@@ -194,25 +199,33 @@ class NodeServer:
         return answer
 
     def _grant(self, ask: nodeside.Ask) -> nodeside.Grant | nodeside.Answer:
-        """The container's grant from the pod as the apiserver's cache has it; where that grants nothing (a
-        pod the cache does not have yet, or a refusal), from a fresh read, so a refusal is always decided on
-        the pod as etcd has it."""
-        cached = self._decide(ask, cached=True)
-        return cached if isinstance(cached, nodeside.Grant) else self._decide(ask, cached=False)
+        """The container's grant from the pod as the agent's watch has shown it; where that grants nothing (a
+        pod the watch has not shown yet, or a refusal), from a fresh read of the apiserver, so a refusal is
+        always decided on the pod as etcd has it."""
+        seen = self.watched(ask.namespace, ask.name)
+        if seen is not None:
+            granted = nodeside.decide(ask, seen, self.node, self.mps_not_ready)
+            if isinstance(granted, nodeside.Grant):
+                return granted
+        read = self._read(ask)
+        if isinstance(read, nodeside.Answer):
+            return read
+        return nodeside.decide(ask, read, self.node, self.mps_not_ready)
 
-    def _decide(self, ask: nodeside.Ask, *, cached: bool) -> nodeside.Grant | nodeside.Answer:
+    def _read(self, ask: nodeside.Ask) -> PodView | nodeside.Answer | None:
+        """The pod as etcd has it (None: there is none by that name), or the refusal to give when the
+        apiserver cannot be read."""
         began = time.perf_counter()
         try:
-            listed = self.send(read_pod(ask.namespace, ask.name, cached=cached))
+            listed = self.send(read_pod(ask.namespace, ask.name))
         except KubeError as exc:
             return nodeside.refuse(
                 f"the agent cannot read {ask.where} from the apiserver ({exc.code}: {exc.message})"
             )
         finally:
-            self._reads.took.append(("cache" if cached else "fresh", time.perf_counter() - began))
+            self._reads.took.append(time.perf_counter() - began)
         items = listed.get("items") or []
-        pod = podview.read(items[0]) if items else None
-        return nodeside.decide(ask, pod, self.node, self.mps_not_ready)
+        return podview.read(items[0]) if items else None
 
     def _enforced(self, grant: nodeside.Grant) -> bool:
         return grant.limits is not None and self.limiter is not None and self.capability().available
@@ -342,10 +355,14 @@ class NodeServer:
         ]
         for t in self._threads:
             t.start()
+        if self.pod_watch is not None:
+            self._threads.append(self.pod_watch.start())
         _log.info("node side listening", extra={"socket": str(self.socket_path)})
 
     def stop(self) -> None:
         self._stop.set()
+        if self.pod_watch is not None:
+            self.pod_watch.stop()
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()

@@ -298,6 +298,7 @@ RBAC_CASES = [
     ("agent", "create", "gpunodes.gpupack.io", "", "", True),
     ("agent", "patch", "gpunodes.gpupack.io/status", "", "n", True),
     ("agent", "list", "pods", "", "", True),
+    ("agent", "watch", "pods", "", "", True),  # the node's pods, so a container's create reads no pod
     ("agent", "create", "events", "team-a", "", True),
     ("agent", "create", "pods/binding", "team-a", "p", False),
     # the watchdog (on by default) evicts a pod that keeps putting processes where it may not

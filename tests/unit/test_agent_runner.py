@@ -93,7 +93,10 @@ def test_a_real_node_never_imports_the_simulated_gpu() -> None:
         "s = Settings(node='n1', mps=True, node_socket=Path('/nonexistent/agent.sock'))\n"
         "lists = mps_client_lists(s)\n"
         "agent = build(s, send=lambda r: {}, clock=lambda: 0.0, mps_clients=lists)\n"
-        "assert node_server(s, lambda r: {}, agent, lists) is not None\n"
+        "class Kube:\n"
+        "    def send(self, r): return {}\n"
+        "    def watch(self, path, query, timeout_s=300): return iter(())\n"
+        "assert node_server(s, Kube(), agent, lists) is not None\n"
         "assert sim_allocator(s, agent) is None\n"
         "print(sorted(m for m in sys.modules if m.startswith('agent.')))\n"
     )

@@ -27,12 +27,14 @@ from agent.mpsdaemon.drain import ClientLists
 from agent.mpsdaemon.mpscontrol import Control
 from agent.mpsdaemon.mpsv3 import Namespaces
 from agent.mpsdaemon.pipedirs import PipeDirs
-from agent.runtime import nodeside
+from agent.runtime import nodepods, nodeside
 from agent.runtime.nodeserver import AgentSocket, NodeServer
 from agent.simgpu.simalloc import Allocator
 from agent.simgpu.simulated import SimulatedNvml
 from app.core import names, request
+from app.core.errors import KubeError
 from app.core.model import Allocation
+from app.kube.informers import Informer
 
 STANDIN = Path(__file__).resolve().parents[1] / "standin" / "mps_control.py"
 CLIENT = Path(__file__).resolve().parents[1] / "standin" / "gpu_alloc.py"
@@ -400,29 +402,114 @@ def test_each_answer_is_timed_under_its_question(where: Path) -> None:
     }  # fmt: skip
 
 
-def test_a_create_is_granted_from_the_apiservers_cache_and_refused_only_on_a_fresh_read(where: Path) -> None:
-    """The create's pod read is served from the apiserver's watch cache (resourceVersion "0", no wait on
-    etcd). Where the cache grants nothing (a pod it does not have yet) the pod is read fresh, and the
-    container is granted or refused on that: a lagging cache never refuses a container on its own."""
+class Apiserver:
+    """The pods the apiserver has, as the agent's two ways of asking see them: a fresh read of one pod by
+    name (NodeServer's own `send`) and a list + watch of the node's pods (the node server's watch)."""
+
+    def __init__(self) -> None:
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.events: list[dict[str, Any]] = []
+        self.reads: list[dict[str, Any]] = []  # the queries of the fresh reads of one pod
+        self.down = False
+
+    def send(self, req: Any) -> dict[str, Any]:
+        if self.down:
+            raise KubeError(0, "Unreachable", "ConnectionRefusedError: [Errno 111] Connection refused")
+        if req.path == "/api/v1/pods":  # the watch's list of the node's pods
+            assert req.query["fieldSelector"] == f"spec.nodeName={NODE}"
+            return {"metadata": {"resourceVersion": "1"}, "items": list(self.pods.values())}
+        self.reads.append(dict(req.query))
+        name = req.query["fieldSelector"].removeprefix("metadata.name=")
+        return {"items": [p for p in self.pods.values() if p["metadata"]["name"] == name]}
+
+    def watch(self, path: str, query: Any, timeout_s: int = 300) -> Iterator[dict[str, Any]]:
+        assert (path, query["fieldSelector"]) == ("/api/v1/pods", f"spec.nodeName={NODE}")
+        events, self.events = self.events, []
+        yield from events
+
+
+def watching(where: Path, api: Apiserver) -> tuple[NodeServer, Informer]:
+    """A node server answering from its watch of the node's pods (as agent.main wires it), the watch listed
+    once; `informer.step()` follows the watch events queued on `api` since."""
+    (where / "pipe").mkdir(exist_ok=True)
+    pods = nodepods.NodePods()
+    informer = nodepods.watch(api, NODE, pods)
+    informer.step()  # the first list
+    s = NodeServer(
+        where / "agent.sock", NODE, PipeDirs(where / "pipe"), api.send, watched=pods.of, pod_watch=informer
+    )
+    return s, informer
+
+
+def test_a_create_is_granted_from_the_watched_pod_without_reading_the_apiserver(where: Path) -> None:
+    """Once the agent's watch of the node's pods has shown a pod, its containers' creates are granted from
+    it, with no apiserver read on their start path; a pod the watch has not shown yet is read fresh."""
     nvml = gpu(where)
+    api = Apiserver()
     pod = the_pod(nvml.uuid(0), {**BURST, names.ISOLATION: "none"})
-    reads: list[str] = []
-    cache_has_it = False
+    s, informer = watching(where, api)
+    api.pods[UID] = pod  # bound a moment ago: the watch has not shown it yet
+    first = s.reply(line())
+    assert first.allowed, first.reason
+    assert api.reads == [{"fieldSelector": "metadata.name=burst"}]  # fresh: no resourceVersion
+    api.events.append({"type": "ADDED", "object": pod})
+    informer.step()
+    api.reads.clear()
+    second = s.reply(line(container_id="c2"))
+    assert (second.allowed, second.env) == (first.allowed, first.env)
+    assert api.reads == []
+    api.down = True  # the watched pod needs no apiserver at all
+    assert s.reply(line(container_id="c3")).allowed
 
-    def send(req: Any) -> dict[str, Any]:
-        cached = req.query.get("resourceVersion") == "0"
-        reads.append("cache" if cached else "fresh")
-        return {"items": [pod] if cache_has_it or not cached else []}
 
-    (where / "pipe").mkdir()
-    s = NodeServer(where / "agent.sock", NODE, PipeDirs(where / "pipe"), send)
-    assert s.reply(line()).allowed  # not in the cache yet: granted on the fresh read
-    assert reads == ["cache", "fresh"]
-    reads.clear()
-    cache_has_it = True
-    assert s.reply(line(container_id="c2")).allowed
-    assert reads == ["cache"]  # one read, from the cache
-    reads.clear()
-    gone = s.reply(line(pod_uid="0" * 8, container_id="c3"))  # not this pod: refused after a fresh read
-    assert not gone.allowed and "is not in the apiserver" in gone.reason
-    assert reads == ["cache", "fresh"]
+def test_a_refusal_is_decided_on_a_fresh_read_never_on_the_watched_pod(where: Path) -> None:
+    """The watch's view may lag: a pod deleted and created again under the same name shows there with its
+    old uid a while. A container whose pod uid the view does not have is decided on a fresh read: granted
+    when the apiserver has its pod, refused when it has not, and refused when the apiserver cannot say."""
+    nvml = gpu(where)
+    api = Apiserver()
+    old = the_pod(nvml.uuid(0), {**BURST, names.ISOLATION: "none"})
+    api.pods[UID] = old
+    s, _ = watching(where, api)  # the list shows the old pod
+    new_uid = "0" * 8
+    new = json.loads(json.dumps(old))
+    new["metadata"]["uid"] = new_uid
+    api.pods = {new_uid: new}  # recreated under the same name; the watch has not shown it yet
+    granted = s.reply(line(pod_uid=new_uid, container_id="c2"))
+    assert granted.allowed, granted.reason
+    assert len(api.reads) == 1
+    other = s.reply(line(pod_uid="1" * 8, container_id="c3"))  # a pod neither the view nor etcd has
+    assert not other.allowed and "is not in the apiserver" in other.reason
+    assert len(api.reads) == 2
+    api.down = True
+    unread = s.reply(line(pod_uid="2" * 8, container_id="c4"))  # not in the view, apiserver unreachable
+    assert not unread.allowed
+    assert "cannot read pod team-a/burst (uid 22222222) from the apiserver (0: Connection" in unread.reason
+
+
+def test_the_watch_follows_the_nodes_pods_as_they_come_and_go(where: Path) -> None:
+    """The view holds the node's pods as the watch last showed them: added, changed, deleted, and replaced
+    whole by a relist (a pod the relist lacks is gone)."""
+    api = Apiserver()
+    pods = nodepods.NodePods()
+    informer = nodepods.watch(api, NODE, pods)
+    pod = the_pod("GPU-a", {names.GPU_FRACTION: "0.5"})
+    api.pods[UID] = pod
+    informer.step()
+    seen = pods.of("team-a", "burst")
+    assert seen is not None and seen.uid == UID
+    changed = json.loads(json.dumps(pod))
+    changed["metadata"]["labels"]["team"] = "a"
+    api.events += [{"type": "MODIFIED", "object": changed}]
+    informer.step()
+    seen = pods.of("team-a", "burst")
+    assert seen is not None and seen.labels["team"] == "a"
+    api.events += [{"type": "DELETED", "object": changed}]
+    informer.step()
+    assert pods.of("team-a", "burst") is None
+    api.events += [{"type": "ADDED", "object": pod}]
+    informer.step()
+    api.pods = {}
+    informer.request_relist()
+    informer.step()
+    assert (pods.of("team-a", "burst"), len(pods)) == (None, 0)
