@@ -7,7 +7,7 @@ so a second pass over an already-mutated pod (reinvocationPolicy: IfNeeded) yiel
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Final
@@ -84,28 +84,126 @@ def decide(
     parsed = request.parse(pod)
     if isinstance(parsed, tuple):
         return _deny(uid, parsed, told)
-    plans = pipe_plans(pod, parsed, settings)
-    if pod_security and (
-        refused := podsecurity.refusal(
-            parsed, pod.annotations, pod_security, req.namespace, next(iter(plans.values()), None)
-        )
-    ):
-        return _deny(uid, (refused,), told)
     if fleet is None:
         fleet = Fleet(fallback_memory_mib=settings.quota_gpu_memory_mib)
-    patch = changes(pod, parsed, plans, settings, fleet)
-    if isinstance(patch, tuple):
-        return _deny(uid, patch, told)
-    ops = taken + patch
+    made = patch(pod, parsed, settings, fleet)
+    if pod_security and (
+        refused := podsecurity.refusal(parsed, pod.annotations, pod_security, req.namespace, made.pipe)
+    ):
+        return _deny(uid, (refused,), told)
+    if isinstance(made.ops, tuple):
+        return _deny(uid, made.ops, told)
     warnings = told + parsed.warnings
     response: dict[str, Json] = {"allowed": True}
-    if ops:
+    if taken:  # the HAMi take-over's ops come first (rare: encoded here, not kept)
         response["patchType"] = "JSONPatch"
-        # pydantic's Rust JSON encoder: the same compact bytes as json.dumps, a fifth of the CPU.
-        response["patch"] = base64.b64encode(pydantic_core.to_json(ops)).decode()
+        response["patch"] = _encoded(taken + made.ops)
+    elif made.ops:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = made.encoded
     if warnings:
         response["warnings"] = list(warnings)
-    return Decision(WebhookOutcome.MUTATED, _answer(uid, response), warnings, len(ops))
+    return Decision(WebhookOutcome.MUTATED, _answer(uid, response), warnings, len(taken) + len(made.ops))
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """What the mutation writes into one kind of pod: the GPU container's pipe plan (Pod Security reads it)
+    and the JSONPatch ops, encoded as the response carries them; or what it would have to overwrite."""
+
+    pipe: pipe.Writes | RequestError | None
+    ops: list[Op] | tuple[RequestError, ...]  # only ever read: the pods of that kind share it
+    encoded: str = ""  # base64 of the ops' JSON ("" when refused)
+
+
+def patch(pod: PodView, req: GpuRequest, settings: Settings, fleet: Fleet) -> Patch:
+    """`pipe_plans` and `changes` for `pod`, worked out once per `patch_key`: the replicas of a workload
+    are one kind of pod, and get one patch from a bounded table."""
+    key = patch_key(pod, req, settings, fleet)
+    made = _PATCHES.get(key)
+    if made is None:
+        plans = pipe_plans(pod, req, settings)
+        ops = changes(pod, req, plans, settings, fleet)
+        made = Patch(next(iter(plans.values()), None), ops, "" if isinstance(ops, tuple) else _encoded(ops))
+        if len(_PATCHES) >= _PATCHES_KEPT:  # the oldest goes: a cluster runs far fewer kinds of GPU pod
+            del _PATCHES[next(iter(_PATCHES))]
+        _PATCHES[key] = made
+    return made
+
+
+_PATCHES: Final[dict[Hashable, Patch]] = {}
+_PATCHES_KEPT: Final = 1024
+
+
+def _encoded(ops: list[Op]) -> str:
+    # pydantic's Rust JSON encoder: the same compact bytes as json.dumps, a fifth of the CPU.
+    return base64.b64encode(pydantic_core.to_json(ops)).decode()
+
+
+# The env names the patch may set on the GPU container: a key holds the container's entry of each.
+_GPU_ENV_NAMES: Final = tuple(v.name for v in allocenv.ANY_GPU_ENV)
+
+
+def patch_key(pod: PodView, req: GpuRequest, settings: Settings, fleet: Fleet) -> Hashable:
+    """Everything `pipe_plans` and `changes` read, as one value: equal keys give equal patches.
+
+    The request, the fleet and the settings the patch reads; whether the pod has labels and our label's
+    value; whether it has annotations and which autoscaler annotation it sets; each container's place, name,
+    and env entries of the names we set (the GPU container's also its resources and mounts); the volumes,
+    runtimeClassName, affinity and schedulerName. What the patch starts to read goes here too
+    (tests/unit/test_webhook_patch_key.py changes one input at a time).
+    """
+    labels, annotations, gpu = pod.labels, pod.annotations, req.container
+    return (
+        req,
+        fleet,
+        settings.scheduler_name,
+        settings.mps_pipe_host_dir,
+        settings.runtime_class,
+        bool(labels),
+        labels.get(names.LABEL_MANAGED),
+        bool(annotations),
+        tuple(key in annotations for key in disruption.ANNOTATIONS),
+        tuple(
+            (c.kind, c.position, c.name, bool(c.env), *_gpu_container_key(c))
+            if c.name == gpu
+            else (
+                c.kind,
+                c.position,
+                c.name,
+                bool(c.env),
+                frozen(c.env.get(names.ENV_NVIDIA_VISIBLE_DEVICES)),
+            )
+            for c in pod.containers
+        ),
+        pod.volumes,
+        pod.runtime_class_name,
+        frozen(pod.affinity),
+        pod.scheduler_name,
+    )
+
+
+def _gpu_container_key(c: ContainerView) -> tuple[Hashable, ...]:
+    env = c.env
+    return (
+        tuple(frozen(env.get(name)) for name in _GPU_ENV_NAMES),
+        c.has_resources,
+        frozen(c.requests),
+        frozen(c.limits),
+        c.mounts,
+    )
+
+
+def frozen(value: Json) -> Hashable:
+    """A decoded JSON value as a hashable one that is equal only to the same value: objects and arrays keep
+    their type and order, and a number or bool its type (1, 1.0 and True differ in a message)."""
+    if value is None or type(value) is str:
+        return value
+    if isinstance(value, Mapping):
+        return (type(value), tuple((k, frozen(v)) for k, v in value.items()))
+    if isinstance(value, list | tuple):
+        return (type(value), tuple(frozen(v) for v in value))
+    return (type(value), value)
 
 
 def _deny(uid: str, errors: Sequence[RequestError], warnings: Sequence[str] = ()) -> Decision:
