@@ -140,10 +140,6 @@ def _encoded(ops: list[Op]) -> str:
     return base64.b64encode(pydantic_core.to_json(ops)).decode()
 
 
-# The env names the patch may set on the GPU container: a key holds the container's entry of each.
-_GPU_ENV_NAMES: Final = tuple(v.name for v in allocenv.ANY_GPU_ENV)
-
-
 def patch_key(pod: PodView, req: GpuRequest, settings: Settings, fleet: Fleet) -> Hashable:
     """Everything `pipe_plans` and `changes` read, as one value: equal keys give equal patches.
 
@@ -165,45 +161,23 @@ def patch_key(pod: PodView, req: GpuRequest, settings: Settings, fleet: Fleet) -
         bool(annotations),
         tuple(key in annotations for key in disruption.ANNOTATIONS),
         tuple(
-            (c.kind, c.position, c.name, bool(c.env), *_gpu_container_key(c))
+            (c.kind, c.name, c.has_resources, exact((c.env, c.requests, c.limits)), c.mounts)
             if c.name == gpu
-            else (
-                c.kind,
-                c.position,
-                c.name,
-                bool(c.env),
-                frozen(c.env.get(names.ENV_NVIDIA_VISIBLE_DEVICES)),
-            )
-            for c in pod.containers
+            else (c.kind, c.name, exact(c.env.get(names.ENV_NVIDIA_VISIBLE_DEVICES)) if c.env else None)
+            for c in pod.containers  # in order: a container's place in its list is its position
         ),
         pod.volumes,
         pod.runtime_class_name,
-        frozen(pod.affinity),
+        exact(pod.affinity),
         pod.scheduler_name,
     )
 
 
-def _gpu_container_key(c: ContainerView) -> tuple[Hashable, ...]:
-    env = c.env
-    return (
-        tuple(frozen(env.get(name)) for name in _GPU_ENV_NAMES),
-        c.has_resources,
-        frozen(c.requests),
-        frozen(c.limits),
-        c.mounts,
-    )
-
-
-def frozen(value: Json) -> Hashable:
-    """A decoded JSON value as a hashable one that is equal only to the same value: objects and arrays keep
-    their type and order, and a number or bool its type (1, 1.0 and True differ in a message)."""
-    if value is None or type(value) is str:
-        return value
-    if isinstance(value, Mapping):
-        return (type(value), tuple((k, frozen(v)) for k, v in value.items()))
-    if isinstance(value, list | tuple):
-        return (type(value), tuple(frozen(v) for v in value))
-    return (type(value), value)
+def exact(value: Json) -> str:
+    """A decoded JSON value as a string equal only to that of an equal value of the same types: objects and
+    arrays in order, a number or bool as its type writes it (1, 1.0 and True differ in a message). repr: it
+    tells apart all that JSON can, and a tuple from a list; five times cheaper than building nested tuples."""
+    return repr(value)
 
 
 def _deny(uid: str, errors: Sequence[RequestError], warnings: Sequence[str] = ()) -> Decision:

@@ -253,9 +253,9 @@ def test_replicas_of_a_workload_share_one_patch() -> None:
     assert first.response == again.response and first.ops == again.ops > 0
 
 
-def test_frozen_tells_apart_what_json_tells_apart() -> None:
+def test_exact_tells_apart_what_json_tells_apart() -> None:
     values = [None, "1", 1, 1.0, True, [1], (1,), {"a": 1}, [["a", 1]], {"a": [1]}, {"a": (1,)}, []]
-    frozen = [mutate.frozen(v) for v in values]
+    frozen = [mutate.exact(v) for v in values]
     for i, a in enumerate(frozen):
         for j, b in enumerate(frozen):
             assert (a == b) == (i == j), (values[i], values[j])
