@@ -144,10 +144,10 @@ def patch_key(pod: PodView, req: GpuRequest, settings: Settings, fleet: Fleet) -
     """Everything `pipe_plans` and `changes` read, as one value: equal keys give equal patches.
 
     The request, the fleet and the settings the patch reads; whether the pod has labels and our label's
-    value; whether it has annotations and which autoscaler annotation it sets; each container's place, name,
-    and env entries of the names we set (the GPU container's also its resources and mounts); the volumes,
-    runtimeClassName, affinity and schedulerName. What the patch starts to read goes here too
-    (tests/unit/test_webhook_patch_key.py changes one input at a time).
+    value; whether it has annotations and which autoscaler annotation it sets; each container's kind, name
+    and place (the order), and its NVIDIA_VISIBLE_DEVICES entry, or for the GPU container its whole env,
+    resources and mounts; the volumes, runtimeClassName, affinity and schedulerName. What the patch starts
+    to read goes here too (tests/unit/test_webhook_patch_key.py changes one input at a time).
     """
     labels, annotations, gpu = pod.labels, pod.annotations, req.container
     return (
