@@ -10,7 +10,7 @@ import base64
 from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, NamedTuple, TypeVar
 
 import pydantic_core
 
@@ -124,15 +124,40 @@ def patch(pod: PodView, req: GpuRequest, settings: Settings, fleet: Fleet) -> Pa
     if made is None:
         plans = pipe_plans(pod, req, settings)
         ops = changes(pod, req, plans, settings, fleet)
-        made = Patch(next(iter(plans.values()), None), ops, "" if isinstance(ops, tuple) else _encoded(ops))
-        if len(_PATCHES) >= _PATCHES_KEPT:  # the oldest goes: a cluster runs far fewer kinds of GPU pod
-            del _PATCHES[next(iter(_PATCHES))]
-        _PATCHES[key] = made
+        encoded = "" if isinstance(ops, tuple) else _encoded(ops)
+        made = _PATCHES.keep(key, Patch(next(iter(plans.values()), None), ops, encoded))
     return made
 
 
-_PATCHES: Final[dict[Hashable, Patch]] = {}
-_PATCHES_KEPT: Final = 1024
+_K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V")
+
+
+class _Kept(dict[_K, _V]):
+    """A bounded table of values worked out once per key: when full, the oldest entry goes (a cluster runs
+    far fewer kinds of GPU pod than it holds)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def keep(self, key: _K, value: _V) -> _V:
+        if len(self) >= self.size:
+            del self[next(iter(self))]
+        self[key] = value
+        return value
+
+
+_PATCHES: Final[_Kept[Hashable, Patch]] = _Kept(1024)
+_AFFINITY_OPS: Final[_Kept[Hashable, list[Op]]] = _Kept(1024)
+
+
+def forget_kinds() -> None:
+    """Empty the tables kept per kind of pod: each next review is then answered as a first one is (what
+    tests compare the tables' answers with)."""
+    _PATCHES.clear()
+    _AFFINITY_OPS.clear()
+    _resources.cache_clear()
 
 
 def _encoded(ops: list[Op]) -> str:
@@ -255,7 +280,7 @@ def changes(
     if errors:
         return tuple(errors)
     ops += pod_ops
-    ops += _affinity_ops(pod.affinity, node_requirements(req))
+    ops += _affinity_patch(pod.affinity, req)
     if settings.scheduler_name and pod.scheduler_name != settings.scheduler_name:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name})
     return ops
@@ -377,11 +402,26 @@ class _Resources:
     escaped: tuple[tuple[str, str, int], ...]  # (resource name, "/" + its JSON-pointer segment, amount)
 
 
+class _Asked(NamedTuple):
+    """All that `gpu_resources` reads of a request: the amounts asked and the models allowed."""
+
+    devices: int  # the request's count
+    milli: int | None
+    memory_mib: int | None
+    mig_profile: str
+    models: tuple[str, ...]
+
+    @classmethod
+    def of(cls, req: GpuRequest) -> _Asked:
+        return cls(req.count, req.milli, req.memory_mib, req.mig_profile, req.models)
+
+
 @lru_cache(maxsize=256)
-def _resources(req: GpuRequest, fleet: Fleet) -> _Resources:
-    # Worked out once per kind of request and fleet (the pods of a workload share both); only ever read,
-    # like the env entries.
-    amounts = gpu_resources(req, fleet)
+def _resources(asks: _Asked, fleet: Fleet) -> _Resources:
+    # Worked out once per amount asked and fleet, not per request: pods asking alike with other container
+    # names or warnings share it. Only ever read, like the env entries.
+    asked = GpuRequest("", asks.devices, asks.milli, asks.memory_mib, asks.mig_profile, asks.models)
+    amounts = gpu_resources(asked, fleet)
     quantities = {k: str(v) for k, v in amounts.items()}
     return _Resources(amounts, quantities, tuple((k, pointer(k), v) for k, v in amounts.items()))
 
@@ -392,7 +432,7 @@ def _resource_ops(c: ContainerView, req: GpuRequest, fleet: Fleet) -> list[Op]:
     gpupack.io/* resources are the webhook's to set: any other one on the GPU container (the other kind a
     stale pass set, a charge the user wrote to shrink their quota use) is removed, a wrong value replaced.
     """
-    wanted = _resources(req, fleet)
+    wanted = _resources(_Asked.of(req), fleet)
     path = c.pointer
     if not c.has_resources:
         value = {"requests": dict(wanted.quantities), "limits": dict(wanted.quantities)}
@@ -409,6 +449,17 @@ def _resource_ops(c: ContainerView, req: GpuRequest, fleet: Fleet) -> list[Op]:
         for name, segment, amount in wanted.escaped:
             if not _same_quantity(current.get(name), amount):
                 ops.append({"op": "add", "path": at + segment, "value": wanted.quantities[name]})
+    return ops
+
+
+def _affinity_patch(affinity: Json, req: GpuRequest) -> list[Op]:
+    """`_affinity_ops` for the pod's affinity and the request's node requirements, kept per (affinity, the
+    memory and models asked), which is all they read: a workload's pods, and pods of other workloads with
+    the same affinity, share it. Only ever read."""
+    key = (exact(affinity), req.memory_mib, req.models)
+    ops = _AFFINITY_OPS.get(key)
+    if ops is None:
+        ops = _AFFINITY_OPS.keep(key, _affinity_ops(affinity, node_requirements(req)))
     return ops
 
 

@@ -62,10 +62,12 @@ def _answer(pod: dict[str, Any], settings: Settings, fleet: Fleet) -> Any:
 
 def _first_answer(pod: dict[str, Any], settings: Settings, fleet: Fleet) -> Any:
     """What a first review of `pod` gets: its patch worked out from the pod, with no table."""
+    mutate.forget_kinds()
     view = podview.read(pod)
     parsed = request.parse(view)
     assert isinstance(parsed, request.GpuRequest)
     ops = mutate.changes(view, parsed, mutate.pipe_plans(view, parsed, settings), settings, fleet)
+    mutate.forget_kinds()
     return "; ".join(map(str, ops)) if isinstance(ops, tuple) else ops
 
 
@@ -108,6 +110,17 @@ def _annotate(key: str, value: str) -> Callable[[dict[str, Any]], None]:
     return change
 
 
+def _ask(key: str, value: str) -> Callable[[dict[str, Any]], None]:
+    """The GPU share asked as `key` instead of gpu-fraction."""
+
+    def change(pod: dict[str, Any]) -> None:
+        annotations = _meta(pod)["annotations"]
+        del annotations[names.GPU_FRACTION]
+        annotations[key] = value
+
+    return change
+
+
 def _swap_containers(pod: dict[str, Any]) -> None:
     _containers(pod).reverse()
     _meta(pod)["annotations"][names.GPU_FRACTION_CONTAINER_NAME] = "main"
@@ -140,7 +153,11 @@ CHANGES: list[tuple[str, Settings, Fleet, Callable[[dict[str, Any]], None]]] = [
     ("no labels", LEGACY, Fleet(), _set(_meta, "labels", {})),
     ("our label already set", LEGACY, Fleet(), _set(_meta, "labels", {names.LABEL_MANAGED: "true"})),
     ("an autoscaler annotation set", LEGACY, Fleet(), _annotate("karpenter.sh/do-not-disrupt", "false")),
-    ("another request", LEGACY, Fleet(), _annotate(names.GPU_FRACTION, "0.25")),
+    ("another fraction", LEGACY, Fleet(), _annotate(names.GPU_FRACTION, "0.25")),
+    ("two devices", LEGACY, Fleet(), _annotate(names.GPU_FRACTION_NUM_DEVICES, "2")),
+    ("a GPU model", LEGACY, Fleet(), _annotate(names.GPU_MODEL, "A100-40GB")),
+    ("memory, not a fraction", LEGACY, Fleet(), _ask(names.GPU_MEMORY, "4Gi")),
+    ("a MIG device, not a fraction", LEGACY, Fleet(), _ask(names.MIG_PROFILE, "1g.10gb")),
     ("another GPU container", LEGACY, Fleet(), _annotate(names.GPU_FRACTION_CONTAINER_NAME, "side")),
     ("the GPU container an init container", LEGACY, Fleet(), _gpu_as_init),
     ("the GPU container second", LEGACY, Fleet(), _swap_containers),
@@ -235,16 +252,16 @@ def test_a_pod_differing_in_one_input_gets_its_own_patch(
     settings: Settings, fleet: Fleet, change: Callable[[dict[str, Any]], None]
 ) -> None:
     base = _pod()
-    # The pod changed is compared under the same settings and fleet; a new setting or fleet with the default.
-    before = (LEGACY, Fleet()) if change is _no_change else (settings, fleet)
-    seen = _answer(base, *before)  # the table now holds the base pod's patch
-    assert seen == _first_answer(base, *before)
     changed = copy.deepcopy(base)
     change(changed)
+    # The pod changed is compared under the same settings and fleet; a new setting or fleet with the default.
+    before = (LEGACY, Fleet()) if change is _no_change else (settings, fleet)
+    first_base, first_changed = _first_answer(base, *before), _first_answer(changed, settings, fleet)
+    seen = _answer(base, *before)  # the tables now hold the base pod's patch
     answer = _answer(changed, settings, fleet)
+    assert (seen, answer) == (first_base, first_changed)
     assert answer != seen
-    assert answer == _first_answer(changed, settings, fleet)
-    assert _answer(changed, settings, fleet) == answer  # and again, from the table
+    assert _answer(changed, settings, fleet) == answer  # and again, from the tables
 
 
 def test_replicas_of_a_workload_share_one_patch() -> None:
@@ -259,3 +276,30 @@ def test_exact_tells_apart_what_json_tells_apart() -> None:
     for i, a in enumerate(frozen):
         for j, b in enumerate(frozen):
             assert (a == b) == (i == j), (values[i], values[j])
+
+
+ASKS = [
+    {names.GPU_FRACTION: "0.5"},
+    {names.GPU_FRACTION: "0.5", names.GPU_MODEL: "T4"},
+    {names.GPU_FRACTION: "0.5", names.GPU_MODEL: "A100-80GB"},
+    {names.GPU_FRACTION: "0.5", names.GPU_FRACTION_NUM_DEVICES: "2"},
+    {names.GPU_MEMORY: "4Gi"},
+    {names.GPU_MEMORY: "4Gi", names.GPU_MODEL: "T4"},
+    {names.MIG_PROFILE: "1g.10gb"},
+    {names.MIG_PROFILE: "1g.10gb", names.GPU_MODEL: "A100-40GB"},
+]
+
+
+@pytest.mark.parametrize("fleet", [Fleet(), SMALL], ids=["no fleet known", "a fleet of T4s"])
+def test_each_ask_in_turn_gets_its_own_resources(fleet: Fleet) -> None:
+    """The resources are kept per amount asked, models allowed and fleet: asks that differ in any of them,
+    one after the other, each get what gpu_resources says of that request."""
+    for ask in ASKS:
+        pod = _pod()
+        pod["metadata"]["annotations"] = ask
+        parsed = request.parse(podview.read(pod))
+        assert isinstance(parsed, request.GpuRequest)
+        want = {k: str(v) for k, v in mutate.gpu_resources(parsed, fleet).items()}
+        ops = _answer(pod, LEGACY, fleet)
+        [written] = [op["value"] for op in ops if op["path"] == "/spec/containers/0/resources"]
+        assert written == {"requests": want, "limits": want}, ask
