@@ -7,10 +7,10 @@ so a second pass over an already-mutated pod (reinvocationPolicy: IfNeeded) yiel
 from __future__ import annotations
 
 import base64
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Final
+from typing import Any, Final, NamedTuple, TypeVar
 
 import pydantic_core
 
@@ -84,28 +84,125 @@ def decide(
     parsed = request.parse(pod)
     if isinstance(parsed, tuple):
         return _deny(uid, parsed, told)
-    plans = pipe_plans(pod, parsed, settings)
-    if pod_security and (
-        refused := podsecurity.refusal(
-            parsed, pod.annotations, pod_security, req.namespace, next(iter(plans.values()), None)
-        )
-    ):
-        return _deny(uid, (refused,), told)
     if fleet is None:
         fleet = Fleet(fallback_memory_mib=settings.quota_gpu_memory_mib)
-    patch = changes(pod, parsed, plans, settings, fleet)
-    if isinstance(patch, tuple):
-        return _deny(uid, patch, told)
-    ops = taken + patch
+    made = patch(pod, parsed, settings, fleet)
+    if pod_security and (
+        refused := podsecurity.refusal(parsed, pod.annotations, pod_security, req.namespace, made.pipe)
+    ):
+        return _deny(uid, (refused,), told)
+    if isinstance(made.ops, tuple):
+        return _deny(uid, made.ops, told)
     warnings = told + parsed.warnings
     response: dict[str, Json] = {"allowed": True}
-    if ops:
+    if taken:  # the HAMi take-over's ops come first (rare: encoded here, not kept)
         response["patchType"] = "JSONPatch"
-        # pydantic's Rust JSON encoder: the same compact bytes as json.dumps, a fifth of the CPU.
-        response["patch"] = base64.b64encode(pydantic_core.to_json(ops)).decode()
+        response["patch"] = _encoded(taken + made.ops)
+    elif made.ops:
+        response["patchType"] = "JSONPatch"
+        response["patch"] = made.encoded
     if warnings:
         response["warnings"] = list(warnings)
-    return Decision(WebhookOutcome.MUTATED, _answer(uid, response), warnings, len(ops))
+    return Decision(WebhookOutcome.MUTATED, _answer(uid, response), warnings, len(taken) + len(made.ops))
+
+
+@dataclass(frozen=True, slots=True)
+class Patch:
+    """What the mutation writes into one kind of pod: the GPU container's pipe plan (Pod Security reads it)
+    and the JSONPatch ops, encoded as the response carries them; or what it would have to overwrite."""
+
+    pipe: pipe.Writes | RequestError | None
+    ops: list[Op] | tuple[RequestError, ...]  # only ever read: the pods of that kind share it
+    encoded: str = ""  # base64 of the ops' JSON ("" when refused)
+
+
+def patch(pod: PodView, req: GpuRequest, settings: Settings, fleet: Fleet) -> Patch:
+    """`pipe_plans` and `changes` for `pod`, worked out once per `patch_key`: the replicas of a workload
+    are one kind of pod, and get one patch from a bounded table."""
+    key = patch_key(pod, req, settings, fleet)
+    made = _PATCHES.get(key)
+    if made is None:
+        plans = pipe_plans(pod, req, settings)
+        ops = changes(pod, req, plans, settings, fleet)
+        encoded = "" if isinstance(ops, tuple) else _encoded(ops)
+        made = _PATCHES.keep(key, Patch(next(iter(plans.values()), None), ops, encoded))
+    return made
+
+
+_K = TypeVar("_K", bound=Hashable)
+_V = TypeVar("_V")
+
+
+class _Kept(dict[_K, _V]):
+    """A bounded table of values worked out once per key: when full, the oldest entry goes (a cluster runs
+    far fewer kinds of GPU pod than it holds)."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__()
+        self.size = size
+
+    def keep(self, key: _K, value: _V) -> _V:
+        if len(self) >= self.size:
+            del self[next(iter(self))]
+        self[key] = value
+        return value
+
+
+_PATCHES: Final[_Kept[Hashable, Patch]] = _Kept(1024)
+_AFFINITY_OPS: Final[_Kept[Hashable, list[Op]]] = _Kept(1024)
+
+
+def forget_kinds() -> None:
+    """Empty the tables kept per kind of pod: each next review is then answered as a first one is (what
+    tests compare the tables' answers with)."""
+    _PATCHES.clear()
+    _AFFINITY_OPS.clear()
+    _resources.cache_clear()
+
+
+def _encoded(ops: list[Op]) -> str:
+    # pydantic's Rust JSON encoder: the same compact bytes as json.dumps, a fifth of the CPU.
+    return base64.b64encode(pydantic_core.to_json(ops)).decode()
+
+
+def patch_key(pod: PodView, req: GpuRequest, settings: Settings, fleet: Fleet) -> Hashable:
+    """Everything `pipe_plans` and `changes` read, as one value: equal keys give equal patches.
+
+    The request, the fleet and the settings the patch reads; whether the pod has labels and our label's
+    value; whether it has annotations and which autoscaler annotation it sets; each container's kind, name
+    and place (the order), and its NVIDIA_VISIBLE_DEVICES entry, or for the GPU container its whole env,
+    resources and mounts; the volumes, runtimeClassName, affinity and schedulerName. What the patch starts
+    to read goes here too (tests/unit/test_webhook_patch_key.py changes one input at a time).
+    """
+    labels, annotations, gpu = pod.labels, pod.annotations, req.container
+    return (
+        req,
+        fleet,
+        settings.scheduler_name,
+        settings.mps_pipe_host_dir,
+        settings.runtime_class,
+        bool(labels),
+        labels.get(names.LABEL_MANAGED),
+        bool(annotations),
+        tuple(key in annotations for key in disruption.ANNOTATIONS),
+        tuple(
+            (c.kind, c.name, c.has_resources, exact((c.env, c.requests, c.limits)), c.mounts)
+            if c.name == gpu
+            else (c.kind, c.name, exact(c.env.get(names.ENV_NVIDIA_VISIBLE_DEVICES)) if c.env else None)
+            for c in pod.containers  # in order: a container's place in its list is its position
+        ),
+        pod.volumes,
+        pod.runtime_class_name,
+        exact(pod.affinity),
+        pod.scheduler_name,
+    )
+
+
+def exact(value: Json) -> str:
+    """A decoded JSON value as a string equal only to that of an equal value of the same types: objects and
+    arrays in order, a number or bool as its type writes it (1, 1.0 and True differ in a message). repr: it
+    tells apart all that JSON can, and a tuple from a list; five times cheaper than building nested tuples."""
+    return repr(value)
 
 
 def _deny(uid: str, errors: Sequence[RequestError], warnings: Sequence[str] = ()) -> Decision:
@@ -183,7 +280,7 @@ def changes(
     if errors:
         return tuple(errors)
     ops += pod_ops
-    ops += _affinity_ops(pod.affinity, node_requirements(req))
+    ops += _affinity_patch(pod.affinity, req)
     if settings.scheduler_name and pod.scheduler_name != settings.scheduler_name:
         ops.append({"op": "add", "path": "/spec/schedulerName", "value": settings.scheduler_name})
     return ops
@@ -305,11 +402,26 @@ class _Resources:
     escaped: tuple[tuple[str, str, int], ...]  # (resource name, "/" + its JSON-pointer segment, amount)
 
 
+class _Asked(NamedTuple):
+    """All that `gpu_resources` reads of a request: the amounts asked and the models allowed."""
+
+    devices: int  # the request's count
+    milli: int | None
+    memory_mib: int | None
+    mig_profile: str
+    models: tuple[str, ...]
+
+    @classmethod
+    def of(cls, req: GpuRequest) -> _Asked:
+        return cls(req.count, req.milli, req.memory_mib, req.mig_profile, req.models)
+
+
 @lru_cache(maxsize=256)
-def _resources(req: GpuRequest, fleet: Fleet) -> _Resources:
-    # Worked out once per kind of request and fleet (the pods of a workload share both); only ever read,
-    # like the env entries.
-    amounts = gpu_resources(req, fleet)
+def _resources(asks: _Asked, fleet: Fleet) -> _Resources:
+    # Worked out once per amount asked and fleet, not per request: pods asking alike with other container
+    # names or warnings share it. Only ever read, like the env entries.
+    asked = GpuRequest("", asks.devices, asks.milli, asks.memory_mib, asks.mig_profile, asks.models)
+    amounts = gpu_resources(asked, fleet)
     quantities = {k: str(v) for k, v in amounts.items()}
     return _Resources(amounts, quantities, tuple((k, pointer(k), v) for k, v in amounts.items()))
 
@@ -320,7 +432,7 @@ def _resource_ops(c: ContainerView, req: GpuRequest, fleet: Fleet) -> list[Op]:
     gpupack.io/* resources are the webhook's to set: any other one on the GPU container (the other kind a
     stale pass set, a charge the user wrote to shrink their quota use) is removed, a wrong value replaced.
     """
-    wanted = _resources(req, fleet)
+    wanted = _resources(_Asked.of(req), fleet)
     path = c.pointer
     if not c.has_resources:
         value = {"requests": dict(wanted.quantities), "limits": dict(wanted.quantities)}
@@ -337,6 +449,17 @@ def _resource_ops(c: ContainerView, req: GpuRequest, fleet: Fleet) -> list[Op]:
         for name, segment, amount in wanted.escaped:
             if not _same_quantity(current.get(name), amount):
                 ops.append({"op": "add", "path": at + segment, "value": wanted.quantities[name]})
+    return ops
+
+
+def _affinity_patch(affinity: Json, req: GpuRequest) -> list[Op]:
+    """`_affinity_ops` for the pod's affinity and the request's node requirements, kept per (affinity, the
+    memory and models asked), which is all they read: a workload's pods, and pods of other workloads with
+    the same affinity, share it. Only ever read."""
+    key = (exact(affinity), req.memory_mib, req.models)
+    ops = _AFFINITY_OPS.get(key)
+    if ops is None:
+        ops = _AFFINITY_OPS.keep(key, _affinity_ops(affinity, node_requirements(req)))
     return ops
 
 

@@ -279,48 +279,67 @@ class _Reading:
 
     @classmethod
     def of(cls, asked: Asked) -> _Reading:
-        ask = asked.ask
-        nv = nvfractions.read(ask.nv_fractions)
-        memory_at: tuple[str, str | None] = (names.GPU_MEMORY, ask.memory)
-        limit_at: tuple[str, str | None] = (names.GPU_MEMORY_LIMIT, ask.memory_limit)
-        parser = limit_parser = units.memory_mib
-        # KAI's names: quantities of bytes; a limit alone is also the request, parsed (and reported) once.
-        if nv.memory is not None:
-            memory_at, parser = nv.memory, units.quantity_mib
-            limit_at = nv.limit if nv.request is not None and nv.limit is not None else (limit_at[0], None)
-            limit_parser = parser
-        elif ask.memory_limit is None and ask.kai_memory_limit is not None and ask.memory is not None:
-            # KAI 0.18's gpu-memory.limit, read only where it may stand (_kai_limits refuses it elsewhere).
-            limit_at, limit_parser = (
-                (names.KAI_GPU_MEMORY_LIMIT, ask.kai_memory_limit),
-                units.unit_quantity_mib,
-            )
-        share_at: tuple[str, str | None] = (names.KAI_FRACTION_LIMIT, None)
-        if ask.fraction is not None:  # a share limit is read only beside gpu-fraction (else _kai_limits)
-            share_at = next(
-                (
-                    (k, v)
-                    for k, v in ((names.KAI_FRACTION_LIMIT, ask.fraction_limit), *ask.portion_limits)
-                    if v is not None
-                ),
-                share_at,
-            )
-        return cls(
-            asked,
-            milli=_parsed(names.GPU_FRACTION, ask.fraction, units.fraction_milli),
-            memory=_parsed(*memory_at, parser),
-            limit=_parsed(*limit_at, limit_parser),
-            share=_parsed(*share_at, units.memory_share),
-            count=_parsed(
-                names.GPU_FRACTION_NUM_DEVICES,
-                ask.num_devices,
-                lambda raw: units.positive_int(raw, MAX_DEVICES),
-            ),
-            nv=nv,
-            memory_at=memory_at,
-            limit_at=limit_at,
-            share_at=share_at,
+        return cls(asked, *_read_ask(asked.ask))
+
+
+class _AskValues(NamedTuple):
+    """`_Reading`'s fields after `asked`, in order."""
+
+    milli: int | RequestError | None
+    memory: units.Memory | RequestError | None
+    limit: units.Memory | RequestError | None
+    share: Fraction | RequestError | None
+    devices: int | RequestError | None  # _Reading.count (a named tuple has a method of that name)
+    nv: nvfractions.NvAsk
+    memory_at: tuple[str, str | None]
+    limit_at: tuple[str, str | None]
+    share_at: tuple[str, str | None]
+
+
+@lru_cache(maxsize=1024)
+def _read_ask(ask: GpuAsk) -> _AskValues:
+    """Each unit-valued annotation parsed: they read only the `GpuAsk`, which the pods of one workload
+    share, and so do pods of other workloads that ask alike in other containers."""
+    nv = nvfractions.read(ask.nv_fractions)
+    memory_at: tuple[str, str | None] = (names.GPU_MEMORY, ask.memory)
+    limit_at: tuple[str, str | None] = (names.GPU_MEMORY_LIMIT, ask.memory_limit)
+    parser = limit_parser = units.memory_mib
+    # KAI's names: quantities of bytes; a limit alone is also the request, parsed (and reported) once.
+    if nv.memory is not None:
+        memory_at, parser = nv.memory, units.quantity_mib
+        limit_at = nv.limit if nv.request is not None and nv.limit is not None else (limit_at[0], None)
+        limit_parser = parser
+    elif ask.memory_limit is None and ask.kai_memory_limit is not None and ask.memory is not None:
+        # KAI 0.18's gpu-memory.limit, read only where it may stand (_kai_limits refuses it elsewhere).
+        limit_at, limit_parser = (
+            (names.KAI_GPU_MEMORY_LIMIT, ask.kai_memory_limit),
+            units.unit_quantity_mib,
         )
+    share_at: tuple[str, str | None] = (names.KAI_FRACTION_LIMIT, None)
+    if ask.fraction is not None:  # a share limit is read only beside gpu-fraction (else _kai_limits)
+        share_at = next(
+            (
+                (k, v)
+                for k, v in ((names.KAI_FRACTION_LIMIT, ask.fraction_limit), *ask.portion_limits)
+                if v is not None
+            ),
+            share_at,
+        )
+    return _AskValues(
+        milli=_parsed(names.GPU_FRACTION, ask.fraction, units.fraction_milli),
+        memory=_parsed(*memory_at, parser),
+        limit=_parsed(*limit_at, limit_parser),
+        share=_parsed(*share_at, units.memory_share),
+        devices=_parsed(
+            names.GPU_FRACTION_NUM_DEVICES,
+            ask.num_devices,
+            lambda raw: units.positive_int(raw, MAX_DEVICES),
+        ),
+        nv=nv,
+        memory_at=memory_at,
+        limit_at=limit_at,
+        share_at=share_at,
+    )
 
 
 # --- rules: one function per rule, each yields errors naming the annotation, raw value and rule ---
