@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -211,8 +212,18 @@ def test_the_watchdog_and_the_stops_drain_through_the_nodes_one_listing(tmp_path
     lists = mps_client_lists(settings)
     assert lists is not None and lists.control.timeout_s == 7.0
     agent = build(settings, lambda r: {"items": []}, time.monotonic, lists)
-    server = node_server(settings, lambda r: {"items": []}, agent, lists)
+    server = node_server(settings, NoPods(), agent, lists)
     assert isinstance(agent.hands, HostProcesses) and server is not None
     assert agent.hands.mps_clients is lists and server.mps_clients is lists
     without = Settings(node="n1", sim=sim, sim_state=tmp_path / "state", mps=False)
     assert mps_client_lists(without) is None
+
+
+class NoPods:
+    """An apiserver with no pods, as the node server reads it: a pod by name, and the node's pods watched."""
+
+    def send(self, req: object) -> dict[str, Any]:
+        return {"metadata": {"resourceVersion": "1"}, "items": []}
+
+    def watch(self, path: str, query: object, timeout_s: int = 300) -> Iterator[dict[str, Any]]:
+        return iter(())
