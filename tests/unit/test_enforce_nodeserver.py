@@ -219,7 +219,11 @@ def test_the_allocator_knows_its_caller_by_pid_and_cgroup_and_holds_it_to_the_li
             assert who.split()[3] == str(leaf)
             assert (first, second) == (f"ok used={60 * MIB}", f"ok used={100 * MIB}")
             assert third.startswith("refused CUDA_ERROR_OUT_OF_MEMORY: hard limit")
-            assert nvml.memory_limits(0, str(leaf)).current_used_bytes == 0  # freed with its connection
+            # Freed with its connection: the allocator's thread sees it close after the caller has exited.
+            deadline = time.monotonic() + 10
+            while nvml.memory_limits(0, str(leaf)).current_used_bytes and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert nvml.memory_limits(0, str(leaf)).current_used_bytes == 0
         finally:
             alloc.stop()
     finally:
