@@ -123,15 +123,21 @@ class VerbEndpoint:
         self._seconds = EXTENDER_REQUEST_SECONDS.labels(verb.value)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.serve(scope["app"].state, receive, send, scope["path"])
+
+    async def serve(self, state: State, receive: Receive, send: Send, path: str) -> None:
+        """Answer one request to `path` with the app state `state` (its runtime and pod readings)."""
         t0 = time.perf_counter()
         try:
-            chunks = []
-            while True:
-                message = await receive()
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body"):
-                    break
-            status, body, headers = await self.answer(scope["app"].state, b"".join(chunks), scope["path"])
+            message = await receive()
+            raw: bytes = message.get("body", b"")
+            if message.get("more_body"):  # a body in several chunks: read them all
+                chunks = [raw]
+                while message.get("more_body"):
+                    message = await receive()
+                    chunks.append(message.get("body", b""))
+                raw = b"".join(chunks)
+            status, body, headers = await self.answer(state, raw, path)
             await send(
                 {
                     "type": "http.response.start",
@@ -202,11 +208,10 @@ def _parse(raw: bytes) -> schemas.ExtenderArgs | tuple[int, dict[str, Any]]:
         return 422, wire.body({**err, "loc": ("body", *err["loc"])} for err in found)
 
 
-# The verbs kube-scheduler calls for every pod, outside FastAPI's routing (see VerbEndpoint).
-VERB_ROUTES = [
-    Route("/filter", VerbEndpoint(ExtenderVerb.FILTER), methods=["POST"]),
-    Route("/prioritize", VerbEndpoint(ExtenderVerb.PRIORITIZE), methods=["POST"]),
-]
+# The verbs kube-scheduler calls for every pod, by path: `extender.main.ExtenderApp` hands a POST to one
+# straight to it, before FastAPI's middleware and router; the routes answer the rest (GET /filter: 405).
+VERBS = {"/filter": VerbEndpoint(ExtenderVerb.FILTER), "/prioritize": VerbEndpoint(ExtenderVerb.PRIORITIZE)}
+VERB_ROUTES = [Route(path, endpoint, methods=["POST"]) for path, endpoint in VERBS.items()]
 
 
 @router.post("/bind")
