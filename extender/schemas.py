@@ -92,6 +92,14 @@ class ExtenderArgs(_Wire):
             out._raw_pod = data["Pod"]
         return out
 
+    @classmethod
+    def of_pod_and_names(cls, pod: JsonObject, names: list[str] | None) -> ExtenderArgs:
+        """The request of a body decoded to its pod and its node names, without a node list: the pod is
+        checked against `PodShape` as `model_validate` checks it (a ValidationError where it fails)."""
+        args = cls.model_construct(Pod=PodShape.model_validate(pod), Nodes=None, NodeNames=names)
+        args._raw_pod = pod
+        return args
+
     def pod(self) -> JsonObject:
         """The pod as sent (validated against `PodShape`)."""
         if self._raw_pod is not None:
