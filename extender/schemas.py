@@ -107,9 +107,10 @@ class ExtenderArgs(_Wire):
         return self.Pod.model_dump(by_alias=True, exclude_unset=True)
 
     def node_names(self) -> list[str]:
-        """Candidate names from whichever field the scheduler filled."""
+        """Candidate names from whichever field the scheduler filled (NodeNames: the request's own list,
+        not a copy; the verbs only read it)."""
         if self.NodeNames is not None:
-            return list(self.NodeNames)
+            return self.NodeNames
         if self.Nodes is not None:
             return [n.metadata.name if n.metadata else "" for n in self.Nodes.items or ()]
         return []
