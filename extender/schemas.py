@@ -92,6 +92,14 @@ class ExtenderArgs(_Wire):
             out._raw_pod = data["Pod"]
         return out
 
+    @classmethod
+    def of_pod_and_names(cls, pod: JsonObject, names: list[str] | None) -> ExtenderArgs:
+        """The request of a body decoded to its pod and its node names, without a node list: the pod is
+        checked against `PodShape` as `model_validate` checks it (a ValidationError where it fails)."""
+        args = cls.model_construct(Pod=PodShape.model_validate(pod), Nodes=None, NodeNames=names)
+        args._raw_pod = pod
+        return args
+
     def pod(self) -> JsonObject:
         """The pod as sent (validated against `PodShape`)."""
         if self._raw_pod is not None:
@@ -99,9 +107,10 @@ class ExtenderArgs(_Wire):
         return self.Pod.model_dump(by_alias=True, exclude_unset=True)
 
     def node_names(self) -> list[str]:
-        """Candidate names from whichever field the scheduler filled."""
+        """Candidate names from whichever field the scheduler filled (NodeNames: the request's own list,
+        not a copy; the verbs only read it)."""
         if self.NodeNames is not None:
-            return list(self.NodeNames)
+            return self.NodeNames
         if self.Nodes is not None:
             return [n.metadata.name if n.metadata else "" for n in self.Nodes.items or ()]
         return []

@@ -199,11 +199,15 @@ class PodStore:
         self.bound: dict[str, tuple[str, HostResources]] = {}  # uid -> (node, requests), every bound pod
         self.host_used: dict[str, HostResources] = {}  # node -> sum of its bound pods' requests
         self.by_node: dict[str, dict[str, Allocation]] = {}  # node -> uid -> counted pod allocation
+        # node -> GPU index -> [allocations, milli, memory MiB] counted on it: a view reserves these sums,
+        # 8 entries on an 8-GPU node however many pods share its GPUs.
+        self.reserved: dict[str, dict[int, list[int]]] = {}
 
     def replace(self, read: Iterable[PodReading]) -> None:
         """Every pod anew, from a list; each node whose counted allocations or host use differ changes."""
         by_node, host_used = self.by_node, self.host_used
         self.pods, self.by_node, self.bound, self.host_used = {}, {}, {}, {}
+        self.reserved = {}
         changes, self._changes = self._changes, _UNHEARD  # one comparison after the list, not one per pod
         try:
             for uid, info, bound in read:
@@ -249,15 +253,31 @@ class PodStore:
 
     def _put_pod(self, info: PodInfo) -> None:
         self.pods[info.uid] = info
-        if info.alloc is not None:
-            self.by_node.setdefault(info.alloc.node, {})[info.uid] = info.alloc
-            self._changes.changed(info.alloc.node)
+        alloc = info.alloc
+        if alloc is not None:
+            self.by_node.setdefault(alloc.node, {})[info.uid] = alloc
+            gpus = self.reserved.setdefault(alloc.node, {})
+            for i in alloc.gpu_indexes:
+                sums = gpus.setdefault(i, [0, 0, 0])
+                sums[0] += 1
+                sums[1] += alloc.milli
+                sums[2] += alloc.memory_mib
+            self._changes.changed(alloc.node)
 
     def _drop_pod(self, uid: str) -> None:
         old = self.pods.pop(uid, None)
-        if old is not None and old.alloc is not None:
-            self.by_node.get(old.alloc.node, {}).pop(uid, None)
-            self._changes.changed(old.alloc.node)
+        alloc = None if old is None else old.alloc
+        if alloc is not None:
+            self.by_node.get(alloc.node, {}).pop(uid, None)
+            gpus = self.reserved.get(alloc.node, {})
+            for i in alloc.gpu_indexes:
+                sums = gpus[i]
+                sums[0] -= 1
+                sums[1] -= alloc.milli
+                sums[2] -= alloc.memory_mib
+                if not sums[0]:
+                    del gpus[i]
+            self._changes.changed(alloc.node)
 
 
 class _Unheard:

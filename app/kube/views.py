@@ -80,6 +80,15 @@ def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int
     return node.charge_host(sign * host.cpu_milli, sign * host.memory_mib)
 
 
+def _reserved(base: Node, sums: Mapping[int, list[int]] | None) -> Node:
+    """`base` with its pods' allocations reserved, from their sums per GPU (`PodStore.reserved`): the
+    node `base.reserve(allocations)` gives, in one step per GPU rather than one per pod."""
+    if not sums:
+        return base
+    gpus = tuple(g.reserve(sums[g.index][1], sums[g.index][2]) if g.index in sums else g for g in base.gpus)
+    return replace(base, gpus=gpus)
+
+
 class NodeViews:
     """The views of every node with a GPUNode, from the three stores, kept current by the change log."""
 
@@ -96,7 +105,7 @@ class NodeViews:
         if base is None:
             return None
         pods = self.pods
-        node = base.reserve(pods.by_node.get(name, {}).values())
+        node = _reserved(base, pods.reserved.get(name))
         allocatable = self.nodes.allocatable.get(name)
         if allocatable is not None:
             free = allocatable - pods.host_used.get(name, hostres.ZERO)

@@ -19,6 +19,7 @@ import json
 import time
 from typing import Any
 
+import msgspec
 from fastapi import APIRouter, Response
 from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
@@ -123,15 +124,21 @@ class VerbEndpoint:
         self._seconds = EXTENDER_REQUEST_SECONDS.labels(verb.value)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self.serve(scope["app"].state, receive, send, scope["path"])
+
+    async def serve(self, state: State, receive: Receive, send: Send, path: str) -> None:
+        """Answer one request to `path` with the app state `state` (its runtime and pod readings)."""
         t0 = time.perf_counter()
         try:
-            chunks = []
-            while True:
-                message = await receive()
-                chunks.append(message.get("body", b""))
-                if not message.get("more_body"):
-                    break
-            status, body, headers = await self.answer(scope["app"].state, b"".join(chunks), scope["path"])
+            message = await receive()
+            raw: bytes = message.get("body", b"")
+            if message.get("more_body"):  # a body in several chunks: read them all
+                chunks = [raw]
+                while message.get("more_body"):
+                    message = await receive()
+                    chunks.append(message.get("body", b""))
+                raw = b"".join(chunks)
+            status, body, headers = await self.answer(state, raw, path)
             await send(
                 {
                     "type": "http.response.start",
@@ -183,9 +190,36 @@ def _dumps(obj: object) -> bytes:
     return json.dumps(obj, separators=(",", ":")).encode()
 
 
+class _NamesRequest(msgspec.Struct):
+    """A filter or prioritize body as kube-scheduler sends it to a nodeCacheCapable extender: the pod and
+    the node names, no node list (null or absent); other fields are ignored, as ExtenderArgs ignores them."""
+
+    Pod: dict[str, Any]
+    NodeNames: list[str] | None = None
+    Nodes: None = None
+
+
+_NAMES_REQUEST = msgspec.json.Decoder(_NamesRequest)
+
+
 def _parse(raw: bytes) -> schemas.ExtenderArgs | tuple[int, dict[str, Any]]:
     """The request, or (status, answer naming each bad field) as FastAPI's routes give them: 422 for a
-    body missing, not JSON or not the wire format, 400 for one that cannot be decoded at all."""
+    body missing, not JSON or not the wire format, 400 for one that cannot be decoded at all.
+
+    The usual body is decoded by msgspec straight into the pod and the list of names (the names are
+    most of a body at 5 000 nodes: 0.15 ms of CPU, where reading it to Python and validating it took
+    0.27 ms). Any body it refuses, and one with a node list, is read by `_parse_read`: the same request,
+    or the same errors, as before.
+    """
+    try:
+        sent = _NAMES_REQUEST.decode(raw)
+        return schemas.ExtenderArgs.of_pod_and_names(sent.Pod, sent.NodeNames)
+    except (msgspec.MsgspecError, ValidationError):
+        return _parse_read(raw)
+
+
+def _parse_read(raw: bytes) -> schemas.ExtenderArgs | tuple[int, dict[str, Any]]:
+    """`_parse` for any body: read as JSON (`read_json`), then validated against the schema."""
     if not raw:
         return 422, wire.body([{"loc": ("body",), "msg": "Field required", "type": "missing"}])
     try:
@@ -202,11 +236,10 @@ def _parse(raw: bytes) -> schemas.ExtenderArgs | tuple[int, dict[str, Any]]:
         return 422, wire.body({**err, "loc": ("body", *err["loc"])} for err in found)
 
 
-# The verbs kube-scheduler calls for every pod, outside FastAPI's routing (see VerbEndpoint).
-VERB_ROUTES = [
-    Route("/filter", VerbEndpoint(ExtenderVerb.FILTER), methods=["POST"]),
-    Route("/prioritize", VerbEndpoint(ExtenderVerb.PRIORITIZE), methods=["POST"]),
-]
+# The verbs kube-scheduler calls for every pod, by path: `extender.main.ExtenderApp` hands a POST to one
+# straight to it, before FastAPI's middleware and router; the routes answer the rest (GET /filter: 405).
+VERBS = {"/filter": VerbEndpoint(ExtenderVerb.FILTER), "/prioritize": VerbEndpoint(ExtenderVerb.PRIORITIZE)}
+VERB_ROUTES = [Route(path, endpoint, methods=["POST"]) for path, endpoint in VERBS.items()]
 
 
 @router.post("/bind")

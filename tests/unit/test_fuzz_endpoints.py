@@ -32,6 +32,7 @@ from app.kube.gpunode import GPUNode, GPUNodeSpec, GPUNodeStatus, GpuSpec, GpuSt
 from extender.binder import Binder
 from extender.config import Settings as ExtenderSettings
 from extender.main import create_app as extender_app
+from extender.routes import scheduling
 from tests.static_runtime import StaticRuntime
 from webhook.main import create_app as webhook_app
 from webhook.settings import Settings as WebhookSettings
@@ -259,6 +260,28 @@ def test_filter_never_5xx(extender: TestClient, body: Any) -> None:
     assert_no_5xx_and_named(r, body)
     if r.status_code == 200:
         assert set(r.json()) >= {"NodeNames", "FailedNodes", "FailedAndUnresolvableNodes", "Error"}
+
+
+def _reading(parsed: Any) -> Any:
+    """What the verbs read of a parsed request: the pod as sent, its checked shape and the node names;
+    or the error answer."""
+    if isinstance(parsed, tuple):
+        return parsed
+    # json.dumps: NaN == NaN there, as a body may hold one
+    return json.dumps([parsed.pod(), parsed.Pod.model_dump(), parsed.node_names()], default=str)
+
+
+@FUZZ
+@given(body=st.one_of(extender_args, extender_args, extender_args, any_json, raw_bodies))
+def test_filter_and_prioritize_bodies_read_as_by_the_json_reader_and_schema(body: Any) -> None:
+    # The usual body is decoded by msgspec straight into the pod and the names; every body must read
+    # as reading it to Python and validating it against the schema reads it: the same request, or the
+    # same 422/400 with the same messages.
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    assert _reading(scheduling._parse(raw)) == _reading(scheduling._parse_read(raw))
+    # A key given twice: the last one counts, as in every JSON reader the extender has.
+    twice = b'{"Pod": {"metadata": {"uid": "first"}}, "NodeNames": ["first"], "Pod": ' + raw + b"}"
+    assert _reading(scheduling._parse(twice)) == _reading(scheduling._parse_read(twice))
 
 
 @FUZZ

@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from app.core import names, podview
 from app.core.errors import RequestError
@@ -507,3 +509,48 @@ def test_a_relist_that_finds_what_the_watch_delivered_changes_no_view() -> None:
     after = c.frame(start.token)
     assert not after.full and set(after.changed) == {"n1", "n2", "n3"}
     assert used(c, "n2") == [0, 0] and c.node("n1") is not views["n1"]
+
+
+# A pod's step: (uid, node or "" for unbound, GPU indexes, milli, memory MiB, phase) or a deletion.
+pod_steps = st.lists(
+    st.one_of(
+        st.tuples(
+            st.sampled_from(["u1", "u2", "u3", "u4"]),
+            st.sampled_from(["n1", "n2", ""]),
+            st.lists(st.integers(0, 3), min_size=1, max_size=2).map(tuple),
+            st.sampled_from([0, 100, 250, 1000]),
+            st.sampled_from([0, 1024, 4096]),
+            st.sampled_from(["Running", "Pending", "Succeeded"]),
+        ),
+        st.sampled_from(["u1", "u2", "u3", "u4"]),
+    ),
+    max_size=25,
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(steps=pod_steps, relist_at=st.integers(0, 25))
+def test_each_view_reserves_exactly_its_counted_pods_after_any_events(
+    steps: list[Any], relist_at: int
+) -> None:
+    # The views keep each GPU's reserved sums as pods come, move, finish and go (and through a relist):
+    # after every event a node is its GPUNode with the counted pods' allocations reserved, pod by pod.
+    c = cache()
+    c.set_gpunodes([gpunode("n1", gpus=3), gpunode("n2", gpus=3)])
+    live: dict[str, dict[str, Any]] = {}
+    for at, step in enumerate(steps):
+        if isinstance(step, str):
+            if step in live:
+                c.delete_pod(live.pop(step))
+        else:
+            uid, node, gpus, milli, mem, phase = step
+            placed = alloc(node, *gpus, milli=milli, mem=mem) if node else None
+            live[uid] = pod(uid, uid, milli=milli, node=node, allocation=placed, phase=phase)
+            c.upsert_pod(live[uid])
+        if at == relist_at:
+            c.set_pods(list(live.values()))
+        counted = [p.alloc for p in c.pods() if p.alloc is not None]
+        for name in ("n1", "n2"):
+            base = c.inventory()[0 if name == "n1" else 1]
+            assert base.name == name
+            assert c.node(name) == base.reserve(a for a in counted if a.node == name)

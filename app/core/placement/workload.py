@@ -43,6 +43,17 @@ class PodShape:
 ShapeKey = tuple[int, int, int, frozenset[str]]
 
 
+@dataclass(frozen=True, slots=True)
+class _FragTerms:
+    """`node_frag`'s shapes for one model and CPU step, grouped so a node's holes are measured once per
+    distinct shape rather than once per shape."""
+
+    hostable: tuple[tuple[int, int], ...]  # the distinct (milli, count) of the shapes such a node may host
+    # Per shape, in the workload's order: its weight, and its index in `hostable` or len(hostable) (a shape
+    # such a node cannot host: every free milli is a fragment).
+    shapes: tuple[tuple[float, int], ...]
+
+
 @dataclass(frozen=True, eq=False)
 class TargetWorkload:
     """A probability distribution over pod shapes (weights sum to 1)."""
@@ -55,6 +66,7 @@ class TargetWorkload:
     _memo: dict[tuple[int, tuple[int, ...], str], float] = field(default_factory=dict, repr=False)
     _settled: dict[int, tuple[float, ...]] = field(default_factory=dict, repr=False)
     _plans: dict[str, tuple[tuple[float, int, int, int], ...]] = field(default_factory=dict, repr=False)
+    _frag_terms: dict[tuple[str, int], _FragTerms] = field(default_factory=dict, repr=False)
     _usable: dict[tuple[int, ...], float] = field(default_factory=dict, repr=False)
     _landing: dict[str, TargetWorkload | None] = field(default_factory=dict, repr=False)
 
@@ -290,25 +302,49 @@ class TargetWorkload:
         it can host makes only the GPUs too small for it fragments.
         """
         # Only which shapes' CPU requests fit matters, not the free CPU itself: one entry per step.
-        key = (-1 if cpu_left is None else bisect_right(self.cpu_steps, cpu_left), lefts, model)
+        step = -1 if cpu_left is None else bisect_right(self.cpu_steps, cpu_left)
+        key = (step, lefts, model)
         hit = self._memo.get(key)
         if hit is not None:
             return hit
+        terms = self._frag_terms.get((model, step)) or self._terms_for(model, step)
         ordered = sorted(lefts)
         below = [0, *accumulate(ordered)]  # below[k]: the k smallest free shares together
         total, n = below[-1], len(ordered)
-        frag = 0.0
+        # Each distinct (milli, count) the node could host: only the GPUs too small for it are fragments,
+        # unless too few GPUs are big enough; then (and for every shape it cannot host) every free milli is.
+        values = [
+            below[k] if n - k >= count else total
+            for milli, count in terms.hostable
+            for k in (bisect_left(ordered, milli),)
+        ]
+        values.append(total)
         # Shape order and one multiply-add per shape, as the plain sum over shapes: the same float.
-        for weight, milli, count, cpu in self.plan(model):
-            k = bisect_left(ordered, milli) if count else n
-            if count and (cpu_left is None or cpu_left >= cpu) and n - k >= count:
-                frag += weight * below[k]  # only the GPUs too small for the shape are fragments
-            else:
-                frag += weight * total  # the node cannot host the shape: every free milli is
+        frag = 0.0
+        for weight, pick in terms.shapes:
+            frag += weight * values[pick]
         if len(self._memo) >= _MEMO_LIMIT:
             self._memo.clear()
         self._memo[key] = frag
         return frag
+
+    def _terms_for(self, model: str, step: int) -> _FragTerms:
+        """node_frag's shapes for nodes of `model` whose free CPU is at CPU step `step` (-1: not tracked)."""
+        hostable: dict[tuple[int, int], int] = {}  # (milli, count) -> its index in values
+        picks = []
+        for _, milli, count, cpu in self.plan(model):
+            # The node has this shape's CPU when the steps up to its request are all within its free CPU.
+            if count and (step < 0 or bisect_right(self.cpu_steps, cpu) <= step):
+                picks.append(hostable.setdefault((milli, count), len(hostable)))
+            else:
+                picks.append(-1)  # every free milli: the last value
+        last = len(hostable)
+        weights = (w for w, _, _, _ in self.plan(model))
+        terms = _FragTerms(
+            tuple(hostable), tuple((w, last if p < 0 else p) for w, p in zip(weights, picks, strict=True))
+        )
+        self._frag_terms[(model, step)] = terms
+        return terms
 
     def plan(self, model: str) -> tuple[tuple[float, int, int, int], ...]:
         """(weight, milli, count, cpu) per shape for nodes of `model`; count 0 where it can never fit."""
