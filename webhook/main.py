@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from app.core import log, wire
 from app.core.quota import Fleet
+from app.service.asgi import request_body
 from webhook import metrics as webhook_metrics
 from webhook import mutate, podsecurity
 from webhook.metrics import WEBHOOK_REVIEW_SECONDS, WEBHOOK_REVIEWS, WebhookOutcome
@@ -109,14 +110,7 @@ class MutateEndpoint:
 
     async def serve(self, receive: Receive, send: Send, path: str, pod_security: str | None) -> None:
         """Answer one request to `path`; `pod_security`: the level its path names, if any."""
-        message = await receive()
-        raw: bytes = message.get("body", b"")
-        if message.get("more_body"):  # a body in several chunks: read them all
-            chunks = [raw]
-            while message.get("more_body"):
-                message = await receive()
-                chunks.append(message.get("body", b""))
-            raw = b"".join(chunks)
+        raw = await request_body(receive)
         status, body = self.answer(raw, pod_security, path)
         headers = [*_JSON_HEADERS, (b"content-length", str(len(body)).encode())]
         await send({"type": "http.response.start", "status": status, "headers": headers})

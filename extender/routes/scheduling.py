@@ -31,6 +31,7 @@ from app.core import log, wire
 from app.core.model import Demand
 from app.core.objects import read_json
 from app.core.request import PodDemand
+from app.service.asgi import request_body
 from extender import schemas, verbs
 from extender.deps import BinderDep, PendingDep, ReadyDep
 from extender.metrics import EXTENDER_BINDS, EXTENDER_REQUEST_SECONDS, BindOutcome, ExtenderVerb
@@ -130,14 +131,7 @@ class VerbEndpoint:
         """Answer one request to `path` with the app state `state` (its runtime and pod readings)."""
         t0 = time.perf_counter()
         try:
-            message = await receive()
-            raw: bytes = message.get("body", b"")
-            if message.get("more_body"):  # a body in several chunks: read them all
-                chunks = [raw]
-                while message.get("more_body"):
-                    message = await receive()
-                    chunks.append(message.get("body", b""))
-                raw = b"".join(chunks)
+            raw = await request_body(receive)
             status, body, headers = await self.answer(state, raw, path)
             await send(
                 {
