@@ -68,7 +68,7 @@ RESOURCES = (names.RESOURCE_GPU_MILLI, names.RESOURCE_GPU_MEMORY_MIB, "nvidia.co
 QUANTITIES = ("500", "1k", "0.5", "8192", "-3", "1Gi", "x")
 
 text = st.text(max_size=12)
-annotations = either(
+pod_annotations = either(
     st.dictionaries(
         st.one_of(st.sampled_from(ANNOTATION_KEYS), text),
         either(st.sampled_from(ANNOTATION_VALUES)),
@@ -121,7 +121,7 @@ metadata = either(
             "name": either(text),
             "namespace": either(text),
             "uid": either(text),
-            "annotations": annotations,
+            "annotations": pod_annotations,
             "labels": either(st.dictionaries(text, either(text), max_size=2)),
         },
     )
