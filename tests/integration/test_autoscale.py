@@ -88,6 +88,9 @@ def deployment(name: str, share: str, replicas: int, namespace: str = NS) -> dic
     }
 
 
+DISRUPTED_TAINT = "karpenter.sh/disrupted"  # Karpenter's taint on a node it is removing
+
+
 def gpupack_pods(core: Any) -> list[Any]:
     return [p for p in core.list_namespaced_pod(NS).items if not p.metadata.deletion_timestamp]
 
@@ -247,6 +250,9 @@ def test_a_scale_up_that_loses_the_apiserver_midway_asks_for_no_node_twice(
     ns = "autoscale-restart"
     core.create_namespace({"metadata": {"name": ns}})
     try:
+        # The cluster as the test before left it, settled: a node it emptied is removed by Karpenter first,
+        # or its GPUs would count as free here and vanish midway (gpupack then rightly asks for them again).
+        wait_for(lambda: settled(core), 120, "Karpenter done removing emptied nodes")
         # Whole GPUs: every free GPU of the nodes there now is taken first, then 16 more need 2 new nodes.
         free = len(free_whole_gpus(core))
         before = set(karpenter_nodes(core))
@@ -281,6 +287,18 @@ def test_a_scale_up_that_loses_the_apiserver_midway_asks_for_no_node_twice(
     finally:
         apps.delete_namespaced_deployment("whole", ns)
         core.delete_namespace(ns)
+
+
+def settled(core: Any) -> bool:
+    """Every Karpenter node holds a gpupack pod that is not terminating, and none is being removed: with
+    consolidation WhenEmpty, Karpenter then removes no node until the pods change."""
+    used = {p.spec.node_name for p in gpupack_pods(core)}
+    return all(
+        n.metadata.name in used
+        and not n.metadata.deletion_timestamp
+        and not any(t.key == DISRUPTED_TAINT for t in n.spec.taints or [])
+        for n in core.list_node(label_selector=NODEPOOL_LABEL).items
+    )
 
 
 def placeholders(core: Any) -> list[Any]:
