@@ -164,7 +164,9 @@ class NodeViews:
         for uid, held in holds.items():
             info = pods.get(uid)
             counted = info.alloc if info is not None else None
-            if counted is not None and counted != held:
+            if counted is not None and (counted != held or uid == exclude_uid):
+                # The hold replaces what the pod store counts; for the asking pod, nothing replaces it
+                # (also where the two agree: its annotation echoed mid-bind, the binding not yet).
                 delta.setdefault(counted.node, []).append((counted, zero, -1))
             if uid == exclude_uid:
                 continue

@@ -134,6 +134,11 @@ def test_exclude_uid_removes_the_pods_own_share() -> None:
     assert used(c, "n1", exclude="u1") == [500, 0]
     c.assume.hold("u1", alloc("n1", 1))
     assert used(c, "n1", exclude="u1") == [500, 0]
+    # Mid-bind: the allocation's annotation came back through the watch, the binding not yet, so the hold
+    # stays and equals what the pod store counts; the pod's own share is still taken away, once.
+    c.assume.hold("u1", alloc("n1", 0))
+    assert used(c, "n1") == [1000, 0]
+    assert used(c, "n1", exclude="u1") == [500, 0]
 
 
 def test_expired_hold_stops_counting() -> None:
