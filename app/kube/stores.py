@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from app.core import hostres, log, podview
 from app.core.hostres import HostResources
-from app.core.model import Allocation, Node
+from app.core.model import Node
 from app.core.pods import TERMINAL_PHASES, PodInfo, info_of, is_gpupack
 from app.kube import gpunode
 from app.kube.calls import JsonDict
@@ -190,24 +190,22 @@ def read_pod(obj: JsonDict) -> PodReading:
 
 
 class PodStore:
-    """gpupack pods by uid, the allocations they count per node, and every bound pod's host requests
-    summed per node (the pod informer)."""
+    """gpupack pods by uid, the allocations they count summed per node and GPU, and every bound pod's host
+    requests summed per node (the pod informer)."""
 
     def __init__(self, changes: Changes) -> None:
         self._changes = changes
         self.pods: dict[str, PodInfo] = {}  # gpupack pods by uid
         self.bound: dict[str, tuple[str, HostResources]] = {}  # uid -> (node, requests), every bound pod
         self.host_used: dict[str, HostResources] = {}  # node -> sum of its bound pods' requests
-        self.by_node: dict[str, dict[str, Allocation]] = {}  # node -> uid -> counted pod allocation
         # node -> GPU index -> [allocations, milli, memory MiB] counted on it: a view reserves these sums,
         # 8 entries on an 8-GPU node however many pods share its GPUs.
         self.reserved: dict[str, dict[int, list[int]]] = {}
 
     def replace(self, read: Iterable[PodReading]) -> None:
         """Every pod anew, from a list; each node whose counted allocations or host use differ changes."""
-        by_node, host_used = self.by_node, self.host_used
-        self.pods, self.by_node, self.bound, self.host_used = {}, {}, {}, {}
-        self.reserved = {}
+        reserved, host_used = self.reserved, self.host_used
+        self.pods, self.reserved, self.bound, self.host_used = {}, {}, {}, {}
         changes, self._changes = self._changes, _UNHEARD  # one comparison after the list, not one per pod
         try:
             for uid, info, bound in read:
@@ -216,7 +214,8 @@ class PodStore:
                     self._put_pod(info)
         finally:
             self._changes = changes
-        changed_where(changes, by_node, self.by_node, lambda d: d or None)
+        # A node's view is built from these sums (NodeViews.view): where they are equal, so is its view.
+        changed_where(changes, reserved, self.reserved, lambda d: d or None)
         changed_where(changes, host_used, self.host_used)
 
     def upsert(self, reading: PodReading) -> None:
@@ -255,7 +254,6 @@ class PodStore:
         self.pods[info.uid] = info
         alloc = info.alloc
         if alloc is not None:
-            self.by_node.setdefault(alloc.node, {})[info.uid] = alloc
             gpus = self.reserved.setdefault(alloc.node, {})
             for i in alloc.gpu_indexes:
                 sums = gpus.setdefault(i, [0, 0, 0])
@@ -268,7 +266,6 @@ class PodStore:
         old = self.pods.pop(uid, None)
         alloc = None if old is None else old.alloc
         if alloc is not None:
-            self.by_node.get(alloc.node, {}).pop(uid, None)
             gpus = self.reserved.get(alloc.node, {})
             for i in alloc.gpu_indexes:
                 sums = gpus[i]
