@@ -15,6 +15,8 @@ to new pods, and only the pods on it are told (agent.loop).
 from __future__ import annotations
 
 import os
+import threading
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
@@ -82,6 +84,10 @@ class MpsSupervisor:
     client on the node failed with it (measured) and a CUDA process started meanwhile runs without limits.
     Listeners added with `on_new_daemon` run once each new daemon instance is configured (the node side
     renews the pods' links to its socket then, not at its next maintenance).
+
+    The node side asks `not_ready()` from its own threads; a daemon found unfit is checked again then (see
+    there), under the same lock as the loop's cycle. A loss such a check finds is `lost` at the loop's next
+    cycle, so the loop still tells the pods.
     """
 
     def __init__(self, config: MpsConfig) -> None:
@@ -99,6 +105,10 @@ class MpsSupervisor:
         # A server that was running when this agent changed the daemon's defaults: it keeps the earlier ones.
         self.stale_server: int | None = None
         self._listeners: list[Callable[[], None]] = []
+        self._lock = threading.Lock()  # one check at a time: the loop's cycle or a node-side re-check
+        self._devices: tuple[Device, ...] = ()  # the shared GPUs of the loop's last cycle
+        self._check_began = 0.0  # time.monotonic() when the last check began
+        self._lost_untold = False  # a loss a node-side re-check found, for the loop's next cycle
 
     def on_new_daemon(self, listener: Callable[[], None]) -> None:
         self._listeners.append(listener)
@@ -110,7 +120,25 @@ class MpsSupervisor:
     def not_ready(self) -> str:
         """Why no MPS client may start now ("" when one may): the daemon this agent configured (defaults
         applied and read back) is the one behind the control socket now. Called by the node side for each
-        MPS container; a daemon replaced since the last cycle waits for the next one to configure it."""
+        MPS container. A daemon found unfit (not answering, refusing, or replaced since the loop's last
+        cycle) is checked again first, unless a check began since this was asked: the loop checks only every
+        few seconds, and a container refused on what the daemon was then fails for good where its pod does
+        not restart it, though the daemon came up (or was configured) since."""
+        why = self._why_not()
+        if not why or not self._devices:  # never checked by the loop: it has not said which GPUs yet
+            return why
+        asked = time.monotonic()
+        if not self._lock.acquire(timeout=self.config.command_timeout_s):
+            return why  # a check is stuck on the daemon: its answer would come too late for this container
+        try:
+            if self._check_began < asked:
+                _, lost = self._check(self._devices)
+                self._lost_untold |= lost
+        finally:
+            self._lock.release()
+        return self._why_not()
+
+    def _why_not(self) -> str:
         if self.state is not MpsState.RUNNING:
             why = self.message or "not checked yet"
             return f"the MPS control daemon is not ready ({self.state.value}: {why})"
@@ -125,40 +153,49 @@ class MpsSupervisor:
         )
 
     def tick(self, devices: Sequence[Device], now: float) -> MpsStatus:
+        """The loop's cycle: check the daemon; `lost` says whether it (or a re-check since) found it gone."""
         del now  # probing is cheap and the daemon's lifetime is its pod's: no backoff to keep
-        devs = tuple(devices)
+        with self._lock:
+            self._devices = tuple(devices)
+            status, lost = self._check(self._devices)
+            self.lost, self._lost_untold = lost or self._lost_untold, False
+            return status
+
+    def _check(self, devs: tuple[Device, ...]) -> tuple[MpsStatus, bool]:
+        """Probe the daemon, configure a new one; with whether a daemon seen running was found gone."""
+        self._check_began = time.monotonic()
         if not self.config.enabled or not devs:
             message = "disabled by config" if not self.config.enabled else "no shared GPUs"
-            return self._set(MpsState.DISABLED, message)
+            return self._set(MpsState.DISABLED, message), False
         if self._find_binary() is None:
             message = f"{self.config.binary} not found; pods get co-location without MPS isolation"
-            return self._set(MpsState.UNAVAILABLE, message)
+            return self._set(MpsState.UNAVAILABLE, message), False
         instance = self._instance_id()
         was_running = self.state is MpsState.RUNNING
-        self.lost = False
+        lost = False
         self.server_running = False
         servers = self.control.server_list() if instance is not None else "no control socket"
         if isinstance(servers, str):
             self._instance, self.stale_server = None, None
-            self.lost = was_running
             where = self.config.pipe_dir / "control"
-            return self._set(MpsState.STARTING, f"no MPS control daemon answers at {where} (its pod runs it)")
+            message = f"no MPS control daemon answers at {where} (its pod runs it)"
+            return self._set(MpsState.STARTING, message), was_running
         new = instance != self._instance
         if new:
             if self._instance is not None:
                 self.restarts += 1
-                self.lost = was_running  # replaced between two cycles: its clients died with it too
+                lost = was_running  # replaced between two cycles: its clients died with it too
             self._instance, self._configured = instance, set()
         if self.stale_server is not None and self.stale_server not in servers:
             self.stale_server = None  # it has exited: servers started from now on have the defaults
         err = self._apply_defaults(devs, servers) or self._ensure_server(servers)
         if err:
             self._instance = None  # try the whole set again next time
-            return self._set(MpsState.STARTING, err)
+            return self._set(MpsState.STARTING, err), lost
         if new:
             for listener in self._listeners:
                 listener()
-        return self._set(MpsState.RUNNING, self._stale_message())
+        return self._set(MpsState.RUNNING, self._stale_message()), lost
 
     def _stale_message(self) -> str:
         if self.stale_server is None:

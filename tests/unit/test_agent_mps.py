@@ -197,9 +197,37 @@ def test_the_node_side_may_start_mps_clients_only_on_the_daemon_it_configured(cf
     while (cfg.pipe_dir / "control").exists() and time.monotonic() < deadline:
         time.sleep(0.05)
     daemon(cfg)  # replaced between two cycles: it has none of the agent's defaults yet
-    assert "restarted" in sup.not_ready()
-    assert sup.tick(DEVS, 5.0).state == "running"
+    # The container asking is not refused on the loop's last cycle: the new daemon is configured first.
     assert sup.not_ready() == ""
+    assert run(cfg, "get_default_active_thread_percentage") == "100.0" and sup.restarts == 1
+    assert run(cfg, "get_server_list").isdigit()  # pre-started before the first client
+    # The loop's next cycle still hears that the daemon it saw running was lost (its clients died with it).
+    assert sup.tick(DEVS, 5.0).state == "running" and sup.lost
+    assert sup.tick(DEVS, 10.0).state == "running" and not sup.lost
+
+
+def test_a_daemon_that_came_up_since_the_last_cycle_serves_the_next_container(cfg: MpsConfig) -> None:
+    """The loop checks the daemon every few seconds; a pod created just after the daemon's pod came up must
+    not fail for good (restartPolicy Never) on the check from before: the daemon is checked again."""
+    renewed: list[int] = []
+    sup = MpsSupervisor(MpsConfig(binary=cfg.binary, pipe_dir=cfg.pipe_dir, default_thread_percentage=60))
+    sup.on_new_daemon(lambda: renewed.append(1))
+    assert sup.tick(DEVS, 0.0).state == "starting"
+    assert "no MPS control daemon answers" in sup.not_ready()  # still none: checked again, still refused
+    daemon(cfg)
+    assert sup.not_ready() == ""
+    assert run(cfg, "get_default_active_thread_percentage") == "60.0"  # configured before the client
+    assert run(cfg, "get_server_list").isdigit() and renewed == [1]
+    assert sup.status().state == "running" and sup.tick(DEVS, 5.0).state == "running" and not sup.lost
+    assert renewed == [1]
+
+
+def test_a_supervisor_the_loop_never_ran_checks_nothing_for_the_node_side(cfg: MpsConfig) -> None:
+    """Before the loop's first cycle the agent does not know the node's shared GPUs: nothing to configure."""
+    daemon(cfg)
+    sup = MpsSupervisor(cfg)
+    assert "not checked yet" in sup.not_ready()
+    assert run(cfg, "get_server_list") == ""
 
 
 def test_a_server_is_started_before_any_client_and_the_loss_of_the_daemon_is_seen(cfg: MpsConfig) -> None:
