@@ -199,6 +199,10 @@ def main() -> int:
     args = ap.parse_args()
     env = {**os.environ, "GPUPACK_K8S_BIN": str(ensure_binaries())}
     cli = [sys.executable, "-m", "tests.devcluster"]
+    commit = subprocess.run(
+        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
+    )
+    load_at_start = [round(x, 1) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="gpupack-churn-") as tmp:
         d = Path(tmp) / "dev"
         up = [*cli, "up", "--dir", str(d), "--nodes", str(args.nodes)]
@@ -209,7 +213,14 @@ def main() -> int:
             result = run(cluster, args)
         finally:
             subprocess.run([*cli, "down", "--dir", str(d)], env=env, cwd=REPO, check=False, timeout=300)
-    doc = {"bench": "churn", "inputs": {k: v for k, v in vars(args).items() if k != "out"}, **result}
+    doc = {
+        "bench": "churn",
+        "inputs": {k: v for k, v in vars(args).items() if k != "out"},
+        "versions": {"git": commit.stdout.strip(), "python": sys.version.split()[0]},
+        "loadavg_at_start": load_at_start,
+        "loadavg_at_end": [round(x, 1) for x in os.getloadavg()],
+        **result,
+    }
     Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
     summary = {k: v for k, v in doc.items() if k not in ("memory_samples", "errors")}
     print(json.dumps(summary, indent=2))
