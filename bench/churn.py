@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -196,6 +197,7 @@ def main() -> int:
     ap.add_argument("--sample", type=float, default=10.0, help="seconds between memory samples")
     ap.add_argument("--nodes", type=int, default=8)
     ap.add_argument("--out", default=str(REPO / "bench/results/churn.json"))
+    ap.add_argument("--logs", help="copy the dev cluster's logs here at the end")
     args = ap.parse_args()
     env = {**os.environ, "GPUPACK_K8S_BIN": str(ensure_binaries())}
     cli = [sys.executable, "-m", "tests.devcluster"]
@@ -212,10 +214,12 @@ def main() -> int:
             assert cluster is not None, f"no dev cluster in {d}"
             result = run(cluster, args)
         finally:
+            if args.logs:  # what the cluster said goes with it otherwise: keep it to explain an anomaly
+                shutil.copytree(d / "logs", args.logs, dirs_exist_ok=True)
             subprocess.run([*cli, "down", "--dir", str(d)], env=env, cwd=REPO, check=False, timeout=300)
     doc = {
         "bench": "churn",
-        "inputs": {k: v for k, v in vars(args).items() if k != "out"},
+        "inputs": {k: v for k, v in vars(args).items() if k not in ("out", "logs")},
         "versions": {"git": commit.stdout.strip(), "python": sys.version.split()[0]},
         "loadavg_at_start": load_at_start,
         "loadavg_at_end": [round(x, 1) for x in os.getloadavg()],
