@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -38,6 +39,7 @@ from app.core import names  # noqa: E402
 from app.core.errors import KubeError  # noqa: E402
 from app.kube.calls import Request  # noqa: E402
 from app.kube.client import Kube  # noqa: E402
+from bench.packing import _git_commit  # noqa: E402
 from bench.quantiles import nearest_rank  # noqa: E402
 from tests.devcluster import Cluster, ensure_binaries  # noqa: E402
 from tests.devcluster.addons import AGENT_PREFIX, EXTENDER  # noqa: E402
@@ -201,9 +203,6 @@ def main() -> int:
     args = ap.parse_args()
     env = {**os.environ, "GPUPACK_K8S_BIN": str(ensure_binaries())}
     cli = [sys.executable, "-m", "tests.devcluster"]
-    commit = subprocess.run(
-        ["git", "-C", str(REPO), "rev-parse", "HEAD"], capture_output=True, text=True, check=False
-    )
     load_at_start = [round(x, 1) for x in os.getloadavg()]
     with tempfile.TemporaryDirectory(prefix="gpupack-churn-") as tmp:
         d = Path(tmp) / "dev"
@@ -220,7 +219,7 @@ def main() -> int:
     doc = {
         "bench": "churn",
         "inputs": {k: v for k, v in vars(args).items() if k not in ("out", "logs")},
-        "versions": {"git": commit.stdout.strip(), "python": sys.version.split()[0]},
+        "versions": {"git": _git_commit(), "python": platform.python_version()},
         "loadavg_at_start": load_at_start,
         "loadavg_at_end": [round(x, 1) for x in os.getloadavg()],
         **result,
