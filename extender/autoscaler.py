@@ -115,7 +115,10 @@ class Autoscaler:
         # Nodes before pods: a bind that starts between the two reads is then missing from both (planned
         # next round) rather than counted twice (a node asked for it).
         nodes = [n for n in self.cache.nodes().values() if n is not None]
-        published = {n.name for n in nodes}
+        # A node counts as arrived once its agent has reported its GPUs: a GPUNode created but not yet
+        # reported on takes no pod, so a placeholder bound there still stands for capacity on its way.
+        arriving = self.cache.unreported()
+        published = {n.name for n in nodes if n.name not in arriving}
         listed = self.kube.send(
             calls.list_request(paths.pods(self.config.namespace), f"{placeholders.LABEL_PLACEHOLDER}=true")
         )

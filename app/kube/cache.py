@@ -153,6 +153,12 @@ class ClusterCache:
         with self._lock:
             return list(self._gpunodes.base.values())
 
+    def unreported(self) -> frozenset[str]:
+        """GPUNodes whose agent has not written a status yet: the node is there, its GPUs not yet (an
+        agent creates its GPUNode first and reports on it next; until then nothing fits there)."""
+        with self._lock:
+            return frozenset(name for name, beat in self._gpunodes.heartbeat.items() if beat.at is None)
+
     def node_names(self) -> list[str]:
         with self._lock:
             return list(self._gpunodes.order)

@@ -98,6 +98,17 @@ def test_a_placeholder_only_binds_where_gpupack_does_not_run_yet() -> None:
     assert terms == [{"matchExpressions": [{"key": names.NODE_LABEL_ENABLED, "operator": "DoesNotExist"}]}]
 
 
+def test_placeholders_never_share_a_node() -> None:
+    """Each stands for one imagined node; two on one node would hide a node the plan asked for."""
+    spec = ph.body(req(A100, 2), "gpupack-system")
+    (term,) = spec["spec"]["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert term == {
+        "labelSelector": {"matchLabels": {ph.LABEL_PLACEHOLDER: "true"}},
+        "topologyKey": "kubernetes.io/hostname",
+    }
+    assert spec["metadata"]["labels"][ph.LABEL_PLACEHOLDER] == "true"  # the term selects placeholders too
+
+
 def test_a_placeholder_whose_node_the_plan_awaits_is_kept_whatever_its_shape() -> None:
     have = [ph.Placeholder("waiting", "A100-80GB", 3, ""), ph.Placeholder("unneeded", "A100-80GB", 2, "")]
     got = ph.reconcile(have, [req(A100, 5)], awaited={"waiting"})

@@ -30,6 +30,7 @@ PRIORITY_VALUE = -5  # below every default pod (0), above cluster-autoscaler's e
 DEFAULT_RESOURCE = "nvidia.com/gpu"
 NAME_PREFIX = "gpupack-placeholder-"
 PAUSE_IMAGE = "registry.k8s.io/pause:3.10"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
 _FOR_MAX = 1000  # characters of the pod list kept in the annotation
 
 
@@ -144,7 +145,18 @@ def body(request: Request, namespace: str, resource: str = DEFAULT_RESOURCE) -> 
                             }
                         ]
                     }
-                }
+                },
+                # One placeholder per node: each stands for one imagined node, and the plan counts every
+                # node a placeholder waits for as a whole pool node. Two on one node (a 1-GPU and a 5-GPU
+                # one fit an 8-GPU node) would ask for GPUs the plan already counts there.
+                "podAntiAffinity": {
+                    "requiredDuringSchedulingIgnoredDuringExecution": [
+                        {
+                            "labelSelector": {"matchLabels": {LABEL_PLACEHOLDER: "true"}},
+                            "topologyKey": HOSTNAME_LABEL,
+                        }
+                    ]
+                },
             },
             "tolerations": [{"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"}],
             "containers": [
