@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 
 from app.core import hostres
 from app.core.hostres import HostResources
-from app.core.model import Allocation, Node
+from app.core.model import Allocation, Gpu, Node
 from app.kube.stores import GpuNodeStore, NodeStore, PodStore, node_order_key
 
 # Changes a reader of frame() may be behind by before it is told to start over (a full re-read is one
@@ -26,6 +26,9 @@ STALE_CHECK_AHEAD_S = 1.0
 
 # An allocation and a host request, added (+1) or taken away (-1) on top of a node's view.
 Delta = tuple[Allocation | None, HostResources, int]
+
+# A node's GPUs as its GPUNode gives them (nothing reserved), and as its last view reserved them.
+Built = tuple[tuple[Gpu, ...], tuple[Gpu, ...]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,13 +83,31 @@ def _adjust(node: Node, alloc: Allocation | None, host: HostResources, sign: int
     return node.charge_host(sign * host.cpu_milli, sign * host.memory_mib)
 
 
-def _reserved(base: Node, sums: Mapping[int, list[int]] | None) -> Node:
-    """`base` with its pods' allocations reserved, from their sums per GPU (`PodStore.reserved`): the
-    node `base.reserve(allocations)` gives, in one step per GPU rather than one per pod."""
+def _reserved(base: Node, sums: Mapping[int, list[int]] | None, before: Built | None) -> tuple[Gpu, ...]:
+    """`base`'s GPUs with its pods' allocations reserved, from their sums per GPU (`PodStore.reserved`):
+    those `base.reserve(allocations)` gives, in one step per GPU rather than one per pod.
+
+    A GPU whose reservation is what it was in the node's previous view (`before`, built on the same
+    GPUNode) is that view's GPU object, not a copy: a bind changes one GPU of a node, and every object a
+    rebuilt view makes new lives on, for the garbage collector to walk (its middle-generation pauses land
+    in the scheduler's requests)."""
     if not sums:
-        return base
-    gpus = tuple(g.reserve(sums[g.index][1], sums[g.index][2]) if g.index in sums else g for g in base.gpus)
-    return replace(base, gpus=gpus)
+        return base.gpus
+    old = before[1] if before is not None and before[0] is base.gpus else None
+    gpus = []
+    for k, g in enumerate(base.gpus):
+        reserved = sums.get(g.index)
+        if reserved is None:
+            gpus.append(g)
+            continue
+        if old is not None:
+            prev = old[k]
+            milli, memory = g.milli_used + reserved[1], g.memory_used_mib + reserved[2]
+            if prev.milli_used == milli and prev.memory_used_mib == memory:
+                gpus.append(prev)
+                continue
+        gpus.append(g.reserve(reserved[1], reserved[2]))
+    return tuple(gpus)
 
 
 class NodeViews:
@@ -94,6 +115,7 @@ class NodeViews:
 
     def __init__(self, gpunodes: GpuNodeStore, nodes: NodeStore, pods: PodStore, log: ChangeLog) -> None:
         self.gpunodes, self.nodes, self.pods, self.log = gpunodes, nodes, pods, log
+        self._gpus: dict[str, Built] = {}  # per node: the GPUs of its last view with pods, and their base
 
     def view(self, name: str) -> Node | None:
         """`name`'s view (None: no GPUNode), built now if it changed since it was last built."""
@@ -103,13 +125,18 @@ class NodeViews:
             return cached
         base = self.gpunodes.base.get(name)
         if base is None:
+            self._gpus.pop(name, None)
             return None
         pods = self.pods
-        node = _reserved(base, pods.reserved.get(name))
+        gpus = _reserved(base, pods.reserved.get(name), self._gpus.get(name))
+        if gpus is not base.gpus:
+            self._gpus[name] = (base.gpus, gpus)
         allocatable = self.nodes.allocatable.get(name)
         if allocatable is not None:
             free = allocatable - pods.host_used.get(name, hostres.ZERO)
-            node = replace(node, cpu_milli_free=free.cpu_milli, memory_mib_free=free.memory_mib)
+            node = replace(base, gpus=gpus, cpu_milli_free=free.cpu_milli, memory_mib_free=free.memory_mib)
+        else:
+            node = base if gpus is base.gpus else replace(base, gpus=gpus)
         built[name] = node
         return node
 

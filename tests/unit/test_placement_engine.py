@@ -215,3 +215,30 @@ def test_nodes_that_only_fill_stay_in_reach_past_the_log_bound() -> None:
         nodes[k] = node = node.reserve((Allocation(node.name, (rng.randrange(8),), (), 1, 1),))
         engine.set(k, node)
         agrees(engine, nodes, demand)
+
+
+def test_a_long_lived_engine_keeps_only_the_states_its_positions_hold() -> None:
+    """Every change of a node is a new state; an extender sees thousands an hour on a few nodes. The table
+    stays within its size, and when full forgets only what no position holds: the positions' answers stay
+    remembered (no pass judges them again)."""
+    rng = random.Random(11)
+    engine = Engine(registry.create("fragaware"), states_size=64)
+    nodes: list[Node | None] = [random_node(rng, i) for i in range(8)]
+    engine.reset(nodes)
+    demand = DEMANDS[0]
+    for step in range(2000):
+        k = rng.randrange(len(nodes))
+        node = nodes[k]
+        nodes[k] = node = changed(rng, node) if node is not None else random_node(rng, k)
+        engine.set(k, node)
+        if step % 7 == 0:
+            agrees(engine, nodes, demand)
+        assert len(engine._interned) <= 64
+    agrees(engine, nodes, demand)  # every position judged for the demand
+    held = engine.state[:]
+    engine._forget_states()
+    live = {s for s in held if s >= 0}
+    assert engine.state == held and len(engine._interned) == len(live)
+    assert all(engine.intern(n) == s for n, s in zip(nodes, held, strict=True) if n is not None)
+    assert all(s in engine.shapes[demand].memo for s in live)  # their answers kept
+    agrees(engine, nodes, demand)

@@ -30,7 +30,7 @@ import heapq
 import math
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 from app.core.errors import PlacementReason
 from app.core.model import Demand, Node
@@ -49,9 +49,12 @@ from app.core.placement.place import Placement
 
 # Changed nodes from which a catch-up judges them in one array pass (numpy's per-call cost is ~0.1 ms).
 BATCH_MIN = 16
-# Interned node states kept (each pins its node): a few passes over a 5 000-node cluster. A table that
-# fills up is started over, with every shape's remembered verdicts; live states come back in one pass.
-STATES_SIZE = 20_000
+# Interned node states kept (each pins its node): this many, or four per position where that is more (a
+# few passes over the nodes: 20 000 at 5 000 nodes). A table that fills up forgets every state no position
+# holds now, with what was remembered of it: the views a node had before its last change, and the
+# one-request views (holds applied).
+STATES_SIZE = 4096
+STATES_PER_POSITION = 4
 Refusal = tuple[PlacementReason, str]  # a refusal and its text, rendered when read, once per node state
 
 
@@ -129,6 +132,15 @@ class Shape:
             reason = self.refusals[i]
             got = self.rendered[sid] = (reason, self.describe(reason))
         return got
+
+
+_V = TypeVar("_V")
+
+
+def _keep_only(table: dict[int, _V], live: set[int]) -> None:
+    """Drop the entries of `table` whose state id is not in `live`, in place."""
+    for sid in [sid for sid in table if sid not in live]:
+        del table[sid]
 
 
 class Verdicts:
@@ -247,7 +259,7 @@ class Engine:
             hit = table.get(key)
             if hit is not None and not isinstance(hit, int) and hit[0] is node:
                 return hit[1]
-        if len(table) >= self.states_size:
+        if len(table) >= max(self.states_size, STATES_PER_POSITION * len(self.nodes)):
             self._forget_states()
         sid = self._next_state
         self._next_state += 1
@@ -255,13 +267,21 @@ class Engine:
         return sid
 
     def _forget_states(self) -> None:
-        """Start the state table over: ids are never reused, so remembered answers just go."""
-        self._interned.clear()
-        self.reads.clear()
+        """Forget every node state no position holds now: ids are never reused, so what was remembered of
+        those just goes, and the positions' own states keep their answers (no pass judges them again).
+
+        Only these are worth keeping: a node's earlier views and one request's views (holds applied) are
+        never asked about again. In place: a pass under way holds these tables."""
+        live = set(self.state)
+        table = self._interned
+        for key in [k for k, v in table.items() if (v if isinstance(v, int) else v[1]) not in live]:
+            del table[key]
+        _keep_only(self.reads, live)
         for shape in self.shapes.values():
-            shape.memo.clear()
-            shape.gpus.clear()
-            shape.rendered.clear()
+            if not shape.by_room:  # a headroom-keyed memo is by room state: few, by value, kept
+                _keep_only(shape.memo, live)
+            _keep_only(shape.gpus, live)
+            _keep_only(shape.rendered, live)
 
     def read(self, node: Node) -> object:
         """What the policy's array form reads of `node`'s state (kept per state)."""
