@@ -29,11 +29,14 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.trees import commit_of, uncommitted, unpacked  # noqa: E402
+
 OUT = REPO / "bench" / "results" / "extender_gc.json"
 
 # Run in a fresh process with the tree to measure first on sys.path; prints one JSON line.
@@ -127,12 +130,6 @@ def measure(tree: Path, nodes: int, warmup: int, pairs: int) -> dict[str, Any]:
     return result
 
 
-def commit_of(rev: str) -> str:
-    return subprocess.run(
-        ["git", "rev-parse", rev], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
 def _median(runs: list[dict[str, Any]], key: str) -> float:
     return round(statistics.median(float(r[key]) for r in runs), 2)
 
@@ -151,22 +148,11 @@ def main() -> int:
     parser.add_argument("--out", type=Path, default=OUT)
     args = parser.parse_args()
     old_commit = commit_of(args.against)
-    dirty = bool(
-        subprocess.run(
-            ["git", "status", "--porcelain", "--", "app", "extender", "bench/extender.py"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+    dirty = uncommitted("app", "extender", "bench/extender.py")
     load_at_start = os.getloadavg()
     runs: dict[str, list[dict[str, Any]]] = {"old": [], "new": []}
     ratios: dict[str, list[float]] = {k: [] for k in FIGURES}
-    with tempfile.TemporaryDirectory(prefix="extender-gc-") as tmp:
-        old_tree = Path(tmp)
-        archive = subprocess.run(["git", "archive", old_commit], cwd=REPO, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive.stdout, check=True)
+    with unpacked(old_commit, "extender-gc-") as old_tree:
         for i in range(args.rounds):
             got: dict[str, dict[str, Any]] = {}
             for side in ("old", "new") if i % 2 == 0 else ("new", "old"):

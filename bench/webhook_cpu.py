@@ -24,10 +24,13 @@ import platform
 import statistics
 import subprocess
 import sys
-import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from bench.trees import commit_of, uncommitted, unpacked  # noqa: E402
+
 OUT = REPO / "bench" / "results" / "webhook_cpu.json"
 OUT_DISTINCT = REPO / "bench" / "results" / "webhook_cpu_distinct.json"
 
@@ -91,12 +94,6 @@ def measure(tree: Path, warmup: int, requests: int, distinct: bool) -> float:
     return float(out.stdout.strip().splitlines()[-1])
 
 
-def commit_of(rev: str) -> str:
-    return subprocess.run(
-        ["git", "rev-parse", rev], cwd=REPO, capture_output=True, text=True, check=True
-    ).stdout.strip()
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--against", required=True, help="the earlier commit to compare with")
@@ -119,23 +116,12 @@ def main() -> int:
     args = parser.parse_args()
     out = args.out or (OUT_DISTINCT if args.distinct else OUT)
     old_commit = commit_of(args.against)
-    dirty = bool(
-        subprocess.run(
-            ["git", "status", "--porcelain", "--", "app", "webhook", "bench/webhook.py"],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-    )
+    dirty = uncommitted("app", "webhook", "bench/webhook.py")
     load_at_start = os.getloadavg()
     old_us: list[float] = []
     new_us: list[float] = []
     ratios: list[float] = []
-    with tempfile.TemporaryDirectory(prefix="webhook-cpu-") as tmp:
-        old_tree = Path(tmp)
-        archive = subprocess.run(["git", "archive", old_commit], cwd=REPO, capture_output=True, check=True)
-        subprocess.run(["tar", "-x", "-C", str(old_tree)], input=archive.stdout, check=True)
+    with unpacked(old_commit, "webhook-cpu-") as old_tree:
         for i in range(args.rounds):
             got: dict[str, float] = {}
             for side in ("old", "new") if i % 2 == 0 else ("new", "old"):

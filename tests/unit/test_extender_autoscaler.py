@@ -94,6 +94,21 @@ def setup(
     return api, cache, scaler, clock
 
 
+def one_node_asked_and_bound(
+    api: Apiserver, cache: ClusterCache, scaler: Autoscaler, clock: list[float]
+) -> str:
+    """Eight whole-GPU pods wait past the grace period: one placeholder asks for a node, which arrives as
+    "n1" and takes it. Returns the placeholder's name."""
+    for i in range(8):
+        cache.upsert_pod(pod(f"a{i}", f"a{i}", milli=1000))
+    scaler.tick()
+    clock[0] = 6.0
+    scaler.tick()
+    (first,) = api.pods
+    api.bind(first, "n1")
+    return first
+
+
 def test_pending_shares_become_one_placeholder_sized_by_packing_and_go_once_bound() -> None:
     api, cache, scaler, clock = setup()
     for i in range(5):
@@ -125,13 +140,7 @@ def test_pending_shares_become_one_placeholder_sized_by_packing_and_go_once_boun
 
 def test_a_second_wave_of_the_same_shape_asks_again_once_the_first_node_is_published() -> None:
     api, cache, scaler, clock = setup()
-    for i in range(8):
-        cache.upsert_pod(pod(f"a{i}", f"a{i}", milli=1000))
-    scaler.tick()
-    clock[0] = 6.0
-    scaler.tick()
-    (first,) = api.pods
-    api.bind(first, "n1")
+    first = one_node_asked_and_bound(api, cache, scaler, clock)
     cache.upsert_gpunode(gpunode("n1", gpus=8, mem=81_920, model=MODEL))
     for i in range(8):  # the first wave bound on n1, filling it
         cache.upsert_pod(
@@ -175,13 +184,7 @@ def test_a_node_whose_agent_has_not_reported_yet_is_still_on_its_way() -> None:
     between nothing fits on the node: its placeholder still stands for it, and nothing more is asked for
     the pods that will go there (seen live: a 5-GPU node asked for while three arrived for 21 GPUs)."""
     api, cache, scaler, clock = setup()
-    for i in range(8):
-        cache.upsert_pod(pod(f"a{i}", f"a{i}", milli=1000))
-    scaler.tick()
-    clock[0] = 6.0
-    scaler.tick()
-    (first,) = api.pods
-    api.bind(first, "n1")
+    first = one_node_asked_and_bound(api, cache, scaler, clock)
     spec_only = GPUNode.of("n1", gpunode_spec("n1", 8)).wire()
     cache.upsert_gpunode(spec_only)
     assert cache.unreported() == {"n1"}
